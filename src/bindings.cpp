@@ -1,0 +1,168 @@
+// Python module mlx_lattice._ext: relation building and the primitives.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "metal/dispatch.h"
+#include "primitives.h"
+#include "relation.h"
+#include "threadpool.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace mlx_lattice;
+
+namespace {
+
+using Triple = std::tuple<int, int, int>;
+
+KernelSpec make_spec(
+    Triple size,
+    Triple stride,
+    Triple padding,
+    Triple dilation) {
+  KernelSpec s;
+  s.size = {std::get<0>(size), std::get<1>(size), std::get<2>(size)};
+  s.stride = {std::get<0>(stride), std::get<1>(stride), std::get<2>(stride)};
+  s.padding = {
+      std::get<0>(padding), std::get<1>(padding), std::get<2>(padding)};
+  s.dilation = {
+      std::get<0>(dilation), std::get<1>(dilation), std::get<2>(dilation)};
+  for (int a = 0; a < 3; ++a) {
+    if (s.size[a] < 1 || s.stride[a] < 1 || s.dilation[a] < 1 ||
+        s.padding[a] < 0) {
+      throw std::invalid_argument("invalid kernel specification");
+    }
+  }
+  return s;
+}
+
+mx::Stream stream_or_default(std::optional<mx::Stream> s) {
+  return s ? *s : mx::to_stream(mx::StreamOrDevice{});
+}
+
+nb::dict plan_dict(const metal::Plan& p) {
+  nb::dict d;
+  d["kernel"] = p.kernel;
+  d["groups"] = nb::make_tuple(p.groups[0], p.groups[1], p.groups[2]);
+  d["threads"] = nb::make_tuple(p.threads[0], p.threads[1], p.threads[2]);
+  d["buffers"] = p.buffers;
+  return d;
+}
+
+} // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "mlx_lattice native core";
+
+  m.attr("BATCH_LIMIT") = kBatchLimit;
+  m.attr("COORD_MIN") = kCoordMin;
+  m.attr("COORD_MAX") = kCoordMax;
+
+  nb::class_<CoordTable>(m, "CoordTable")
+      .def(nb::init<const mx::array&>(), "coords"_a)
+      .def_prop_ro("size", &CoordTable::size)
+      .def_prop_ro("coords", &CoordTable::coords)
+      .def("lookup", &CoordTable::lookup, "queries"_a);
+
+  nb::class_<Relation>(m, "Relation")
+      .def_prop_ro("kind", &Relation::kind)
+      .def_prop_ro("n_in", &Relation::n_in)
+      .def_prop_ro("n_out", &Relation::n_out)
+      .def_prop_ro("kernel_volume", &Relation::kernel_volume)
+      .def_prop_ro("edges", &Relation::edges)
+      .def_prop_ro("out_offsets", &Relation::out_offsets)
+      .def_prop_ro("in_idx", &Relation::in_idx)
+      .def_prop_ro("k_idx", &Relation::k_idx)
+      .def_prop_ro("out_idx", &Relation::out_idx)
+      .def_prop_ro("neighbor_map", &Relation::neighbor_map)
+      .def_prop_ro("max_neighbors", &Relation::max_neighbors)
+      .def(
+          "input_major",
+          [](Relation& r) {
+            const auto& v = r.input_major();
+            return std::make_tuple(v.offsets, v.perm, v.out_idx, v.k_idx);
+          })
+      .def(
+          "kernel_major",
+          [](Relation& r) {
+            const auto& v = r.kernel_major();
+            return std::make_tuple(v.offsets, v.perm, v.in_idx, v.out_idx);
+          })
+      .def("swapped", &Relation::swapped, "kind"_a);
+
+  m.def(
+      "forward_support",
+      [](const CoordTable& t, Triple k, Triple s, Triple p, Triple d) {
+        return forward_support(t, make_spec(k, s, p, d));
+      },
+      "table"_a, "size"_a, "stride"_a, "padding"_a, "dilation"_a);
+  m.def(
+      "generative_support",
+      [](const CoordTable& t, Triple k, Triple s, Triple p, Triple d) {
+        return generative_support(t, make_spec(k, s, p, d));
+      },
+      "table"_a, "size"_a, "stride"_a, "padding"_a, "dilation"_a);
+  m.def(
+      "build_relation",
+      [](const CoordTable& t,
+         const mx::array& out,
+         Triple k,
+         Triple s,
+         Triple p,
+         Triple d,
+         bool transposed,
+         const std::string& kind) {
+        nb::gil_scoped_release release;
+        return build_relation(t, out, make_spec(k, s, p, d), transposed, kind);
+      },
+      "table"_a, "out_coords"_a, "size"_a, "stride"_a, "padding"_a,
+      "dilation"_a, "transposed"_a, "kind"_a);
+
+  m.def(
+      "gather_conv",
+      [](const mx::array& x,
+         const mx::array& w,
+         std::shared_ptr<Relation> rel,
+         int view,
+         const std::string& route,
+         std::optional<mx::Stream> s) {
+        return gather_conv(
+            x, w, rel, static_cast<View>(view), route, stream_or_default(s));
+      },
+      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a,
+      "stream"_a = nb::none());
+  m.def(
+      "weight_grad",
+      [](const mx::array& x,
+         const mx::array& ct,
+         std::shared_ptr<Relation> rel,
+         int view,
+         int64_t k,
+         std::optional<mx::Stream> s) {
+        return weight_grad(
+            x, ct, rel, static_cast<View>(view), k, stream_or_default(s));
+      },
+      "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a,
+      "stream"_a = nb::none());
+
+  m.def("num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads, "n"_a);
+
+  m.def("metal_available", &metal::available);
+  m.def(
+      "metal_plan_gather_conv",
+      [](const std::string& dtype, int64_t rows, int a, int b) {
+        return plan_dict(metal::plan_gather_conv(dtype, rows, a, b));
+      },
+      "dtype"_a, "rows"_a, "a"_a, "b"_a);
+  m.def(
+      "metal_plan_weight_grad",
+      [](const std::string& dtype, int64_t k, int a, int b) {
+        return plan_dict(metal::plan_weight_grad(dtype, k, a, b));
+      },
+      "dtype"_a, "k"_a, "a"_a, "b"_a);
+}

@@ -1,0 +1,270 @@
+#include "primitives.h"
+
+#include <stdexcept>
+
+#include "cpu/kernels.h"
+#include "metal/dispatch.h"
+#include "mlx/ops.h"
+
+namespace mlx_lattice {
+
+namespace {
+
+int64_t view_rows(const Relation& rel, View v) {
+  return v == View::OutputMajor ? rel.n_out() : rel.n_in();
+}
+
+// Index arrays (offsets, gather, k) of a CSR view.
+std::vector<mx::array> view_arrays(Relation& rel, View v) {
+  if (v == View::OutputMajor) {
+    return {rel.out_offsets(), rel.in_idx(), rel.k_idx()};
+  }
+  const auto& im = rel.input_major();
+  return {im.offsets, im.out_idx, im.k_idx};
+}
+
+// Kernel-major (offsets, gather row, result row) pairs for a view.
+std::vector<mx::array> pair_arrays(Relation& rel, View v) {
+  const auto& km = rel.kernel_major();
+  if (v == View::OutputMajor) {
+    return {km.offsets, km.in_idx, km.out_idx};
+  }
+  return {km.offsets, km.out_idx, km.in_idx};
+}
+
+mx::array transpose_w(const mx::array& w, mx::StreamOrDevice s) {
+  return mx::swapaxes(w, 1, 2, s);
+}
+
+} // namespace
+
+mx::array gather_conv(
+    const mx::array& x,
+    const mx::array& w,
+    std::shared_ptr<Relation> rel,
+    View view,
+    const std::string& route,
+    mx::StreamOrDevice s) {
+  if (x.ndim() != 2 || w.ndim() != 3 || x.shape(1) != w.shape(1)) {
+    throw std::invalid_argument("gather_conv: expected x (N, A), w (K, A, B)");
+  }
+  if (x.dtype() != w.dtype()) {
+    throw std::invalid_argument("gather_conv: x and w dtypes differ");
+  }
+  if (!rel && w.shape(0) != 1) {
+    throw std::invalid_argument("gather_conv: pointwise needs K == 1");
+  }
+  if (rel && w.shape(0) != rel->kernel_volume()) {
+    throw std::invalid_argument("gather_conv: w has the wrong kernel volume");
+  }
+  auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {
+      mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
+  int64_t rows = x.shape(0);
+  if (rel) {
+    if (x.shape(0) != view_rows(*rel, flip(view))) {
+      throw std::invalid_argument("gather_conv: x rows do not match relation");
+    }
+    rows = view_rows(*rel, view);
+    for (auto& a : view_arrays(*rel, view)) {
+      inputs.push_back(a);
+    }
+  }
+  return mx::array(
+      {static_cast<int>(rows), w.shape(2)},
+      x.dtype(),
+      std::make_shared<GatherConv>(stream, rel, view, route),
+      std::move(inputs));
+}
+
+mx::array weight_grad(
+    const mx::array& x,
+    const mx::array& ct,
+    std::shared_ptr<Relation> rel,
+    View view,
+    int64_t k,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {
+      mx::contiguous(x, false, stream),
+      mx::contiguous(mx::astype(ct, x.dtype(), stream), false, stream)};
+  if (rel) {
+    for (auto& a : pair_arrays(*rel, view)) {
+      inputs.push_back(a);
+    }
+  }
+  return mx::array(
+      {static_cast<int>(k), x.shape(1), ct.shape(1)},
+      x.dtype(),
+      std::make_shared<WeightGrad>(stream, rel, view),
+      std::move(inputs));
+}
+
+// ---------------------------------------------------------------- GatherConv
+
+void GatherConv::eval_cpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  cpu::CsrView v;
+  v.rows = out[0].shape(0);
+  if (rel_) {
+    v.offsets = in[2].data<int32_t>();
+    v.gather = in[3].data<int32_t>();
+    v.k = in[4].data<int32_t>();
+    v.edges = in[3].shape(0);
+  } else {
+    v.edges = v.rows;
+  }
+  cpu::gather_conv(in[0], in[1], v, out[0], stream());
+}
+
+void GatherConv::eval_gpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  metal::gather_conv(in, out[0], route_, rel_ != nullptr, stream());
+}
+
+std::vector<mx::Shape> GatherConv::output_shapes(
+    const std::vector<mx::array>& in) {
+  int64_t rows = rel_ ? view_rows(*rel_, view_) : in[0].shape(0);
+  return {{static_cast<int>(rows), in[1].shape(2)}};
+}
+
+bool GatherConv::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const GatherConv&>(other);
+  return rel_ == o.rel_ && view_ == o.view_ && route_ == o.route_;
+}
+
+std::vector<mx::array> GatherConv::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  const auto& x = primals[0];
+  const auto& w = primals[1];
+  const auto& ct = cotangents[0];
+  std::vector<mx::array> grads;
+  for (int arg : argnums) {
+    if (arg == 0) {
+      grads.push_back(gather_conv(
+          ct, transpose_w(w, stream()), rel_, flip(view_), route_, stream()));
+    } else if (arg == 1) {
+      grads.push_back(weight_grad(x, ct, rel_, view_, w.shape(0), stream()));
+    } else {
+      grads.push_back(mx::zeros_like(primals[arg], stream()));
+    }
+  }
+  return grads;
+}
+
+std::vector<mx::array> GatherConv::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& tangents,
+    const std::vector<int>& argnums) {
+  std::optional<mx::array> out;
+  for (size_t i = 0; i < argnums.size(); ++i) {
+    std::optional<mx::array> term;
+    if (argnums[i] == 0) {
+      term = gather_conv(tangents[i], primals[1], rel_, view_, route_, stream());
+    } else if (argnums[i] == 1) {
+      term = gather_conv(primals[0], tangents[i], rel_, view_, route_, stream());
+    }
+    if (term) {
+      out = out ? mx::add(*out, *term, stream()) : *term;
+    }
+  }
+  if (!out) {
+    int64_t rows = rel_ ? view_rows(*rel_, view_) : primals[0].shape(0);
+    out = mx::zeros(
+        {static_cast<int>(rows), primals[1].shape(2)},
+        primals[0].dtype(),
+        stream());
+  }
+  return {*out};
+}
+
+// ---------------------------------------------------------------- WeightGrad
+
+void WeightGrad::eval_cpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  cpu::PairView v;
+  v.k = out[0].shape(0);
+  if (rel_) {
+    v.offsets = in[2].data<int32_t>();
+    v.g = in[3].data<int32_t>();
+    v.r = in[4].data<int32_t>();
+    v.edges = in[3].shape(0);
+  } else {
+    v.edges = in[0].shape(0);
+  }
+  cpu::weight_grad(in[0], in[1], v, out[0], stream());
+}
+
+void WeightGrad::eval_gpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  metal::weight_grad(in, out[0], rel_ != nullptr, stream());
+}
+
+std::vector<mx::Shape> WeightGrad::output_shapes(
+    const std::vector<mx::array>& in) {
+  int64_t k = rel_ ? rel_->kernel_volume() : 1;
+  return {{static_cast<int>(k), in[0].shape(1), in[1].shape(1)}};
+}
+
+bool WeightGrad::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const WeightGrad&>(other);
+  return rel_ == o.rel_ && view_ == o.view_;
+}
+
+std::vector<mx::array> WeightGrad::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  const auto& x = primals[0];
+  const auto& ct = primals[1];
+  const auto& c = cotangents[0];
+  const std::string route = rel_ ? "relation_traversal" : "pointwise";
+  std::vector<mx::array> grads;
+  for (int arg : argnums) {
+    if (arg == 0) {
+      grads.push_back(gather_conv(
+          ct, transpose_w(c, stream()), rel_, flip(view_), route, stream()));
+    } else if (arg == 1) {
+      grads.push_back(gather_conv(x, c, rel_, view_, route, stream()));
+    } else {
+      grads.push_back(mx::zeros_like(primals[arg], stream()));
+    }
+  }
+  return grads;
+}
+
+std::vector<mx::array> WeightGrad::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& tangents,
+    const std::vector<int>& argnums) {
+  int64_t k = rel_ ? rel_->kernel_volume() : 1;
+  std::optional<mx::array> out;
+  for (size_t i = 0; i < argnums.size(); ++i) {
+    std::optional<mx::array> term;
+    if (argnums[i] == 0) {
+      term = weight_grad(tangents[i], primals[1], rel_, view_, k, stream());
+    } else if (argnums[i] == 1) {
+      term = weight_grad(primals[0], tangents[i], rel_, view_, k, stream());
+    }
+    if (term) {
+      out = out ? mx::add(*out, *term, stream()) : *term;
+    }
+  }
+  if (!out) {
+    out = mx::zeros(
+        {static_cast<int>(k), primals[0].shape(1), primals[1].shape(1)},
+        primals[0].dtype(),
+        stream());
+  }
+  return {*out};
+}
+
+} // namespace mlx_lattice

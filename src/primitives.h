@@ -1,0 +1,117 @@
+// MLX primitives of the sparse convolution.
+//
+// GatherConv computes, for every row r of a CSR view of a relation,
+//     y[r] = sum_{e in row r} x[gather[e]] @ W[k[e]]        W: (K, A, B)
+// With the output-major view this is the convolution; with the input-major
+// view (and W transposed per offset) it is the input gradient. Without a
+// relation it is the pointwise product y = x @ W[0].
+//
+// WeightGrad computes dW[k] = sum_{edges with offset k} x[g]^T ct[r].
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+#include "relation.h"
+
+namespace mlx_lattice {
+
+enum class View : int { OutputMajor = 0, InputMajor = 1 };
+
+inline View flip(View v) {
+  return v == View::OutputMajor ? View::InputMajor : View::OutputMajor;
+}
+
+class GatherConv : public mx::Primitive {
+ public:
+  GatherConv(
+      mx::Stream s,
+      std::shared_ptr<Relation> rel,
+      View view,
+      std::string route)
+      : mx::Primitive(s),
+        rel_(std::move(rel)),
+        view_(view),
+        route_(std::move(route)) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>& argnums) override;
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "SparseGatherConv";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+  const std::string& route() const {
+    return route_;
+  }
+
+ private:
+  std::shared_ptr<Relation> rel_;
+  View view_;
+  std::string route_;
+};
+
+class WeightGrad : public mx::Primitive {
+ public:
+  WeightGrad(mx::Stream s, std::shared_ptr<Relation> rel, View view)
+      : mx::Primitive(s), rel_(std::move(rel)), view_(view) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>& argnums) override;
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "SparseWeightGrad";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::shared_ptr<Relation> rel_;
+  View view_;
+};
+
+// x: (N, A), w: (K, A, B) -> (rows, B). rel == nullptr: pointwise (K == 1).
+mx::array gather_conv(
+    const mx::array& x,
+    const mx::array& w,
+    std::shared_ptr<Relation> rel,
+    View view,
+    const std::string& route,
+    mx::StreamOrDevice s = {});
+
+// x: (N_gather, A), ct: (rows, B) -> (K, A, B).
+mx::array weight_grad(
+    const mx::array& x,
+    const mx::array& ct,
+    std::shared_ptr<Relation> rel,
+    View view,
+    int64_t k,
+    mx::StreamOrDevice s = {});
+
+} // namespace mlx_lattice

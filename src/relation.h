@@ -1,0 +1,191 @@
+// Coordinate hashing and relation (kernel map) building.
+//
+// A relation holds the edges (out, in, k) of a sparse convolution as CSR
+// arrays sorted by (output row, kernel offset). Input-major and kernel-major
+// views and the dense neighbour map are derived lazily and cached.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mlx/array.h"
+
+namespace mlx_lattice {
+
+namespace mx = mlx::core;
+
+// Coordinate range: batch in [0, 4096), x/y/z in [-65536, 65535].
+constexpr int64_t kBatchLimit = 4096;
+constexpr int64_t kCoordMin = -65536;
+constexpr int64_t kCoordMax = 65535;
+constexpr uint64_t kEmptyKey = ~uint64_t(0);
+
+inline bool in_range(int64_t b, int64_t x, int64_t y, int64_t z) {
+  return b >= 0 && b < kBatchLimit && x >= kCoordMin && x <= kCoordMax &&
+      y >= kCoordMin && y <= kCoordMax && z >= kCoordMin && z <= kCoordMax;
+}
+
+// Packs (b, x, y, z) so that key order equals lexicographic coordinate order.
+inline uint64_t pack_key(int64_t b, int64_t x, int64_t y, int64_t z) {
+  return (uint64_t(b) << 51) | (uint64_t(x - kCoordMin) << 34) |
+      (uint64_t(y - kCoordMin) << 17) | uint64_t(z - kCoordMin);
+}
+
+inline void unpack_key(uint64_t k, int32_t* out) {
+  constexpr uint64_t m = (uint64_t(1) << 17) - 1;
+  out[0] = int32_t(k >> 51);
+  out[1] = int32_t(int64_t((k >> 34) & m) + kCoordMin);
+  out[2] = int32_t(int64_t((k >> 17) & m) + kCoordMin);
+  out[3] = int32_t(int64_t(k & m) + kCoordMin);
+}
+
+// Open-addressing hash map from packed coordinate to row index.
+class CoordTable {
+ public:
+  // coords: (N, 4) int32, evaluated. Throws std::invalid_argument on
+  // out-of-range or duplicate rows.
+  explicit CoordTable(const mx::array& coords);
+
+  int64_t size() const {
+    return n_;
+  }
+  const mx::array& coords() const {
+    return coords_;
+  }
+  const int32_t* coord_data() const {
+    return coords_.data<int32_t>();
+  }
+  int32_t find(uint64_t key) const {
+    uint64_t h = hash(key) & mask_;
+    for (;;) {
+      uint64_t k = keys_[h];
+      if (k == key) {
+        return vals_[h];
+      }
+      if (k == kEmptyKey) {
+        return -1;
+      }
+      h = (h + 1) & mask_;
+    }
+  }
+  // Row index of each query row (-1 where absent); queries (M, 4) int32.
+  mx::array lookup(const mx::array& queries) const;
+
+  static uint64_t hash(uint64_t x) {
+    x ^= x >> 31;
+    x *= 0x7fb5d329728ea185ULL;
+    x ^= x >> 27;
+    x *= 0x81dadef4bc2dd44dULL;
+    x ^= x >> 33;
+    return x;
+  }
+
+ private:
+  mx::array coords_;
+  int64_t n_;
+  uint64_t mask_;
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> vals_;
+};
+
+struct KernelSpec {
+  std::array<int, 3> size{1, 1, 1};
+  std::array<int, 3> stride{1, 1, 1};
+  std::array<int, 3> padding{0, 0, 0};
+  std::array<int, 3> dilation{1, 1, 1};
+  int volume() const {
+    return size[0] * size[1] * size[2];
+  }
+};
+
+class Relation {
+ public:
+  Relation(
+      std::string kind,
+      int64_t n_in,
+      int64_t n_out,
+      int64_t k,
+      mx::array out_offsets,
+      mx::array in_idx,
+      mx::array k_idx);
+
+  const std::string& kind() const {
+    return kind_;
+  }
+  int64_t n_in() const {
+    return n_in_;
+  }
+  int64_t n_out() const {
+    return n_out_;
+  }
+  int64_t kernel_volume() const {
+    return k_;
+  }
+  int64_t edges() const {
+    return e_;
+  }
+
+  const mx::array& out_offsets() const {
+    return out_offsets_;
+  }
+  const mx::array& in_idx() const {
+    return in_idx_;
+  }
+  const mx::array& k_idx() const {
+    return k_idx_;
+  }
+  const mx::array& out_idx(); // (E,) row of each edge, expanded from CSR
+
+  // Input-major view: edges sorted by (in, k). perm maps view -> edge.
+  struct InputMajor {
+    mx::array offsets, perm, out_idx, k_idx;
+  };
+  const InputMajor& input_major();
+
+  // Kernel-major view: edges sorted by (k, out). perm maps view -> edge.
+  struct KernelMajor {
+    mx::array offsets, perm, in_idx, out_idx;
+  };
+  const KernelMajor& kernel_major();
+
+  // (N_out, K) int32, -1 where no input.
+  const mx::array& neighbor_map();
+
+  // Per output row counts: max and mean neighbours.
+  int64_t max_neighbors() const;
+
+  // The same edges with input and output roles exchanged.
+  std::shared_ptr<Relation> swapped(const std::string& kind);
+
+ private:
+  std::string kind_;
+  int64_t n_in_, n_out_, k_, e_;
+  mx::array out_offsets_, in_idx_, k_idx_;
+  std::once_flag out_once_, in_once_, k_once_, nmap_once_;
+  std::optional<mx::array> out_idx_, nmap_;
+  std::optional<InputMajor> in_view_;
+  std::optional<KernelMajor> k_view_;
+};
+
+// Output supports.
+mx::array forward_support(const CoordTable& in, const KernelSpec& spec);
+mx::array generative_support(const CoordTable& in, const KernelSpec& spec);
+
+// Edges for given output coordinates.
+//   conv form (transposed=false): in = stride*out - padding + dilation*d
+//   transposed form (transposed=true): out = stride*in - padding + dilation*d
+std::shared_ptr<Relation> build_relation(
+    const CoordTable& in,
+    const mx::array& out_coords,
+    const KernelSpec& spec,
+    bool transposed,
+    const std::string& kind);
+
+mx::array make_int32(int64_t n);
+
+} // namespace mlx_lattice
