@@ -1,1 +1,38 @@
+"""mlx_lattice: spatially sparse 3D convolution for MLX."""
 
+from . import _ext, diagnostics, ops, routes
+from .manager import CoordinateManager, CoordinateSet
+from .relation import MAP_KINDS, KernelGeometry, Relation
+from .tensor import SparseTensor
+
+__version__ = "0.1.0"
+
+COORD_RANGE = {"batch": (0, _ext.BATCH_LIMIT - 1), "xyz": (_ext.COORD_MIN, _ext.COORD_MAX)}
+
+
+def num_threads() -> int:
+    """Threads used by the CPU kernels and map building."""
+    return _ext.num_threads()
+
+
+def set_num_threads(n: int) -> None:
+    """Set the CPU thread count (default: all cores, or MLX_LATTICE_NUM_THREADS)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    _ext.set_num_threads(n)
+
+
+__all__ = [
+    "SparseTensor",
+    "CoordinateManager",
+    "CoordinateSet",
+    "Relation",
+    "KernelGeometry",
+    "MAP_KINDS",
+    "COORD_RANGE",
+    "ops",
+    "routes",
+    "diagnostics",
+    "num_threads",
+    "set_num_threads",
+]

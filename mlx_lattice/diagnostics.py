@@ -1,0 +1,83 @@
+"""Route diagnostics: what every convolution call chose and why.
+
+``with mlx_lattice.diagnostics.record() as log: ...`` collects one dict per
+call; ``MLX_LATTICE_ROUTE_LOG=<path>`` appends each as a JSON line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import threading
+
+import mlx.core as mx
+
+_active: list["RouteLog"] = []
+_lock = threading.Lock()
+
+
+class RouteLog(list):
+    """A list of route records with JSON and table renderings."""
+
+    def to_json(self, indent=2) -> str:
+        return json.dumps(list(self), indent=indent)
+
+    def dump(self, path) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json())
+
+    def table(self) -> str:
+        rows = [("op", "map kind", "route", "backend", "dtype", "K", "C_in->C_out", "n_out", "edges")]
+        for r in self:
+            rows.append(
+                (
+                    r["op"], r["map_kind"], r["route"], r["backend"], r["dtype"], str(r["k"]),
+                    f"{r['c_in']}->{r['c_out']}", str(r["n_out"]), str(r["edges"]),
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        out = []
+        for j, row in enumerate(rows):
+            out.append("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+            if j == 0:
+                out.append("  ".join("-" * w for w in widths))
+        return "\n".join(out)
+
+
+@contextlib.contextmanager
+def record():
+    """Collect the route record of every convolution call in the block."""
+    log = RouteLog()
+    with _lock:
+        _active.append(log)
+    try:
+        yield log
+    finally:
+        with _lock:
+            _active.remove(log)
+
+
+def emit(entry: dict) -> None:
+    with _lock:
+        for log in _active:
+            log.append(entry)
+        path = os.environ.get("MLX_LATTICE_ROUTE_LOG")
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+
+def capability_tier(backend: str) -> str:
+    """A short description of the executing device's capabilities."""
+    if backend == "metal":
+        try:
+            info = mx.metal.device_info()
+            arch = info.get("architecture", "unknown")
+        except Exception:  # device_info is best effort on older MLX builds
+            arch = "unknown"
+        return f"metal:{arch}:macos-{platform.mac_ver()[0] or 'unknown'}:tensorops=no"
+    if backend == "cuda":
+        return "cuda"
+    return "cpu"

@@ -1,0 +1,165 @@
+"""CoordinateManager: coordinate sets and the relations between them, cached.
+
+A network built on one manager hashes each coordinate set once and builds each
+relation once; every layer with the same geometry, and the backward pass,
+reuse it (no user-visible keys).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import numpy as np
+import mlx.core as mx
+
+from . import _ext
+from .relation import KernelGeometry, Relation
+
+
+class CoordinateSet:
+    """One registered coordinate set (row order is the tensor's row order)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, coords: mx.array, stride: tuple[int, int, int]):
+        self.id = next(CoordinateSet._ids)
+        self.coords = coords
+        self.stride = stride
+        # Hashing validates range and uniqueness up front.
+        self.table = _ext.CoordTable(coords)
+        self._batch_counts = None
+
+    @property
+    def size(self) -> int:
+        return self.table.size
+
+    def batch_counts(self) -> np.ndarray:
+        if self._batch_counts is None:
+            b = np.array(self.coords[:, 0]) if self.size else np.zeros(0, np.int32)
+            self._batch_counts = np.bincount(b, minlength=int(b.max()) + 1 if b.size else 0)
+        return self._batch_counts
+
+
+class CoordinateManager:
+    """Caches coordinate sets and relations keyed by their geometry."""
+
+    def __init__(self):
+        self._sets: dict[int, CoordinateSet] = {}  # id(coords array) -> set
+        self._relations: dict[tuple, tuple[Relation, CoordinateSet | None]] = {}
+        # (coarse set id, stride) -> (fine set, geometry of the relation)
+        self._parents: dict[tuple, tuple[CoordinateSet, KernelGeometry]] = {}
+        self._lock = threading.RLock()
+        self.builds = 0
+        self.hits = 0
+        self.build_seconds = 0.0
+
+    # ------------------------------------------------------------ sets
+    def register(self, coords: mx.array, stride=(1, 1, 1)) -> CoordinateSet:
+        """The set for this coordinate array, hashing it on first sight."""
+        with self._lock:
+            s = self._sets.get(id(coords))
+            if s is None or s.coords is not coords:
+                s = CoordinateSet(coords, tuple(stride))
+                self._sets[id(coords)] = s
+            return s
+
+    def _new_set(self, coords: mx.array, stride) -> CoordinateSet:
+        s = CoordinateSet(coords, tuple(stride))
+        self._sets[id(coords)] = s
+        return s
+
+    # ------------------------------------------------------------ relations
+    def _cached(self, key, build):
+        with self._lock:
+            hit = self._relations.get(key)
+            if hit is not None:
+                self.hits += 1
+                return hit
+            t0 = time.perf_counter()
+            value = build()
+            self.build_seconds += time.perf_counter() - t0
+            self.builds += 1
+            self._relations[key] = value
+            return value
+
+    def _build(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind):
+        native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
+        return Relation(native, geom)
+
+    def kernel_relation(self, src: CoordinateSet, geom: KernelGeometry):
+        """Strided/padded convolution; output = every reachable grid point."""
+        key = ("forward", src.id, geom)
+
+        def build():
+            out = _ext.forward_support(src.table, *geom.args())
+            out_set = self._new_set(out, tuple(a * b for a, b in zip(src.stride, geom.stride)))
+            self._parents.setdefault((out_set.id, geom.stride), (src, geom))
+            return self._build(src, out, geom, False, "forward"), out_set
+
+        return self._cached(key, build)
+
+    def target_kernel_relation(self, src: CoordinateSet, dst: CoordinateSet, geom: KernelGeometry):
+        """Convolution read out at explicit target coordinates."""
+        key = ("target", src.id, dst.id, geom)
+        return self._cached(key, lambda: (self._build(src, dst.coords, geom, False, "target"), dst))[0]
+
+    def submanifold_kernel_relation(self, src: CoordinateSet, geom: KernelGeometry):
+        """Stride 1, centred kernel, output rows = input rows."""
+        key = ("submanifold", src.id, geom)
+        return self._cached(
+            key, lambda: (self._build(src, src.coords, geom, False, "submanifold"), src)
+        )[0]
+
+    def transposed_kernel_relation(
+        self, src: CoordinateSet, geom: KernelGeometry, dst: CoordinateSet | None = None
+    ):
+        """Transposed convolution onto dst, the recorded finer set, or s * input."""
+        if dst is None:
+            parent = self._parents.get((src.id, geom.stride))
+            if parent is not None:
+                dst, fwd_geom = parent
+                if fwd_geom == geom:
+                    # Same geometry as the encoder layer: its edges, roles swapped.
+                    fwd = self._relations.get(("forward", dst.id, geom))
+                    if fwd is not None:
+                        key = ("transposed", src.id, dst.id, geom)
+                        return self._cached(
+                            key, lambda: (fwd[0].swapped("transposed", geom), dst)
+                        )
+            else:
+                key = ("upsampled", src.id, geom.stride)
+
+                def make_dst():
+                    scale = mx.array([1, *geom.stride], dtype=mx.int32)
+                    up = mx.contiguous(src.coords * scale)
+                    stride = tuple(
+                        a // b if a % b == 0 else 1 for a, b in zip(src.stride, geom.stride)
+                    )
+                    return None, self._new_set(up, stride)
+
+                dst = self._cached(key, make_dst)[1]
+        key = ("transposed", src.id, dst.id, geom)
+        return self._cached(key, lambda: (self._build(src, dst.coords, geom, True, "transposed"), dst))
+
+    def generative_relation(self, src: CoordinateSet, geom: KernelGeometry):
+        """Transposed convolution onto every reachable point (the set grows)."""
+        key = ("generative", src.id, geom)
+
+        def build():
+            out = _ext.generative_support(src.table, *geom.args())
+            stride = tuple(a // b if a % b == 0 else 1 for a, b in zip(src.stride, geom.stride))
+            out_set = self._new_set(out, stride)
+            return self._build(src, out, geom, True, "generative"), out_set
+
+        return self._cached(key, build)
+
+    def stats(self) -> dict:
+        return {
+            "coordinate_sets": len(self._sets),
+            "relations": sum(1 for v in self._relations.values() if v[0] is not None),
+            "builds": self.builds,
+            "hits": self.hits,
+            "build_seconds": self.build_seconds,
+        }

@@ -1,0 +1,208 @@
+"""Sparse convolution operations.
+
+Each op equals the dense operation on the voxel grid (features zero where no
+voxel is active) read out at the op's output support; see docs/semantics.md.
+Weights are dense 5D ``(C_out, Kx, Ky, Kz, C_in)`` as in ``mlx.nn.Conv3d``.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from . import _ext, diagnostics, routes
+from ._args import as_coords, dtype_name, triple
+from .relation import KernelGeometry, Relation
+from .tensor import SparseTensor
+
+__all__ = ["conv3d", "subm_conv3d", "conv_transpose3d", "generative_conv_transpose3d"]
+
+
+def _check(op: str, x, weight, bias):
+    if not isinstance(x, SparseTensor):
+        raise TypeError(f"{op}: x must be a SparseTensor, got {type(x).__name__}")
+    if not isinstance(weight, mx.array):
+        raise TypeError(f"{op}: weight must be an mx.array, got {type(weight).__name__}")
+    c_in = x.feats.shape[1]
+    if weight.ndim != 5:
+        raise ValueError(
+            f"{op}: weight must have shape (C_out, Kx, Ky, Kz, C_in), got {tuple(weight.shape)}"
+        )
+    if weight.shape[4] != c_in:
+        raise ValueError(
+            f"{op}: weight has C_in={weight.shape[4]} (last axis of (C_out, Kx, Ky, Kz, C_in)) "
+            f"but x has {c_in} channels"
+        )
+    if min(weight.shape[:4]) < 1:
+        raise ValueError(f"{op}: weight shape {tuple(weight.shape)} has an empty axis")
+    if weight.dtype != x.feats.dtype:
+        raise TypeError(
+            f"{op}: weight dtype {dtype_name(weight.dtype)} does not match feats dtype "
+            f"{dtype_name(x.feats.dtype)}; cast one of them"
+        )
+    if bias is not None:
+        if not isinstance(bias, mx.array):
+            raise TypeError(f"{op}: bias must be an mx.array, got {type(bias).__name__}")
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"{op}: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+        if bias.dtype != x.feats.dtype:
+            raise TypeError(
+                f"{op}: bias dtype {dtype_name(bias.dtype)} does not match feats dtype "
+                f"{dtype_name(x.feats.dtype)}"
+            )
+    return tuple(int(k) for k in weight.shape[1:4])
+
+
+def mapped_weight(weight: mx.array) -> mx.array:
+    """(C_out, Kx, Ky, Kz, C_in) -> kernel-major (K, C_in, C_out)."""
+    c_out, kx, ky, kz, c_in = weight.shape
+    return weight.reshape(c_out, kx * ky * kz, c_in).transpose(1, 2, 0)
+
+
+def _target_set(x: SparseTensor, coordinates, stride):
+    if isinstance(coordinates, SparseTensor):
+        if coordinates.manager is not x.manager:
+            raise ValueError("coordinates must belong to the same CoordinateManager as x")
+        return coordinates.coordinate_set
+    return x.manager.register(as_coords(coordinates, "coordinates"), stride)
+
+
+def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False):
+    """Select a route, run it, record diagnostics and wrap the output."""
+    backend = routes.current_backend()
+    identity = relation_fn is None
+    relation: Relation | None = None if identity else relation_fn()
+    stats = (
+        {"n_in": len(x), "n_out": len(x), "edges": len(x)} if identity else relation.stats()
+    )
+    ctx = routes.RouteContext(
+        op=op,
+        map_kind=kind,
+        dtype=dtype_name(x.feats.dtype),
+        backend=backend,
+        kernel_size=geom.kernel_size,
+        stride=geom.stride,
+        padding=geom.padding,
+        dilation=geom.dilation,
+        explicit_target=explicit_target,
+        c_in=int(weight.shape[4]),
+        c_out=int(weight.shape[0]),
+        n_in=stats["n_in"],
+        n_out=stats["n_out"],
+        edges=stats["edges"],
+        tier=diagnostics.capability_tier(backend),
+    )
+    sel = routes.select(ctx)
+    route = sel.route
+    native = None
+    if route.uses_relation:
+        if relation is None:
+            # Identity geometry on a route that wants edges: the 1x1x1 relation.
+            relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
+        native = relation._native
+    stream = mx.default_stream(mx.cpu if route.backend == "cpu" else mx.default_device())
+    y = _ext.gather_conv(x.feats, mapped_weight(weight), native, 0, route.name, stream)
+    if bias is not None:
+        y = y + bias
+    entry = ctx.as_dict()
+    entry.update(
+        route=route.name,
+        backend=route.backend,
+        rejected=sel.rejected,
+        fallback=sel.fallback,
+        quantized=False,
+        deterministic=route.deterministic,
+    )
+    diagnostics.emit(entry)
+    return SparseTensor._from_set(out_set, y, x.manager)
+
+
+def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates=None):
+    """Sparse 3D convolution ``y[q] = sum_d W[d] x[s*q - padding + dilation*d]``.
+
+    Output support: ``coordinates`` when given (kind ``target``), else every q
+    whose receptive field holds an active input (kind ``forward``), sorted by
+    (batch, x, y, z). A 1x1x1, stride-1, unpadded convolution keeps the input
+    rows. The output tensor stride is ``x.stride * stride``.
+    """
+    ks = _check("conv3d", x, weight, bias)
+    geom = KernelGeometry(
+        ks,
+        triple(stride, "stride", minimum=1),
+        triple(padding, "padding", minimum=0),
+        triple(dilation, "dilation", minimum=1),
+    )
+    src = x.coordinate_set
+    out_stride = tuple(a * b for a, b in zip(x.stride, geom.stride))
+    if coordinates is not None:
+        dst = _target_set(x, coordinates, out_stride)
+        return _execute(
+            "conv3d", x, weight, bias, geom, "target", dst,
+            lambda: x.manager.target_kernel_relation(src, dst, geom), explicit_target=True,
+        )
+    if ks == (1, 1, 1) and geom.stride == (1, 1, 1) and geom.padding == (0, 0, 0):
+        # Every input maps onto itself: keep the rows (and the coordinate set).
+        return _execute("conv3d", x, weight, bias, geom, "forward", src, None)
+    rel, dst = x.manager.kernel_relation(src, geom)
+    return _execute("conv3d", x, weight, bias, geom, "forward", dst, lambda: rel)
+
+
+def subm_conv3d(x, weight, bias=None, *, dilation=1):
+    """Submanifold convolution: stride 1, output rows = input rows (same order).
+
+    The kernel is centred at offset ``(k - 1) // 2`` per axis, so odd kernels
+    are symmetric and an even kernel of size k reaches ``k // 2`` voxels in
+    the positive direction and ``(k - 1) // 2`` in the negative one. Equals
+    ``conv3d(x, w, padding=dilation * ((k - 1) // 2), coordinates=x)``.
+    """
+    ks = _check("subm_conv3d", x, weight, bias)
+    dil = triple(dilation, "dilation", minimum=1)
+    pad = tuple(d * ((k - 1) // 2) for d, k in zip(dil, ks))
+    geom = KernelGeometry(ks, (1, 1, 1), pad, dil)
+    src = x.coordinate_set
+    if ks == (1, 1, 1):
+        return _execute("subm_conv3d", x, weight, bias, geom, "submanifold", src, None)
+    return _execute(
+        "subm_conv3d", x, weight, bias, geom, "submanifold", src,
+        lambda: x.manager.submanifold_kernel_relation(src, geom),
+    )
+
+
+def conv_transpose3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates=None):
+    """Sparse transposed convolution ``y[s*p - padding + dilation*d] += W[d] x[p]``.
+
+    Output support: ``coordinates`` when given; else the finer coordinate set
+    from which a ``conv3d`` with this stride produced x's coordinates (a U-Net
+    decoder lands on its encoder's voxels, reusing that layer's relation when
+    the geometry matches); else ``s * p`` for every input p.
+    """
+    ks = _check("conv_transpose3d", x, weight, bias)
+    geom = KernelGeometry(
+        ks,
+        triple(stride, "stride", minimum=1),
+        triple(padding, "padding", minimum=0),
+        triple(dilation, "dilation", minimum=1),
+    )
+    src = x.coordinate_set
+    dst = None
+    if coordinates is not None:
+        out_stride = tuple(a // b if a % b == 0 else 1 for a, b in zip(x.stride, geom.stride))
+        dst = _target_set(x, coordinates, out_stride)
+    rel, dst = x.manager.transposed_kernel_relation(src, geom, dst)
+    return _execute(
+        "conv_transpose3d", x, weight, bias, geom, "transposed", dst, lambda: rel,
+        explicit_target=coordinates is not None,
+    )
+
+
+def generative_conv_transpose3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1):
+    """Transposed convolution onto every reachable voxel ``s*p - padding + dilation*d``
+    (deduplicated, sorted): the support grows, as in sparse generative decoders."""
+    ks = _check("generative_conv_transpose3d", x, weight, bias)
+    geom = KernelGeometry(
+        ks,
+        triple(stride, "stride", minimum=1),
+        triple(padding, "padding", minimum=0),
+        triple(dilation, "dilation", minimum=1),
+    )
+    rel, dst = x.manager.generative_relation(x.coordinate_set, geom)
+    return _execute("generative_conv_transpose3d", x, weight, bias, geom, "generative", dst, lambda: rel)

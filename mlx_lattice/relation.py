@@ -1,0 +1,102 @@
+"""Relation: the edges of one sparse convolution as CSR arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from . import _ext
+
+MAP_KINDS = ("forward", "target", "submanifold", "transposed", "generative")
+
+
+@dataclass(frozen=True)
+class KernelGeometry:
+    kernel_size: tuple[int, int, int]
+    stride: tuple[int, int, int] = (1, 1, 1)
+    padding: tuple[int, int, int] = (0, 0, 0)
+    dilation: tuple[int, int, int] = (1, 1, 1)
+
+    @property
+    def volume(self) -> int:
+        k = self.kernel_size
+        return k[0] * k[1] * k[2]
+
+    def args(self):
+        return self.kernel_size, self.stride, self.padding, self.dilation
+
+
+@dataclass(frozen=True)
+class InputMajorView:
+    """Edges sorted by (input row, kernel offset); perm maps view -> edge."""
+
+    offsets: mx.array
+    perm: mx.array
+    out_idx: mx.array
+    k_idx: mx.array
+
+
+@dataclass(frozen=True)
+class KernelMajorView:
+    """Edges sorted by (kernel offset, output row); perm maps view -> edge."""
+
+    offsets: mx.array
+    perm: mx.array
+    in_idx: mx.array
+    out_idx: mx.array
+
+
+class Relation:
+    """Edges (out, in, k) of a convolution, sorted by (output row, offset).
+
+    ``out_offsets`` (N_out + 1) delimits each output row's edges in
+    ``in_idx``/``k_idx``. The input-major and kernel-major views, ``out_idx``
+    and the dense ``neighbor_map`` (N_out, K) are built on first use and kept.
+    """
+
+    def __init__(self, native, geometry: KernelGeometry):
+        self._native = native
+        self.geometry = geometry
+        self._stats = None
+
+    kind = property(lambda self: self._native.kind)
+    n_in = property(lambda self: self._native.n_in)
+    n_out = property(lambda self: self._native.n_out)
+    kernel_volume = property(lambda self: self._native.kernel_volume)
+    edges = property(lambda self: self._native.edges)
+    out_offsets = property(lambda self: self._native.out_offsets)
+    in_idx = property(lambda self: self._native.in_idx)
+    k_idx = property(lambda self: self._native.k_idx)
+    out_idx = property(lambda self: self._native.out_idx)
+    neighbor_map = property(lambda self: self._native.neighbor_map)
+
+    def input_major(self) -> InputMajorView:
+        return InputMajorView(*self._native.input_major())
+
+    def kernel_major(self) -> KernelMajorView:
+        return KernelMajorView(*self._native.kernel_major())
+
+    def stats(self) -> dict:
+        if self._stats is None:
+            n_out = self.n_out
+            self._stats = {
+                "kind": self.kind,
+                "edges": self.edges,
+                "n_in": self.n_in,
+                "n_out": n_out,
+                "k": self.kernel_volume,
+                "mean_neighbors": self.edges / n_out if n_out else 0.0,
+                "max_neighbors": self._native.max_neighbors,
+            }
+        return dict(self._stats)
+
+    def swapped(self, kind: str, geometry: KernelGeometry) -> "Relation":
+        return Relation(self._native.swapped(kind), geometry)
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"Relation(kind={s['kind']!r}, n_in={s['n_in']}, n_out={s['n_out']}, "
+            f"k={s['k']}, edges={s['edges']}, mean_neighbors={s['mean_neighbors']:.2f})"
+        )

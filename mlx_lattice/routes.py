@@ -1,0 +1,224 @@
+"""The route registry: every convolution route with its backend, predicate
+and priority. Dispatch asks :func:`select`; selection is a pure function of a
+:class:`RouteContext`, so any machine can ask which route another would take.
+
+``python -m mlx_lattice.routes`` prints the table that docs/routes.md holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+
+BACKENDS = ("cpu", "metal", "cuda")
+
+
+@dataclass(frozen=True)
+class RouteContext:
+    """The checklist of a convolution call, as route predicates see it."""
+
+    op: str
+    map_kind: str
+    dtype: str
+    backend: str
+    kernel_size: tuple[int, int, int]
+    stride: tuple[int, int, int] = (1, 1, 1)
+    padding: tuple[int, int, int] = (0, 0, 0)
+    dilation: tuple[int, int, int] = (1, 1, 1)
+    explicit_target: bool = False
+    c_in: int = 1
+    c_out: int = 1
+    n_in: int = 0
+    n_out: int = 0
+    edges: int = 0
+    coord_dtype: str = "int32"
+    quantized: bool = False
+    weight_layout: str = "dense5d"
+    tier: str = "cpu"
+
+    @property
+    def k(self) -> int:
+        a, b, c = self.kernel_size
+        return a * b * c
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["k"] = self.k
+        return d
+
+
+@dataclass(frozen=True)
+class Condition:
+    text: str
+    test: Callable[[RouteContext], bool]
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    backend: str
+    priority: int
+    conditions: tuple[Condition, ...]
+    uses_relation: bool = True
+    deterministic: bool = True
+    summary: str = ""
+
+    @property
+    def predicate(self) -> str:
+        return " and ".join(c.text for c in self.conditions) or "any valid relation"
+
+    def failed(self, ctx: RouteContext) -> str | None:
+        """The first condition ctx fails, or None when the route applies."""
+        if ctx.backend != self.backend:
+            return f"backend is {ctx.backend}, route needs {self.backend}"
+        for c in self.conditions:
+            if not c.test(ctx):
+                return c.text
+        return None
+
+
+@dataclass
+class Selection:
+    route: Route
+    rejected: list = field(default_factory=list)
+    fallback: str | None = None
+
+
+_REGISTRY: dict[str, Route] = {}
+
+
+def register(route: Route) -> Route:
+    if route.name in _REGISTRY:
+        raise ValueError(f"route {route.name!r} is already registered")
+    if route.backend not in BACKENDS:
+        raise ValueError(f"unknown backend {route.backend!r}")
+    _REGISTRY[route.name] = route
+    return route
+
+
+def get(name: str) -> Route:
+    return _REGISTRY[name]
+
+
+def list_routes() -> list[dict]:
+    """Every registered route: name, backend, priority and predicate text."""
+    return [
+        {
+            "name": r.name,
+            "backend": r.backend,
+            "priority": r.priority,
+            "predicate": r.predicate,
+            "deterministic": r.deterministic,
+            "summary": r.summary,
+        }
+        for r in sorted(_REGISTRY.values(), key=lambda r: (BACKENDS.index(r.backend), -r.priority))
+    ]
+
+
+def _pick(ctx: RouteContext, rejected: list) -> Route | None:
+    chosen = None
+    for r in sorted(_REGISTRY.values(), key=lambda r: -r.priority):
+        reason = r.failed(ctx)
+        if reason is None and chosen is None:
+            chosen = r
+        elif r is not chosen:
+            rejected.append({"route": r.name, "reason": reason or f"lower priority than {chosen.name}"})
+    return chosen
+
+
+def select(ctx: RouteContext) -> Selection:
+    """The highest-priority route of ctx.backend whose predicate holds.
+
+    When no route of a GPU backend applies, the CPU routes are asked and the
+    selection says so in ``fallback``; nothing falls back silently.
+    """
+    rejected: list = []
+    chosen = _pick(ctx, rejected)
+    if chosen is not None:
+        return Selection(chosen, rejected)
+    if ctx.backend != "cpu":
+        cpu_ctx = RouteContext(**{**asdict(ctx), "backend": "cpu", "tier": "cpu"})
+        rejected_cpu: list = []
+        chosen = _pick(cpu_ctx, rejected_cpu)
+        if chosen is not None:
+            note = f"no {ctx.backend} route accepts this call; running on the CPU"
+            return Selection(chosen, rejected, fallback=note)
+    raise ValueError(f"no route accepts {ctx}")
+
+
+# ------------------------------------------------------------------ helpers
+def _cond(text, test):
+    return Condition(text, test)
+
+
+KERNEL_1 = _cond("kernel 1x1x1", lambda c: c.kernel_size == (1, 1, 1))
+STRIDE_1 = _cond("stride 1", lambda c: c.stride == (1, 1, 1))
+NO_PAD_DIL = _cond(
+    "no padding/dilation", lambda c: c.padding == (0, 0, 0) and c.dilation == (1, 1, 1)
+)
+NO_TARGET = _cond("no explicit target support", lambda c: not c.explicit_target)
+FORWARD_KIND = _cond(
+    "map kind forward or submanifold", lambda c: c.map_kind in ("forward", "submanifold")
+)
+DENSE = _cond("dense (unquantized) weight", lambda c: not c.quantized)
+METAL_DTYPES = _cond("features float32 or float16", lambda c: c.dtype in ("float32", "float16"))
+
+# ------------------------------------------------------------------ routes
+for _backend, _extra in (("cpu", ()), ("metal", (METAL_DTYPES,))):
+    register(
+        Route(
+            name=f"{_backend}.pointwise",
+            backend=_backend,
+            priority=100,
+            conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, *_extra),
+            uses_relation=False,
+            summary="x.feats @ W[0]; keeps the input coordinates; no relation built",
+        )
+    )
+    register(
+        Route(
+            name=f"{_backend}.relation_traversal",
+            backend=_backend,
+            priority=0,
+            conditions=(DENSE, *_extra),
+            summary="output-stationary traversal of the output-major CSR edges",
+        )
+    )
+
+
+def current_backend(stream=None) -> str:
+    device = stream.device if stream is not None else mx.default_device()
+    if device.type == mx.cpu:
+        return "cpu"
+    if mx.metal.is_available():
+        return "metal"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def markdown() -> str:
+    lines = [
+        "# Convolution routes",
+        "",
+        "Generated from `mlx_lattice.routes` by `python -m mlx_lattice.routes`;"
+        " a test keeps this file equal to the registry.",
+        "",
+        "Within a backend the highest-priority route whose predicate holds is taken.",
+        "",
+        "| route | backend | priority | predicate | deterministic | what it does |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in list_routes():
+        lines.append(
+            f"| `{r['name']}` | {r['backend']} | {r['priority']} | {r['predicate']} | "
+            f"{'yes' if r['deterministic'] else 'no (atomics)'} | {r['summary']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
