@@ -43,10 +43,10 @@ def as_coords(coords, name: str = "coords") -> mx.array:
         shape = tuple(coords.shape)
         if len(shape) != 2 or shape[1] != 4:
             raise ValueError(f"{name} must have shape (N, 4) with rows (batch, x, y, z), got {shape}")
-        if coords.dtype != mx.int32:
-            arr = np.array(coords)
-        else:
-            return mx.contiguous(coords)
+        if coords.dtype == mx.int32:
+            # Returned as is: the manager keys coordinate sets by array identity.
+            return coords
+        arr = np.array(coords)
     else:
         arr = np.asarray(coords)
         if arr.size == 0 and arr.ndim <= 1:

@@ -23,9 +23,10 @@ class CoordinateSet:
 
     _ids = itertools.count()
 
-    def __init__(self, coords: mx.array, stride: tuple[int, int, int]):
+    def __init__(self, coords: mx.array, stride: tuple[int, int, int], source=None):
         self.id = next(CoordinateSet._ids)
         self.coords = coords
+        self.source = source  # the array the user registered, if copied
         self.stride = stride
         # Hashing validates range and uniqueness up front.
         self.table = _ext.CoordTable(coords)
@@ -60,9 +61,13 @@ class CoordinateManager:
         """The set for this coordinate array, hashing it on first sight."""
         with self._lock:
             s = self._sets.get(id(coords))
-            if s is None or s.coords is not coords:
-                s = CoordinateSet(coords, tuple(stride))
-                self._sets[id(coords)] = s
+            if s is not None and (s.coords is coords or s.source is coords):
+                return s
+            contiguous = mx.contiguous(coords)
+            s = CoordinateSet(contiguous, tuple(stride), source=coords)
+            # Both arrays stay referenced by the set, so their ids stay unique.
+            self._sets[id(coords)] = s
+            self._sets[id(contiguous)] = s
             return s
 
     def _new_set(self, coords: mx.array, stride) -> CoordinateSet:
@@ -157,7 +162,7 @@ class CoordinateManager:
 
     def stats(self) -> dict:
         return {
-            "coordinate_sets": len(self._sets),
+            "coordinate_sets": len({s.id for s in self._sets.values()}),
             "relations": sum(1 for v in self._relations.values() if v[0] is not None),
             "builds": self.builds,
             "hits": self.hits,

@@ -1,0 +1,21 @@
+import numpy as np
+import pytest
+import mlx.core as mx
+
+
+@pytest.fixture
+def rng(request):
+    # A seed per test so failures reproduce in isolation.
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
+
+
+def to_np(a) -> np.ndarray:
+    """mx.array (any float dtype) -> float64 NumPy."""
+    return np.array(a.astype(mx.float32)).astype(np.float64)
+
+
+TOLERANCES = {
+    mx.float32: dict(rtol=1e-4, atol=1e-4),
+    mx.float16: dict(rtol=2e-2, atol=2e-2),
+    mx.bfloat16: dict(rtol=6e-2, atol=6e-2),
+}

@@ -1,0 +1,186 @@
+"""Independent reference for sparse convolution, written from the semantic
+contract alone: every op is the dense op on the voxel grid read out at its
+output support. Brute force in float64 over Python dictionaries (edges) and,
+as a cross-check of the edges, over dense NumPy grids. Small sizes only.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+
+def _t3(v):
+    return (v,) * 3 if np.isscalar(v) else tuple(v)
+
+
+def offsets(kernel_size):
+    """Kernel offsets d in weight order (dx outer, dz inner) with their index."""
+    kx, ky, kz = _t3(kernel_size)
+    return list(itertools.product(range(kx), range(ky), range(kz)))
+
+
+def _index(coords):
+    return {tuple(int(v) for v in c): i for i, c in enumerate(np.asarray(coords))}
+
+
+# ------------------------------------------------------------------ supports
+def forward_support(coords, kernel_size, stride=1, padding=0, dilation=1):
+    """Every q (in a bounding box) whose receptive field holds an input."""
+    coords = np.asarray(coords, dtype=np.int64)
+    ks, s, p, dl = map(_t3, (kernel_size, stride, padding, dilation))
+    present = set(map(tuple, coords.tolist()))
+    out = set()
+    for b in sorted(set(coords[:, 0].tolist())):
+        cb = coords[coords[:, 0] == b, 1:]
+        lo = [(int(cb[:, a].min()) + p[a] - dl[a] * (ks[a] - 1)) // s[a] - 1 for a in range(3)]
+        hi = [(int(cb[:, a].max()) + p[a]) // s[a] + 1 for a in range(3)]
+        for q in itertools.product(*(range(lo[a], hi[a] + 1) for a in range(3))):
+            for d in offsets(ks):
+                src = (b,) + tuple(s[a] * q[a] - p[a] + dl[a] * d[a] for a in range(3))
+                if src in present:
+                    out.add((b,) + q)
+                    break
+    return np.array(sorted(out), dtype=np.int64).reshape(-1, 4)
+
+
+def generative_support(coords, kernel_size, stride=1, padding=0, dilation=1):
+    ks, s, p, dl = map(_t3, (kernel_size, stride, padding, dilation))
+    out = set()
+    for c in np.asarray(coords, dtype=np.int64).tolist():
+        for d in offsets(ks):
+            out.add((c[0],) + tuple(s[a] * c[a + 1] - p[a] + dl[a] * d[a] for a in range(3)))
+    return np.array(sorted(out), dtype=np.int64).reshape(-1, 4)
+
+
+# ------------------------------------------------------------------ edges
+def conv_edges(in_coords, out_coords, kernel_size, stride=1, padding=0, dilation=1):
+    """(out row, in row, k) with in = s*out - padding + dilation*d."""
+    ks, s, p, dl = map(_t3, (kernel_size, stride, padding, dilation))
+    idx = _index(in_coords)
+    edges = []
+    for o, q in enumerate(np.asarray(out_coords, dtype=np.int64).tolist()):
+        for k, d in enumerate(offsets(ks)):
+            src = (q[0],) + tuple(s[a] * q[a + 1] - p[a] + dl[a] * d[a] for a in range(3))
+            if src in idx:
+                edges.append((o, idx[src], k))
+    return np.array(edges, dtype=np.int64).reshape(-1, 3)
+
+
+def transposed_edges(in_coords, out_coords, kernel_size, stride=1, padding=0, dilation=1):
+    """(out row, in row, k) with out = s*in - padding + dilation*d."""
+    ks, s, p, dl = map(_t3, (kernel_size, stride, padding, dilation))
+    idx = _index(out_coords)
+    edges = []
+    for i, c in enumerate(np.asarray(in_coords, dtype=np.int64).tolist()):
+        for k, d in enumerate(offsets(ks)):
+            dst = (c[0],) + tuple(s[a] * c[a + 1] - p[a] + dl[a] * d[a] for a in range(3))
+            if dst in idx:
+                edges.append((idx[dst], i, k))
+    return np.array(edges, dtype=np.int64).reshape(-1, 3)
+
+
+def subm_padding(kernel_size, dilation=1):
+    return tuple(d * ((k - 1) // 2) for k, d in zip(_t3(kernel_size), _t3(dilation)))
+
+
+# ------------------------------------------------------------------ values
+def mapped(weight):
+    """(C_out, Kx, Ky, Kz, C_in) -> per offset (K, C_out, C_in) float64."""
+    w = np.asarray(weight, dtype=np.float64)
+    return w.reshape(w.shape[0], -1, w.shape[-1]).transpose(1, 0, 2)
+
+
+def apply(edges, feats, weight, n_out, bias=None):
+    """y[o] = sum over edges W[k] x[i] (+ bias), float64."""
+    x = np.asarray(feats, dtype=np.float64)
+    w = mapped(weight)
+    y = np.zeros((n_out, w.shape[1]))
+    for o, i, k in edges:
+        y[o] += w[k] @ x[i]
+    if bias is not None:
+        y += np.asarray(bias, dtype=np.float64)
+    return y
+
+
+def grads(edges, feats, weight, cotangent):
+    """Gradients of sum(cotangent * y) w.r.t. feats, weight (5D) and bias."""
+    x = np.asarray(feats, dtype=np.float64)
+    g = np.asarray(cotangent, dtype=np.float64)
+    w = mapped(weight)
+    dx = np.zeros_like(x)
+    dw = np.zeros_like(w)
+    for o, i, k in edges:
+        dx[i] += w[k].T @ g[o]
+        dw[k] += np.outer(g[o], x[i])
+    c_out, kx, ky, kz, c_in = np.shape(weight)
+    dw5 = dw.transpose(1, 0, 2).reshape(c_out, kx, ky, kz, c_in)
+    return dx, dw5, g.sum(axis=0)
+
+
+# ------------------------------------------------------------------ dense check
+def dense_conv(in_coords, feats, weight, out_coords, stride=1, padding=0, dilation=1):
+    """The dense cross-correlation on a zero-filled grid, read at out_coords."""
+    ks = tuple(np.shape(weight)[1:4])
+    s, p, dl = map(_t3, (stride, padding, dilation))
+    ci = np.asarray(in_coords, dtype=np.int64)
+    co = np.asarray(out_coords, dtype=np.int64)
+    x = np.asarray(feats, dtype=np.float64)
+    w = mapped(weight)
+    if len(co) == 0:
+        return np.zeros((0, w.shape[1]))
+    if len(ci) == 0:
+        return np.zeros((len(co), w.shape[1]))
+    lo = ci[:, 1:].min(0)
+    shape = ci[:, 1:].max(0) - lo + 1
+    nb = int(max(ci[:, 0].max(), co[:, 0].max())) + 1
+    grid = np.zeros((nb, *shape, x.shape[1]))
+    grid[ci[:, 0], *(ci[:, 1:] - lo).T] = x
+    y = np.zeros((len(co), w.shape[1]))
+    for k, d in enumerate(offsets(ks)):
+        src = np.stack([s[a] * co[:, a + 1] - p[a] + dl[a] * d[a] for a in range(3)], 1) - lo
+        ok = np.all((src >= 0) & (src < shape), axis=1)
+        vals = np.zeros((len(co), x.shape[1]))
+        vals[ok] = grid[co[ok, 0], *src[ok].T]
+        y += vals @ w[k].T
+    return y
+
+
+def dense_conv_transpose(in_coords, feats, weight, out_coords, stride=1, padding=0, dilation=1):
+    """The dense transposed convolution (scatter-add on a grid), read at out_coords."""
+    ks = tuple(np.shape(weight)[1:4])
+    s, p, dl = map(_t3, (stride, padding, dilation))
+    ci = np.asarray(in_coords, dtype=np.int64)
+    co = np.asarray(out_coords, dtype=np.int64)
+    x = np.asarray(feats, dtype=np.float64)
+    w = mapped(weight)
+    if len(co) == 0 or len(ci) == 0:
+        return np.zeros((len(co), w.shape[1]))
+    lo = co[:, 1:].min(0)
+    shape = co[:, 1:].max(0) - lo + 1
+    nb = int(max(ci[:, 0].max(), co[:, 0].max())) + 1
+    grid = np.zeros((nb, *shape, w.shape[1]))
+    for k, d in enumerate(offsets(ks)):
+        dst = np.stack([s[a] * ci[:, a + 1] - p[a] + dl[a] * d[a] for a in range(3)], 1) - lo
+        ok = np.all((dst >= 0) & (dst < shape), axis=1)
+        np.add.at(grid, (ci[ok, 0], *dst[ok].T), x[ok] @ w[k].T)
+    return grid[co[:, 0], *(co[:, 1:] - lo).T]
+
+
+# ------------------------------------------------------------------ data
+def random_coords(rng, n, extent=6, batches=1, low=None):
+    """Up to n unique (b, x, y, z) rows; low defaults to -extent//2 (negatives)."""
+    low = -(extent // 2) if low is None else low
+    rows = np.concatenate(
+        [rng.integers(0, batches, (n, 1)), rng.integers(low, low + extent, (n, 3))], axis=1
+    )
+    return np.unique(rows, axis=0).astype(np.int32)
+
+
+def match_rows(actual_coords, expected_coords):
+    """Permutation p with actual[p[j]] == expected[j]; asserts equal sets."""
+    a = _index(actual_coords)
+    e = [tuple(int(v) for v in c) for c in np.asarray(expected_coords)]
+    assert len(a) == len(e) and set(a) == set(e), "output supports differ"
+    return np.array([a[c] for c in e], dtype=np.int64)

@@ -1,0 +1,118 @@
+"""Relations: edge order, views, neighbour map, statistics and caching."""
+
+import numpy as np
+import pytest
+import mlx.core as mx
+
+import mlx_lattice as ml
+from mlx_lattice import ops
+from mlx_lattice.relation import KernelGeometry
+
+import oracle
+
+
+def by_out(e):
+    """Edges ordered by (output row, kernel offset), the CSR order."""
+    return e[np.lexsort((e[:, 2], e[:, 0]))]
+
+
+def edges_of(rel):
+    return np.stack([np.array(rel.out_idx), np.array(rel.in_idx), np.array(rel.k_idx)], 1)
+
+
+@pytest.fixture
+def tensor(rng):
+    coords = oracle.random_coords(rng, 120, 8, 2)
+    return ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32)), coords
+
+
+def test_relation_kinds_match_oracle(tensor):
+    x, coords = tensor
+    m, s = x.manager, x.coordinate_set
+    g3 = KernelGeometry((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+    rel = m.submanifold_kernel_relation(s, g3)
+    assert rel.kind == "submanifold"
+    np.testing.assert_array_equal(edges_of(rel), oracle.conv_edges(coords, coords, 3, 1, 1))
+    g2 = KernelGeometry((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    rel, out = m.kernel_relation(s, g2)
+    assert rel.kind == "forward"
+    np.testing.assert_array_equal(edges_of(rel), oracle.conv_edges(coords, np.array(out.coords), 2, 2, 0))
+    rel_t, back = m.transposed_kernel_relation(out, g2)
+    assert rel_t.kind == "transposed" and back is s
+    np.testing.assert_array_equal(edges_of(rel_t), by_out(oracle.transposed_edges(np.array(out.coords), coords, 2, 2, 0)))
+    rel_g, gen = m.generative_relation(s, g2)
+    assert rel_g.kind == "generative"
+    np.testing.assert_array_equal(
+        edges_of(rel_g), by_out(oracle.transposed_edges(coords, np.array(gen.coords), 2, 2, 0))
+    )
+    tgt = m.register(mx.array(coords[::3]))
+    rel_tg = m.target_kernel_relation(s, tgt, g3)
+    assert rel_tg.kind == "target"
+    np.testing.assert_array_equal(edges_of(rel_tg), oracle.conv_edges(coords, coords[::3], 3, 1, 1))
+
+
+def test_views_and_neighbor_map(tensor):
+    x, coords = tensor
+    rel = x.manager.submanifold_kernel_relation(x.coordinate_set, KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3))
+    e = edges_of(rel)
+    # CSR offsets delimit rows; edges sorted by (out, k)
+    off = np.array(rel.out_offsets)
+    assert off[0] == 0 and off[-1] == len(e) and np.all(np.diff(off) >= 0)
+    assert np.all(np.diff(e[:, 0] * 27 + e[:, 2]) > 0)
+    im = rel.input_major()
+    perm = np.array(im.perm)
+    assert sorted(perm.tolist()) == list(range(len(e)))
+    pe = e[perm]
+    assert np.all(np.diff(pe[:, 1] * 27 + pe[:, 2]) > 0)  # sorted by (in, k)
+    np.testing.assert_array_equal(np.array(im.out_idx), pe[:, 0])
+    np.testing.assert_array_equal(np.array(im.k_idx), pe[:, 2])
+    ioff = np.array(im.offsets)
+    np.testing.assert_array_equal(np.diff(ioff), np.bincount(e[:, 1], minlength=len(coords)))
+    km = rel.kernel_major()
+    kperm = np.array(km.perm)
+    ke = e[kperm]
+    assert np.all(np.diff(ke[:, 2] * len(coords) + ke[:, 0]) > 0)  # sorted by (k, out)
+    np.testing.assert_array_equal(np.array(km.in_idx), ke[:, 1])
+    np.testing.assert_array_equal(np.diff(np.array(km.offsets)), np.bincount(e[:, 2], minlength=27))
+    nm = np.array(rel.neighbor_map)
+    assert nm.shape == (len(coords), 27)
+    expected = -np.ones_like(nm)
+    expected[e[:, 0], e[:, 2]] = e[:, 1]
+    np.testing.assert_array_equal(nm, expected)
+    # submanifold: centre offset is always present
+    assert np.all(nm[:, 13] == np.arange(len(coords)))
+    s = rel.stats()
+    assert s["edges"] == len(e) and s["n_out"] == len(coords) and s["k"] == 27
+    assert s["max_neighbors"] == np.diff(off).max()
+    assert abs(s["mean_neighbors"] - len(e) / len(coords)) < 1e-12
+    assert "Relation(kind='submanifold'" in repr(rel)
+
+
+def test_manager_caches(tensor):
+    x, coords = tensor
+    m = x.manager
+    g = KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3)
+    r1 = m.submanifold_kernel_relation(x.coordinate_set, g)
+    r2 = m.submanifold_kernel_relation(x.coordinate_set, g)
+    assert r1 is r2
+    g2 = KernelGeometry((2, 2, 2), (2,) * 3, (0,) * 3, (1,) * 3)
+    (a, sa), (b, sb) = m.kernel_relation(x.coordinate_set, g2), m.kernel_relation(x.coordinate_set, g2)
+    assert a is b and sa is sb
+    # a tensor sharing the coords array shares the set
+    y = x.replace(mx.zeros((len(coords), 4)))
+    assert y.coordinate_set is x.coordinate_set
+    z = ml.SparseTensor(x.coords, np.zeros((len(coords), 1), np.float32), manager=m)
+    assert z.coordinate_set is x.coordinate_set
+    assert m.stats()["hits"] >= 2
+
+
+def test_transposed_reuses_encoder_edges(tensor, rng):
+    x, coords = tensor
+    w = mx.array(rng.standard_normal((2, 3, 3, 3, 1)).astype(np.float32))
+    down = ops.conv3d(x, w, stride=2, padding=1)
+    builds = x.manager.builds
+    up = ops.conv_transpose3d(down, mx.array(rng.standard_normal((1, 3, 3, 3, 2)).astype(np.float32)), stride=2, padding=1)
+    assert up.coords is x.coords
+    # swapped from the cached forward relation: counted as one cheap build, no hashing of new sets
+    assert x.manager.stats()["coordinate_sets"] == 2
+    assert x.manager.builds == builds + 1
