@@ -1,0 +1,82 @@
+"""Route registry, selection as a pure function of context, and diagnostics."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import mlx.core as mx
+
+import mlx_lattice as ml
+from mlx_lattice import ops, routes
+from mlx_lattice.routes import RouteContext
+
+import oracle
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ctx(**kw):
+    base = dict(op="conv3d", map_kind="forward", dtype="float32", backend="cpu", kernel_size=(3, 3, 3))
+    base.update(kw)
+    return RouteContext(**base)
+
+
+def test_list_routes_and_docs_in_sync():
+    rows = routes.list_routes()
+    names = [r["name"] for r in rows]
+    assert {"cpu.pointwise", "cpu.relation_traversal", "metal.pointwise", "metal.relation_traversal"} <= set(names)
+    for r in rows:
+        assert r["backend"] in routes.BACKENDS and r["predicate"]
+    assert (ROOT / "docs" / "routes.md").read_text() == routes.markdown(), (
+        "docs/routes.md is stale: regenerate with `python -m mlx_lattice.routes > docs/routes.md`"
+    )
+
+
+def test_selection_is_pure_and_explains_rejections():
+    c = ctx(kernel_size=(1, 1, 1))
+    s = routes.select(c)
+    assert s.route.name == "cpu.pointwise" and s.fallback is None
+    reasons = {r["route"]: r["reason"] for r in s.rejected}
+    assert reasons["cpu.relation_traversal"].startswith("lower priority")
+    assert "backend is cpu" in reasons["metal.pointwise"]
+    s2 = routes.select(ctx(kernel_size=(1, 1, 1), padding=(1, 0, 0)))
+    assert s2.route.name == "cpu.relation_traversal"
+    assert {r["route"]: r["reason"] for r in s2.rejected}["cpu.pointwise"] == "no padding/dilation"
+    assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target")).route.name == "cpu.relation_traversal"
+    # a Mac would take the Metal routes for the same shapes
+    assert routes.select(ctx(backend="metal", kernel_size=(1, 1, 1))).route.name == "metal.pointwise"
+    assert routes.select(ctx(backend="metal")).route.name == "metal.relation_traversal"
+    # bfloat16 has no Metal kernel yet: the CPU route, said out loud
+    s3 = routes.select(ctx(backend="metal", dtype="bfloat16"))
+    assert s3.route.backend == "cpu" and "no metal route" in s3.fallback
+    assert {r["route"]: r["reason"] for r in s3.rejected}["metal.relation_traversal"] == "features float32 or float16"
+
+
+def test_register_rejects_duplicates():
+    with pytest.raises(ValueError, match="already registered"):
+        routes.register(routes.get("cpu.pointwise"))
+
+
+REQUIRED = {"op", "route", "backend", "rejected", "map_kind", "dtype", "quantized", "k", "c_in", "c_out", "n_out", "edges", "tier"}
+
+
+def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch):
+    log_path = tmp_path / "routes.jsonl"
+    monkeypatch.setenv("MLX_LATTICE_ROUTE_LOG", str(log_path))
+    coords = oracle.random_coords(rng, 40, 5, 1)
+    x = ml.SparseTensor(coords, rng.standard_normal((len(coords), 3)).astype(np.float32))
+    with ml.diagnostics.record() as log:
+        y = ops.subm_conv3d(x, mx.zeros((4, 3, 3, 3, 3)))
+        ops.conv3d(y, mx.zeros((2, 1, 1, 1, 4)))
+    assert [r["route"] for r in log] == ["cpu.relation_traversal", "cpu.pointwise"]
+    rec = log[0]
+    assert REQUIRED <= set(rec)
+    assert rec["map_kind"] == "submanifold" and rec["k"] == 27 and rec["c_in"] == 3 and rec["c_out"] == 4
+    assert rec["n_out"] == len(coords) and rec["edges"] == len(oracle.conv_edges(coords, coords, 3, 1, 1))
+    assert rec["quantized"] is False and rec["tier"] == "cpu" and rec["coord_dtype"] == "int32"
+    assert all({"route", "reason"} <= set(r) for r in rec["rejected"])
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert [l["route"] for l in lines] == ["cpu.relation_traversal", "cpu.pointwise"]
+    assert json.loads(log.to_json())[1]["op"] == "conv3d"
+    assert "cpu.pointwise" in log.table()
