@@ -2,7 +2,7 @@
 and priority. Dispatch asks :func:`select`; selection is a pure function of a
 :class:`RouteContext`, so any machine can ask which route another would take.
 
-``python -m mlx_lattice.routes`` prints the table that docs/routes.md holds.
+``python -m mlx_lattice routes --markdown`` prints docs/routes.md.
 """
 
 from __future__ import annotations
@@ -204,7 +204,8 @@ def markdown() -> str:
     lines = [
         "# Convolution routes",
         "",
-        "Generated from `mlx_lattice.routes` by `python -m mlx_lattice.routes`;"
+        "Generated from the registry in `mlx_lattice/routes.py` by"
+        " `python -m mlx_lattice routes --markdown > docs/routes.md`;"
         " a test keeps this file equal to the registry.",
         "",
         "Within a backend the highest-priority route whose predicate holds is taken.",
@@ -219,6 +220,3 @@ def markdown() -> str:
         )
     return "\n".join(lines) + "\n"
 
-
-if __name__ == "__main__":
-    print(markdown(), end="")

@@ -29,7 +29,7 @@ def test_list_routes_and_docs_in_sync():
     for r in rows:
         assert r["backend"] in routes.BACKENDS and r["predicate"]
     assert (ROOT / "docs" / "routes.md").read_text() == routes.markdown(), (
-        "docs/routes.md is stale: regenerate with `python -m mlx_lattice.routes > docs/routes.md`"
+        "docs/routes.md is stale: regenerate with `python -m mlx_lattice routes --markdown > docs/routes.md`"
     )
 
 

@@ -1,0 +1,46 @@
+"""Command line: ``python -m mlx_lattice {demo,routes,bench} ...``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlx_lattice")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="sparse encoder/decoder on a synthetic LiDAR sweep")
+    demo.add_argument("--voxel-size", type=float, default=0.1, help="metres (default 0.1)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    demo.add_argument("--steps", type=int, default=2, help="forward+backward passes to time")
+    demo.add_argument("--route-log", help="write the route records of the last step as JSON")
+
+    routes_cmd = sub.add_parser("routes", help="print the route registry")
+    fmt = routes_cmd.add_mutually_exclusive_group()
+    fmt.add_argument("--markdown", action="store_true", help="the docs/routes.md table")
+    fmt.add_argument("--json", action="store_true")
+
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from .demo import run
+
+        return run(args)
+    if args.command == "routes":
+        from . import routes
+
+        if args.markdown:
+            sys.stdout.write(routes.markdown())
+        elif args.json:
+            print(json.dumps(routes.list_routes(), indent=2))
+        else:
+            for r in routes.list_routes():
+                print(f"{r['name']:<28} {r['backend']:<6} {r['priority']:>4}  {r['predicate']}")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
