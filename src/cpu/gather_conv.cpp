@@ -1,76 +1,176 @@
+// Forward / input-gradient CPU kernel: blocked gather-GEMM.
+//
+// Output rows are cut into blocks whose float32 accumulators stay in L2.
+// Within a block, edges are grouped by kernel offset; each group of MR edges
+// gathers MR input rows and multiplies them by the packed W[k] in a register
+// tile, then adds the tile into the block's rows. No two edges of one offset
+// share an output row, so a tile never conflicts with itself, and every
+// output element sums its offsets in increasing order: the result does not
+// depend on the thread count.
 #include <algorithm>
 #include <vector>
 
-#include "cpu/convert.h"
 #include "cpu/kernels.h"
+#include "cpu/pack.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
-#include "threadpool.h"
 
 namespace mlx_lattice::cpu {
 
 namespace {
 
-// acc[0:B] += xa * w[0:B] over the input channels of one edge.
-inline void accumulate_edge(
-    const float* xr,
-    const float* wk,
-    float* acc,
-    int A,
-    int B) {
+using simd::vec;
+
+template <int MR, int NV>
+inline void tile(const float* const* xr, const float* wk, int A, float* const* yr) {
+  constexpr int W = NV * simd::kWidth;
+  vec acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      acc[i][j] = simd::zero();
+    }
+  }
   for (int a = 0; a < A; ++a) {
-    const float xa = xr[a];
-    const float* wr = wk + int64_t(a) * B;
-    for (int b = 0; b < B; ++b) {
-      acc[b] += xa * wr[b];
+    vec wv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      wv[j] = simd::load(wk + a * W + j * simd::kWidth);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const vec xb = simd::broadcast(xr[i][a]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        acc[i][j] += xb * wv[j];
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      float* p = yr[i] + j * simd::kWidth;
+      simd::store(p, simd::load(p) + acc[i][j]);
+    }
+  }
+}
+
+struct BlockEdges {
+  std::vector<int32_t> offsets; // per kernel offset, into out/in
+  std::vector<int32_t> out;     // output row within the block
+  std::vector<int32_t> in;      // gathered row
+};
+
+// Edges of rows [r0, r1) grouped by kernel offset, rows ascending within.
+void group_edges(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockEdges& b) {
+  b.offsets.assign(K + 1, 0);
+  if (!v.offsets) {
+    b.offsets[1] = static_cast<int32_t>(r1 - r0);
+    b.out.resize(r1 - r0);
+    b.in.resize(r1 - r0);
+    for (int64_t r = r0; r < r1; ++r) {
+      b.out[r - r0] = static_cast<int32_t>(r - r0);
+      b.in[r - r0] = static_cast<int32_t>(r);
+    }
+    return;
+  }
+  const int64_t e0 = v.offsets[r0], e1 = v.offsets[r1];
+  for (int64_t e = e0; e < e1; ++e) {
+    ++b.offsets[v.k[e] + 1];
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    b.offsets[k + 1] += b.offsets[k];
+  }
+  b.out.resize(e1 - e0);
+  b.in.resize(e1 - e0);
+  std::vector<int32_t> cursor(b.offsets.begin(), b.offsets.end() - 1);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t e = v.offsets[r]; e < v.offsets[r + 1]; ++e) {
+      int32_t dst = cursor[v.k[e]]++;
+      b.out[dst] = static_cast<int32_t>(r - r0);
+      b.in[dst] = v.gather[e];
+    }
+  }
+}
+
+template <int NV>
+void block_product(
+    const BlockEdges& b,
+    int64_t K,
+    const float* xf,
+    int A,
+    const float* packed,
+    int c0,
+    float* yblk,
+    int ldy,
+    const float* zero_row,
+    float* dummy_row) {
+  constexpr int MR = simd::rows_for(NV);
+  constexpr int W = NV * simd::kWidth;
+  const float* xr[MR];
+  float* yr[MR];
+  for (int64_t k = 0; k < K; ++k) {
+    const int32_t g0 = b.offsets[k], g1 = b.offsets[k + 1];
+    if (g0 == g1) {
+      continue;
+    }
+    const float* wk = packed_block(packed, K, A, c0, W, k);
+    for (int32_t g = g0; g < g1; g += MR) {
+      const int n = std::min<int32_t>(MR, g1 - g);
+      for (int i = 0; i < MR; ++i) {
+        if (i < n) {
+          xr[i] = xf + int64_t(b.in[g + i]) * A;
+          yr[i] = yblk + int64_t(b.out[g + i]) * ldy + c0;
+        } else {
+          xr[i] = zero_row;
+          yr[i] = dummy_row;
+        }
+      }
+      tile<MR, NV>(xr, wk, A, yr);
     }
   }
 }
 
 template <typename T>
-void run(
-    const T* x,
-    const T* w,
-    CsrView v,
-    int64_t K,
-    int A,
-    int B,
-    T* y) {
-  // Weights are read once per edge: keep a float32 copy for narrow dtypes.
-  std::vector<float> wbuf;
-  const float* wf;
-  if constexpr (std::is_same_v<T, float>) {
-    wf = w;
-  } else {
-    wbuf.resize(K * A * B);
-    to_float(w, wbuf.data(), K * A * B);
-    wf = wbuf.data();
-  }
-  const double avg = v.rows > 0 && v.offsets
-      ? double(v.edges) / double(v.rows)
-      : 1.0;
-  const double row_cost = std::max(1.0, avg) * A * B;
-  const int64_t grain =
-      std::clamp<int64_t>(int64_t((1 << 18) / row_cost), 8, 4096);
-  parallel_for(v.rows, grain, [&](int64_t r0, int64_t r1) {
-    std::vector<float> acc(B), xbuf(A);
-    for (int64_t r = r0; r < r1; ++r) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      int64_t e0 = v.offsets ? v.offsets[r] : r;
-      int64_t e1 = v.offsets ? v.offsets[r + 1] : r + 1;
-      for (int64_t e = e0; e < e1; ++e) {
-        int64_t g = v.offsets ? v.gather[e] : r;
-        int64_t k = v.offsets ? v.k[e] : 0;
-        const float* xr;
-        if constexpr (std::is_same_v<T, float>) {
-          xr = x + g * A;
-        } else {
-          to_float(x + g * A, xbuf.data(), A);
-          xr = xbuf.data();
-        }
-        accumulate_edge(xr, wf + k * A * B, acc.data(), A, B);
+void run(const T* x, const T* w, CsrView v, int64_t n_x, int64_t K, int A, int B, T* y) {
+  std::vector<float> xbuf;
+  const float* xf = float_rows(x, n_x, A, xbuf);
+  const std::vector<float> packed = pack_weights(w, K, A, B);
+  const int bp = static_cast<int>(round_up(B, simd::kWidth));
+  const auto blocks = column_blocks(bp);
+  // Block rows: ~256 KiB of accumulators, fixed by the problem alone.
+  const int64_t rows_per_block = std::clamp<int64_t>((int64_t(1) << 16) / bp, 16, 2048);
+  parallel_for(v.rows, rows_per_block, [&](int64_t r0, int64_t r1) {
+    thread_local BlockEdges edges;
+    thread_local std::vector<float> yblk, zero_row, dummy_row;
+    group_edges(v, K, r0, r1, edges);
+    yblk.assign((r1 - r0) * bp, 0.0f);
+    zero_row.assign(A + 1, 0.0f);
+    dummy_row.assign(bp, 0.0f);
+    for (auto [c0, nv] : blocks) {
+      switch (nv) {
+        case 1:
+          block_product<1>(edges, K, xf, A, packed.data(), c0, yblk.data(), bp, zero_row.data(), dummy_row.data());
+          break;
+        case 2:
+          block_product<2>(edges, K, xf, A, packed.data(), c0, yblk.data(), bp, zero_row.data(), dummy_row.data());
+          break;
+        case 3:
+          if constexpr (simd::kMaxVectors >= 3) {
+            block_product<3>(edges, K, xf, A, packed.data(), c0, yblk.data(), bp, zero_row.data(), dummy_row.data());
+          }
+          break;
+        default:
+          if constexpr (simd::kMaxVectors >= 4) {
+            block_product<4>(edges, K, xf, A, packed.data(), c0, yblk.data(), bp, zero_row.data(), dummy_row.data());
+          }
+          break;
       }
-      from_float(acc.data(), y + r * B, B);
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      from_float(yblk.data() + (r - r0) * bp, y + r * B, B);
     }
   });
 }
@@ -91,14 +191,16 @@ void gather_conv(
   const int A = x.shape(1);
   const int B = w.shape(2);
   const int64_t K = w.shape(0);
+  const int64_t n_x = x.shape(0);
   dispatch_float(out.dtype(), [&]<typename T>() {
     enc.dispatch([xp = x.data<T>(),
                   wp = w.data<T>(),
                   yp = out.data<T>(),
                   view,
+                  n_x,
                   K,
                   A,
-                  B]() { run<T>(xp, wp, view, K, A, B, yp); });
+                  B]() { run<T>(xp, wp, view, n_x, K, A, B, yp); });
   });
 }
 

@@ -1,71 +1,146 @@
+// Weight-gradient CPU kernel: dW[k] = sum over edges of offset k of
+// x[g]^T ct[r], as blocked GEMMs over packed edge panels.
+//
+// The edges of each offset are cut into chunks whose size depends only on
+// the problem; each chunk packs panels of gathered rows (float32) and
+// accumulates into its own partial sum with register tiles. Partials are
+// reduced in chunk order, so results do not depend on the thread count.
 #include <algorithm>
 #include <vector>
 
-#include "cpu/convert.h"
 #include "cpu/kernels.h"
+#include "cpu/pack.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
-#include "threadpool.h"
 
 namespace mlx_lattice::cpu {
 
 namespace {
 
+using simd::vec;
+
+constexpr int64_t kPanel = 256; // edges packed at a time
+
 struct Chunk {
   int64_t k, e0, e1;
 };
 
+// acc[a0 + i][c0 + ...] += sum_e xp[e][a0 + i] * cp[e][c0 + ...]
+template <int MR, int NV>
+inline void tile(const float* xp, int ldx, const float* cp, int ldc, int64_t n, float* acc, int lda) {
+  vec t[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      t[i][j] = simd::load(acc + int64_t(i) * lda + j * simd::kWidth);
+    }
+  }
+  for (int64_t e = 0; e < n; ++e) {
+    vec cv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      cv[j] = simd::load(cp + e * ldc + j * simd::kWidth);
+    }
+    const float* xr = xp + e * ldx;
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const vec xb = simd::broadcast(xr[i]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        t[i][j] += xb * cv[j];
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      simd::store(acc + int64_t(i) * lda + j * simd::kWidth, t[i][j]);
+    }
+  }
+}
+
+template <int NV>
+void panel_product(const float* xp, int ldx, const float* cp, int ldc, int64_t n, int A, int c0, float* acc, int lda) {
+  constexpr int MR = simd::rows_for(NV);
+  for (int a0 = 0; a0 < A; a0 += MR) {
+    tile<MR, NV>(xp + a0, ldx, cp + c0, ldc, n, acc + int64_t(a0) * lda + c0, lda);
+  }
+}
+
 template <typename T>
 void run(const T* x, const T* ct, PairView v, int A, int B, T* out) {
-  const int64_t AB = int64_t(A) * B;
-  // Edges of each offset are cut into chunks whose size depends only on the
-  // problem (never on threads); partial sums are reduced in chunk order.
-  const int64_t budget = int64_t(1) << 24; // floats of partial sums
-  int64_t chunk = 2048;
-  if (v.edges / chunk * AB > budget) {
-    chunk = std::max<int64_t>(chunk, v.edges * AB / budget + 1);
+  const int bp = static_cast<int>(round_up(B, simd::kWidth));
+  // Room for the last row tile (up to 14 rows) past A.
+  const int ap = static_cast<int>(round_up(A, 16) + 16);
+  const int64_t tile_floats = int64_t(ap) * bp;
+  const auto blocks = column_blocks(bp);
+  // Chunk size from the problem only: bound the partial sums' memory.
+  const int64_t budget = int64_t(1) << 23; // floats
+  int64_t chunk = 4096;
+  while (chunk < v.edges && (v.edges / chunk + v.k) * tile_floats > budget) {
+    chunk *= 2;
   }
   std::vector<Chunk> chunks;
   std::vector<int64_t> first(v.k + 1, 0);
   for (int64_t k = 0; k < v.k; ++k) {
-    int64_t b = v.offsets ? v.offsets[k] : 0;
-    int64_t e = v.offsets ? v.offsets[k + 1] : v.edges;
+    const int64_t b = v.offsets ? v.offsets[k] : 0;
+    const int64_t e = v.offsets ? v.offsets[k + 1] : v.edges;
     first[k] = static_cast<int64_t>(chunks.size());
     for (int64_t c = b; c < e; c += chunk) {
       chunks.push_back({k, c, std::min(e, c + chunk)});
     }
   }
   first[v.k] = static_cast<int64_t>(chunks.size());
-  std::vector<float> partial(chunks.size() * AB);
-  parallel_for(
-      static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1) {
-        std::vector<float> xbuf(A), cbuf(B);
-        for (int64_t c = c0; c < c1; ++c) {
-          float* acc = partial.data() + c * AB;
-          std::fill(acc, acc + AB, 0.0f);
-          for (int64_t e = chunks[c].e0; e < chunks[c].e1; ++e) {
-            int64_t g = v.offsets ? v.g[e] : e;
-            int64_t r = v.offsets ? v.r[e] : e;
-            to_float(x + g * A, xbuf.data(), A);
-            to_float(ct + r * B, cbuf.data(), B);
-            for (int a = 0; a < A; ++a) {
-              const float xa = xbuf[a];
-              float* row = acc + int64_t(a) * B;
-              for (int b = 0; b < B; ++b) {
-                row[b] += xa * cbuf[b];
+  std::vector<float> partial(chunks.size() * tile_floats);
+  parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1) {
+    thread_local std::vector<float> xp, cp;
+    xp.assign(kPanel * ap, 0.0f);
+    cp.assign(kPanel * bp, 0.0f);
+    for (int64_t c = c0; c < c1; ++c) {
+      float* acc = partial.data() + c * tile_floats;
+      std::fill(acc, acc + tile_floats, 0.0f);
+      for (int64_t p = chunks[c].e0; p < chunks[c].e1; p += kPanel) {
+        const int64_t n = std::min(kPanel, chunks[c].e1 - p);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t e = p + i;
+          const int64_t g = v.offsets ? v.g[e] : e;
+          const int64_t r = v.offsets ? v.r[e] : e;
+          to_float(x + g * A, xp.data() + i * ap, A);
+          to_float(ct + r * B, cp.data() + i * bp, B);
+        }
+        for (auto [col, nv] : blocks) {
+          switch (nv) {
+            case 1:
+              panel_product<1>(xp.data(), ap, cp.data(), bp, n, A, col, acc, bp);
+              break;
+            case 2:
+              panel_product<2>(xp.data(), ap, cp.data(), bp, n, A, col, acc, bp);
+              break;
+            case 3:
+              if constexpr (simd::kMaxVectors >= 3) {
+                panel_product<3>(xp.data(), ap, cp.data(), bp, n, A, col, acc, bp);
               }
-            }
+              break;
+            default:
+              if constexpr (simd::kMaxVectors >= 4) {
+                panel_product<4>(xp.data(), ap, cp.data(), bp, n, A, col, acc, bp);
+              }
+              break;
           }
         }
-      });
-  parallel_for(v.k * A, 16, [&](int64_t i0, int64_t i1) {
-    std::vector<float> sum(B);
+      }
+    }
+  });
+  parallel_for(v.k * A, 64, [&](int64_t i0, int64_t i1) {
+    std::vector<float> sum(bp);
     for (int64_t i = i0; i < i1; ++i) {
-      int64_t k = i / A, a = i % A;
+      const int64_t k = i / A, a = i % A;
       std::fill(sum.begin(), sum.end(), 0.0f);
       for (int64_t c = first[k]; c < first[k + 1]; ++c) {
-        const float* p = partial.data() + c * AB + a * B;
-        for (int b = 0; b < B; ++b) {
+        const float* p = partial.data() + c * tile_floats + a * bp;
+        for (int b = 0; b < bp; ++b) {
           sum[b] += p[b];
         }
       }

@@ -1,0 +1,72 @@
+// Packing helpers shared by the CPU convolution kernels.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "cpu/convert.h"
+#include "cpu/simd.h"
+#include "threadpool.h"
+
+namespace mlx_lattice::cpu {
+
+inline int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
+
+// Column blocks of a padded width: full blocks of kMaxVectors vectors, then
+// one narrower block. Returns (first column, vectors) pairs.
+inline std::vector<std::pair<int, int>> column_blocks(int padded) {
+  constexpr int full = simd::kMaxVectors * simd::kWidth;
+  std::vector<std::pair<int, int>> blocks;
+  for (int c = 0; c < padded; c += full) {
+    blocks.push_back({c, std::min(full, padded - c) / simd::kWidth});
+  }
+  return blocks;
+}
+
+// W (K, A, B) -> float32 [block][k][a][block width], zero-padded columns.
+template <typename T>
+std::vector<float> pack_weights(const T* w, int64_t K, int A, int B) {
+  const int bp = static_cast<int>(round_up(B, simd::kWidth));
+  std::vector<float> out(K * A * bp, 0.0f);
+  auto blocks = column_blocks(bp);
+  parallel_for(K, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      for (auto [c0, nv] : blocks) {
+        const int width = nv * simd::kWidth;
+        float* dst = out.data() + (int64_t(c0) * K + k * width) * A;
+        for (int a = 0; a < A; ++a) {
+          const T* src = w + (k * A + a) * B;
+          for (int j = 0; j < width && c0 + j < B; ++j) {
+            dst[int64_t(a) * width + j] = static_cast<float>(src[c0 + j]);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// Offset of block (c0, width) for offset k in a pack_weights buffer.
+inline const float*
+packed_block(const float* packed, int64_t K, int A, int c0, int width, int64_t k) {
+  return packed + (int64_t(c0) * K + k * width) * A;
+}
+
+// A float32 view of rows of x: the array itself, or a converted copy.
+template <typename T>
+const float* float_rows(const T* x, int64_t n, int64_t cols, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    buf.resize(n * cols);
+    parallel_for(n, 4096, [&](int64_t r0, int64_t r1) {
+      to_float(x + r0 * cols, buf.data() + r0 * cols, (r1 - r0) * cols);
+    });
+    return buf.data();
+  }
+}
+
+} // namespace mlx_lattice::cpu
