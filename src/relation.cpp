@@ -1,6 +1,7 @@
 #include "relation.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -27,55 +28,38 @@ int64_t floor_mod(int64_t a, int64_t b) {
   return r < 0 ? r + b : r;
 }
 
-// Growable set of packed keys (single writer), used to collect supports.
-class KeySet {
- public:
-  explicit KeySet(uint64_t expected) {
-    rehash(next_pow2(2 * std::max<uint64_t>(expected, 8)));
-  }
-  void insert(uint64_t key) {
-    if (2 * (count_ + 1) > keys_.size()) {
-      rehash(keys_.size() * 2);
+// Sorts keys ascending and drops duplicates and kEmptyKey entries (LSD radix
+// sort on 16-bit digits; digits on which all keys agree are skipped).
+void sort_unique(std::vector<uint64_t>& keys) {
+  std::vector<uint64_t> tmp(keys.size());
+  std::vector<uint32_t> count(1 << 16);
+  for (int shift = 0; shift < 64; shift += 16) {
+    std::fill(count.begin(), count.end(), 0);
+    for (uint64_t k : keys) {
+      ++count[(k >> shift) & 0xFFFF];
     }
-    uint64_t h = CoordTable::hash(key) & mask_;
-    while (keys_[h] != kEmptyKey) {
-      if (keys_[h] == key) {
-        return;
-      }
-      h = (h + 1) & mask_;
+    if (count[(keys.empty() ? 0 : keys[0] >> shift) & 0xFFFF] == keys.size()) {
+      continue;
     }
-    keys_[h] = key;
-    ++count_;
-  }
-  std::vector<uint64_t> sorted() const {
-    std::vector<uint64_t> out;
-    out.reserve(count_);
-    for (uint64_t k : keys_) {
-      if (k != kEmptyKey) {
-        out.push_back(k);
-      }
+    uint32_t sum = 0;
+    for (auto& c : count) {
+      uint32_t v = c;
+      c = sum;
+      sum += v;
     }
-    std::sort(out.begin(), out.end());
-    return out;
+    for (uint64_t k : keys) {
+      tmp[count[(k >> shift) & 0xFFFF]++] = k;
+    }
+    keys.swap(tmp);
   }
-
- private:
-  void rehash(uint64_t cap) {
-    std::vector<uint64_t> old;
-    old.swap(keys_);
-    keys_.assign(cap, kEmptyKey);
-    mask_ = cap - 1;
-    count_ = 0;
-    for (uint64_t k : old) {
-      if (k != kEmptyKey) {
-        insert(k);
-      }
+  size_t n = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i] != kEmptyKey && (n == 0 || keys[n - 1] != keys[i])) {
+      keys[n++] = keys[i];
     }
   }
-  std::vector<uint64_t> keys_;
-  uint64_t mask_ = 0;
-  uint64_t count_ = 0;
-};
+  keys.resize(n);
+}
 
 void check_coords(const mx::array& c, const char* name) {
   if (c.ndim() != 2 || c.shape(1) != 4 || c.dtype() != mx::int32) {
@@ -108,18 +92,6 @@ mx::array coords_from_keys(const std::vector<uint64_t>& keys) {
   return out;
 }
 
-template <typename Visit>
-void for_each_offset(const KernelSpec& spec, Visit visit) {
-  int k = 0;
-  for (int dx = 0; dx < spec.size[0]; ++dx) {
-    for (int dy = 0; dy < spec.size[1]; ++dy) {
-      for (int dz = 0; dz < spec.size[2]; ++dz) {
-        visit(k++, dx, dy, dz);
-      }
-    }
-  }
-}
-
 [[noreturn]] void range_error(const int32_t* c, const char* what) {
   std::ostringstream os;
   os << what << " coordinate (" << c[0] << ", " << c[1] << ", " << c[2] << ", "
@@ -142,8 +114,7 @@ CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {
   n_ = coords_.shape(0);
   uint64_t cap = next_pow2(2 * static_cast<uint64_t>(std::max<int64_t>(n_, 8)));
   mask_ = cap - 1;
-  keys_.assign(cap, kEmptyKey);
-  vals_.assign(cap, -1);
+  slots_.assign(cap, Slot{kEmptyKey, -1, 0});
   const int32_t* c = n_ > 0 ? coords_.data<int32_t>() : nullptr;
   for (int64_t i = 0; i < n_; ++i) {
     const int32_t* r = c + 4 * i;
@@ -152,18 +123,17 @@ CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {
     }
     uint64_t key = pack_key(r[0], r[1], r[2], r[3]);
     uint64_t h = hash(key) & mask_;
-    while (keys_[h] != kEmptyKey) {
-      if (keys_[h] == key) {
+    while (slots_[h].key != kEmptyKey) {
+      if (slots_[h].key == key) {
         std::ostringstream os;
-        os << "coords contain duplicate rows " << vals_[h] << " and " << i
+        os << "coords contain duplicate rows " << slots_[h].val << " and " << i
            << " at (" << r[0] << ", " << r[1] << ", " << r[2] << ", " << r[3]
            << "); merge duplicates with mlx_lattice.sparse_quantize first";
         throw std::invalid_argument(os.str());
       }
       h = (h + 1) & mask_;
     }
-    keys_[h] = key;
-    vals_[h] = static_cast<int32_t>(i);
+    slots_[h] = Slot{key, static_cast<int32_t>(i), 0};
   }
 }
 
@@ -185,52 +155,130 @@ mx::array CoordTable::lookup(const mx::array& queries_in) const {
   return out;
 }
 
-mx::array forward_support(const CoordTable& in, const KernelSpec& spec) {
-  KeySet set(in.size());
-  const int32_t* c = in.coord_data();
-  for (int64_t i = 0; i < in.size(); ++i) {
-    const int32_t* p = c + 4 * i;
-    for_each_offset(spec, [&](int, int dx, int dy, int dz) {
-      int64_t t[3];
-      int d[3] = {dx, dy, dz};
-      for (int a = 0; a < 3; ++a) {
-        t[a] = int64_t(p[a + 1]) + spec.padding[a] -
-            int64_t(spec.dilation[a]) * d[a];
-        if (floor_mod(t[a], spec.stride[a]) != 0) {
-          return;
-        }
-        t[a] /= spec.stride[a];
-      }
-      if (!in_range(p[0], t[0], t[1], t[2])) {
-        int32_t bad[4] = {p[0], int32_t(t[0]), int32_t(t[1]), int32_t(t[2])};
-        range_error(bad, "output");
-      }
-      set.insert(pack_key(p[0], t[0], t[1], t[2]));
-    });
+namespace {
+
+// Per-axis candidate coordinates of one row for every kernel offset, and
+// their contribution to the packed key (packing is additive per field).
+struct AxisCandidates {
+  int n = 0;
+  bool valid[64];    // an integer coordinate inside the range
+  bool overflow[64]; // an integer coordinate outside the range
+  uint64_t part[64];
+};
+
+constexpr int kShift[3] = {34, 17, 0};
+
+// conv form: v = s*c - p + dil*d; transposed form: v = (c + p - dil*d) / s
+// when divisible; generative form: v = s*c - p + dil*d (inputs to outputs).
+enum class Form { Conv, Transposed };
+
+inline void axis_candidates(
+    int64_t c,
+    int a,
+    const KernelSpec& spec,
+    Form form,
+    AxisCandidates& out) {
+  out.n = spec.size[a];
+  for (int d = 0; d < spec.size[a]; ++d) {
+    int64_t v;
+    bool ok = true;
+    if (form == Form::Conv) {
+      v = int64_t(spec.stride[a]) * c - spec.padding[a] +
+          int64_t(spec.dilation[a]) * d;
+    } else {
+      int64_t t = c + spec.padding[a] - int64_t(spec.dilation[a]) * d;
+      ok = floor_mod(t, spec.stride[a]) == 0;
+      v = ok ? t / spec.stride[a] : 0;
+    }
+    const bool inside = v >= kCoordMin && v <= kCoordMax;
+    out.valid[d] = ok && inside;
+    out.overflow[d] = ok && !inside;
+    out.part[d] = out.valid[d] ? uint64_t(v - kCoordMin) << kShift[a] : 0;
   }
-  return coords_from_keys(set.sorted());
+}
+
+void check_kernel(const KernelSpec& spec) {
+  for (int a = 0; a < 3; ++a) {
+    if (spec.size[a] > 64) {
+      throw std::invalid_argument("kernel sizes above 64 are not supported");
+    }
+  }
+}
+
+// Keys of every offset of one row (kEmptyKey where the candidate is invalid),
+// in weight order (dx outer, dz inner). Returns whether some candidate was an
+// integer coordinate outside the range.
+inline bool row_keys(
+    const int32_t* row,
+    const KernelSpec& spec,
+    Form form,
+    uint64_t* keys,
+    AxisCandidates ax[3]) {
+  bool overflow = false;
+  for (int a = 0; a < 3; ++a) {
+    axis_candidates(row[a + 1], a, spec, form, ax[a]);
+    for (int d = 0; d < ax[a].n; ++d) {
+      overflow |= ax[a].overflow[d];
+    }
+  }
+  const uint64_t bpart = uint64_t(row[0]) << 51;
+  int k = 0;
+  for (int dx = 0; dx < ax[0].n; ++dx) {
+    for (int dy = 0; dy < ax[1].n; ++dy) {
+      const bool vxy = ax[0].valid[dx] && ax[1].valid[dy];
+      const uint64_t pxy = bpart + ax[0].part[dx] + ax[1].part[dy];
+      for (int dz = 0; dz < ax[2].n; ++dz) {
+        keys[k++] = vxy && ax[2].valid[dz] ? pxy + ax[2].part[dz] : kEmptyKey;
+      }
+    }
+  }
+  return overflow;
+}
+
+// Every output reached from the inputs, sorted and unique. Generative
+// outputs are q = s*p - pad + dil*d (the conv form applied to inputs);
+// forward outputs are q = (p + pad - dil*d) / s where divisible. A reachable
+// output outside the coordinate range is an error.
+mx::array support(const CoordTable& in, const KernelSpec& spec, bool generative) {
+  check_kernel(spec);
+  const int kv = spec.volume();
+  const int64_t n = in.size();
+  std::vector<uint64_t> keys(n * kv);
+  const int32_t* c = in.coord_data();
+  const Form form = generative ? Form::Conv : Form::Transposed;
+  std::atomic<int64_t> bad_row{n};
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    AxisCandidates ax[3];
+    for (int64_t i = b; i < e; ++i) {
+      if (row_keys(c + 4 * i, spec, form, keys.data() + i * kv, ax)) {
+        int64_t cur = bad_row.load();
+        while (i < cur && !bad_row.compare_exchange_weak(cur, i)) {
+        }
+      }
+    }
+  });
+  if (bad_row.load() < n) {
+    const int32_t* p = c + 4 * bad_row.load();
+    std::ostringstream os;
+    os << "output coordinate reached from input (" << p[0] << ", " << p[1]
+       << ", " << p[2] << ", " << p[3] << ") leaves the supported range: x/y/z in ["
+       << kCoordMin << ", " << kCoordMax << "]";
+    throw std::invalid_argument(os.str());
+  }
+  // Drop invalid candidates before sorting (strided maps reach few outputs).
+  keys.erase(std::remove(keys.begin(), keys.end(), kEmptyKey), keys.end());
+  sort_unique(keys);
+  return coords_from_keys(keys);
+}
+
+} // namespace
+
+mx::array forward_support(const CoordTable& in, const KernelSpec& spec) {
+  return support(in, spec, false);
 }
 
 mx::array generative_support(const CoordTable& in, const KernelSpec& spec) {
-  KeySet set(int64_t(in.size()) * spec.volume());
-  const int32_t* c = in.coord_data();
-  for (int64_t i = 0; i < in.size(); ++i) {
-    const int32_t* p = c + 4 * i;
-    for_each_offset(spec, [&](int, int dx, int dy, int dz) {
-      int64_t t[3];
-      int d[3] = {dx, dy, dz};
-      for (int a = 0; a < 3; ++a) {
-        t[a] = int64_t(spec.stride[a]) * p[a + 1] - spec.padding[a] +
-            int64_t(spec.dilation[a]) * d[a];
-      }
-      if (!in_range(p[0], t[0], t[1], t[2])) {
-        int32_t bad[4] = {p[0], int32_t(t[0]), int32_t(t[1]), int32_t(t[2])};
-        range_error(bad, "output");
-      }
-      set.insert(pack_key(p[0], t[0], t[1], t[2]));
-    });
-  }
-  return coords_from_keys(set.sorted());
+  return support(in, spec, true);
 }
 
 std::shared_ptr<Relation> build_relation(
@@ -239,11 +287,13 @@ std::shared_ptr<Relation> build_relation(
     const KernelSpec& spec,
     bool transposed,
     const std::string& kind) {
+  check_kernel(spec);
   mx::array out_coords = evaluated(out_coords_in);
   check_coords(out_coords, "output coordinates");
   const int64_t m = out_coords.shape(0);
   const int kv = spec.volume();
   const int32_t* oc = m > 0 ? out_coords.data<int32_t>() : nullptr;
+  const Form form = transposed ? Form::Transposed : Form::Conv;
 
   // Pass 1: per chunk of output rows, collect (in, k) pairs in edge order.
   const int64_t n_chunks = (m + kRowGrain - 1) / kRowGrain;
@@ -253,37 +303,28 @@ std::shared_ptr<Relation> build_relation(
   parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
     auto& ins = chunk_in[b / kRowGrain];
     auto& ks = chunk_k[b / kRowGrain];
+    ins.resize((e - b) * kv);
+    ks.resize((e - b) * kv);
+    int64_t n = 0;
+    std::vector<uint64_t> keys(kv);
+    std::vector<int32_t> found(kv);
+    AxisCandidates ax[3];
     for (int64_t r = b; r < e; ++r) {
       const int32_t* q = oc + 4 * r;
-      int32_t count = 0;
-      for_each_offset(spec, [&](int k, int dx, int dy, int dz) {
-        int64_t t[3];
-        int d[3] = {dx, dy, dz};
-        for (int a = 0; a < 3; ++a) {
-          if (transposed) {
-            int64_t v = int64_t(q[a + 1]) + spec.padding[a] -
-                int64_t(spec.dilation[a]) * d[a];
-            if (floor_mod(v, spec.stride[a]) != 0) {
-              return;
-            }
-            t[a] = v / spec.stride[a];
-          } else {
-            t[a] = int64_t(spec.stride[a]) * q[a + 1] - spec.padding[a] +
-                int64_t(spec.dilation[a]) * d[a];
-          }
+      int64_t before = n;
+      if (q[0] >= 0 && q[0] < kBatchLimit) {
+        row_keys(q, spec, form, keys.data(), ax);
+        in.find_many(keys.data(), kv, found.data());
+        for (int k = 0; k < kv; ++k) {
+          ins[n] = found[k];
+          ks[n] = k;
+          n += found[k] >= 0;
         }
-        if (!in_range(q[0], t[0], t[1], t[2])) {
-          return;
-        }
-        int32_t i = in.find(pack_key(q[0], t[0], t[1], t[2]));
-        if (i >= 0) {
-          ins.push_back(i);
-          ks.push_back(k);
-          ++count;
-        }
-      });
-      off[r + 1] = count;
+      }
+      off[r + 1] = static_cast<int32_t>(n - before);
     }
+    ins.resize(n);
+    ks.resize(n);
   });
   off[0] = 0;
   for (int64_t r = 0; r < m; ++r) {

@@ -5,6 +5,7 @@
 // views and the dense neighbour map are derived lazily and cached.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -63,14 +64,47 @@ class CoordTable {
   int32_t find(uint64_t key) const {
     uint64_t h = hash(key) & mask_;
     for (;;) {
-      uint64_t k = keys_[h];
-      if (k == key) {
-        return vals_[h];
+      const Slot& s = slots_[h];
+      if (s.key == key) {
+        return s.val;
       }
-      if (k == kEmptyKey) {
+      if (s.key == kEmptyKey) {
         return -1;
       }
       h = (h + 1) & mask_;
+    }
+  }
+  // Looks up n keys at once, prefetching every home slot before probing so
+  // that the cache misses overlap. kEmptyKey queries give -1.
+  void find_many(const uint64_t* keys, int n, int32_t* out) const {
+    constexpr int kMax = 64;
+    uint64_t home[kMax];
+    for (int b = 0; b < n; b += kMax) {
+      const int m = std::min(kMax, n - b);
+      for (int i = 0; i < m; ++i) {
+        home[i] = hash(keys[b + i]) & mask_;
+        __builtin_prefetch(&slots_[home[i]]);
+      }
+      for (int i = 0; i < m; ++i) {
+        const uint64_t key = keys[b + i];
+        if (key == kEmptyKey) {
+          out[b + i] = -1;
+          continue;
+        }
+        uint64_t h = home[i];
+        for (;;) {
+          const Slot& s = slots_[h];
+          if (s.key == key) {
+            out[b + i] = s.val;
+            break;
+          }
+          if (s.key == kEmptyKey) {
+            out[b + i] = -1;
+            break;
+          }
+          h = (h + 1) & mask_;
+        }
+      }
     }
   }
   // Row index of each query row (-1 where absent); queries (M, 4) int32.
@@ -86,11 +120,15 @@ class CoordTable {
   }
 
  private:
+  struct Slot {
+    uint64_t key;
+    int32_t val;
+    int32_t pad;
+  };
   mx::array coords_;
   int64_t n_;
   uint64_t mask_;
-  std::vector<uint64_t> keys_;
-  std::vector<int32_t> vals_;
+  std::vector<Slot> slots_; // key and row side by side: one miss per probe
 };
 
 struct KernelSpec {
