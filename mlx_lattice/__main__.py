@@ -1,4 +1,4 @@
-"""Command line: ``python -m mlx_lattice {demo,routes,bench} ...``."""
+"""Command line: ``python -m mlx_lattice {demo,bench,routes} ...``."""
 
 from __future__ import annotations
 
@@ -18,11 +18,18 @@ def main(argv=None) -> int:
     demo.add_argument("--steps", type=int, default=2, help="forward+backward passes to time")
     demo.add_argument("--route-log", help="write the route records of the last step as JSON")
 
+    sub.add_parser("bench", help="benchmarks (see python -m mlx_lattice.bench --help)", add_help=False)
+
     routes_cmd = sub.add_parser("routes", help="print the route registry")
     fmt = routes_cmd.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="the docs/routes.md table")
     fmt.add_argument("--json", action="store_true")
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run

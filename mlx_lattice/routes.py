@@ -183,7 +183,12 @@ for _backend, _extra in (("cpu", ()), ("metal", (METAL_DTYPES,))):
             backend=_backend,
             priority=0,
             conditions=(DENSE, *_extra),
-            summary="output-stationary traversal of the output-major CSR edges",
+            summary=(
+                "blocked gather-GEMM: per block of output rows, edges grouped by offset, "
+                "SIMD register tiles, float32 accumulation"
+                if _backend == "cpu"
+                else "output-stationary traversal of the output-major CSR edges"
+            ),
         )
     )
 

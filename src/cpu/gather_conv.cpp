@@ -119,6 +119,14 @@ void block_product(
     const float* wk = packed_block(packed, K, A, c0, W, k);
     for (int32_t g = g0; g < g1; g += MR) {
       const int n = std::min<int32_t>(MR, g1 - g);
+      // Gathered rows are scattered in memory: fetch the next tile's rows
+      // while this one computes.
+      for (int32_t i = g + MR; i < std::min<int32_t>(g + 2 * MR, g1); ++i) {
+        const char* p = reinterpret_cast<const char*>(xf + int64_t(b.in[i]) * A);
+        for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
+          __builtin_prefetch(p + off);
+        }
+      }
       for (int i = 0; i < MR; ++i) {
         if (i < n) {
           xr[i] = xf + int64_t(b.in[g + i]) * A;

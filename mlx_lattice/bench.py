@@ -1,0 +1,276 @@
+"""Benchmarks: ``python -m mlx_lattice.bench [--quick] [--json out.json]``.
+
+Workloads come from realistic geometry (a synthetic 64-beam LiDAR street
+sweep, the voxelized surface of a closed mesh at 256^3, uniform random
+voxels). Every figure is reported next to ratios measured in the same run:
+the fraction of this machine's NumPy sgemm throughput, and the speed-up over
+an explicit gather -> NumPy matmul -> scatter baseline on the same layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import mlx.core as mx
+
+from . import _ext, num_threads, ops, routes, scenes
+from .ops import mapped_weight
+from .relation import KernelGeometry
+from .tensor import SparseTensor
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def best_time(fn, repeats: int) -> float:
+    fn()  # warm up (allocations, lazily built views)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def sgemm_gflops(n=2048, repeats=3) -> float:
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    b = a.copy()
+    return 2 * n**3 / best_time(lambda: a @ b, repeats) / 1e9
+
+
+# ------------------------------------------------------------------ workloads
+def workload(name: str, quick: bool):
+    if name == "lidar":
+        pts, _ = scenes.lidar_sweep(seed=0)
+        return scenes.voxelize_points(pts, 0.05), "64-beam LiDAR street sweep, 5 cm voxels"
+    if name == "mesh":
+        v, f = scenes.procedural_closed_mesh()
+        res = 128 if quick else 256
+        return scenes.surface_voxels(v, f, resolution=res), f"closed-mesh surface at {res}^3"
+    if name == "random":
+        n = 50_000 if quick else 100_000
+        return scenes.uniform_random(n, 96), f"{n} uniform random voxels in 96^3"
+    raise ValueError(f"unknown workload {name!r}")
+
+
+@dataclass
+class Layer:
+    name: str
+    kind: str  # subm | down | up
+    k: int
+    c_in: int
+    c_out: int
+
+
+def layers(quick: bool):
+    chans = (32, 64) if quick else (16, 32, 64, 128)
+    out = [Layer(f"subm3 C{c}", "subm", 3, c, c) for c in chans]
+    out.append(Layer("down k2s2 32->64", "down", 2, 32, 64))
+    out.append(Layer("up k2s2 64->32", "up", 2, 64, 32))
+    return out
+
+
+# ------------------------------------------------------------------ baseline
+def baseline_pass(pass_name, rel_np, x, w, ct):
+    """Explicit per-offset gather -> NumPy matmul -> scatter (float32)."""
+    out_idx, in_idx, k_idx = rel_np
+    if pass_name == "forward":
+        y = np.zeros((ct.shape[0], w.shape[2]), np.float32)
+        for k in range(w.shape[0]):
+            sel = k_idx == k
+            y[out_idx[sel]] += x[in_idx[sel]] @ w[k]
+        return y
+    if pass_name == "dgrad":
+        dx = np.zeros_like(x)
+        for k in range(w.shape[0]):
+            sel = k_idx == k
+            dx[in_idx[sel]] += ct[out_idx[sel]] @ w[k].T
+        return dx
+    dw = np.zeros_like(w)
+    for k in range(w.shape[0]):
+        sel = k_idx == k
+        dw[k] = x[in_idx[sel]].T @ ct[out_idx[sel]]
+    return dw
+
+
+# ------------------------------------------------------------------ cases
+def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit):
+    dtype = DTYPES[dtype_name]
+    rng = np.random.default_rng(1)
+    base = SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    m = base.manager
+    cset = base.coordinate_set
+    ks = (layer.k,) * 3
+    if layer.kind == "subm":
+        geom = KernelGeometry(ks, (1, 1, 1), (1, 1, 1), (1, 1, 1))
+        build = lambda: _ext.build_relation(cset.table, cset.coords, *geom.args(), False, "submanifold")
+        rel = m.submanifold_kernel_relation(cset, geom)
+        n_in = len(coords)
+    elif layer.kind == "down":
+        geom = KernelGeometry(ks, (2, 2, 2), (0, 0, 0), (1, 1, 1))
+
+        def build():
+            out = _ext.forward_support(cset.table, *geom.args())
+            return _ext.build_relation(cset.table, out, *geom.args(), False, "forward")
+
+        rel, _ = m.kernel_relation(cset, geom)
+        n_in = len(coords)
+    else:
+        geom = KernelGeometry(ks, (2, 2, 2), (0, 0, 0), (1, 1, 1))
+        _, coarse = m.kernel_relation(cset, geom)
+        rel, _ = m.transposed_kernel_relation(coarse, geom)
+        n_in = coarse.size
+        build = None
+    native = rel._native
+    n_out, edges = rel.n_out, rel.edges
+    ctx = routes.RouteContext(
+        op="bench", map_kind=rel.kind, dtype=dtype_name, backend="cpu", kernel_size=ks,
+        stride=geom.stride, padding=geom.padding, c_in=layer.c_in, c_out=layer.c_out,
+        n_in=n_in, n_out=n_out, edges=edges,
+    )
+    route = routes.select(ctx).route.name
+    x = mx.array(rng.standard_normal((n_in, layer.c_in)).astype(np.float32)).astype(dtype)
+    w5 = mx.array(
+        (rng.standard_normal((layer.c_out, *ks, layer.c_in)) / np.sqrt(layer.c_in * layer.k**3)).astype(np.float32)
+    ).astype(dtype)
+    w = mx.contiguous(mapped_weight(w5))
+    wt = mx.contiguous(mx.swapaxes(w, 1, 2))
+    ct = mx.array(rng.standard_normal((n_out, layer.c_out)).astype(np.float32)).astype(dtype)
+    mx.eval(x, w, wt, ct)
+    cpu = mx.default_stream(mx.cpu)
+    passes = {
+        "forward": lambda: mx.eval(_ext.gather_conv(x, w, native, 0, route, cpu)),
+        "dgrad": lambda: mx.eval(_ext.gather_conv(ct, wt, native, 1, route, cpu)),
+        "wgrad": lambda: mx.eval(_ext.weight_grad(x, ct, native, 0, rel.kernel_volume, cpu)),
+    }
+    native.input_major(), native.kernel_major()  # views built once, as in training
+    flops = 2.0 * edges * layer.c_in * layer.c_out
+    rel_np = None
+    if baseline:
+        rel_np = (np.array(rel.out_idx), np.array(rel.in_idx), np.array(rel.k_idx))
+        xn, wn, cn = (np.array(a.astype(mx.float32)) for a in (x, w, ct))
+    for pname, fn in passes.items():
+        t = best_time(fn, repeats)
+        case = dict(
+            workload=wl, layer=layer.name, **{"pass": pname}, c_in=layer.c_in, c_out=layer.c_out,
+            dtype=dtype_name, n=n_out, edges=edges, ms=t * 1e3, gflops=flops / t / 1e9,
+            sgemm_fraction=flops / t / 1e9 / sgemm, route=route if pname == "forward" else f"{route}:{pname}",
+            threads=num_threads(), sgemm_gflops=sgemm,
+        )
+        if baseline:
+            tb = best_time(lambda: baseline_pass(pname, rel_np, xn, wn, cn), max(1, repeats // 2))
+            case["baseline_ms"] = tb * 1e3
+            case["speedup_vs_baseline"] = tb / t
+        emit(case)
+    # Map building once per geometry (fp32 pass only): subm3 at C=64, strided.
+    if build is not None and dtype_name == "float32" and (layer.kind == "down" or layer.c_in == 64):
+        t = best_time(build, repeats)
+        queries = n_out * geom.volume  # one hash lookup per (output, offset)
+        emit(dict(
+            workload=wl, layer=f"map {rel.kind} {'x'.join(map(str, ks))}", **{"pass": "map"},
+            c_in=layer.c_in, c_out=layer.c_out, dtype="int32", n=n_out, edges=edges, ms=t * 1e3,
+            gflops=0.0, sgemm_fraction=0.0, route="cpu.hash_map", mqueries_per_s=queries / t / 1e6,
+        ))
+
+
+def run_unet(wl, coords, dtype_name, sgemm, repeats, emit):
+    from .demo import LAYERS, init_params, unet
+
+    dtype = DTYPES[dtype_name]
+    params = init_params(dtype)
+    feats = mx.array(np.random.default_rng(2).standard_normal((len(coords), 4)).astype(np.float32)).astype(dtype)
+
+    def step():
+        x = SparseTensor(coords, feats)  # fresh manager: maps built inside
+        loss, grads = mx.value_and_grad(lambda p: (unet(p, x).feats.astype(mx.float32) ** 2).mean())(params)
+        mx.eval(loss, grads)
+
+    t = best_time(step, repeats)
+    emit(dict(
+        workload=wl, layer="U-Net (11 layers)", **{"pass": "forward+backward"}, c_in=4, c_out=LAYERS[-1][4],
+        dtype=dtype_name, n=len(coords), edges=0, ms=t * 1e3, gflops=0.0, sgemm_fraction=0.0,
+        route="registry", 
+    ))
+
+
+# ------------------------------------------------------------------ output
+COLUMNS = [
+    ("workload", "{:<7}"), ("layer", "{:<22}"), ("pass", "{:<16}"), ("dtype", "{:<8}"),
+    ("n", "{:>8,}"), ("edges", "{:>9,}"), ("ms", "{:>8.2f}"), ("gflops", "{:>7.1f}"),
+    ("sgemm_fraction", "{:>6.0%}"), ("speedup_vs_baseline", "{:>6.1f}x"), ("route", " {}"),
+]
+HEADER = ["workload", "layer", "pass", "dtype", "n", "edges", "ms", "GFLOP/s", "sgemm", "vs base", "route"]
+
+
+def format_row(case) -> str:
+    cells = []
+    for (key, fmt), head in zip(COLUMNS, HEADER):
+        v = case.get(key)
+        if v is None or (key in ("gflops", "sgemm_fraction") and case["pass"] in ("map", "forward+backward")):
+            extra = ""
+            if key == "gflops" and "mqueries_per_s" in case:
+                extra = f"{case['mqueries_per_s']:.0f}Mq/s"
+            width = len(fmt.format(0)) if key != "route" else 0
+            cells.append(extra.rjust(width))
+        else:
+            cells.append(fmt.format(v))
+    return " ".join(cells)
+
+
+def format_header() -> str:
+    cells = []
+    for (key, fmt), head in zip(COLUMNS, HEADER):
+        if key == "route":
+            cells.append(" " + head)
+        elif fmt.startswith("{:<"):
+            cells.append(head.ljust(len(fmt.format(""))))
+        else:
+            cells.append(head.rjust(len(fmt.format(0))))
+    return " ".join(cells)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mlx_lattice.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a subset that runs in under a minute")
+    p.add_argument("--json", help="write the cases as a JSON list to this path")
+    p.add_argument("--workloads", default=None, help="comma list of lidar,mesh,random")
+    p.add_argument("--dtypes", default=None, help="comma list (default float32,float16; quick: float32)")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--no-baseline", action="store_true", help="skip the NumPy gather-matmul baseline")
+    args = p.parse_args(argv)
+    quick = args.quick
+    wls = (args.workloads or ("lidar" if quick else "lidar,mesh,random")).split(",")
+    dtypes = (args.dtypes or ("float32" if quick else "float32,float16")).split(",")
+    repeats = args.repeats or (2 if quick else 3)
+    sgemm = sgemm_gflops()
+    print(f"mlx_lattice bench: {num_threads()} threads, NumPy sgemm {sgemm:.1f} GFLOP/s (2048^3, same run)")
+    print("ratios: sgemm = useful GFLOP/s / sgemm GFLOP/s; vs base = speed-up over gather->NumPy matmul->scatter")
+    print(format_header(), flush=True)
+    cases = []
+
+    def emit(case):
+        cases.append(case)
+        print(format_row(case), flush=True)
+
+    for wl in wls:
+        coords, desc = workload(wl, quick)
+        print(f"-- {wl}: {desc}: {len(coords):,} voxels, {scenes.neighbour_stats(coords):.2f} neighbours of 26", flush=True)
+        for layer in layers(quick):
+            for dt in dtypes:
+                run_layer(wl, coords, layer, dt, sgemm, repeats,
+                          baseline=not args.no_baseline and dt == "float32", emit=emit)
+        if not quick or wl == wls[0]:
+            run_unet(wl, coords, dtypes[0], sgemm, max(1, repeats - 1), emit)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(cases, f, indent=1)
+        print(f"wrote {len(cases)} cases to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
