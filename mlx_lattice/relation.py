@@ -47,6 +47,23 @@ class KernelMajorView:
     out_idx: mx.array
 
 
+@dataclass(frozen=True)
+class SortedPlan:
+    """Output rows ordered by neighbour bitmask, for implicit-GEMM routes.
+
+    ``reorder_rows[i]`` is the public output row at sorted position i;
+    ``sorted_out_in_map`` (N_out, K) and ``sorted_kv_out_in_map`` (K, N_out)
+    hold the input row per offset (-1 empty) in sorted order; ``tile_masks``
+    (uint64) ORs the offset masks of each ``tile`` consecutive sorted rows.
+    """
+
+    reorder_rows: mx.array
+    sorted_out_in_map: mx.array
+    sorted_kv_out_in_map: mx.array
+    tile_masks: mx.array
+    tile: int
+
+
 class Relation:
     """Edges (out, in, k) of a convolution, sorted by (output row, offset).
 
@@ -76,6 +93,9 @@ class Relation:
 
     def kernel_major(self) -> KernelMajorView:
         return KernelMajorView(*self._native.kernel_major())
+
+    def sorted_plan(self) -> SortedPlan:
+        return SortedPlan(*self._native.sorted_plan(), tile=_ext.Relation.plan_tile)
 
     def stats(self) -> dict:
         if self._stats is None:

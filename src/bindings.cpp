@@ -92,6 +92,15 @@ NB_MODULE(_ext, m) {
             const auto& v = r.kernel_major();
             return std::make_tuple(v.offsets, v.perm, v.in_idx, v.out_idx);
           })
+      .def(
+          "sorted_plan",
+          [](Relation& r) {
+            const auto& p = r.sorted_plan();
+            return std::make_tuple(
+                p.reorder_rows, p.out_in_map, p.kv_out_in_map, p.tile_masks);
+          })
+      .def_prop_ro_static(
+          "plan_tile", [](nb::handle) { return Relation::kPlanTile; })
       .def("swapped", &Relation::swapped, "kind"_a);
 
   m.def(

@@ -471,6 +471,71 @@ const mx::array& Relation::neighbor_map() {
   return *nmap_;
 }
 
+const Relation::SortedPlan& Relation::sorted_plan() {
+  std::call_once(plan_once_, [&] {
+    if (k_ > 64) {
+      throw std::invalid_argument(
+          "the sorted plan needs a kernel volume of at most 64");
+    }
+    const int32_t* nm = neighbor_map().data<int32_t>();
+    std::vector<uint64_t> mask(n_out_);
+    parallel_for(n_out_, kRowGrain, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        uint64_t m = 0;
+        for (int64_t k = 0; k < k_; ++k) {
+          m |= uint64_t(nm[r * k_ + k] >= 0) << k;
+        }
+        mask[r] = m;
+      }
+    });
+    std::vector<int32_t> order(n_out_);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return mask[a] < mask[b];
+    });
+    const int64_t n_tiles = (n_out_ + kPlanTile - 1) / kPlanTile;
+    mx::array reorder = make_int32(n_out_);
+    auto shape2 = [](int64_t a, int64_t b) {
+      return mx::Shape{static_cast<int>(a), static_cast<int>(b)};
+    };
+    const size_t bytes = std::max<int64_t>(n_out_ * k_, 1) * sizeof(int32_t);
+    mx::array sorted(mx::allocator::malloc(bytes), shape2(n_out_, k_), mx::int32);
+    mx::array kv(mx::allocator::malloc(bytes), shape2(k_, n_out_), mx::int32);
+    mx::array tiles(
+        mx::allocator::malloc(std::max<int64_t>(n_tiles, 1) * sizeof(uint64_t)),
+        {static_cast<int>(n_tiles)},
+        mx::uint64);
+    int32_t* ro = reorder.data<int32_t>();
+    int32_t* so = sorted.data<int32_t>();
+    int32_t* kvo = kv.data<int32_t>();
+    uint64_t* tm = tiles.data<uint64_t>();
+    std::copy(order.begin(), order.end(), ro);
+    parallel_for(n_out_, kRowGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        for (int64_t k = 0; k < k_; ++k) {
+          so[i * k_ + k] = nm[int64_t(order[i]) * k_ + k];
+        }
+      }
+    });
+    parallel_for(k_, 1, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        for (int64_t i = 0; i < n_out_; ++i) {
+          kvo[k * n_out_ + i] = so[i * k_ + k];
+        }
+      }
+    });
+    for (int64_t t = 0; t < n_tiles; ++t) {
+      uint64_t m = 0;
+      for (int64_t i = t * kPlanTile; i < std::min(n_out_, (t + 1) * kPlanTile); ++i) {
+        m |= mask[order[i]];
+      }
+      tm[t] = m;
+    }
+    plan_ = SortedPlan{reorder, sorted, kv, tiles};
+  });
+  return *plan_;
+}
+
 int64_t Relation::max_neighbors() const {
   const int32_t* off = out_offsets_.data<int32_t>();
   int64_t mx_n = 0;

@@ -194,6 +194,16 @@ class Relation {
   // (N_out, K) int32, -1 where no input.
   const mx::array& neighbor_map();
 
+  // Rows ordered by neighbour bitmask (stable), for implicit-GEMM routes.
+  // reorder_rows[i] is the output row at sorted position i; out_in_map is
+  // the neighbour map in sorted order, kv_out_in_map its (K, N_out)
+  // transpose; tile_masks ORs the masks of each `tile` sorted rows.
+  static constexpr int kPlanTile = 64;
+  struct SortedPlan {
+    mx::array reorder_rows, out_in_map, kv_out_in_map, tile_masks;
+  };
+  const SortedPlan& sorted_plan();
+
   // Per output row counts: max and mean neighbours.
   int64_t max_neighbors() const;
 
@@ -204,7 +214,8 @@ class Relation {
   std::string kind_;
   int64_t n_in_, n_out_, k_, e_;
   mx::array out_offsets_, in_idx_, k_idx_;
-  std::once_flag out_once_, in_once_, k_once_, nmap_once_;
+  std::once_flag out_once_, in_once_, k_once_, nmap_once_, plan_once_;
+  std::optional<SortedPlan> plan_;
   std::optional<mx::array> out_idx_, nmap_;
   std::optional<InputMajor> in_view_;
   std::optional<KernelMajor> k_view_;

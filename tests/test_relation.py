@@ -116,3 +116,21 @@ def test_transposed_reuses_encoder_edges(tensor, rng):
     # swapped from the cached forward relation: counted as one cheap build, no hashing of new sets
     assert x.manager.stats()["coordinate_sets"] == 2
     assert x.manager.builds == builds + 1
+
+
+def test_sorted_plan(tensor):
+    x, coords = tensor
+    rel = x.manager.submanifold_kernel_relation(x.coordinate_set, KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3))
+    plan = rel.sorted_plan()
+    nm = np.array(rel.neighbor_map)
+    order = np.array(plan.reorder_rows)
+    assert sorted(order.tolist()) == list(range(len(coords)))
+    masks = ((nm >= 0).astype(np.uint64) << np.arange(27, dtype=np.uint64)).sum(1)
+    assert np.all(np.diff(masks[order].astype(np.int64)) >= 0)  # sorted by mask
+    np.testing.assert_array_equal(np.array(plan.sorted_out_in_map), nm[order])
+    np.testing.assert_array_equal(np.array(plan.sorted_kv_out_in_map), nm[order].T)
+    tiles = np.array(plan.tile_masks)
+    assert plan.tile == 64 and len(tiles) == -(-len(coords) // 64)
+    for t in range(len(tiles)):
+        assert tiles[t] == np.bitwise_or.reduce(masks[order][t * 64 : (t + 1) * 64])
+    assert rel.sorted_plan().reorder_rows is not None  # cached view
