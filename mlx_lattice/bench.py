@@ -145,7 +145,7 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit):
     passes = {
         "forward": lambda: mx.eval(_ext.gather_conv(x, w, native, 0, route, cpu)),
         "dgrad": lambda: mx.eval(_ext.gather_conv(ct, wt, native, 1, route, cpu)),
-        "wgrad": lambda: mx.eval(_ext.weight_grad(x, ct, native, 0, rel.kernel_volume, cpu)),
+        "wgrad": lambda: mx.eval(_ext.weight_grad(x, ct, native, 0, rel.kernel_volume, "cpu.weight_gradient", cpu)),
     }
     native.input_major(), native.kernel_major()  # views built once, as in training
     flops = 2.0 * edges * layer.c_in * layer.c_out
@@ -158,7 +158,7 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit):
         case = dict(
             workload=wl, layer=layer.name, **{"pass": pname}, c_in=layer.c_in, c_out=layer.c_out,
             dtype=dtype_name, n=n_out, edges=edges, ms=t * 1e3, gflops=flops / t / 1e9,
-            sgemm_fraction=flops / t / 1e9 / sgemm, route=route if pname == "forward" else f"{route}:{pname}",
+            sgemm_fraction=flops / t / 1e9 / sgemm, route={"forward": route, "dgrad": route, "wgrad": "cpu.weight_gradient"}[pname],
             threads=num_threads(), sgemm_gflops=sgemm,
         )
         if baseline:

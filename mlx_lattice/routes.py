@@ -12,7 +12,10 @@ from typing import Callable
 
 import mlx.core as mx
 
+from . import _ext, diagnostics
+
 BACKENDS = ("cpu", "metal", "cuda")
+DIRECTIONS = ("forward", "dgrad", "wgrad")
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,7 @@ class RouteContext:
     map_kind: str
     dtype: str
     backend: str
-    kernel_size: tuple[int, int, int]
+    kernel_size: tuple[int, int, int] | None
     stride: tuple[int, int, int] = (1, 1, 1)
     padding: tuple[int, int, int] = (0, 0, 0)
     dilation: tuple[int, int, int] = (1, 1, 1)
@@ -37,16 +40,16 @@ class RouteContext:
     quantized: bool = False
     weight_layout: str = "dense5d"
     tier: str = "cpu"
+    direction: str = "forward"  # forward, dgrad (input gradient) or wgrad
+    k: int = 0  # kernel volume; derived from kernel_size when 0
 
-    @property
-    def k(self) -> int:
-        a, b, c = self.kernel_size
-        return a * b * c
+    def __post_init__(self):
+        if self.k == 0 and self.kernel_size is not None:
+            a, b, c = self.kernel_size
+            object.__setattr__(self, "k", a * b * c)
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d["k"] = self.k
-        return d
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Route:
     backend: str
     priority: int
     conditions: tuple[Condition, ...]
+    passes: tuple[str, ...] = ("forward",)
     uses_relation: bool = True
     deterministic: bool = True
     summary: str = ""
@@ -73,6 +77,8 @@ class Route:
         """The first condition ctx fails, or None when the route applies."""
         if ctx.backend != self.backend:
             return f"backend is {ctx.backend}, route needs {self.backend}"
+        if ctx.direction not in self.passes:
+            return f"route serves {'/'.join(self.passes)}, not {ctx.direction}"
         for c in self.conditions:
             if not c.test(ctx):
                 return c.text
@@ -109,6 +115,7 @@ def list_routes() -> list[dict]:
             "name": r.name,
             "backend": r.backend,
             "priority": r.priority,
+            "passes": list(r.passes),
             "predicate": r.predicate,
             "deterministic": r.deterministic,
             "summary": r.summary,
@@ -173,6 +180,7 @@ for _backend, _extra in (("cpu", ()), ("metal", (METAL_DTYPES,))):
             backend=_backend,
             priority=100,
             conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, *_extra),
+            passes=("forward", "dgrad"),
             uses_relation=False,
             summary="x.feats @ W[0]; keeps the input coordinates; no relation built",
         )
@@ -183,6 +191,7 @@ for _backend, _extra in (("cpu", ()), ("metal", (METAL_DTYPES,))):
             backend=_backend,
             priority=0,
             conditions=(DENSE, *_extra),
+            passes=("forward", "dgrad"),
             summary=(
                 "blocked gather-GEMM: per block of output rows, edges grouped by offset, "
                 "SIMD register tiles, float32 accumulation"
@@ -191,6 +200,53 @@ for _backend, _extra in (("cpu", ()), ("metal", (METAL_DTYPES,))):
             ),
         )
     )
+    register(
+        Route(
+            name=f"{_backend}.weight_gradient",
+            backend=_backend,
+            priority=0,
+            conditions=(DENSE, *_extra),
+            passes=("wgrad",),
+            summary=(
+                "per-offset GEMM over packed panels of gathered rows; fixed chunks "
+                "reduced in order"
+                if _backend == "cpu"
+                else "one thread per weight element over the kernel-major edges"
+            ),
+        )
+    )
+
+
+def _autodiff_route(q: dict) -> str:
+    """Route of a product created by autodiff (called from the primitives)."""
+    backend = current_backend() if q["gpu"] else "cpu"
+    pointwise = q["kind"] == "pointwise"
+    ctx = RouteContext(
+        op=f"{q['direction']} of {q['from_route']}",
+        map_kind="forward" if pointwise else q["kind"],
+        dtype=q["dtype"],
+        backend=backend,
+        kernel_size=(1, 1, 1) if pointwise else None,
+        k=q["k"],
+        c_in=q["c_in"],
+        c_out=q["c_out"],
+        n_in=q["n_in"],
+        n_out=q["n_out"],
+        edges=q["edges"],
+        direction=q["direction"],
+        tier=diagnostics.capability_tier(backend),
+    )
+    sel = select(ctx)
+    entry = ctx.as_dict()
+    entry.update(
+        route=sel.route.name, backend=sel.route.backend, rejected=sel.rejected,
+        fallback=sel.fallback, deterministic=sel.route.deterministic,
+    )
+    diagnostics.emit(entry)
+    return sel.route.name
+
+
+_ext.set_route_hook(_autodiff_route)
 
 
 def current_backend(stream=None) -> str:
@@ -215,12 +271,12 @@ def markdown() -> str:
         "",
         "Within a backend the highest-priority route whose predicate holds is taken.",
         "",
-        "| route | backend | priority | predicate | deterministic | what it does |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| route | backend | passes | priority | predicate | deterministic | what it does |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in list_routes():
         lines.append(
-            f"| `{r['name']}` | {r['backend']} | {r['priority']} | {r['predicate']} | "
+            f"| `{r['name']}` | {r['backend']} | {', '.join(r['passes'])} | {r['priority']} | {r['predicate']} | "
             f"{'yes' if r['deterministic'] else 'no (atomics)'} | {r['summary']} |"
         )
     return "\n".join(lines) + "\n"

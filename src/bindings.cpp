@@ -151,12 +151,42 @@ NB_MODULE(_ext, m) {
          std::shared_ptr<Relation> rel,
          int view,
          int64_t k,
+         const std::string& route,
          std::optional<mx::Stream> s) {
         return weight_grad(
-            x, ct, rel, static_cast<View>(view), k, stream_or_default(s));
+            x, ct, rel, static_cast<View>(view), k, route,
+            stream_or_default(s));
       },
-      "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a,
+      "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
       "stream"_a = nb::none());
+
+  m.def(
+      "set_route_hook",
+      [](nb::object fn) {
+        if (fn.is_none()) {
+          set_route_hook(nullptr);
+          return;
+        }
+        // Kept for the life of the process: no destructor runs without the GIL.
+        auto* held = new nb::object(fn);
+        set_route_hook([held](const RouteQuery& q) {
+          nb::gil_scoped_acquire gil;
+          nb::dict d;
+          d["direction"] = q.direction;
+          d["kind"] = q.kind;
+          d["k"] = q.k;
+          d["c_in"] = q.c_in;
+          d["c_out"] = q.c_out;
+          d["n_in"] = q.n_in;
+          d["n_out"] = q.n_out;
+          d["edges"] = q.edges;
+          d["dtype"] = q.dtype;
+          d["gpu"] = q.gpu;
+          d["from_route"] = q.from_route;
+          return nb::cast<std::string>((*held)(d));
+        });
+      },
+      "hook"_a.none());
 
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, "n"_a);

@@ -36,7 +36,47 @@ mx::array transpose_w(const mx::array& w, mx::StreamOrDevice s) {
   return mx::swapaxes(w, 1, 2, s);
 }
 
+RouteHook& route_hook() {
+  static RouteHook hook;
+  return hook;
+}
+
+// Route for a product of autodiff: x (rows_in, A) through w (K, A, B) over
+// `view` of rel (or pointwise), or the weight gradient of such a product.
+std::string route_for(
+    const std::string& direction,
+    const std::shared_ptr<Relation>& rel,
+    View view,
+    int64_t k,
+    int64_t a,
+    int64_t b,
+    int64_t rows_in,
+    mx::Dtype dtype,
+    const mx::Stream& s,
+    const std::string& from) {
+  if (!route_hook()) {
+    return from;
+  }
+  RouteQuery q;
+  q.direction = direction;
+  q.kind = rel ? rel->kind() : "pointwise";
+  q.k = k;
+  q.c_in = a;
+  q.c_out = b;
+  q.n_in = rows_in;
+  q.n_out = rel ? view_rows(*rel, view) : rows_in;
+  q.edges = rel ? rel->edges() : rows_in;
+  q.dtype = metal::type_name(dtype);
+  q.gpu = s.device == mx::Device::gpu;
+  q.from_route = from;
+  return route_hook()(q);
+}
+
 } // namespace
+
+void set_route_hook(RouteHook hook) {
+  route_hook() = std::move(hook);
+}
 
 mx::array gather_conv(
     const mx::array& x,
@@ -83,6 +123,7 @@ mx::array weight_grad(
     std::shared_ptr<Relation> rel,
     View view,
     int64_t k,
+    const std::string& route,
     mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {
@@ -96,7 +137,7 @@ mx::array weight_grad(
   return mx::array(
       {static_cast<int>(k), x.shape(1), ct.shape(1)},
       x.dtype(),
-      std::make_shared<WeightGrad>(stream, rel, view),
+      std::make_shared<WeightGrad>(stream, rel, view, route),
       std::move(inputs));
 }
 
@@ -146,10 +187,17 @@ std::vector<mx::array> GatherConv::vjp(
   std::vector<mx::array> grads;
   for (int arg : argnums) {
     if (arg == 0) {
+      auto route = route_for(
+          "dgrad", rel_, flip(view_), w.shape(0), w.shape(2), w.shape(1),
+          ct.shape(0), x.dtype(), stream(), route_);
       grads.push_back(gather_conv(
-          ct, transpose_w(w, stream()), rel_, flip(view_), route_, stream()));
+          ct, transpose_w(w, stream()), rel_, flip(view_), route, stream()));
     } else if (arg == 1) {
-      grads.push_back(weight_grad(x, ct, rel_, view_, w.shape(0), stream()));
+      auto route = route_for(
+          "wgrad", rel_, view_, w.shape(0), w.shape(1), w.shape(2),
+          x.shape(0), x.dtype(), stream(), route_);
+      grads.push_back(
+          weight_grad(x, ct, rel_, view_, w.shape(0), route, stream()));
     } else {
       grads.push_back(mx::zeros_like(primals[arg], stream()));
     }
@@ -215,7 +263,7 @@ std::vector<mx::Shape> WeightGrad::output_shapes(
 
 bool WeightGrad::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const WeightGrad&>(other);
-  return rel_ == o.rel_ && view_ == o.view_;
+  return rel_ == o.rel_ && view_ == o.view_ && route_ == o.route_;
 }
 
 std::vector<mx::array> WeightGrad::vjp(
@@ -226,13 +274,19 @@ std::vector<mx::array> WeightGrad::vjp(
   const auto& x = primals[0];
   const auto& ct = primals[1];
   const auto& c = cotangents[0];
-  const std::string route = rel_ ? "relation_traversal" : "pointwise";
+  const int64_t k = c.shape(0);
   std::vector<mx::array> grads;
   for (int arg : argnums) {
     if (arg == 0) {
+      auto route = route_for(
+          "dgrad", rel_, flip(view_), k, c.shape(2), c.shape(1), ct.shape(0),
+          x.dtype(), stream(), route_);
       grads.push_back(gather_conv(
           ct, transpose_w(c, stream()), rel_, flip(view_), route, stream()));
     } else if (arg == 1) {
+      auto route = route_for(
+          "forward", rel_, view_, k, c.shape(1), c.shape(2), x.shape(0),
+          x.dtype(), stream(), route_);
       grads.push_back(gather_conv(x, c, rel_, view_, route, stream()));
     } else {
       grads.push_back(mx::zeros_like(primals[arg], stream()));
@@ -250,9 +304,11 @@ std::vector<mx::array> WeightGrad::jvp(
   for (size_t i = 0; i < argnums.size(); ++i) {
     std::optional<mx::array> term;
     if (argnums[i] == 0) {
-      term = weight_grad(tangents[i], primals[1], rel_, view_, k, stream());
+      term = weight_grad(
+          tangents[i], primals[1], rel_, view_, k, route_, stream());
     } else if (argnums[i] == 1) {
-      term = weight_grad(primals[0], tangents[i], rel_, view_, k, stream());
+      term = weight_grad(
+          primals[0], tangents[i], rel_, view_, k, route_, stream());
     }
     if (term) {
       out = out ? mx::add(*out, *term, stream()) : *term;

@@ -9,6 +9,7 @@
 // WeightGrad computes dW[k] = sum_{edges with offset k} x[g]^T ct[r].
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,21 @@
 namespace mlx_lattice {
 
 enum class View : int { OutputMajor = 0, InputMajor = 1 };
+
+// What a backward (or derived) product asks the route registry.
+struct RouteQuery {
+  std::string direction; // "forward", "dgrad" or "wgrad"
+  std::string kind;      // relation kind, or "pointwise"
+  int64_t k, c_in, c_out, n_in, n_out, edges;
+  std::string dtype;
+  bool gpu;
+  std::string from_route; // the route of the primitive being differentiated
+};
+using RouteHook = std::function<std::string(const RouteQuery&)>;
+
+// The Python registry answers route queries of autodiff; without a hook the
+// product keeps the differentiated primitive's route family.
+void set_route_hook(RouteHook hook);
 
 inline View flip(View v) {
   return v == View::OutputMajor ? View::InputMajor : View::OutputMajor;
@@ -68,8 +84,15 @@ class GatherConv : public mx::Primitive {
 
 class WeightGrad : public mx::Primitive {
  public:
-  WeightGrad(mx::Stream s, std::shared_ptr<Relation> rel, View view)
-      : mx::Primitive(s), rel_(std::move(rel)), view_(view) {}
+  WeightGrad(
+      mx::Stream s,
+      std::shared_ptr<Relation> rel,
+      View view,
+      std::string route)
+      : mx::Primitive(s),
+        rel_(std::move(rel)),
+        view_(view),
+        route_(std::move(route)) {}
 
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
       override;
@@ -94,6 +117,7 @@ class WeightGrad : public mx::Primitive {
  private:
   std::shared_ptr<Relation> rel_;
   View view_;
+  std::string route_;
 };
 
 // x: (N, A), w: (K, A, B) -> (rows, B). rel == nullptr: pointwise (K == 1).
@@ -112,6 +136,7 @@ mx::array weight_grad(
     std::shared_ptr<Relation> rel,
     View view,
     int64_t k,
+    const std::string& route,
     mx::StreamOrDevice s = {});
 
 } // namespace mlx_lattice

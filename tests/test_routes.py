@@ -80,3 +80,24 @@ def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch):
     assert [l["route"] for l in lines] == ["cpu.relation_traversal", "cpu.pointwise"]
     assert json.loads(log.to_json())[1]["op"] == "conv3d"
     assert "cpu.pointwise" in log.table()
+
+
+def test_backward_routes_go_through_registry(rng):
+    coords = oracle.random_coords(rng, 40, 5, 1)
+    x = ml.SparseTensor(coords, rng.standard_normal((len(coords), 3)).astype(np.float32))
+    w = mx.zeros((4, 3, 3, 3, 3))
+    wp = mx.zeros((2, 1, 1, 1, 3))
+    with ml.diagnostics.record() as log:
+        mx.grad(lambda f, w: ops.subm_conv3d(x.replace(f), w).feats.sum(), argnums=(0, 1))(x.feats, w)
+        mx.grad(lambda f, w: ops.conv3d(x.replace(f), w).feats.sum(), argnums=(0, 1))(x.feats, wp)
+    by_dir = {(r["direction"], r["route"]) for r in log}
+    assert ("forward", "cpu.relation_traversal") in by_dir
+    assert ("dgrad", "cpu.relation_traversal") in by_dir
+    assert ("wgrad", "cpu.weight_gradient") in by_dir
+    assert ("dgrad", "cpu.pointwise") in by_dir
+    dgrad = next(r for r in log if r["direction"] == "dgrad" and r["map_kind"] == "submanifold")
+    assert dgrad["c_in"] == 4 and dgrad["c_out"] == 3 and dgrad["k"] == 27
+    assert REQUIRED <= set(dgrad)
+    # a Mac would run the same backward passes on its Metal routes
+    assert routes.select(ctx(backend="metal", direction="wgrad")).route.name == "metal.weight_gradient"
+    assert routes.select(ctx(backend="metal", direction="dgrad")).route.name == "metal.relation_traversal"
