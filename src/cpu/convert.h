@@ -2,8 +2,14 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include <stdexcept>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "mlx/dtype.h"
 #include "mlx/types/bf16.h"
@@ -22,6 +28,98 @@ template <typename T>
 inline void from_float(const float* src, T* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     dst[i] = static_cast<T>(src[i]);
+  }
+}
+
+#if defined(__F16C__)
+// Hardware half <-> float conversion, 8 lanes at a time (round to nearest
+// even, as MLX's software conversion).
+template <>
+inline void to_float<mlx::core::float16_t>(
+    const mlx::core::float16_t* src,
+    float* dst,
+    int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) {
+    dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+template <>
+inline void from_float<mlx::core::float16_t>(
+    const float* src,
+    mlx::core::float16_t* dst,
+    int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm256_cvtps_ph(
+        _mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  for (; i < n; ++i) {
+    dst[i] = static_cast<mlx::core::float16_t>(src[i]);
+  }
+}
+#endif
+
+#if !defined(__ARM_FEATURE_BF16)
+// bfloat16 is the upper half of a float32: widen by shifting; narrow with
+// round-to-nearest-even (NaN -> canonical quiet NaN), bit for bit as MLX.
+template <>
+inline void to_float<mlx::core::bfloat16_t>(
+    const mlx::core::bfloat16_t* src,
+    float* dst,
+    int64_t n) {
+  static_assert(sizeof(mlx::core::bfloat16_t) == 2);
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    d[i] = uint32_t(s[i]) << 16;
+  }
+}
+
+template <>
+inline void from_float<mlx::core::bfloat16_t>(
+    const float* src,
+    mlx::core::bfloat16_t* dst,
+    int64_t n) {
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u = s[i];
+    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+    uint32_t r = (u + ((u >> 16) & 1u) + 0x7FFFu) >> 16;
+    d[i] = static_cast<uint16_t>(nan ? 0x7FC0u : r);
+  }
+}
+#endif
+
+// One element to float32 (used inside micro-kernels).
+template <typename T>
+inline float scalar_to_float(T v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+#if defined(__F16C__)
+  } else if constexpr (std::is_same_v<T, mlx::core::float16_t>) {
+    uint16_t bits;
+    std::memcpy(&bits, &v, 2);
+    return _cvtsh_ss(bits);
+#endif
+#if !defined(__ARM_FEATURE_BF16)
+  } else if constexpr (std::is_same_v<T, mlx::core::bfloat16_t>) {
+    uint16_t bits;
+    std::memcpy(&bits, &v, 2);
+    uint32_t u = uint32_t(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+#endif
+  } else {
+    return static_cast<float>(v);
   }
 }
 

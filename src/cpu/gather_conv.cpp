@@ -21,8 +21,8 @@ namespace {
 
 using simd::vec;
 
-template <int MR, int NV>
-inline void tile(const float* const* xr, const float* wk, int A, float* const* yr) {
+template <int MR, int NV, typename T>
+inline void tile(const T* const* xr, const float* wk, int A, float* const* yr) {
   constexpr int W = NV * simd::kWidth;
   vec acc[MR][NV];
 #pragma GCC unroll 16
@@ -40,7 +40,7 @@ inline void tile(const float* const* xr, const float* wk, int A, float* const* y
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const vec xb = simd::broadcast(xr[i][a]);
+      const vec xb = simd::broadcast(scalar_to_float(xr[i][a]));
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) {
         acc[i][j] += xb * wv[j];
@@ -95,21 +95,21 @@ void group_edges(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockEdges
   }
 }
 
-template <int NV>
+template <int NV, typename T>
 void block_product(
     const BlockEdges& b,
     int64_t K,
-    const float* xf,
+    const T* xf,
     int A,
     const float* packed,
     int c0,
     float* yblk,
     int ldy,
-    const float* zero_row,
+    const T* zero_row,
     float* dummy_row) {
   constexpr int MR = simd::rows_for(NV);
   constexpr int W = NV * simd::kWidth;
-  const float* xr[MR];
+  const T* xr[MR];
   float* yr[MR];
   for (int64_t k = 0; k < K; ++k) {
     const int32_t g0 = b.offsets[k], g1 = b.offsets[k + 1];
@@ -123,7 +123,7 @@ void block_product(
       // while this one computes.
       for (int32_t i = g + MR; i < std::min<int32_t>(g + 2 * MR, g1); ++i) {
         const char* p = reinterpret_cast<const char*>(xf + int64_t(b.in[i]) * A);
-        for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
+        for (int64_t off = 0; off < int64_t(A) * int64_t(sizeof(T)); off += 64) {
           __builtin_prefetch(p + off);
         }
       }
@@ -136,11 +136,13 @@ void block_product(
           yr[i] = dummy_row;
         }
       }
-      tile<MR, NV>(xr, wk, A, yr);
+      tile<MR, NV, T>(xr, wk, A, yr);
     }
   }
 }
 
+// Float32 input rows; narrower dtypes are widened once up front (widening
+// inside the tile as rows are broadcast measured slower on AVX-512).
 template <typename T>
 void run(const T* x, const T* w, CsrView v, int64_t n_x, int64_t K, int A, int B, T* y) {
   std::vector<float> xbuf;
@@ -152,27 +154,32 @@ void run(const T* x, const T* w, CsrView v, int64_t n_x, int64_t K, int A, int B
   const int64_t rows_per_block = std::clamp<int64_t>((int64_t(1) << 16) / bp, 16, 2048);
   parallel_for(v.rows, rows_per_block, [&](int64_t r0, int64_t r1) {
     thread_local BlockEdges edges;
-    thread_local std::vector<float> yblk, zero_row, dummy_row;
+    thread_local std::vector<float> yblk, dummy_row, zero_row;
     group_edges(v, K, r0, r1, edges);
     yblk.assign((r1 - r0) * bp, 0.0f);
     zero_row.assign(A + 1, 0.0f);
     dummy_row.assign(bp, 0.0f);
     for (auto [c0, nv] : blocks) {
+      auto product = [&]<int NV>() {
+        block_product<NV, float>(
+            edges, K, xf, A, packed.data(), c0, yblk.data(), bp,
+            zero_row.data(), dummy_row.data());
+      };
       switch (nv) {
         case 1:
-          block_product<1>(edges, K, xf, A, packed.data(), c0, yblk.data(), bp, zero_row.data(), dummy_row.data());
+          product.template operator()<1>();
           break;
         case 2:
-          block_product<2>(edges, K, xf, A, packed.data(), c0, yblk.data(), bp, zero_row.data(), dummy_row.data());
+          product.template operator()<2>();
           break;
         case 3:
           if constexpr (simd::kMaxVectors >= 3) {
-            block_product<3>(edges, K, xf, A, packed.data(), c0, yblk.data(), bp, zero_row.data(), dummy_row.data());
+            product.template operator()<3>();
           }
           break;
         default:
           if constexpr (simd::kMaxVectors >= 4) {
-            block_product<4>(edges, K, xf, A, packed.data(), c0, yblk.data(), bp, zero_row.data(), dummy_row.data());
+            product.template operator()<4>();
           }
           break;
       }
