@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "metal/dispatch.h"
+#include "metal/program.h"
 #include "primitives.h"
 #include "relation.h"
 #include "threadpool.h"
@@ -192,6 +193,67 @@ NB_MODULE(_ext, m) {
   m.def("set_num_threads", &set_num_threads, "n"_a);
 
   m.def("metal_available", &metal::available);
+  m.def(
+      "conv_inputs",
+      [](const mx::array& x,
+         const mx::array& w,
+         std::shared_ptr<Relation> rel,
+         int view,
+         const std::string& route) {
+        return conv_inputs(x, w, rel, static_cast<View>(view), route);
+      },
+      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a);
+  m.def(
+      "weight_grad_inputs",
+      [](const mx::array& x,
+         const mx::array& ct,
+         std::shared_ptr<Relation> rel,
+         int view) {
+        return weight_grad_inputs(x, ct, rel, static_cast<View>(view));
+      },
+      "x"_a, "ct"_a, "relation"_a.none(), "view"_a);
+  m.def(
+      "metal_program",
+      [](const std::string& primitive,
+         const std::string& route,
+         const std::vector<mx::array>& inputs,
+         std::vector<int> out_shape,
+         mx::Dtype out_dtype) {
+        mx::Shape shape(out_shape.begin(), out_shape.end());
+        auto prog = primitive == "weight_grad"
+            ? metal::weight_grad_program(route, inputs, shape, out_dtype)
+            : metal::conv_program(route, inputs, shape, out_dtype);
+        nb::list temps;
+        for (const auto& t : prog.temps) {
+          temps.append(nb::make_tuple(metal::type_name(t.dtype), t.size));
+        }
+        nb::list steps;
+        for (const auto& st : prog.steps) {
+          nb::dict d;
+          d["kernel"] = st.kernel;
+          d["groups"] = nb::make_tuple(st.groups[0], st.groups[1], st.groups[2]);
+          d["threads"] =
+              nb::make_tuple(st.threads[0], st.threads[1], st.threads[2]);
+          nb::list bufs;
+          for (const auto& b : st.buffers) {
+            const char* kinds[4] = {"input", "output", "temp", "bytes"};
+            nb::object payload = b.kind == metal::Binding::Kind::Bytes
+                ? nb::object(nb::bytes(
+                      reinterpret_cast<const char*>(b.bytes.data()),
+                      b.bytes.size()))
+                : nb::object(nb::int_(b.index));
+            bufs.append(nb::make_tuple(
+                kinds[static_cast<int>(b.kind)], payload, b.name));
+          }
+          d["buffers"] = bufs;
+          steps.append(d);
+        }
+        nb::dict out;
+        out["temps"] = temps;
+        out["steps"] = steps;
+        return out;
+      },
+      "primitive"_a, "route"_a, "inputs"_a, "out_shape"_a, "out_dtype"_a);
   m.def(
       "metal_plan_gather_conv",
       [](const std::string& dtype, int64_t rows, int a, int b) {

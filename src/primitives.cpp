@@ -3,7 +3,7 @@
 #include <stdexcept>
 
 #include "cpu/kernels.h"
-#include "metal/dispatch.h"
+#include "metal/program.h"
 #include "mlx/ops.h"
 
 namespace mlx_lattice {
@@ -78,10 +78,10 @@ void set_route_hook(RouteHook hook) {
   route_hook() = std::move(hook);
 }
 
-mx::array gather_conv(
+std::vector<mx::array> conv_inputs(
     const mx::array& x,
     const mx::array& w,
-    std::shared_ptr<Relation> rel,
+    const std::shared_ptr<Relation>& rel,
     View view,
     const std::string& route,
     mx::StreamOrDevice s) {
@@ -100,21 +100,53 @@ mx::array gather_conv(
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {
       mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
-  int64_t rows = x.shape(0);
   if (rel) {
     if (x.shape(0) != view_rows(*rel, flip(view))) {
       throw std::invalid_argument("gather_conv: x rows do not match relation");
     }
-    rows = view_rows(*rel, view);
     for (auto& a : view_arrays(*rel, view)) {
       inputs.push_back(a);
     }
+    for (auto& a : metal::extra_inputs(route, rel, static_cast<int>(view))) {
+      inputs.push_back(a);
+    }
   }
+  return inputs;
+}
+
+mx::array gather_conv(
+    const mx::array& x,
+    const mx::array& w,
+    std::shared_ptr<Relation> rel,
+    View view,
+    const std::string& route,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  auto inputs = conv_inputs(x, w, rel, view, route, stream);
+  const int64_t rows = rel ? view_rows(*rel, view) : x.shape(0);
   return mx::array(
       {static_cast<int>(rows), w.shape(2)},
       x.dtype(),
       std::make_shared<GatherConv>(stream, rel, view, route),
       std::move(inputs));
+}
+
+std::vector<mx::array> weight_grad_inputs(
+    const mx::array& x,
+    const mx::array& ct,
+    const std::shared_ptr<Relation>& rel,
+    View view,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {
+      mx::contiguous(x, false, stream),
+      mx::contiguous(mx::astype(ct, x.dtype(), stream), false, stream)};
+  if (rel) {
+    for (auto& a : pair_arrays(*rel, view)) {
+      inputs.push_back(a);
+    }
+  }
+  return inputs;
 }
 
 mx::array weight_grad(
@@ -126,19 +158,11 @@ mx::array weight_grad(
     const std::string& route,
     mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
-  std::vector<mx::array> inputs = {
-      mx::contiguous(x, false, stream),
-      mx::contiguous(mx::astype(ct, x.dtype(), stream), false, stream)};
-  if (rel) {
-    for (auto& a : pair_arrays(*rel, view)) {
-      inputs.push_back(a);
-    }
-  }
   return mx::array(
       {static_cast<int>(k), x.shape(1), ct.shape(1)},
       x.dtype(),
       std::make_shared<WeightGrad>(stream, rel, view, route),
-      std::move(inputs));
+      weight_grad_inputs(x, ct, rel, view, stream));
 }
 
 // ---------------------------------------------------------------- GatherConv
@@ -162,7 +186,8 @@ void GatherConv::eval_cpu(
 void GatherConv::eval_gpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  metal::gather_conv(in, out[0], route_, rel_ != nullptr, stream());
+  auto program = metal::conv_program(route_, in, out[0].shape(), out[0].dtype());
+  metal::run(program, in, out[0], stream());
 }
 
 std::vector<mx::Shape> GatherConv::output_shapes(
@@ -252,7 +277,9 @@ void WeightGrad::eval_cpu(
 void WeightGrad::eval_gpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  metal::weight_grad(in, out[0], rel_ != nullptr, stream());
+  auto program =
+      metal::weight_grad_program(route_, in, out[0].shape(), out[0].dtype());
+  metal::run(program, in, out[0], stream());
 }
 
 std::vector<mx::Shape> WeightGrad::output_shapes(

@@ -120,6 +120,22 @@ class WeightGrad : public mx::Primitive {
   std::string route_;
 };
 
+// The primitives' inputs, exactly as the ops build them (also used by the
+// Metal test harness to run a route's program on the same arrays).
+std::vector<mx::array> conv_inputs(
+    const mx::array& x,
+    const mx::array& w,
+    const std::shared_ptr<Relation>& rel,
+    View view,
+    const std::string& route,
+    mx::StreamOrDevice s = {});
+std::vector<mx::array> weight_grad_inputs(
+    const mx::array& x,
+    const mx::array& ct,
+    const std::shared_ptr<Relation>& rel,
+    View view,
+    mx::StreamOrDevice s = {});
+
 // x: (N, A), w: (K, A, B) -> (rows, B). rel == nullptr: pointwise (K == 1).
 mx::array gather_conv(
     const mx::array& x,

@@ -1,0 +1,295 @@
+#include "metal/program.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "mlx/allocator.h"
+#include "relation.h"
+
+#ifdef MLX_LATTICE_METAL
+#include <dlfcn.h>
+
+#include <filesystem>
+
+#include "mlx/backend/metal/device.h"
+#include "mlx/backend/metal/utils.h"
+#endif
+
+namespace mlx_lattice::metal {
+
+namespace {
+
+uint64_t ceil_div(int64_t a, int64_t b) {
+  return static_cast<uint64_t>((std::max<int64_t>(a, 1) + b - 1) / b);
+}
+
+template <typename P>
+Binding bytes(const P& p, const char* name = "params") {
+  Binding b{Binding::Kind::Bytes};
+  b.bytes.resize(sizeof(P));
+  std::memcpy(b.bytes.data(), &p, sizeof(P));
+  b.name = name;
+  return b;
+}
+
+Binding input(int i, const char* name) {
+  Binding b{Binding::Kind::Input};
+  b.index = i;
+  b.name = name;
+  return b;
+}
+
+Binding output(const char* name = "y") {
+  Binding b{Binding::Kind::Output};
+  b.name = name;
+  return b;
+}
+
+bool has(const std::string& route, const char* name) {
+  return route == std::string("metal.") + name;
+}
+
+// CSR-traversal kernels bind (x, w, offsets, gather, k, y, params); a
+// pointwise product binds x in place of the index buffers, never read.
+std::vector<Binding> csr_bindings(bool identity) {
+  std::vector<Binding> b = {input(0, "x"), input(1, "w")};
+  const char* names[3] = {"offsets", "gather", "k"};
+  for (int i = 0; i < 3; ++i) {
+    b.push_back(input(identity ? 0 : 2 + i, names[i]));
+  }
+  b.push_back(output());
+  return b;
+}
+
+} // namespace
+
+std::string type_name(mx::Dtype dt) {
+  if (dt == mx::float32) {
+    return "float32";
+  }
+  if (dt == mx::float16) {
+    return "float16";
+  }
+  if (dt == mx::bfloat16) {
+    return "bfloat16";
+  }
+  throw std::invalid_argument("unsupported dtype for Metal kernels");
+}
+
+std::vector<mx::array> extra_inputs(
+    const std::string& route,
+    const std::shared_ptr<Relation>& rel,
+    int view) {
+  if (!rel || view != 0) {
+    return {};
+  }
+  if (has(route, "dense_channel")) {
+    return {rel->neighbor_map()};
+  }
+  if (has(route, "fp32_atomic")) {
+    return {rel->out_idx()};
+  }
+  if (has(route, "sorted_implicit_gemm")) {
+    const auto& p = rel->sorted_plan();
+    return {p.reorder_rows, p.out_in_map, p.tile_masks};
+  }
+  return {};
+}
+
+Program conv_program(
+    const std::string& route,
+    const std::vector<mx::array>& in,
+    const mx::Shape& out_shape,
+    mx::Dtype out_dtype) {
+  const std::string dt = type_name(out_dtype);
+  const bool identity = in.size() < 5;
+  ConvParams p{};
+  p.rows = out_shape[0];
+  p.a = in[0].shape(1);
+  p.b = out_shape[1];
+  p.identity = identity ? 1 : 0;
+  p.k = in[1].shape(0);
+  p.n_in = in[0].shape(0);
+  p.edges = identity ? p.rows : in[3].shape(0);
+  Program prog;
+  Step s;
+  if (has(route, "pointwise")) {
+    // 16 x 16 output tiles; x and w staged through threadgroup memory.
+    s.kernel = "pointwise_gemm_" + dt;
+    s.threads = {16, 16, 1};
+    s.groups = {ceil_div(p.b, 16), ceil_div(p.rows, 16), 1};
+    s.buffers = {input(0, "x"), input(1, "w"), output(), bytes(p)};
+  } else if (has(route, "relation_traversal")) {
+    // One thread per (row, output channel).
+    s.kernel = "gather_conv_" + dt;
+    s.threads = {32, 8, 1};
+    s.groups = {ceil_div(p.b, 32), ceil_div(p.rows, 8), 1};
+    s.buffers = csr_bindings(identity);
+    s.buffers.push_back(bytes(p));
+  } else if (has(route, "vec4")) {
+    // One thread per (row, 4 output channels).
+    s.kernel = "vec4_conv_" + dt;
+    s.threads = {32, 8, 1};
+    s.groups = {ceil_div(p.b / 4, 32), ceil_div(p.rows, 8), 1};
+    s.buffers = csr_bindings(identity);
+    s.buffers.push_back(bytes(p));
+  } else if (has(route, "fp16_gather")) {
+    // One simdgroup per row; the row's inputs staged in threadgroup memory.
+    s.kernel = "fp16_gather_conv_" + dt;
+    s.threads = {32, 4, 1};
+    s.groups = {1, ceil_div(p.rows, 4), 1};
+    s.buffers = csr_bindings(identity);
+    s.buffers.push_back(bytes(p));
+  } else if (has(route, "cout16")) {
+    // One thread per row computing all 16 output channels.
+    s.kernel = "cout16_conv_" + dt;
+    s.threads = {64, 1, 1};
+    s.groups = {ceil_div(p.rows, 64), 1, 1};
+    s.buffers = csr_bindings(identity);
+    s.buffers.push_back(bytes(p));
+  } else if (has(route, "dense_channel")) {
+    // (C_out / 4) x R threads, W[k] staged in threadgroup memory per offset.
+    s.kernel = "dense_channel_" + dt + "_" + std::to_string(p.a) + "x" +
+        std::to_string(p.b);
+    const uint64_t tx = p.b / 4;
+    const uint64_t ty = 256 / tx;
+    s.threads = {tx, ty, 1};
+    s.groups = {1, ceil_div(p.rows, ty), 1};
+    s.buffers = {input(0, "x"), input(1, "w"), input(5, "neighbor_map"), output(), bytes(p)};
+  } else if (has(route, "fp32_atomic")) {
+    // Zero the output, then one thread per (edge, channel) adds atomically.
+    Step zero;
+    zero.kernel = "fill_zero_float32";
+    const int32_t count = p.rows * p.b;
+    zero.threads = {256, 1, 1};
+    zero.groups = {ceil_div(count, 256), 1, 1};
+    zero.buffers = {output(), bytes(count, "count")};
+    prog.steps.push_back(zero);
+    s.kernel = "atomic_conv_" + dt;
+    s.threads = {32, 8, 1};
+    s.groups = {ceil_div(p.b, 32), ceil_div(p.edges, 8), 1};
+    s.buffers = {input(0, "x"), input(1, "w"), input(3, "gather"), input(4, "k"),
+                 input(5, "out_idx"), output(), bytes(p)};
+  } else if (has(route, "sorted_implicit_gemm")) {
+    // 64 sorted rows per group, 4 simdgroups of 8x8 matrix tiles.
+    p.n_tiles = in[7].shape(0);
+    s.kernel = "sorted_gemm_" + dt + "_c" + std::to_string(p.b);
+    s.threads = {128, 1, 1};
+    s.groups = {ceil_div(p.rows, 64), 1, 1};
+    s.buffers = {input(0, "x"), input(1, "w"), input(5, "reorder_rows"),
+                 input(6, "sorted_out_in_map"), input(7, "tile_masks"), output(), bytes(p)};
+  } else {
+    throw std::invalid_argument("no Metal program for route " + route);
+  }
+  prog.steps.push_back(s);
+  return prog;
+}
+
+Program weight_grad_program(
+    const std::string& route,
+    const std::vector<mx::array>& in,
+    const mx::Shape& out_shape,
+    mx::Dtype out_dtype) {
+  if (!has(route, "weight_gradient")) {
+    throw std::invalid_argument("no Metal program for route " + route);
+  }
+  const bool identity = in.size() < 5;
+  WeightGradParams p{
+      out_shape[0], out_shape[1], out_shape[2],
+      identity ? static_cast<int32_t>(in[0].shape(0)) : -1};
+  // One thread per (offset, input channel, output channel).
+  Step s;
+  s.kernel = "weight_grad_" + type_name(out_dtype);
+  s.threads = {32, 8, 1};
+  s.groups = {ceil_div(p.b, 32), ceil_div(p.a, 8), static_cast<uint64_t>(std::max(p.k, 1))};
+  s.buffers = {input(0, "x"), input(1, "ct")};
+  const char* names[3] = {"offsets", "g", "r"};
+  for (int i = 0; i < 3; ++i) {
+    s.buffers.push_back(input(identity ? 0 : 2 + i, names[i]));
+  }
+  s.buffers.push_back(output("dw"));
+  s.buffers.push_back(bytes(p));
+  Program prog;
+  prog.steps.push_back(s);
+  return prog;
+}
+
+#ifdef MLX_LATTICE_METAL
+
+namespace {
+
+std::string metallib_path() {
+  Dl_info info;
+  dladdr(reinterpret_cast<void*>(&metallib_path), &info);
+  auto dir = std::filesystem::path(info.dli_fname).parent_path();
+  return (dir / "mlx_lattice.metallib").string();
+}
+
+} // namespace
+
+bool available() {
+  return true;
+}
+
+void run(
+    const Program& program,
+    const std::vector<mx::array>& inputs,
+    mx::array& out,
+    mx::Stream s) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) {
+    return;
+  }
+  auto& d = mx::metal::device(s.device);
+  auto* lib = d.get_library("mlx_lattice", metallib_path());
+  auto& enc = mx::metal::get_command_encoder(s);
+  std::vector<mx::array> temps;
+  for (const auto& t : program.temps) {
+    temps.emplace_back(
+        mx::allocator::malloc(std::max<int64_t>(t.size, 1) * mx::size_of(t.dtype)),
+        mx::Shape{static_cast<int>(t.size)},
+        t.dtype);
+  }
+  for (const auto& step : program.steps) {
+    enc.set_compute_pipeline_state(d.get_kernel(step.kernel, lib));
+    for (size_t i = 0; i < step.buffers.size(); ++i) {
+      const Binding& b = step.buffers[i];
+      const int idx = static_cast<int>(i);
+      switch (b.kind) {
+        case Binding::Kind::Input:
+          enc.set_input_array(inputs[b.index], idx);
+          break;
+        case Binding::Kind::Output:
+          enc.set_output_array(out, idx);
+          break;
+        case Binding::Kind::Temp:
+          enc.set_output_array(temps[b.index], idx);
+          break;
+        case Binding::Kind::Bytes:
+          enc.set_bytes(b.bytes.data(), static_cast<int>(b.bytes.size()), idx);
+          break;
+      }
+    }
+    enc.dispatch_threadgroups(
+        MTL::Size(step.groups[0], step.groups[1], step.groups[2]),
+        MTL::Size(step.threads[0], step.threads[1], step.threads[2]));
+  }
+  enc.add_temporaries(std::move(temps));
+}
+
+#else
+
+bool available() {
+  return false;
+}
+
+void run(const Program&, const std::vector<mx::array>&, mx::array&, mx::Stream) {
+  throw std::runtime_error(
+      "mlx_lattice was built without Metal; run sparse convolution on the CPU "
+      "stream");
+}
+
+#endif
+
+} // namespace mlx_lattice::metal
