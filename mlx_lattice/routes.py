@@ -40,6 +40,7 @@ class RouteContext:
     quantized: bool = False
     weight_layout: str = "dense5d"
     tier: str = "cpu"
+    tensor_ops: bool = False  # Metal 4 TensorOps (neural accelerators) available
     direction: str = "forward"  # forward, dgrad (input gradient) or wgrad
     k: int = 0  # kernel volume; derived from kernel_size when 0
 
@@ -67,6 +68,7 @@ class Route:
     passes: tuple[str, ...] = ("forward",)
     uses_relation: bool = True
     deterministic: bool = True
+    kernel_file: str = ""
     summary: str = ""
 
     @property
@@ -118,6 +120,7 @@ def list_routes() -> list[dict]:
             "passes": list(r.passes),
             "predicate": r.predicate,
             "deterministic": r.deterministic,
+            "kernel_file": r.kernel_file,
             "summary": r.summary,
         }
         for r in sorted(_REGISTRY.values(), key=lambda r: (BACKENDS.index(r.backend), -r.priority))
@@ -172,49 +175,102 @@ FORWARD_KIND = _cond(
 DENSE = _cond("dense (unquantized) weight", lambda c: not c.quantized)
 METAL_DTYPES = _cond("features float32 or float16", lambda c: c.dtype in ("float32", "float16"))
 
-# ------------------------------------------------------------------ routes
-for _backend, _extra in (("cpu", ()), ("metal", (METAL_DTYPES,))):
-    register(
-        Route(
-            name=f"{_backend}.pointwise",
-            backend=_backend,
-            priority=100,
-            conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, *_extra),
-            passes=("forward", "dgrad"),
-            uses_relation=False,
-            summary="x.feats @ W[0]; keeps the input coordinates; no relation built",
-        )
-    )
-    register(
-        Route(
-            name=f"{_backend}.relation_traversal",
-            backend=_backend,
-            priority=0,
-            conditions=(DENSE, *_extra),
-            passes=("forward", "dgrad"),
-            summary=(
-                "blocked gather-GEMM: per block of output rows, edges grouped by offset, "
-                "SIMD register tiles, float32 accumulation"
-                if _backend == "cpu"
-                else "output-stationary traversal of the output-major CSR edges"
-            ),
-        )
-    )
-    register(
-        Route(
-            name=f"{_backend}.weight_gradient",
-            backend=_backend,
-            priority=0,
-            conditions=(DENSE, *_extra),
-            passes=("wgrad",),
-            summary=(
-                "per-offset GEMM over packed panels of gathered rows; fixed chunks "
-                "reduced in order"
-                if _backend == "cpu"
-                else "one thread per weight element over the kernel-major edges"
-            ),
-        )
-    )
+SORTED_KIND = _cond(
+    "map kind forward, target or submanifold",
+    lambda c: c.map_kind in ("forward", "target", "submanifold"),
+)
+FP16 = _cond("features float16", lambda c: c.dtype == "float16")
+FP32 = _cond("features float32", lambda c: c.dtype == "float32")
+K27 = _cond("K == 27", lambda c: c.k == 27)
+SQUARE_32_64 = _cond("C_in == C_out in {32, 64}", lambda c: c.c_in == c.c_out and c.c_in in (32, 64))
+DENSE_LAYOUT = _cond("5D dense weight", lambda c: c.weight_layout == "dense5d")
+CHANNELS_16_64 = _cond(
+    "C_in and C_out in {16, 32, 64}", lambda c: c.c_in in (16, 32, 64) and c.c_out in (16, 32, 64)
+)
+K_GE_16 = _cond("K >= 16", lambda c: c.k >= 16)
+CAP_4096 = _cond("output capacity >= 4096", lambda c: c.n_out >= 4096)
+COUT16 = _cond(
+    "C_out == 16 and (K >= 16 and output capacity >= 4096, or output capacity >= 50000)",
+    lambda c: c.c_out == 16 and ((c.k >= 16 and c.n_out >= 4096) or c.n_out >= 50000),
+)
+COUT_DIV4 = _cond("C_out divisible by 4", lambda c: c.c_out % 4 == 0)
+
+# ------------------------------------------------------------------ CPU routes
+register(Route(
+    name="cpu.pointwise", backend="cpu", priority=100,
+    conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND),
+    passes=("forward", "dgrad"), uses_relation=False, kernel_file="src/cpu/gather_conv.cpp",
+    summary="x.feats @ W[0] in the blocked GEMM kernel; keeps the input coordinates; no relation built",
+))
+register(Route(
+    name="cpu.relation_traversal", backend="cpu", priority=0, conditions=(DENSE,),
+    passes=("forward", "dgrad"), kernel_file="src/cpu/gather_conv.cpp",
+    summary="blocked gather-GEMM: per block of output rows, edges grouped by offset, "
+    "SIMD register tiles, float32 accumulation",
+))
+register(Route(
+    name="cpu.weight_gradient", backend="cpu", priority=0, conditions=(DENSE,),
+    passes=("wgrad",), kernel_file="src/cpu/weight_grad.cpp",
+    summary="per-offset GEMM over packed panels of gathered rows; fixed chunks reduced in order",
+))
+
+# ------------------------------------------------------------------ Metal routes
+register(Route(
+    name="metal.pointwise", backend="metal", priority=100,
+    conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, METAL_DTYPES),
+    passes=("forward", "dgrad"), uses_relation=False, kernel_file="metal/forward_dense.metal",
+    summary="16x16 tiled GEMM x @ W[0] through threadgroup memory",
+))
+register(Route(
+    name="metal.sorted_implicit_gemm", backend="metal", priority=90,
+    conditions=(DENSE, SORTED_KIND, FP16, K27, SQUARE_32_64),
+    kernel_file="metal/sorted_gemm.metal",
+    summary="direct sorted route: rows in neighbour-mask order, 64-row tiles, offsets skipped "
+    "by tile mask, simdgroup 8x8 matrices, rows written back through reorder_rows",
+))
+register(Route(
+    name="metal.dense_channel", backend="metal", priority=80,
+    conditions=(DENSE, DENSE_LAYOUT, CHANNELS_16_64, K_GE_16, CAP_4096, METAL_DTYPES),
+    kernel_file="metal/forward_dense.metal",
+    summary="compile-time channel counts; W[k] staged in threadgroup memory per offset; "
+    "neighbour-map traversal",
+))
+register(Route(
+    name="metal.cout16", backend="metal", priority=70,
+    conditions=(DENSE, COUT16, METAL_DTYPES), passes=("forward", "dgrad"),
+    kernel_file="metal/forward_vector.metal",
+    summary="one thread per row computing all 16 output channels",
+))
+register(Route(
+    name="metal.vec4", backend="metal", priority=60,
+    conditions=(DENSE, FP32, COUT_DIV4), passes=("forward", "dgrad"),
+    kernel_file="metal/forward_vector.metal",
+    summary="one thread per (row, 4 output channels), float4 arithmetic",
+))
+register(Route(
+    name="metal.fp16_gather", backend="metal", priority=50,
+    conditions=(DENSE, FP16), passes=("forward", "dgrad"),
+    kernel_file="metal/forward_vector.metal",
+    summary="one simdgroup per row; each edge's input row staged in threadgroup memory",
+))
+register(Route(
+    name="metal.fp32_atomic", backend="metal", priority=40,
+    conditions=(DENSE, FP32), deterministic=False,
+    kernel_file="metal/forward_vector.metal",
+    summary="one thread per (edge, channel), float atomics into a zeroed output",
+))
+register(Route(
+    name="metal.relation_traversal", backend="metal", priority=0,
+    conditions=(DENSE, METAL_DTYPES), passes=("forward", "dgrad"),
+    kernel_file="metal/gather_conv.metal",
+    summary="one thread per (row, output channel) over the CSR edges",
+))
+register(Route(
+    name="metal.weight_gradient", backend="metal", priority=0,
+    conditions=(DENSE, METAL_DTYPES), passes=("wgrad",),
+    kernel_file="metal/gather_conv.metal",
+    summary="one thread per weight element over the kernel-major edges",
+))
 
 
 def _autodiff_route(q: dict) -> str:
@@ -271,13 +327,13 @@ def markdown() -> str:
         "",
         "Within a backend the highest-priority route whose predicate holds is taken.",
         "",
-        "| route | backend | passes | priority | predicate | deterministic | what it does |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| route | backend | passes | priority | predicate | deterministic | kernels | what it does |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in list_routes():
         lines.append(
             f"| `{r['name']}` | {r['backend']} | {', '.join(r['passes'])} | {r['priority']} | {r['predicate']} | "
-            f"{'yes' if r['deterministic'] else 'no (atomics)'} | {r['summary']} |"
+            f"{'yes' if r['deterministic'] else 'no (atomics)'} | `{r['kernel_file']}` | {r['summary']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -25,7 +25,8 @@ def ctx(**kw):
 def test_list_routes_and_docs_in_sync():
     rows = routes.list_routes()
     names = [r["name"] for r in rows]
-    assert {"cpu.pointwise", "cpu.relation_traversal", "metal.pointwise", "metal.relation_traversal"} <= set(names)
+    assert {"cpu.pointwise", "cpu.relation_traversal", "cpu.weight_gradient", "metal.pointwise",
+            "metal.relation_traversal", "metal.weight_gradient"} <= set(names)
     for r in rows:
         assert r["backend"] in routes.BACKENDS and r["predicate"]
     assert (ROOT / "docs" / "routes.md").read_text() == routes.markdown(), (
@@ -46,7 +47,7 @@ def test_selection_is_pure_and_explains_rejections():
     assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target")).route.name == "cpu.relation_traversal"
     # a Mac would take the Metal routes for the same shapes
     assert routes.select(ctx(backend="metal", kernel_size=(1, 1, 1))).route.name == "metal.pointwise"
-    assert routes.select(ctx(backend="metal")).route.name == "metal.relation_traversal"
+    assert routes.select(ctx(backend="metal", c_in=8, c_out=8)).route.name == "metal.vec4"
     # bfloat16 has no Metal kernel yet: the CPU route, said out loud
     s3 = routes.select(ctx(backend="metal", dtype="bfloat16"))
     assert s3.route.backend == "cpu" and "no metal route" in s3.fallback
