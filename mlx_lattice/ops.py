@@ -206,3 +206,27 @@ def generative_conv_transpose3d(x, weight, bias=None, *, stride=1, padding=0, di
     )
     rel, dst = x.manager.generative_relation(x.coordinate_set, geom)
     return _execute("generative_conv_transpose3d", x, weight, bias, geom, "generative", dst, lambda: rel)
+
+
+# Pooling and point <-> voxel conversion, also reachable from here.
+from .pooling import (  # noqa: E402
+    avg_pool3d,
+    global_avg_pool,
+    global_max_pool,
+    global_sum_pool,
+    max_pool3d,
+    sum_pool3d,
+)
+from .voxelize import devoxelize, sparse_quantize, voxelize  # noqa: E402
+
+__all__ += [
+    "max_pool3d",
+    "avg_pool3d",
+    "sum_pool3d",
+    "global_max_pool",
+    "global_avg_pool",
+    "global_sum_pool",
+    "sparse_quantize",
+    "voxelize",
+    "devoxelize",
+]

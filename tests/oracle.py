@@ -184,3 +184,147 @@ def match_rows(actual_coords, expected_coords):
     e = [tuple(int(v) for v in c) for c in np.asarray(expected_coords)]
     assert len(a) == len(e) and set(a) == set(e), "output supports differ"
     return np.array([a[c] for c in e], dtype=np.int64)
+
+
+# ------------------------------------------------------------------ pooling
+def dense_pool(in_coords, feats, out_coords, kernel_size, stride=1, padding=0, dilation=1, reduce="max",
+               count_empty=False):
+    """Pooling on dense grids: inactive cells are -inf for max and 0 for sums;
+    averages divide by the active count (or the kernel volume), float64."""
+    ks, s, p, dl = map(_t3, (kernel_size, stride, padding, dilation))
+    ci = np.asarray(in_coords, dtype=np.int64)
+    co = np.asarray(out_coords, dtype=np.int64)
+    x = np.asarray(feats, dtype=np.float64)
+    c = x.shape[1]
+    if len(co) == 0:
+        return np.zeros((0, c))
+    lo = ci[:, 1:].min(0)
+    shape = ci[:, 1:].max(0) - lo + 1
+    nb = int(max(ci[:, 0].max(), co[:, 0].max())) + 1
+    fill = -np.inf if reduce == "max" else 0.0
+    grid = np.full((nb, *shape, c), fill)
+    grid[ci[:, 0], *(ci[:, 1:] - lo).T] = x
+    ones = np.zeros((nb, *shape))
+    ones[ci[:, 0], *(ci[:, 1:] - lo).T] = 1.0
+    acc = np.full((len(co), c), fill)
+    count = np.zeros(len(co))
+    for d in offsets(ks):
+        src = np.stack([s[a] * co[:, a + 1] - p[a] + dl[a] * d[a] for a in range(3)], 1) - lo
+        ok = np.all((src >= 0) & (src < shape), axis=1)
+        vals = np.full((len(co), c), fill)
+        vals[ok] = grid[co[ok, 0], *src[ok].T]
+        acc = np.maximum(acc, vals) if reduce == "max" else acc + vals
+        count[ok] += ones[co[ok, 0], *src[ok].T]
+    if reduce == "avg":
+        div = np.prod(ks) if count_empty else np.maximum(count, 1)
+        acc = acc / (div if np.isscalar(div) else div[:, None])
+    return acc
+
+
+def max_pool_grad(in_coords, feats, out_coords, kernel_size, stride, padding, dilation, cotangent):
+    """Input gradient of max pooling: per output and channel the cotangent goes
+    to the active input at the first kernel offset (weight order) holding the max."""
+    ks, s, p, dl = map(_t3, (kernel_size, stride, padding, dilation))
+    idx = _index(in_coords)
+    x = np.asarray(feats, dtype=np.float64)
+    g = np.asarray(cotangent, dtype=np.float64)
+    dx = np.zeros_like(x)
+    for o, q in enumerate(np.asarray(out_coords, dtype=np.int64).tolist()):
+        rows = []
+        for d in offsets(ks):
+            src = (q[0],) + tuple(s[a] * q[a + 1] - p[a] + dl[a] * d[a] for a in range(3))
+            if src in idx:
+                rows.append(idx[src])
+        for ch in range(x.shape[1]):
+            best = rows[0]
+            for r in rows[1:]:
+                if x[r, ch] > x[best, ch]:
+                    best = r
+            dx[best, ch] += g[o, ch]
+    return dx
+
+
+# ------------------------------------------------------------------ points and voxels
+def voxel_of(point, voxel_size):
+    return tuple(int(np.floor(float(point[a]) / float(_t3(voxel_size)[a]))) for a in range(3))
+
+
+def voxelize_points(points, feats, voxel_size, batch=None, reduce="mean"):
+    """Brute force: dict of voxel -> point list; rows sorted; returns
+    (coords (M, 4), feats (M, C), point_to_voxel (N,), winners (M, C) or None).
+    winners: for 'max', the first point index holding each maximum."""
+    pts = np.asarray(points, dtype=np.float64)
+    f = np.asarray(feats, dtype=np.float64)
+    b = np.zeros(len(pts), np.int64) if batch is None else np.asarray(batch, np.int64)
+    groups = {}
+    for i in range(len(pts)):
+        groups.setdefault((int(b[i]),) + voxel_of(pts[i], voxel_size), []).append(i)
+    keys = sorted(groups)
+    row = {k: j for j, k in enumerate(keys)}
+    out = np.zeros((len(keys), f.shape[1]))
+    winners = np.zeros((len(keys), f.shape[1]), np.int64) if reduce == "max" else None
+    for j, k in enumerate(keys):
+        members = groups[k]
+        if reduce == "sum":
+            out[j] = f[members].sum(0)
+        elif reduce == "mean":
+            out[j] = f[members].mean(0)
+        else:
+            for ch in range(f.shape[1]):
+                best = members[0]
+                for i in members[1:]:
+                    if f[i, ch] > f[best, ch]:
+                        best = i
+                winners[j, ch] = best
+                out[j, ch] = f[best, ch]
+    p2v = np.array([row[(int(b[i]),) + voxel_of(pts[i], voxel_size)] for i in range(len(pts))], np.int64)
+    return np.array(keys, np.int64).reshape(-1, 4), out, p2v, winners
+
+
+def devoxelize_weights(coords, stride, points, voxel_size, batch=None, mode="nearest"):
+    """(N, M) interpolation matrix: value at points = W @ voxel features."""
+    idx = _index(coords)
+    pts = np.asarray(points, dtype=np.float64)
+    b = np.zeros(len(pts), np.int64) if batch is None else np.asarray(batch, np.int64)
+    cell = [float(_t3(voxel_size)[a]) * _t3(stride)[a] for a in range(3)]
+    w = np.zeros((len(pts), len(idx)))
+    for i, pt in enumerate(pts):
+        if mode == "nearest":
+            key = (int(b[i]),) + tuple(int(np.floor(pt[a] / cell[a])) for a in range(3))
+            if key in idx:
+                w[i, idx[key]] = 1.0
+            continue
+        u = [pt[a] / cell[a] - 0.5 for a in range(3)]
+        lo = [int(np.floor(v)) for v in u]
+        for corner in itertools.product((0, 1), repeat=3):
+            key = (int(b[i]),) + tuple(lo[a] + corner[a] for a in range(3))
+            weight = 1.0
+            for a in range(3):
+                t = u[a] - lo[a]
+                weight *= t if corner[a] else 1.0 - t
+            if key in idx:
+                w[i, idx[key]] += weight
+        total = w[i].sum()
+        if total > 0:
+            w[i] /= total
+    return w
+
+
+# ------------------------------------------------------------------ conversions
+def dense_grid(coords, feats, shape, origin=(0, 0, 0)):
+    """(B, X, Y, Z, C) float64 grid with each voxel's features at coords - origin."""
+    c = np.asarray(coords, dtype=np.int64)
+    f = np.asarray(feats, dtype=np.float64)
+    grid = np.zeros((*shape, f.shape[1]))
+    for r in range(len(c)):
+        grid[(int(c[r, 0]),) + tuple(int(c[r, a + 1] - origin[a]) for a in range(3))] = f[r]
+    return grid
+
+
+def sparse_sum(coords_a, feats_a, coords_b, feats_b, mode="union"):
+    """Dict of voxel -> a + b (missing = 0) over the union or intersection."""
+    a = {tuple(map(int, k)): np.asarray(v, np.float64) for k, v in zip(np.asarray(coords_a), np.asarray(feats_a))}
+    b = {tuple(map(int, k)): np.asarray(v, np.float64) for k, v in zip(np.asarray(coords_b), np.asarray(feats_b))}
+    keys = set(a) | set(b) if mode == "union" else set(a) & set(b)
+    zero = np.zeros(np.asarray(feats_a).shape[1])
+    return {k: a.get(k, zero) + b.get(k, zero) for k in keys}

@@ -1,0 +1,284 @@
+"""Conversions and element-wise algebra on sparse tensors.
+
+- :func:`to_dense` / :func:`from_dense`: to and from dense ``(B, X, Y, Z, C)``
+  grids (channels last, the layout of ``mlx.nn.Conv3d``).
+- :func:`cat`: feature concatenation of tensors on identical coordinates.
+- :func:`add`: element-wise sum on the same support, or on the union or the
+  intersection of two supports.
+- :func:`prune`: keep a subset of rows.
+- :func:`sparse_collate`: several scenes as the batch items of one tensor.
+
+Coordinates are bookkeeping (NumPy and the coordinate hash table); features
+flow through MLX gathers and scatters, so gradients reach every input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import mlx.core as mx
+
+from ._args import as_coords, as_feats, triple
+from .manager import CoordinateManager
+from .tensor import SparseTensor
+
+__all__ = ["to_dense", "from_dense", "cat", "add", "prune", "sparse_collate"]
+
+
+def _check(op, *xs):
+    for x in xs:
+        if not isinstance(x, SparseTensor):
+            raise TypeError(f"{op}: expected SparseTensor, got {type(x).__name__}")
+
+
+def _coords_np(x: SparseTensor) -> np.ndarray:
+    return np.array(x.coords).astype(np.int64).reshape(-1, 4)
+
+
+def _lookup(table_owner: SparseTensor, coords: mx.array) -> np.ndarray:
+    """Rows of ``coords`` in ``table_owner``'s coordinate set (-1 where absent)."""
+    if coords.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.array(table_owner.coordinate_set.table.lookup(coords)).astype(np.int64)
+
+
+def _gather_rows(feats: mx.array, rows: np.ndarray) -> mx.array:
+    """feats[rows] with zeros where rows < 0."""
+    c = feats.shape[1]
+    padded = mx.concatenate([feats, mx.zeros((1, c), dtype=feats.dtype)], axis=0)
+    idx = np.where(rows < 0, feats.shape[0], rows).astype(np.int32)
+    return padded[mx.array(idx)]
+
+
+def _same_layout(op, a: SparseTensor, b: SparseTensor):
+    if a.stride != b.stride:
+        raise ValueError(f"{op}: tensor strides differ: {a.stride} and {b.stride}")
+
+
+def _new_tensor(manager: CoordinateManager, coords: np.ndarray, feats: mx.array, stride) -> SparseTensor:
+    cset = manager.register(mx.array(np.ascontiguousarray(coords, dtype=np.int32)), stride)
+    return SparseTensor._from_set(cset, feats, manager)
+
+
+# ---------------------------------------------------------------- dense
+def to_dense(x: SparseTensor, shape=None, *, origin=(0, 0, 0)) -> mx.array:
+    """Scatter the features onto a zero-filled dense grid ``(B, X, Y, Z, C)``.
+
+    The voxel ``(b, x, y, z)`` lands at ``[b, x - ox, y - oy, z - oz]`` with
+    ``origin = (ox, oy, oz)``. ``shape`` is ``(X, Y, Z)`` or ``(B, X, Y, Z)``;
+    by default the smallest grid holding every voxel (``B = x.num_batches``).
+    A voxel outside the grid raises ``ValueError``. Differentiable in
+    ``x.feats``.
+    """
+    _check("to_dense", x)
+    org = np.asarray(triple(origin, "origin", minimum=-(2**31)), dtype=np.int64)
+    c = _coords_np(x)
+    rel = c[:, 1:] - org
+    if shape is None:
+        spatial = tuple(int(v) + 1 for v in rel.max(axis=0)) if len(c) else (0, 0, 0)
+        n_b = x.num_batches
+    else:
+        shape = tuple(int(v) for v in shape)
+        if len(shape) == 3:
+            n_b, spatial = x.num_batches, shape
+        elif len(shape) == 4:
+            n_b, spatial = shape[0], shape[1:]
+        else:
+            raise ValueError(f"shape must be (X, Y, Z) or (B, X, Y, Z), got {shape}")
+    if len(c):
+        outside = (rel < 0).any(axis=1) | (rel >= np.asarray(spatial)).any(axis=1) | (c[:, 0] >= n_b)
+        if outside.any():
+            i = int(np.flatnonzero(outside)[0])
+            raise ValueError(
+                f"to_dense: voxel {c[i].tolist()} lies outside the grid of shape "
+                f"{(n_b, *spatial)} at origin {org.tolist()}"
+            )
+    ch = x.feats.shape[1]
+    flat = ((c[:, 0] * spatial[0] + rel[:, 0]) * spatial[1] + rel[:, 1]) * spatial[2] + rel[:, 2]
+    size = n_b * spatial[0] * spatial[1] * spatial[2]
+    dense = mx.zeros((size, ch), dtype=x.dtype)
+    if len(c):
+        dense = dense.at[mx.array(flat.astype(np.int32))].add(x.feats)
+    return dense.reshape(n_b, *spatial, ch)
+
+
+def from_dense(
+    dense, threshold=0.0, mask=None, *, origin=(0, 0, 0), stride=1, manager=None
+) -> SparseTensor:
+    """The active cells of a dense grid ``(B, X, Y, Z, C)`` (or ``(X, Y, Z, C)``).
+
+    Active: where ``mask`` (``(B, X, Y, Z)`` booleans) is true if given, else
+    where some channel has ``|value| > threshold`` (the default 0 keeps every
+    non-zero cell). Rows are sorted by ``(batch, x, y, z)``; cell
+    ``[b, i, j, k]`` becomes voxel ``(b, i + ox, j + oy, k + oz)``. The
+    features are gathered from ``dense``, so gradients flow back to it.
+    """
+    if not isinstance(dense, mx.array):
+        dense = mx.array(np.asarray(dense, dtype=np.float32))
+    if dense.ndim == 4:
+        dense = dense[None]
+    if dense.ndim != 5:
+        raise ValueError(f"dense must have shape (B, X, Y, Z, C) or (X, Y, Z, C), got {tuple(dense.shape)}")
+    grid = tuple(dense.shape[:4])
+    if mask is not None:
+        m = np.asarray(mask.astype(mx.bool_) if isinstance(mask, mx.array) else mask).astype(bool)
+        if m.ndim == 3:
+            m = m[None]
+        if m.shape != grid:
+            raise ValueError(f"mask must have shape {grid} (or without the batch axis), got {m.shape}")
+    else:
+        mag = np.abs(np.array(mx.stop_gradient(dense).astype(mx.float32)))
+        m = (mag > float(threshold)).any(axis=-1)
+    flat = np.flatnonzero(m.reshape(-1))
+    cells = np.stack(np.unravel_index(flat, grid), axis=1).astype(np.int64)
+    cells[:, 1:] += np.asarray(triple(origin, "origin", minimum=-(2**31)), dtype=np.int64)
+    feats = dense.reshape(-1, dense.shape[4])[mx.array(flat.astype(np.int32))]
+    manager = manager if manager is not None else CoordinateManager()
+    return _new_tensor(manager, cells, feats, triple(stride, "stride", minimum=1))
+
+
+# ---------------------------------------------------------------- algebra
+def cat(tensors) -> SparseTensor:
+    """Concatenate features (along channels) of tensors on identical coordinates.
+
+    The result keeps the first tensor's rows and coordinate set. Tensors on
+    the same coordinate set concatenate directly; the others must hold the
+    same voxels (in any order) and are aligned by hash lookup.
+    """
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat needs at least one tensor")
+    _check("cat", *tensors)
+    first = tensors[0]
+    parts = [first.feats]
+    for t in tensors[1:]:
+        _same_layout("cat", first, t)
+        if t.feats.dtype != first.feats.dtype:
+            raise TypeError("cat: feature dtypes differ")
+        if t.coordinate_set is first.coordinate_set:
+            parts.append(t.feats)
+            continue
+        if len(t) != len(first):
+            raise ValueError(f"cat: coordinates differ ({len(first)} and {len(t)} rows)")
+        rows = _lookup(t, first.coords)
+        if (rows < 0).any():
+            i = int(np.flatnonzero(rows < 0)[0])
+            raise ValueError(
+                f"cat: coordinates differ; voxel {_coords_np(first)[i].tolist()} is missing from a tensor"
+            )
+        parts.append(t.feats[mx.array(rows.astype(np.int32))])
+    return SparseTensor._from_set(first.coordinate_set, mx.concatenate(parts, axis=1), first.manager)
+
+
+def add(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
+    """Element-wise ``a + b``, missing voxels counting as zero.
+
+    On the same coordinate set: ``a``'s rows. Otherwise ``mode`` picks the
+    support:
+
+    - ``'union'``: ``a``'s rows in ``a``'s order, then ``b``'s voxels absent
+      from ``a`` in ``b``'s order (``a``'s coordinate set when ``b``'s voxels
+      are all in ``a``);
+    - ``'intersection'``: ``a``'s rows that are also in ``b``, in ``a``'s
+      order (``a``'s coordinate set when all of them are).
+
+    The output belongs to ``a``'s manager. Both tensors need the same stride,
+    channel count and dtype.
+    """
+    _check("add", a, b)
+    if mode not in ("union", "intersection"):
+        raise ValueError(f"mode must be 'union' or 'intersection', got {mode!r}")
+    _same_layout("add", a, b)
+    if a.feats.shape[1] != b.feats.shape[1]:
+        raise ValueError(f"add: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
+    if a.feats.dtype != b.feats.dtype:
+        raise TypeError("add: feature dtypes differ")
+    if a.coordinate_set is b.coordinate_set:
+        return a.replace(a.feats + b.feats)
+    b_rows_of_a = _lookup(b, a.coords)  # where each of a's voxels sits in b
+    if mode == "intersection":
+        keep = b_rows_of_a >= 0
+        if keep.all():
+            return a.replace(a.feats + _gather_rows(b.feats, b_rows_of_a))
+        sel = np.flatnonzero(keep)
+        feats = a.feats[mx.array(sel.astype(np.int32))] + b.feats[mx.array(b_rows_of_a[sel].astype(np.int32))]
+        return _new_tensor(a.manager, _coords_np(a)[sel], feats, a.stride)
+    on_a = a.feats + _gather_rows(b.feats, b_rows_of_a)
+    a_rows_of_b = _lookup(a, b.coords)
+    extra = np.flatnonzero(a_rows_of_b < 0)
+    if len(extra) == 0:
+        return a.replace(on_a)
+    feats = mx.concatenate([on_a, b.feats[mx.array(extra.astype(np.int32))]], axis=0)
+    coords = np.concatenate([_coords_np(a), _coords_np(b)[extra]], axis=0)
+    return _new_tensor(a.manager, coords, feats, a.stride)
+
+
+def prune(x: SparseTensor, keep) -> SparseTensor:
+    """The rows of ``x`` where ``keep`` ((N,) booleans) is true, in order.
+
+    Returns ``x`` itself when every row is kept. Gradients flow to the kept
+    rows' features.
+    """
+    _check("prune", x)
+    k = np.asarray(keep.astype(mx.bool_) if isinstance(keep, mx.array) else keep).astype(bool).reshape(-1)
+    if k.shape != (len(x),):
+        raise ValueError(f"prune: keep must have shape ({len(x)},), got {k.shape}")
+    if k.all():
+        return x
+    sel = np.flatnonzero(k)
+    feats = x.feats[mx.array(sel.astype(np.int32))]
+    return _new_tensor(x.manager, _coords_np(x)[sel], feats, x.stride)
+
+
+# ---------------------------------------------------------------- batching
+def sparse_collate(items, *, manager=None) -> SparseTensor:
+    """Stack scenes as the batch items of one tensor.
+
+    ``items``: SparseTensors, or ``(coords, feats)`` pairs with coords
+    ``(N, 3)`` (one scene) or ``(N, 4)`` (already batched). Item ``i``'s batch
+    indices are shifted by the number of batch items before it, so each
+    scene keeps its own batch index; rows stay in item order. Features are
+    concatenated (gradients flow back to each item). SparseTensor items must
+    share one stride, which the result keeps.
+    """
+    items = list(items)
+    if not items:
+        raise ValueError("sparse_collate needs at least one item")
+    coords_parts, feats_parts = [], []
+    stride = None
+    offset = 0
+    for i, item in enumerate(items):
+        if isinstance(item, SparseTensor):
+            c = _coords_np(item)
+            f = item.feats
+            n_b = item.num_batches
+            if stride is not None and item.stride != stride:
+                raise ValueError(f"sparse_collate: item {i} has stride {item.stride}, expected {stride}")
+            stride = item.stride
+        else:
+            try:
+                c_raw, f = item
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"sparse_collate: item {i} must be a SparseTensor or a (coords, feats) pair"
+                ) from None
+            c = np.asarray(c_raw.astype(mx.int64) if isinstance(c_raw, mx.array) else c_raw)
+            if c.ndim != 2 or c.shape[1] not in (3, 4) or not np.issubdtype(c.dtype, np.integer):
+                raise ValueError(f"sparse_collate: item {i} coords must be (N, 3) or (N, 4) integers")
+            c = c.astype(np.int64)
+            if c.shape[1] == 3:
+                c = np.concatenate([np.zeros((len(c), 1), np.int64), c], axis=1)
+            n_b = int(c[:, 0].max()) + 1 if len(c) else 0
+            f = as_feats(f, len(c))
+        c = c.copy()
+        c[:, 0] += offset
+        offset += max(n_b, 1)  # an empty scene still takes its batch index
+        coords_parts.append(c)
+        feats_parts.append(f)
+    dtypes = {f.dtype for f in feats_parts}
+    if len(dtypes) > 1:
+        raise TypeError("sparse_collate: feature dtypes differ")
+    coords = np.concatenate(coords_parts, axis=0)
+    feats = mx.concatenate(feats_parts, axis=0)
+    return SparseTensor(
+        as_coords(coords), feats, stride=stride or 1, manager=manager
+    )

@@ -1,0 +1,169 @@
+"""Dense conversion, concatenation, addition, pruning and collation."""
+
+import numpy as np
+import pytest
+import mlx.core as mx
+
+import mlx_lattice as ml
+from mlx_lattice import algebra, ops
+
+import oracle
+from conftest import to_np
+
+
+def make(rng, n=50, extent=6, batches=2, c=3, low=None):
+    coords = oracle.random_coords(rng, n, extent, batches, low)
+    feats = rng.standard_normal((len(coords), c)).astype(np.float32)
+    return ml.SparseTensor(coords, mx.array(feats)), coords, feats
+
+
+def as_dict(x):
+    return {tuple(map(int, c)): f for c, f in zip(np.array(x.coords), to_np(x.feats))}
+
+
+def test_to_dense(rng):
+    x, coords, feats = make(rng, low=0)
+    d = algebra.to_dense(x)
+    shape = (coords[:, 0].max() + 1, *(coords[:, 1:].max(0) + 1))
+    assert d.shape == (*shape, 3)
+    np.testing.assert_array_equal(to_np(d), oracle.dense_grid(coords, feats, shape))
+    # explicit shape and origin, negative coordinates
+    y, c2, f2 = make(rng, low=-3)
+    d2 = algebra.to_dense(y, (3, 7, 7, 7), origin=(-3, -3, -3))
+    np.testing.assert_array_equal(to_np(d2), oracle.dense_grid(c2, f2, (3, 7, 7, 7), (-3, -3, -3)))
+    with pytest.raises(ValueError):
+        algebra.to_dense(y)  # negative coordinates with the default origin
+    # gradient: the cotangent read back at the voxels
+    ct = rng.standard_normal(d2.shape).astype(np.float32)
+    _, (g,) = mx.vjp(lambda f: algebra.to_dense(y.replace(f), (3, 7, 7, 7), origin=(-3, -3, -3)), [y.feats], [mx.array(ct)])
+    np.testing.assert_array_equal(np.array(g), ct[c2[:, 0], *(c2[:, 1:] + 3).T])
+
+
+def test_from_dense_threshold_mask_and_round_trip(rng):
+    dense = rng.standard_normal((2, 4, 5, 3, 2)).astype(np.float32)
+    dense[np.abs(dense).max(-1) < 1.0] = 0.0
+    x = algebra.from_dense(mx.array(dense))
+    nz = np.argwhere(np.abs(dense).max(-1) > 0)
+    assert np.array_equal(np.array(x.coords), nz)
+    np.testing.assert_array_equal(np.array(x.feats), dense[tuple(nz.T)])
+    # threshold
+    x2 = algebra.from_dense(mx.array(dense), threshold=1.5)
+    keep = np.argwhere(np.abs(dense).max(-1) > 1.5)
+    assert np.array_equal(np.array(x2.coords), keep)
+    # mask, origin, no batch axis
+    mask = rng.random((4, 5, 3)) < 0.3
+    x3 = algebra.from_dense(mx.array(dense[1]), mask=mask, origin=(10, -2, 0), stride=2)
+    cells = np.argwhere(mask)
+    assert np.array_equal(np.array(x3.coords)[:, 1:], cells + [10, -2, 0])
+    assert x3.stride == (2, 2, 2)
+    np.testing.assert_array_equal(np.array(x3.feats), dense[1][tuple(cells.T)])
+    # round trip
+    back = algebra.to_dense(x, dense.shape[:4])
+    np.testing.assert_array_equal(np.array(back), dense)
+    # gradient flows to the dense input at the active cells only
+    g = mx.grad(lambda d: algebra.from_dense(d, mask=np.abs(dense).max(-1) > 0).feats.sum())(mx.array(dense))
+    np.testing.assert_array_equal(np.array(g), np.broadcast_to((np.abs(dense).max(-1) > 0)[..., None], dense.shape))
+
+
+def test_cat(rng):
+    x, coords, feats = make(rng)
+    y = x.replace(mx.array(rng.standard_normal((len(coords), 2)).astype(np.float32)))
+    z = algebra.cat([x, y])
+    assert z.coordinate_set is x.coordinate_set and z.feats.shape == (len(coords), 5)
+    np.testing.assert_array_equal(np.array(z.feats), np.concatenate([feats, np.array(y.feats)], 1))
+    # the same voxels in another order, aligned by lookup
+    perm = rng.permutation(len(coords))
+    other_f = rng.standard_normal((len(coords), 4)).astype(np.float32)
+    w = ml.SparseTensor(coords[perm], mx.array(other_f))
+    z2 = algebra.cat([x, w])
+    expected = np.concatenate([feats, other_f[np.argsort(perm)]], 1)
+    np.testing.assert_array_equal(np.array(z2.feats), expected)
+    # gradient reaches the permuted tensor in its own row order
+    g = mx.grad(lambda f: (algebra.cat([x, w.replace(f)]).feats[:, 3:] * mx.arange(len(coords))[:, None]).sum())(w.feats)
+    np.testing.assert_array_equal(np.array(g)[:, 0], perm.astype(np.float32))  # w row j is x row perm[j]
+    # different voxels refuse
+    v, _, _ = make(rng)
+    with pytest.raises(ValueError):
+        algebra.cat([x, v])
+
+
+@pytest.mark.parametrize("mode", ["union", "intersection"])
+def test_add(rng, mode):
+    a, ca, fa = make(rng, n=40, extent=5)
+    b, cb, fb = make(rng, n=40, extent=5)
+    y = algebra.add(a, b, mode)
+    ref = oracle.sparse_sum(ca, fa, cb, fb, mode)
+    got = as_dict(y)
+    assert set(got) == set(ref)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-6, atol=1e-6)
+    # row order: a's rows first, in a's order
+    ya = np.array(y.coords)
+    in_b = {tuple(r) for r in cb.tolist()}
+    a_rows = [r for r in ca.tolist() if mode == "union" or tuple(r) in in_b]
+    assert ya[: len(a_rows)].tolist() == a_rows
+    # gradients: each input gets the cotangent of its voxels' output rows
+    ct = rng.standard_normal(y.feats.shape).astype(np.float32)
+    _, (ga, gb) = mx.vjp(lambda p, q: algebra.add(a.replace(p), b.replace(q), mode).feats,
+                         [a.feats, b.feats], [mx.array(ct)])
+    out_rows = {tuple(map(int, c)): i for i, c in enumerate(ya)}
+    for x_coords, g in ((ca, ga), (cb, gb)):
+        expected = np.array([ct[out_rows[tuple(c)]] if tuple(c) in out_rows else np.zeros(3) for c in x_coords.tolist()])
+        np.testing.assert_allclose(np.array(g), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_add_same_and_subset_sets(rng):
+    a, ca, fa = make(rng)
+    s = algebra.add(a, a.replace(a.feats * 2))
+    assert s.coordinate_set is a.coordinate_set
+    np.testing.assert_allclose(np.array(s.feats), 3 * fa, rtol=1e-6)
+    sub = algebra.prune(a, np.arange(len(ca)) % 3 == 0)
+    u = algebra.add(a, sub)  # every voxel of sub is in a: a's set is kept
+    assert u.coordinate_set is a.coordinate_set
+    i = algebra.add(sub, a, "intersection")
+    assert i.coordinate_set is sub.coordinate_set
+    np.testing.assert_allclose(np.array(i.feats), 2 * fa[::3], rtol=1e-6)
+    with pytest.raises(ValueError):
+        algebra.add(a, ml.SparseTensor(ca, mx.zeros((len(ca), 3)), stride=2))
+
+
+def test_prune(rng):
+    x, coords, feats = make(rng)
+    keep = rng.random(len(coords)) < 0.5
+    y = algebra.prune(x, mx.array(keep))
+    assert np.array_equal(np.array(y.coords), coords[keep])
+    np.testing.assert_array_equal(np.array(y.feats), feats[keep])
+    assert y.manager is x.manager
+    assert algebra.prune(x, np.ones(len(coords), bool)) is x
+    g = mx.grad(lambda f: algebra.prune(x.replace(f), keep).feats.sum())(x.feats)
+    np.testing.assert_array_equal(np.array(g), np.broadcast_to(keep[:, None], feats.shape).astype(np.float32))
+
+
+def test_sparse_collate(rng):
+    a, ca, fa = make(rng, batches=2)
+    c3 = np.unique(rng.integers(0, 4, (20, 3)), axis=0)
+    f3 = rng.standard_normal((len(c3), 3)).astype(np.float32)
+    b, cb, fb = make(rng, batches=1)
+    y = algebra.sparse_collate([a, (c3, f3), b])
+    expected = np.concatenate([
+        ca,
+        np.concatenate([np.full((len(c3), 1), 2), c3], 1),
+        cb + [3, 0, 0, 0],
+    ])
+    assert np.array_equal(np.array(y.coords), expected)
+    np.testing.assert_array_equal(np.array(y.feats), np.concatenate([fa, f3, fb]))
+    assert y.num_batches == 4
+    # a network sees separate scenes: a convolution of the collated batch
+    # equals each scene convolved alone
+    w = mx.array(rng.standard_normal((2, 3, 3, 3, 3)).astype(np.float32))
+    yc = ops.subm_conv3d(y, w)
+    alone = ops.subm_conv3d(b, w)
+    np.testing.assert_allclose(np.array(yc.feats)[-len(cb):], np.array(alone.feats), rtol=1e-5, atol=1e-5)
+    g = mx.grad(lambda f: algebra.sparse_collate([a, b.replace(f)]).feats.sum())(b.feats)
+    np.testing.assert_array_equal(np.array(g), np.ones_like(fb))
+    with pytest.raises(ValueError):
+        algebra.sparse_collate([a, ml.SparseTensor(cb, mx.array(fb), stride=2)])
+
+
+def test_reexports():
+    assert ml.to_dense is algebra.to_dense and ml.sparse_collate is algebra.sparse_collate
