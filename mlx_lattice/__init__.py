@@ -36,3 +36,24 @@ __all__ = [
     "num_threads",
     "set_num_threads",
 ]
+
+# Model-level surface: layers, pooling, point <-> voxel conversion, algebra, networks.
+from . import algebra, models, nn, pooling  # noqa: E402
+from .algebra import add, cat, from_dense, prune, sparse_collate, to_dense  # noqa: E402
+from .voxelize import devoxelize, sparse_quantize, voxelize  # noqa: E402
+
+__all__ += [
+    "nn",
+    "models",
+    "algebra",
+    "pooling",
+    "to_dense",
+    "from_dense",
+    "cat",
+    "add",
+    "prune",
+    "sparse_collate",
+    "sparse_quantize",
+    "voxelize",
+    "devoxelize",
+]

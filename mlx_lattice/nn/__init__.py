@@ -1,0 +1,43 @@
+"""Layers for sparse networks, in the style of ``mlx.nn``.
+
+Modules take and return :class:`mlx_lattice.SparseTensor` (global pooling
+returns a dense ``(B, C)`` array), keep their parameters as attributes, and
+compose with ``mlx.nn.Sequential`` (re-exported here), ``save_weights`` /
+``load_weights``, ``mlx.optimizers`` and ``mx.compile``.
+"""
+
+from mlx.nn import Identity, Module, Sequential
+
+from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
+from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d
+from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm
+from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
+
+__all__ = [
+    "Module",
+    "Sequential",
+    "Identity",
+    "Conv3d",
+    "SubmConv3d",
+    "ConvTranspose3d",
+    "GenerativeConvTranspose3d",
+    "Linear",
+    "BatchNorm",
+    "InstanceNorm",
+    "LayerNorm",
+    "RMSNorm",
+    "ReLU",
+    "LeakyReLU",
+    "GELU",
+    "SiLU",
+    "Sigmoid",
+    "Tanh",
+    "Dropout",
+    "FeatureMap",
+    "MaxPool3d",
+    "AvgPool3d",
+    "SumPool3d",
+    "GlobalMaxPool",
+    "GlobalAvgPool",
+    "GlobalSumPool",
+]
