@@ -112,6 +112,30 @@ Program conv_program(
   p.k = in[1].shape(0);
   p.n_in = in[0].shape(0);
   p.edges = identity ? p.rows : in[3].shape(0);
+  // A route's kernels assume its predicate; refuse anything else clearly.
+  auto require = [&](bool ok, const char* what) {
+    if (!ok) {
+      throw std::invalid_argument(route + " needs " + what);
+    }
+  };
+  if (has(route, "vec4")) {
+    require(p.b % 4 == 0 && out_dtype == mx::float32, "float32 and C_out divisible by 4 (vec4)");
+  } else if (has(route, "cout16")) {
+    require(p.b == 16, "C_out == 16 (cout16)");
+  } else if (has(route, "fp16_gather")) {
+    require(out_dtype == mx::float16, "float16 features (fp16_gather)");
+  } else if (has(route, "fp32_atomic")) {
+    require(out_dtype == mx::float32 && !identity && in.size() >= 6, "float32 and the output-major view");
+  } else if (has(route, "dense_channel")) {
+    auto ok = [](int c) { return c == 16 || c == 32 || c == 64; };
+    require(ok(p.a) && ok(p.b) && !identity && in.size() >= 6, "C_in, C_out in {16, 32, 64} and a neighbour map");
+  } else if (has(route, "sorted_implicit_gemm")) {
+    require(
+        out_dtype == mx::float16 && p.a == p.b && (p.a == 32 || p.a == 64) && p.k == 27 && in.size() >= 8,
+        "float16, K == 27, C_in == C_out in {32, 64} and the sorted plan");
+  } else if (has(route, "pointwise")) {
+    require(identity, "a pointwise product");
+  }
   Program prog;
   Step s;
   if (has(route, "pointwise")) {

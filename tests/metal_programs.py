@@ -1,0 +1,82 @@
+"""Run a route's Metal program (the kernels, shapes and bindings eval_gpu
+encodes) on the CPU through the harness, on the primitive's own inputs.
+
+The program comes from ``_ext.metal_program`` and the inputs from
+``_ext.conv_inputs``/``_ext.weight_grad_inputs``: the same C++ code paths a
+Mac runs. Each run is recorded in the route log with backend
+``metal-harness``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import mlx.core as mx
+
+from mlx_lattice import _ext, diagnostics
+
+import metal_harness
+
+NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def _np(a: mx.array) -> np.ndarray:
+    if a.dtype == mx.bfloat16:
+        raise TypeError("the harness has no bfloat16 buffers")
+    return np.array(a)
+
+
+def run_program(program: dict, inputs: list, out_shape, out_dtype: str, schedule="forward", seed=0):
+    """Execute every step of a program; returns the output array."""
+    ins = [_np(a) for a in inputs]
+    # Metal leaves new buffers uninitialised: NaN catches unwritten outputs.
+    out = np.full(out_shape, np.nan, dtype=NP_DTYPES[out_dtype])
+    temps = [np.full(n, np.nan, dtype=NP_DTYPES[d]) for d, n in program["temps"]]
+    for step in program["steps"]:
+        buffers, names, params, pidx = [], [], None, None
+        for i, (kind, payload, name) in enumerate(step["buffers"]):
+            names.append(name)
+            if kind == "input":
+                buffers.append(ins[payload])
+            elif kind == "output":
+                buffers.append(out)
+            elif kind == "temp":
+                buffers.append(temps[payload])
+            else:
+                params, pidx = bytes(payload), i
+                buffers.append(None)
+        kernel = step["kernel"]
+        source = metal_harness.defined_kernels()[kernel]
+        result = metal_harness.run_kernel(
+            source, kernel, buffers, params, groups=step["groups"], threads=step["threads"],
+            params_index=pidx, names=names, schedule=schedule, seed=seed,
+        )
+        # outputs and temporaries come back as new arrays: carry them on
+        for i, (kind, payload, _) in enumerate(step["buffers"]):
+            if kind == "output":
+                out = result[i]
+            elif kind == "temp":
+                temps[payload] = result[i]
+    return out
+
+
+def conv(route: str, x: mx.array, w: mx.array, relation, view=0, schedule="forward", seed=0, record=None):
+    """The GatherConv primitive's output computed by `route`'s Metal program."""
+    inputs = _ext.conv_inputs(x, w, relation, view, route)
+    rows = x.shape[0] if relation is None else (relation.n_out if view == 0 else relation.n_in)
+    shape = [rows, w.shape[2]]
+    dtype = str(x.dtype).replace("mlx.core.", "")
+    program = _ext.metal_program("conv", route, inputs, shape, x.dtype)
+    y = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
+    if record is not None:
+        entry = dict(record)
+        entry.update(route=route, backend="metal-harness", kernels=[s["kernel"] for s in program["steps"]])
+        diagnostics.emit(entry)
+    return y
+
+
+def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=0, schedule="forward"):
+    inputs = _ext.weight_grad_inputs(x, ct, relation, view)
+    shape = [k, x.shape[1], ct.shape[1]]
+    dtype = str(x.dtype).replace("mlx.core.", "")
+    program = _ext.metal_program("weight_grad", route, inputs, shape, x.dtype)
+    return run_program(program, inputs, tuple(shape), dtype, schedule)

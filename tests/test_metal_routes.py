@@ -1,0 +1,214 @@
+"""Metal forward routes: selection by predicate, and each route's program run
+through the CPU harness (on a Mac: the same program on the GPU via MLX)
+against the oracle, including boundary shapes."""
+
+import numpy as np
+import pytest
+import mlx.core as mx
+
+import mlx_lattice as ml
+from mlx_lattice import routes
+from mlx_lattice.ops import mapped_weight
+from mlx_lattice.relation import KernelGeometry
+from mlx_lattice.routes import RouteContext
+
+import oracle
+import metal_harness
+import metal_programs
+
+ok, why = metal_harness.available()
+pytestmark = [pytest.mark.metal, pytest.mark.skipif(not ok, reason=why)]
+
+TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2)}
+
+
+def metal_ctx(**kw):
+    base = dict(op="conv3d", map_kind="submanifold", dtype="float32", backend="metal",
+                kernel_size=(3, 3, 3), tier="metal:test")
+    base.update(kw)
+    return RouteContext(**base)
+
+
+def case(rng, n, c_in, c_out, dtype, kind="submanifold", extent=None, batches=2):
+    """A relation of the given kind, features and weights, and oracle edges."""
+    extent = extent or max(6, int(round((n / batches * 3) ** (1 / 3))))
+    coords = oracle.random_coords(rng, n, extent, batches)
+    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    m, s = x.manager, x.coordinate_set
+    if kind == "submanifold":
+        geom = KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3)
+        rel = m.submanifold_kernel_relation(s, geom)
+        out = coords
+        edges = oracle.conv_edges(coords, coords, 3, 1, 1)
+    elif kind == "forward":
+        geom = KernelGeometry((3, 3, 3), (2,) * 3, (1,) * 3, (1,) * 3)
+        rel, out_set = m.kernel_relation(s, geom)
+        out = np.array(out_set.coords)
+        edges = oracle.conv_edges(coords, out, 3, 2, 1)
+    else:  # target
+        out = oracle.random_coords(rng, n // 2, extent, batches)
+        dst = m.register(mx.array(out))
+        geom = KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3)
+        rel = m.target_kernel_relation(s, dst, geom)
+        edges = oracle.conv_edges(coords, out, 3, 1, 1)
+    feats = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)).astype(dtype)
+    w5 = mx.array((rng.standard_normal((c_out, 3, 3, 3, c_in)) / np.sqrt(27 * c_in)).astype(np.float32)).astype(dtype)
+    return feats, w5, rel, edges, len(out)
+
+
+def select(rel, dtype, c_in, c_out, **kw):
+    ctx = metal_ctx(map_kind=rel.kind, dtype=str(dtype).replace("mlx.core.", ""), c_in=c_in, c_out=c_out,
+                    n_in=rel.n_in, n_out=rel.n_out, edges=rel.edges, **kw)
+    return routes.select(ctx).route.name, ctx
+
+
+def check_route(route, feats, w5, rel, edges, n_out, dtype, schedule="forward", log=None):
+    record = None
+    if log is not None:
+        record = {"op": "conv3d", "map_kind": rel.kind, "dtype": str(dtype), "n_out": n_out}
+    y = metal_programs.conv(route, feats, mapped_weight(w5), rel._native, 0, schedule=schedule, record=record)
+    expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(w5.astype(mx.float32)), n_out)
+    np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[dtype])
+
+
+# ------------------------------------------------------------------ selection
+@pytest.mark.parametrize(
+    "kw,route",
+    [
+        (dict(kernel_size=(1, 1, 1), map_kind="forward"), "metal.pointwise"),
+        (dict(dtype="float16", c_in=32, c_out=32), "metal.sorted_implicit_gemm"),
+        (dict(dtype="float16", c_in=64, c_out=64, map_kind="target"), "metal.sorted_implicit_gemm"),
+        (dict(dtype="float16", c_in=64, c_out=64, map_kind="transposed", n_out=5000), "metal.dense_channel"),
+        (dict(dtype="float16", c_in=32, c_out=64, n_out=4096), "metal.dense_channel"),
+        (dict(dtype="float16", c_in=32, c_out=64, n_out=4095), "metal.fp16_gather"),
+        (dict(c_in=16, c_out=16, n_out=4096), "metal.dense_channel"),
+        (dict(c_in=16, c_out=16, n_out=4096, weight_layout="mapped"), "metal.cout16"),
+        (dict(c_in=7, c_out=16, n_out=4096), "metal.cout16"),
+        (dict(c_in=7, c_out=16, n_out=4095), "metal.vec4"),
+        (dict(c_in=7, c_out=16, n_out=50000, kernel_size=(2, 2, 2)), "metal.cout16"),
+        (dict(c_in=7, c_out=16, n_out=49999, kernel_size=(2, 2, 2)), "metal.vec4"),
+        (dict(c_in=7, c_out=12), "metal.vec4"),
+        (dict(c_in=7, c_out=13), "metal.fp32_atomic"),
+        (dict(dtype="float16", c_in=7, c_out=13), "metal.fp16_gather"),
+        (dict(dtype="float16", c_in=64, c_out=64, kernel_size=(5, 5, 1)), "metal.fp16_gather"),
+        (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100), "metal.fp16_gather"),
+    ],
+)
+def test_route_selection(kw, route):
+    assert routes.select(metal_ctx(**kw)).route.name == route
+
+
+def test_atomic_route_is_marked_nondeterministic():
+    assert not routes.get("metal.fp32_atomic").deterministic
+    assert all(routes.get(n).deterministic for n in ("metal.vec4", "metal.sorted_implicit_gemm", "metal.dense_channel"))
+
+
+# ------------------------------------------------------------------ execution
+@pytest.mark.parametrize("kind", ["submanifold", "forward", "target"])
+@pytest.mark.parametrize("c", [32, 64])
+def test_sorted_implicit_gemm(rng, kind, c):
+    feats, w5, rel, edges, n_out = case(rng, 300, c, c, mx.float16, kind)
+    route, _ = select(rel, mx.float16, c, c)
+    assert route == "metal.sorted_implicit_gemm"
+    assert n_out % 64 != 0  # a partly filled last tile
+    check_route(route, feats, w5, rel, edges, n_out, mx.float16)
+
+
+def test_sorted_plan_tiles_skip_offsets(rng):
+    feats, w5, rel, edges, n_out = case(rng, 200, 32, 32, mx.float16)
+    masks = np.array(rel.sorted_plan().tile_masks)
+    assert np.any(masks != (1 << 27) - 1)  # some tiles skip offsets
+    check_route("metal.sorted_implicit_gemm", feats, w5, rel, edges, n_out, mx.float16, schedule="reverse")
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("c_in,c_out", [(16, 64), (64, 16)])
+def test_dense_channel(rng, dtype, c_in, c_out):
+    feats, w5, rel, edges, n_out = case(rng, 5600, c_in, c_out, dtype, extent=22, batches=1)
+    assert n_out >= 4096
+    route, _ = select(rel, dtype, c_in, c_out)
+    assert route == "metal.dense_channel"
+    check_route(route, feats, w5, rel, edges, n_out, dtype)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_cout16(rng, dtype):
+    feats, w5, rel, edges, n_out = case(rng, 5600, 5, 16, dtype, extent=22, batches=1)
+    route, _ = select(rel, dtype, 5, 16)
+    assert route == "metal.cout16"
+    check_route(route, feats, w5, rel, edges, n_out, dtype, schedule="random")
+
+
+@pytest.mark.parametrize("c_in,c_out", [(3, 4), (13, 20), (1, 8)])
+def test_vec4(rng, c_in, c_out):
+    feats, w5, rel, edges, n_out = case(rng, 150, c_in, c_out, mx.float32, "forward")
+    route, _ = select(rel, mx.float32, c_in, c_out)
+    assert route == "metal.vec4"
+    check_route(route, feats, w5, rel, edges, n_out, mx.float32)
+
+
+@pytest.mark.parametrize("c_in,c_out", [(3, 5), (33, 7), (16, 130)])
+def test_fp16_gather(rng, c_in, c_out):
+    feats, w5, rel, edges, n_out = case(rng, 120, c_in, c_out, mx.float16, "target")
+    route, _ = select(rel, mx.float16, c_in, c_out)
+    assert route == "metal.fp16_gather"
+    check_route(route, feats, w5, rel, edges, n_out, mx.float16, schedule="random")
+
+
+@pytest.mark.parametrize("c_in,c_out", [(3, 5), (9, 1)])
+def test_fp32_atomic(rng, c_in, c_out):
+    feats, w5, rel, edges, n_out = case(rng, 150, c_in, c_out, mx.float32)
+    route, _ = select(rel, mx.float32, c_in, c_out)
+    assert route == "metal.fp32_atomic"
+    check_route(route, feats, w5, rel, edges, n_out, mx.float32, schedule="reverse")
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_relation_traversal_and_pointwise(rng, dtype):
+    feats, w5, rel, edges, n_out = case(rng, 100, 6, 7, dtype, "forward")
+    check_route("metal.relation_traversal", feats, w5, rel, edges, n_out, dtype)
+    w1 = mx.array(rng.standard_normal((9, 1, 1, 1, 6)).astype(np.float32)).astype(dtype)
+    y = metal_programs.conv("metal.pointwise", feats, mapped_weight(w1), None)
+    expected = np.array(feats.astype(mx.float32)) @ np.array(w1.astype(mx.float32))[:, 0, 0, 0, :].T
+    np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("route", ["metal.vec4", "metal.cout16", "metal.relation_traversal"])
+def test_input_gradient_routes(rng, route):
+    """CSR routes also serve the input gradient (input-major view, W^T)."""
+    c_out = 12  # the input gradient has C_in = 16 output channels
+    feats, w5, rel, edges, n_out = case(rng, 150, 16, c_out, mx.float32, "forward")
+    ct = rng.standard_normal((n_out, c_out)).astype(np.float32)
+    wt = mx.swapaxes(mapped_weight(w5), 1, 2)
+    dx = metal_programs.conv(route, mx.array(ct), wt, rel._native, view=1)
+    ex, _, _ = oracle.grads(edges, np.array(feats), np.array(w5), ct)
+    np.testing.assert_allclose(dx, ex, rtol=1e-4, atol=1e-4)
+
+
+def test_programs_reject_shapes_their_kernels_cannot_run(rng):
+    feats, w5, rel, edges, n_out = case(rng, 60, 8, 12, mx.float32)
+    with pytest.raises(ValueError, match="cout16"):
+        metal_programs.conv("metal.cout16", feats, mapped_weight(w5), rel._native)
+    w = mapped_weight(mx.zeros((13, 3, 3, 3, 8)))
+    with pytest.raises(ValueError, match="vec4"):
+        metal_programs.conv("metal.vec4", feats, w, rel._native)
+
+
+def test_weight_gradient_route(rng):
+    feats, w5, rel, edges, n_out = case(rng, 120, 5, 6, mx.float32, "forward")
+    ct = rng.standard_normal((n_out, 6)).astype(np.float32)
+    dw = metal_programs.weight_grad("metal.weight_gradient", feats, mx.array(ct), rel._native, 27)
+    _, ew, _ = oracle.grads(edges, np.array(feats), np.array(w5), ct)
+    # kernel-major (K, C_in, C_out) against the oracle's 5D layout
+    np.testing.assert_allclose(dw, np.array(mapped_weight(mx.array(ew.astype(np.float32)))), rtol=1e-4, atol=1e-4)
+
+
+def test_harness_runs_are_logged(rng, tmp_path, monkeypatch):
+    path = tmp_path / "log.jsonl"
+    monkeypatch.setenv("MLX_LATTICE_ROUTE_LOG", str(path))
+    feats, w5, rel, edges, n_out = case(rng, 60, 4, 8, mx.float32)
+    with ml.diagnostics.record() as log:
+        check_route("metal.vec4", feats, w5, rel, edges, n_out, mx.float32, log=True)
+    assert log[0]["backend"] == "metal-harness" and log[0]["route"] == "metal.vec4"
+    assert log[0]["kernels"] == ["vec4_conv_float32"]
+    assert "metal-harness" in path.read_text()
