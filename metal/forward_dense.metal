@@ -84,23 +84,25 @@ template <typename T>
   }
 }
 
-#define LATTICE_DENSE(T, tname, ci, co) \
-  template [[host_name("dense_channel_" tname "_" #ci "x" #co)]] [[kernel]] \
-  decltype(dense_channel<T, ci, co>) dense_channel<T, ci, co>;
-
-#define LATTICE_DENSE_ALL(T, tname) \
-  LATTICE_DENSE(T, tname, 16, 16)   \
-  LATTICE_DENSE(T, tname, 16, 32)   \
-  LATTICE_DENSE(T, tname, 16, 64)   \
-  LATTICE_DENSE(T, tname, 32, 16)   \
-  LATTICE_DENSE(T, tname, 32, 32)   \
-  LATTICE_DENSE(T, tname, 32, 64)   \
-  LATTICE_DENSE(T, tname, 64, 16)   \
-  LATTICE_DENSE(T, tname, 64, 32)   \
-  LATTICE_DENSE(T, tname, 64, 64)
-
-LATTICE_DENSE_ALL(float, "float32")
-LATTICE_DENSE_ALL(half, "float16")
+// One instantiation per supported channel pair and dtype.
+template [[host_name("dense_channel_float32_16x16")]] [[kernel]] decltype(dense_channel<float, 16, 16>) dense_channel<float, 16, 16>;
+template [[host_name("dense_channel_float32_16x32")]] [[kernel]] decltype(dense_channel<float, 16, 32>) dense_channel<float, 16, 32>;
+template [[host_name("dense_channel_float32_16x64")]] [[kernel]] decltype(dense_channel<float, 16, 64>) dense_channel<float, 16, 64>;
+template [[host_name("dense_channel_float32_32x16")]] [[kernel]] decltype(dense_channel<float, 32, 16>) dense_channel<float, 32, 16>;
+template [[host_name("dense_channel_float32_32x32")]] [[kernel]] decltype(dense_channel<float, 32, 32>) dense_channel<float, 32, 32>;
+template [[host_name("dense_channel_float32_32x64")]] [[kernel]] decltype(dense_channel<float, 32, 64>) dense_channel<float, 32, 64>;
+template [[host_name("dense_channel_float32_64x16")]] [[kernel]] decltype(dense_channel<float, 64, 16>) dense_channel<float, 64, 16>;
+template [[host_name("dense_channel_float32_64x32")]] [[kernel]] decltype(dense_channel<float, 64, 32>) dense_channel<float, 64, 32>;
+template [[host_name("dense_channel_float32_64x64")]] [[kernel]] decltype(dense_channel<float, 64, 64>) dense_channel<float, 64, 64>;
+template [[host_name("dense_channel_float16_16x16")]] [[kernel]] decltype(dense_channel<half, 16, 16>) dense_channel<half, 16, 16>;
+template [[host_name("dense_channel_float16_16x32")]] [[kernel]] decltype(dense_channel<half, 16, 32>) dense_channel<half, 16, 32>;
+template [[host_name("dense_channel_float16_16x64")]] [[kernel]] decltype(dense_channel<half, 16, 64>) dense_channel<half, 16, 64>;
+template [[host_name("dense_channel_float16_32x16")]] [[kernel]] decltype(dense_channel<half, 32, 16>) dense_channel<half, 32, 16>;
+template [[host_name("dense_channel_float16_32x32")]] [[kernel]] decltype(dense_channel<half, 32, 32>) dense_channel<half, 32, 32>;
+template [[host_name("dense_channel_float16_32x64")]] [[kernel]] decltype(dense_channel<half, 32, 64>) dense_channel<half, 32, 64>;
+template [[host_name("dense_channel_float16_64x16")]] [[kernel]] decltype(dense_channel<half, 64, 16>) dense_channel<half, 64, 16>;
+template [[host_name("dense_channel_float16_64x32")]] [[kernel]] decltype(dense_channel<half, 64, 32>) dense_channel<half, 64, 32>;
+template [[host_name("dense_channel_float16_64x64")]] [[kernel]] decltype(dense_channel<half, 64, 64>) dense_channel<half, 64, 64>;
 
 template [[host_name("pointwise_gemm_float32")]] [[kernel]] decltype(pointwise_gemm<float>) pointwise_gemm<float>;
 template [[host_name("pointwise_gemm_float16")]] [[kernel]] decltype(pointwise_gemm<half>) pointwise_gemm<half>;

@@ -50,9 +50,9 @@ template <typename T>
 // fp16 gather: one simdgroup per output row. For each edge the lanes stage
 // the input row in threadgroup memory, then each lane accumulates its output
 // channels (lane, lane + 32, ...) in float.
-constant int kGatherRows = 4;      // simdgroups (rows) per threadgroup
-constant int kGatherMaxA = 1024;   // staged input channels per row
-constant int kGatherChannels = 4;  // output channels per lane per pass
+constexpr constant int kGatherRows = 4;      // simdgroups (rows) per threadgroup
+constexpr constant int kGatherMaxA = 1024;   // staged input channels per row
+constexpr constant int kGatherChannels = 4;  // output channels per lane per pass
 
 template <typename T>
 [[kernel]] void fp16_gather_conv(

@@ -10,8 +10,8 @@
 
 using namespace metal;
 
-constant int kTileRows = 64;
-constant int kChunk = 32; // input channels staged per step
+constexpr constant int kTileRows = 64;
+constexpr constant int kChunk = 32; // input channels staged per step
 
 template <typename T, int C>
 [[kernel]] void sorted_gemm(
