@@ -69,15 +69,37 @@ def emit(entry: dict) -> None:
                 f.write(json.dumps(entry) + "\n")
 
 
+def metal_capabilities(architecture: str | None = None, macos: str | None = None) -> dict:
+    """GPU generation, macOS version and TensorOps availability of a Mac.
+
+    TensorOps (Metal 4 inline tensor operations on the GPU's neural
+    accelerators) need an Apple10-family GPU (architecture generation 17 and
+    later) and macOS 26. Arguments override detection, for tests and for
+    asking what another machine would do.
+    """
+    if architecture is None:
+        try:
+            architecture = str(mx.metal.device_info().get("architecture", "unknown"))
+        except Exception:  # no Metal device, or an MLX without device_info
+            architecture = "unknown"
+    if macos is None:
+        macos = platform.mac_ver()[0] or "unknown"
+    digits = "".join(ch for ch in architecture.split("_g")[-1] if ch.isdigit())
+    generation = int(digits) if digits else 0
+    try:
+        major = int(macos.split(".")[0])
+    except ValueError:
+        major = 0
+    tensor_ops = generation >= 17 and major >= 26
+    tier = f"metal:{architecture}:macos-{macos}:tensorops={'yes' if tensor_ops else 'no'}"
+    return {"architecture": architecture, "generation": generation, "macos": macos,
+            "tensor_ops": tensor_ops, "tier": tier}
+
+
 def capability_tier(backend: str) -> str:
     """A short description of the executing device's capabilities."""
     if backend == "metal":
-        try:
-            info = mx.metal.device_info()
-            arch = info.get("architecture", "unknown")
-        except Exception:  # device_info is best effort on older MLX builds
-            arch = "unknown"
-        return f"metal:{arch}:macos-{platform.mac_ver()[0] or 'unknown'}:tensorops=no"
+        return metal_capabilities()["tier"]
     if backend == "cuda":
         return "cuda"
     return "cpu"

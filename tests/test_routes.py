@@ -102,3 +102,10 @@ def test_backward_routes_go_through_registry(rng):
     # a Mac would run the same backward passes on its Metal routes
     assert routes.select(ctx(backend="metal", direction="wgrad")).route.name == "metal.weight_gradient"
     assert routes.select(ctx(backend="metal", direction="dgrad")).route.name == "metal.relation_traversal"
+
+
+def test_metal_capability_tiers():
+    caps = ml.diagnostics.metal_capabilities("applegpu_g17s", "26.1")
+    assert caps["generation"] == 17 and caps["tensor_ops"] and "tensorops=yes" in caps["tier"]
+    assert not ml.diagnostics.metal_capabilities("applegpu_g15p", "26.0")["tensor_ops"]
+    assert not ml.diagnostics.metal_capabilities("applegpu_g17s", "15.5")["tensor_ops"]
