@@ -90,6 +90,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         n_out=stats["n_out"],
         edges=stats["edges"],
         tier=diagnostics.capability_tier(backend),
+        tensor_ops=backend == "metal" and diagnostics.metal_capabilities()["tensor_ops"],
     )
     sel = routes.select(ctx)
     route = sel.route
