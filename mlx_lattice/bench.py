@@ -97,8 +97,69 @@ def baseline_pass(pass_name, rel_np, x, w, ct):
     return dw
 
 
+# ------------------------------------------------------------------ spconv
+def spconv_available() -> bool:
+    try:
+        import spconv.pytorch  # noqa: F401
+        import torch  # noqa: F401
+    except Exception:  # optional comparison: any import failure means absent
+        return False
+    return True
+
+
+def spconv_compare(coords, layer, x_np, w5_np, ours_y, ours_coords, repeats):
+    """Run spconv 2.x's CPU path on the same coordinates and weights.
+
+    spconv's CPU kernels race with more than one torch thread, so it runs
+    single-threaded. Returns (forward ms with its map reused, map+forward ms,
+    max abs difference to our output).
+    """
+    import spconv.pytorch as spconv
+    import torch
+
+    torch.set_num_threads(1)
+    lo = coords[:, 1:].min(0) // 2 * 2  # even: strided grids keep their parity
+    idx = coords.copy()
+    idx[:, 1:] -= lo
+    shape = (idx[:, 1:].max(0) + 4).tolist()
+    batch = int(idx[:, 0].max()) + 1
+    ks = layer.k
+    if layer.kind == "subm":
+        conv = spconv.SubMConv3d(layer.c_in, layer.c_out, ks, bias=False, indice_key="k")
+    else:
+        conv = spconv.SparseConv3d(layer.c_in, layer.c_out, ks, stride=2, bias=False, indice_key="k")
+    with torch.no_grad():
+        conv.weight.copy_(torch.from_numpy(w5_np))  # (C_out, Kx, Ky, Kz, C_in), as ours
+    feats = torch.from_numpy(x_np)
+    ind = torch.from_numpy(idx.astype(np.int32))
+
+    def fresh():
+        return spconv.SparseConvTensor(feats, ind, shape, batch)
+
+    with torch.no_grad():
+        t_full = best_time(lambda: conv(fresh()), max(1, repeats - 1))
+        cached = fresh()
+        conv(cached)  # builds the map into cached.indice_dict
+        out = conv(cached)
+        t_fwd = best_time(lambda: conv(cached), repeats)
+    oc = out.indices.numpy().astype(np.int64)
+    oc[:, 1:] += lo if layer.kind == "subm" else lo // 2
+    ours = {tuple(c): i for i, c in enumerate(np.asarray(ours_coords).tolist())}
+    rows = [ours.get(tuple(c)) for c in oc.tolist()]
+    if any(r is None for r in rows) or len(rows) != len(ours):
+        return t_fwd, t_full, float("inf")
+    diff = float(np.abs(out.features.numpy() - ours_y[np.array(rows)]).max())
+    return t_fwd, t_full, diff
+
+
 # ------------------------------------------------------------------ cases
-def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit):
+def rel_out_coords(m, cset, layer, geom):
+    if layer.kind == "subm":
+        return cset.coords
+    return m.kernel_relation(cset, geom)[1].coords
+
+
+def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit, compare_spconv=False):
     dtype = DTYPES[dtype_name]
     rng = np.random.default_rng(1)
     base = SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
@@ -148,6 +209,13 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit):
         "wgrad": lambda: mx.eval(_ext.weight_grad(x, ct, native, 0, rel.kernel_volume, "cpu.weight_gradient", cpu)),
     }
     native.input_major(), native.kernel_major()  # views built once, as in training
+    spconv_result = None
+    if compare_spconv and dtype_name == "float32" and layer.kind in ("subm", "down"):
+        y_ours = np.array(_ext.gather_conv(x, w, native, 0, route, cpu))
+        out_coords = np.array(rel_out_coords(m, cset, layer, geom))
+        spconv_result = spconv_compare(
+            np.asarray(coords), layer, np.array(x), np.array(w5), y_ours, out_coords, repeats
+        )
     flops = 2.0 * edges * layer.c_in * layer.c_out
     rel_np = None
     if baseline:
@@ -165,6 +233,10 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit):
             tb = best_time(lambda: baseline_pass(pname, rel_np, xn, wn, cn), max(1, repeats // 2))
             case["baseline_ms"] = tb * 1e3
             case["speedup_vs_baseline"] = tb / t
+        if spconv_result is not None and pname == "forward":
+            case["spconv_ms"] = spconv_result[0] * 1e3
+            case["speedup_vs_spconv"] = spconv_result[0] / t
+            case["spconv_max_abs_diff"] = spconv_result[2]
         emit(case)
     # Map building once per geometry (fp32 pass only): subm3 at C=64, strided.
     if build is not None and dtype_name == "float32" and (layer.kind == "down" or layer.c_in == 64):
@@ -174,6 +246,9 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit):
             workload=wl, layer=f"map {rel.kind} {'x'.join(map(str, ks))}", **{"pass": "map"},
             c_in=layer.c_in, c_out=layer.c_out, dtype="int32", n=n_out, edges=edges, ms=t * 1e3,
             gflops=0.0, sgemm_fraction=0.0, route="cpu.hash_map", mqueries_per_s=queries / t / 1e6,
+            **({"spconv_map_ms": (spconv_result[1] - spconv_result[0]) * 1e3,
+                "speedup_vs_spconv": (spconv_result[1] - spconv_result[0]) / t}
+               if spconv_result is not None else {}),
         ))
 
 
@@ -201,9 +276,10 @@ def run_unet(wl, coords, dtype_name, sgemm, repeats, emit):
 COLUMNS = [
     ("workload", "{:<7}"), ("layer", "{:<22}"), ("pass", "{:<16}"), ("dtype", "{:<8}"),
     ("n", "{:>8,}"), ("edges", "{:>9,}"), ("ms", "{:>8.2f}"), ("gflops", "{:>7.1f}"),
-    ("sgemm_fraction", "{:>6.0%}"), ("speedup_vs_baseline", "{:>6.1f}x"), ("route", " {}"),
+    ("sgemm_fraction", "{:>6.0%}"), ("speedup_vs_baseline", "{:>6.1f}x"),
+    ("speedup_vs_spconv", "{:>7.1f}x"), ("route", " {}"),
 ]
-HEADER = ["workload", "layer", "pass", "dtype", "n", "edges", "ms", "GFLOP/s", "sgemm", "vs base", "route"]
+HEADER = ["workload", "layer", "pass", "dtype", "n", "edges", "ms", "GFLOP/s", "sgemm", "vs base", "vs spconv", "route"]
 
 
 def format_row(case) -> str:
@@ -241,6 +317,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default=None, help="comma list (default float32,float16; quick: float32)")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--no-baseline", action="store_true", help="skip the NumPy gather-matmul baseline")
+    p.add_argument("--no-spconv", action="store_true", help="skip spconv even when it is installed")
     args = p.parse_args(argv)
     quick = args.quick
     wls = (args.workloads or ("lidar" if quick else "lidar,mesh,random")).split(",")
@@ -248,7 +325,10 @@ def main(argv=None) -> int:
     repeats = args.repeats or (2 if quick else 3)
     sgemm = sgemm_gflops()
     print(f"mlx_lattice bench: {num_threads()} threads, NumPy sgemm {sgemm:.1f} GFLOP/s (2048^3, same run)")
+    use_spconv = not args.no_spconv and spconv_available()
     print("ratios: sgemm = useful GFLOP/s / sgemm GFLOP/s; vs base = speed-up over gather->NumPy matmul->scatter")
+    print("        vs spconv = speed-up over spconv 2.x CPU (1 torch thread; its CPU path races with more)"
+          if use_spconv else "        spconv not installed: no spconv comparison (pip install torch==2.13.0 spconv==2.3.8)")
     print(format_header(), flush=True)
     cases = []
 
@@ -262,7 +342,8 @@ def main(argv=None) -> int:
         for layer in layers(quick):
             for dt in dtypes:
                 run_layer(wl, coords, layer, dt, sgemm, repeats,
-                          baseline=not args.no_baseline and dt == "float32", emit=emit)
+                          baseline=not args.no_baseline and dt == "float32", emit=emit,
+                          compare_spconv=use_spconv)
         if not quick or wl == wls[0]:
             run_unet(wl, coords, dtypes[0], sgemm, max(1, repeats - 1), emit)
     if args.json:
