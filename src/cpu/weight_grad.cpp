@@ -61,12 +61,30 @@ inline void tile(const float* xp, int ldx, const float* cp, int ldc, int64_t n, 
   }
 }
 
+// Calls fn.template operator()<MR>() for a runtime MR in [1, kMax].
+template <int MR, int kMax, typename F>
+inline void with_rows(int mr, F&& fn) {
+  if constexpr (MR <= kMax) {
+    if (mr == MR) {
+      fn.template operator()<MR>();
+    } else {
+      with_rows<MR + 1, kMax>(mr, fn);
+    }
+  }
+}
+
 template <int NV>
 void panel_product(const float* xp, int ldx, const float* cp, int ldc, int64_t n, int A, int c0, float* acc, int lda) {
-  constexpr int MR = simd::rows_for(NV);
-  for (int a0 = 0; a0 < A; a0 += MR) {
-    tile<MR, NV>(xp + a0, ldx, cp + c0, ldc, n, acc + int64_t(a0) * lda + c0, lda);
-  }
+  // Split A into equal row tiles no taller than the register file allows,
+  // so the last tile is not mostly padding (A = 32 -> 11 + 11 + 10).
+  constexpr int kMaxRows = simd::rows_for(NV);
+  const int tiles = (A + kMaxRows - 1) / kMaxRows;
+  const int mr = (A + tiles - 1) / tiles;
+  with_rows<1, kMaxRows>(mr, [&]<int MR>() {
+    for (int a0 = 0; a0 < A; a0 += MR) {
+      tile<MR, NV>(xp + a0, ldx, cp + c0, ldc, n, acc + int64_t(a0) * lda + c0, lda);
+    }
+  });
 }
 
 template <typename T>
