@@ -1,0 +1,92 @@
+// Interface between the MSL shim (inlined into each compiled .metal file)
+// and the executor in runtime.cpp. Everything here runs on one OS thread;
+// GPU threads are cooperative fibers that switch only inside rt_sync().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mh {
+
+enum class Sync : int {
+  none = 0,
+  threadgroup = 1, // threadgroup_barrier: the whole threadgroup
+  simd = 2,        // simd collectives, simdgroup_barrier, matrix ops
+};
+
+// Built-in values a kernel parameter can ask for.
+enum class Builtin : int {
+  thread_position_in_grid,
+  threadgroup_position_in_grid,
+  thread_position_in_threadgroup,
+  threads_per_threadgroup,
+  threadgroups_per_grid,
+  threads_per_grid,
+  thread_index_in_threadgroup,
+  thread_index_in_simdgroup,
+  simdgroup_index_in_threadgroup,
+  simdgroups_per_threadgroup,
+  threads_per_simdgroup,
+  thread_index_in_quadgroup,
+  quadgroup_index_in_threadgroup,
+  quadgroups_per_threadgroup,
+  count
+};
+
+// Values of the current GPU thread.
+struct ThreadInfo {
+  uint32_t grid_pos[3];
+  uint32_t group_pos[3];
+  uint32_t local_pos[3];
+  uint32_t group_size[3];
+  uint32_t groups[3];
+  uint32_t grid_size[3];
+  uint32_t local_index;
+  uint32_t lane;
+  uint32_t simd_index;
+  uint32_t simd_count;
+};
+
+constexpr int kSimdWidth = 32;
+constexpr int kSlotBytes = 64; // largest value a simd collective exchanges
+
+// The thread now running (set by the executor before each switch).
+extern ThreadInfo* g_thread;
+
+[[noreturn]] void rt_fail(const char* fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
+// Park the current thread at a synchronisation point until the executor
+// releases it. `site` identifies the call site (file, line, column).
+void rt_sync(
+    Sync kind,
+    const char* what,
+    const char* file,
+    unsigned line,
+    unsigned column);
+
+// Simd exchange: rt_simd_slot() is this lane's slot for the next
+// collective; after rt_sync(Sync::simd, ...) rt_simd_result() returns the
+// 32 slots of that collective and the mask of lanes that took part.
+void* rt_simd_slot();
+const unsigned char* rt_simd_result(uint64_t* active_mask);
+
+// Storage of a `threadgroup` variable (declaration site `id`), shared by the
+// threads of the running threadgroup and filled with 0xFF when the group
+// starts.
+void* rt_tg_var(int id, size_t bytes, size_t align, const char* name);
+
+// Buffer bound at `index` (fails the launch if none is bound or it is smaller
+// than `min_bytes`); threadgroup buffers through rt_tg_buffer.
+void* rt_buffer(int index, size_t min_bytes, const char* param);
+void* rt_tg_buffer(int index, const char* param);
+
+// Kernel registry, filled by static initialisers in each compiled .metal.
+using Invoke = void (*)();
+void rt_register(
+    const char* host_name,
+    const char* function,
+    Invoke invoke,
+    int max_threads);
+
+} // namespace mh

@@ -1,0 +1,365 @@
+"""Reading and rewriting a preprocessed .metal translation unit.
+
+The harness preprocesses a .metal file with the shim in *scan* mode (the MSL
+headers expand to nothing, so the address-space words survive and every
+project macro is expanded), then:
+
+* finds the kernels (``[[kernel]]``/``kernel`` functions), the attribute of
+  each parameter, and the ``[[host_name]]`` explicit instantiations;
+* rewrites ``threadgroup`` variable declarations into per-group storage
+  (``auto& tile = *::mh::tg_var<float[8][33]>(id, "tile");``), the
+  ``[[threadgroup(n)]]`` attribute (``threadgroup`` is a macro later) and
+  ``1.0h`` half literals;
+* appends, after each instantiation (or non-template kernel body), a
+  registration object binding the host name to the function and its
+  parameter attributes.
+
+The result compiles as C++ with the real shim force-included; the GNU line
+markers kept from preprocessing make compiler errors and the source
+locations recorded by barriers point at the .metal lines.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+BUILTINS = (
+    "thread_position_in_grid",
+    "threadgroup_position_in_grid",
+    "thread_position_in_threadgroup",
+    "threads_per_threadgroup",
+    "threadgroups_per_grid",
+    "threads_per_grid",
+    "thread_index_in_threadgroup",
+    "thread_index_in_simdgroup",
+    "simdgroup_index_in_threadgroup",
+    "simdgroups_per_threadgroup",
+    "threads_per_simdgroup",
+    "thread_index_in_quadgroup",
+    "quadgroup_index_in_threadgroup",
+    "quadgroups_per_threadgroup",
+)
+
+# Attributes that need hardware or pipeline state the harness does not model.
+UNSUPPORTED_ATTRS = {
+    "function_constant": "function constants",
+    "stage_in": "[[stage_in]] inputs",
+    "texture": "textures",
+    "sampler": "samplers",
+    "id": "argument buffers",
+}
+
+
+class SourceError(Exception):
+    """The .metal source uses something the harness cannot run."""
+
+
+@dataclass
+class Param:
+    name: str
+    kind: str  # 'b' buffer, 't' threadgroup buffer, '@' built-in
+    index: int = 0
+    builtin: str = ""
+
+    def cxx(self) -> str:
+        if self.kind == "@":
+            value = f"int(::mh::Builtin::{self.builtin})"
+        else:
+            value = str(self.index)
+        return f"{{'{self.kind}', {value}, \"{self.name}\"}}"
+
+
+@dataclass
+class Kernel:
+    function: str
+    params: list[Param]
+    is_template: bool
+    max_threads: int = 0
+    host_name: str | None = None  # non-template kernels
+    body_end: int = 0
+
+
+@dataclass
+class Instance:
+    host_name: str
+    function: str  # as the instantiation names it (possibly qualified)
+    template_args: str  # "" for non-template kernels
+    kernel: Kernel
+
+    @property
+    def cxx_name(self) -> str:
+        if self.template_args:
+            return f"{self.function}<{self.template_args}>"
+        return self.function
+
+
+@dataclass
+class Unit:
+    text: str  # rewritten translation unit
+    instances: dict[str, Instance] = field(default_factory=dict)
+
+
+_ATTR_BLOCK = r"\[\[(?:[^\[\]]|\[(?!\[))*\]\]"
+_KERNEL_RE = re.compile(
+    r"(?P<pre>(?:" + _ATTR_BLOCK + r"\s*|\bkernel\b\s*)+)void\s+(?P<name>[A-Za-z_]\w*)\s*\("
+)
+_INSTANCE_RE = re.compile(
+    r"\btemplate\s+(?P<attrs>(?:" + _ATTR_BLOCK + r"\s*)+)(?P<decl>[^;{}]*);"
+)
+_ATTR_ITEM_RE = re.compile(r"([A-Za-z_]\w*)\s*(?:\(\s*([^()]*?)\s*\))?")
+_PARAM_ATTR_RE = re.compile(r"\[\[\s*([A-Za-z_]\w*)\s*(?:\(\s*([^()]*?)\s*\))?\s*\]\]")
+_HALF_LITERAL_RE = re.compile(
+    r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)[hH]\b"
+)
+_LINE_MARKER_RE = re.compile(r"^#.*$", re.M)
+_OPEN = {"(": ")", "[": "]", "{": "}", "<": ">"}
+_CLOSE = {v: k for k, v in _OPEN.items()}
+
+
+def _mask_literals(text: str) -> str:
+    """Blank out the insides of string and character literals."""
+    out = list(text)
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c:
+                if text[j] == "\\":
+                    out[j] = " "
+                    j += 1
+                if j < n:
+                    out[j] = " " if text[j] != "\n" else "\n"
+                j += 1
+            i = j + 1
+        else:
+            i += 1
+    return "".join(out)
+
+
+def _match_forward(text: str, start: int, pairs: str = "()") -> int:
+    """Index of the bracket closing the one at `start`."""
+    open_c, close_c = pairs
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == open_c:
+            depth += 1
+        elif text[i] == close_c:
+            depth -= 1
+            if depth == 0:
+                return i
+    raise SourceError(f"unbalanced {pairs!r} at offset {start}")
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    parts, depth, cur = [], 0, []
+    for c in text:
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            depth -= 1
+        if c == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    if "".join(cur).strip():
+        parts.append("".join(cur))
+    return parts
+
+
+def _attr_items(pre: str) -> list[tuple[str, str]]:
+    items = []
+    for block in re.findall(_ATTR_BLOCK, pre):
+        for part in _split_top(block[2:-2]):
+            m = _ATTR_ITEM_RE.fullmatch(part.strip())
+            if m:
+                items.append((m.group(1), m.group(2) or ""))
+    return items
+
+
+def _is_template(masked: str, start: int) -> bool:
+    head = masked[:start].rstrip()
+    if not head.endswith(">"):
+        return False
+    depth = 0
+    for i in range(len(head) - 1, -1, -1):
+        if head[i] == ">":
+            depth += 1
+        elif head[i] == "<":
+            depth -= 1
+            if depth == 0:
+                return head[:i].rstrip().endswith("template")
+    return False
+
+
+def _parse_param(raw: str, function: str) -> Param:
+    text = _LINE_MARKER_RE.sub(" ", raw).strip()
+    attrs = _PARAM_ATTR_RE.findall(text)
+    bare = _PARAM_ATTR_RE.sub(" ", text)
+    names = re.findall(r"[A-Za-z_]\w*", bare)
+    name = names[-1] if names else "?"
+    if not attrs:
+        raise SourceError(
+            f"kernel {function}: parameter '{text}' has no attribute; the harness "
+            "binds parameters by [[buffer(n)]], [[threadgroup(n)]] or a built-in"
+        )
+    attr, arg = attrs[0]
+    if attr in UNSUPPORTED_ATTRS:
+        raise SourceError(f"kernel {function}: {UNSUPPORTED_ATTRS[attr]} are not emulated")
+    if attr == "buffer":
+        return Param(name, "b", int(arg, 0))
+    if attr == "mh_threadgroup":
+        return Param(name, "t", int(arg, 0))
+    if attr in BUILTINS:
+        return Param(name, "@", builtin=attr)
+    raise SourceError(f"kernel {function}: unsupported parameter attribute [[{attr}]]")
+
+
+def _template_id(decl: str) -> tuple[str, str]:
+    """(function as written, template arguments) of an explicit instantiation."""
+    d = decl.strip()
+    if d.startswith("decltype"):
+        close = _match_forward(d, d.index("("))
+        d = d[close + 1 :].strip()
+    m = re.search(r"([A-Za-z_][\w:]*)\s*<", d)
+    if not m:
+        raise SourceError(f"cannot read the instantiation '{decl.strip()}'")
+    lt = m.end() - 1
+    gt = _match_forward(d, lt, "<>")
+    return m.group(1), " ".join(d[lt + 1 : gt].split())
+
+
+def _threadgroup_edits(text: str, masked: str) -> list[tuple[int, int, str]]:
+    """Rewrite `threadgroup T name[dims];` declarations to shared storage."""
+    edits = []
+    counter = 0
+    for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
+        i = m.end()
+        depth = 0
+        pointer = False
+        end = None
+        while i < len(masked):
+            c = masked[i]
+            if c in "([<{":
+                depth += 1
+            elif c in ")]>}":
+                if depth == 0:
+                    break  # closes something opened before: a cast or a parameter
+                depth -= 1
+            elif depth == 0 and c in "*&":
+                pointer = True
+            elif depth == 0 and c in ";,=":
+                end = i
+                break
+            i += 1
+        if pointer or end is None:
+            continue
+        decl = " ".join(_LINE_MARKER_RE.sub(" ", text[m.end() : end]).split())
+        dm = re.fullmatch(
+            r"(?P<type>.+?)\s*\b(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\[\]]*\]\s*)*)", decl
+        )
+        if masked[end] != ";" or not dm or not dm.group("type").strip():
+            raise SourceError(
+                f"unsupported threadgroup declaration 'threadgroup {decl}{masked[end]}' "
+                "(declare one variable per statement, without an initializer)"
+            )
+        counter += 1
+        type_id = f"{dm.group('type').strip()}{dm.group('dims').replace(' ', '')}"
+        name = dm.group("name")
+        repl = f'auto& {name} = *::mh::tg_var<{type_id}>({counter}, "{name}")'
+        edits.append((m.start(), end, repl))
+    return edits
+
+
+def process(text: str) -> Unit:
+    """Parse and rewrite one preprocessed translation unit."""
+    masked = _mask_literals(text)
+    if re.search(r"\[\[\s*function_constant\b", masked):
+        raise SourceError("function constants ([[function_constant(n)]]) are not emulated")
+    edits: list[tuple[int, int, str]] = []
+
+    for m in re.finditer(r"\[\[\s*threadgroup\s*\(", masked):
+        edits.append((m.start(), m.end(), "[[mh_threadgroup("))
+
+    kernels: dict[str, Kernel] = {}
+    unit = Unit(text="")
+    registrations: list[tuple[int, Instance]] = []
+    for m in _KERNEL_RE.finditer(masked):
+        pre = m.group("pre")
+        items = _attr_items(pre)
+        if not (re.search(r"\bkernel\b", re.sub(_ATTR_BLOCK, " ", pre)) or any(k == "kernel" for k, _ in items)):
+            continue
+        name = m.group("name")
+        open_paren = m.end() - 1
+        close = _match_forward(masked, open_paren)
+        if not masked[close + 1 :].lstrip().startswith("{"):
+            continue  # a declaration; the definition comes elsewhere
+        body_open = masked.index("{", close)
+        body_end = _match_forward(masked, body_open, "{}")
+        raw_params = text[open_paren + 1 : close]
+        raw_params = re.sub(r"\[\[\s*threadgroup\s*\(", "[[mh_threadgroup(", raw_params)
+        params = [_parse_param(p, name) for p in _split_top(raw_params)] if raw_params.strip() else []
+        max_threads = 0
+        host = None
+        for key, arg in items:
+            if key == "max_total_threads_per_threadgroup":
+                max_threads = int(arg, 0)
+            if key == "host_name":
+                hm = re.search(r'host_name\s*\(\s*"([^"]*)"', text[m.start("pre") : m.end("pre")])
+                host = hm.group(1) if hm else None
+        k = Kernel(name, params, _is_template(masked, m.start()), max_threads, host, body_end)
+        kernels[name] = k
+        if not k.is_template:
+            inst = Instance(host or name, name, "", k)
+            registrations.append((body_end + 1, inst))
+
+    for m in _INSTANCE_RE.finditer(masked):
+        attrs_text = text[m.start("attrs") : m.end("attrs")]
+        hm = re.search(r'host_name\s*\(\s*"([^"]*)"\s*\)', attrs_text)
+        if not hm:
+            continue
+        written, targs = _template_id(text[m.start("decl") : m.end("decl")])
+        function = written.split("::")[-1]
+        if function not in kernels:
+            raise SourceError(f"[[host_name(\"{hm.group(1)}\")]] names {written}, not a kernel defined here")
+        inst = Instance(hm.group(1), written, targs, kernels[function])
+        registrations.append((m.end(), inst))
+
+    for pos, inst in registrations:
+        if inst.host_name in unit.instances:
+            raise SourceError(f"host name '{inst.host_name}' defined twice")
+        unit.instances[inst.host_name] = inst
+        i = len(unit.instances)
+        ps = inst.kernel.params
+        if ps:
+            arr = f"static const ::mh::Param mh_params_{i}[] = {{{', '.join(p.cxx() for p in ps)}}};"
+            ref = f"mh_params_{i}"
+        else:
+            arr, ref = "", "nullptr"
+        reg = (
+            f" {arr} static ::mh::Registrar<&{inst.cxx_name}> mh_registrar_{i}"
+            f'{{"{inst.host_name}", "{inst.cxx_name}", {ref}, {len(ps)}, {inst.kernel.max_threads}}};'
+        )
+        edits.append((pos, pos, reg))
+
+    edits += _threadgroup_edits(text, masked)
+    for m in _HALF_LITERAL_RE.finditer(masked):
+        edits.append((m.start(), m.end(), f"((half)({m.group(1)}))"))
+
+    # Line markers without their include flags: the compile pass has another
+    # include stack, and a "returning to file" flag it cannot match would be
+    # ignored, leaving lines attributed to the generated file.
+    for m in re.finditer(r'^# (\d+) "([^"]*)"((?: \d)+)$', text, re.M):
+        edits.append((m.start(3), m.end(3), ""))
+
+    out = text
+    last = len(text) + 1
+    for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        if end > last:
+            raise SourceError("overlapping rewrites (harness pre-pass bug)")
+        out = out[:start] + repl + out[end:]
+        last = start
+    unit.text = out
+    return unit

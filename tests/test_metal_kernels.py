@@ -1,0 +1,326 @@
+"""metal/gather_conv.metal against per-edge NumPy sums.
+
+gather_conv_{float32,float16} and weight_grad_{float32,float16} run with the
+dispatch plans from mlx_lattice._ext.metal_plan_* on relations built by the
+project. On Linux they run through the CPU harness (tests/metal_harness); on
+a Mac with a Metal build of mlx_lattice they run on the GPU through the
+primitives instead.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_lattice import _ext
+
+try:
+    import metal_harness as mh
+except ImportError:  # tests/ imported as a package
+    from tests import metal_harness as mh
+
+KERNELS = ("gather_conv_float32", "gather_conv_float16", "weight_grad_float32", "weight_grad_float16")
+DTYPES = {"float32": np.float32, "float16": np.float16}
+TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "float16": dict(rtol=2e-3, atol=2e-2)}
+CONV_ROUTE = "metal.relation_traversal"
+GRAD_ROUTE = "metal.weight_gradient"
+
+
+def _backend() -> tuple[str | None, str]:
+    if sys.platform == "darwin":
+        if mx.metal.is_available() and _ext.metal_available():
+            return "mlx-gpu", ""
+        return None, "macOS without Metal or without a Metal build of mlx_lattice"
+    ok, why = mh.available()
+    return ("harness", "") if ok else (None, why)
+
+
+BACKEND, WHY = _backend()
+pytestmark = [pytest.mark.metal, pytest.mark.skipif(BACKEND is None, reason=WHY)]
+
+
+# ---------------------------------------------------------------- relations
+
+
+def make_coords(rng, n, extent=7, batches=2) -> np.ndarray:
+    pts = np.concatenate(
+        [rng.integers(0, batches, (n, 1)), rng.integers(0, extent, (n, 3))], axis=1
+    ).astype(np.int32)
+    return np.unique(pts, axis=0)
+
+
+def submanifold(coords, out_coords=None):
+    t = _ext.CoordTable(mx.array(coords))
+    out = t.coords if out_coords is None else mx.array(out_coords)
+    return _ext.build_relation(t, out, (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), False, "submanifold")
+
+
+def strided(coords):
+    t = _ext.CoordTable(mx.array(coords))
+    spec = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    out = _ext.forward_support(t, *spec)
+    return _ext.build_relation(t, out, *spec, False, "conv")
+
+
+def edges(rel):
+    """(out, in, k) of every edge, from the output-major CSR."""
+    off = np.array(rel.out_offsets)
+    out = np.repeat(np.arange(rel.n_out), np.diff(off))
+    return out, np.array(rel.in_idx), np.array(rel.k_idx)
+
+
+# ---------------------------------------------------------------- references
+
+
+def ref_conv(x, w, dst, src, k, rows):
+    """y[dst] += x[src] @ w[k] over the edges, in float64."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    y = np.zeros((rows, w.shape[2]))
+    np.add.at(y, dst, np.einsum("ea,eab->eb", x64[src], w64[k]))
+    return y
+
+
+def ref_weight_grad(x, ct, src, dst, k, kvol):
+    """dw[k] += outer(x[src], ct[dst]) over the edges, in float64."""
+    dw = np.zeros((kvol, x.shape[1], ct.shape[1]))
+    np.add.at(dw, k, x.astype(np.float64)[src][:, :, None] * ct.astype(np.float64)[dst][:, None, :])
+    return dw
+
+
+# ---------------------------------------------------------------- runners
+
+
+def dtype_name(a: np.ndarray) -> str:
+    return {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}[a.dtype]
+
+
+def csr_arrays(rel, view):
+    """The index buffers eval_gpu binds for a view (see src/primitives.cpp)."""
+    if view == 0:
+        return rel.n_out, np.array(rel.out_offsets), np.array(rel.in_idx), np.array(rel.k_idx)
+    off, _, out_idx, k = rel.input_major()
+    return rel.n_in, np.array(off), np.array(out_idx), np.array(k)
+
+
+def gather_conv(x, w, rel, view=0, schedule="forward", seed=0):
+    dt = dtype_name(x)
+    if rel is None:
+        rows, offsets, gather, kidx = x.shape[0], x, x, x  # unused; aliased like eval_gpu
+    else:
+        rows, offsets, gather, kidx = csr_arrays(rel, view)
+    a, b = x.shape[1], w.shape[2]
+    plan = _ext.metal_plan_gather_conv(dt, rows, a, b)
+    if BACKEND == "mlx-gpu":
+        # The primitive encodes the same plan (checked by
+        # test_plans_match_the_programs_eval_gpu_encodes).
+        y = _ext.gather_conv(mx.array(x), mx.array(w), rel, view, CONV_ROUTE, stream=mx.default_stream(mx.gpu))
+        mh.record_ran(plan["kernel"], "mlx-gpu")
+        return np.array(y)
+    # Metal leaves the output uninitialised: NaN shows rows never written.
+    y0 = np.full((rows, b), np.nan, dtype=x.dtype)
+    bufs = dict(x=x, w=w, offsets=offsets, gather=gather, k=kidx, y=y0)
+    out = mh.run_plan(plan, bufs, [rows, a, b, int(rel is None)], schedule=schedule, seed=seed)
+    return out["y"]
+
+
+def weight_grad(x, ct, rel, kvol, view=0, schedule="forward"):
+    dt = dtype_name(x)
+    a, b = x.shape[1], ct.shape[1]
+    plan = _ext.metal_plan_weight_grad(dt, kvol, a, b)
+    if BACKEND == "mlx-gpu":
+        dw = _ext.weight_grad(mx.array(x), mx.array(ct), rel, view, kvol, GRAD_ROUTE, stream=mx.default_stream(mx.gpu))
+        mh.record_ran(plan["kernel"], "mlx-gpu")
+        return np.array(dw)
+    if rel is None:
+        offsets = g = r = x
+        pointwise_rows = x.shape[0]
+    else:
+        off, _, in_idx, out_idx = rel.kernel_major()
+        offsets = np.array(off)
+        g, r = (np.array(in_idx), np.array(out_idx)) if view == 0 else (np.array(out_idx), np.array(in_idx))
+        pointwise_rows = -1
+    dw0 = np.full((kvol, a, b), np.nan, dtype=x.dtype)
+    bufs = dict(x=x, ct=ct, offsets=offsets, g=g, r=r, dw=dw0)
+    return mh.run_plan(plan, bufs, [kvol, a, b, pointwise_rows], schedule=schedule)["dw"]
+
+
+def check(got, ref, dt):
+    got = got.astype(np.float64)
+    assert not np.isnan(got).any(), "outputs left unwritten"
+    np.testing.assert_allclose(got, ref, **TOL[dt])
+
+
+# ---------------------------------------------------------------- gather_conv
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize(
+    "a,b,schedule", [(1, 1, "forward"), (7, 33, "reverse"), (33, 7, "random"), (16, 64, "forward")]
+)
+def test_gather_conv_submanifold(dt, a, b, schedule):
+    rng = np.random.default_rng(a * 100 + b)
+    coords = make_coords(rng, 140)
+    rel = submanifold(coords)
+    n = rel.n_out
+    x = rng.standard_normal((n, a)).astype(DTYPES[dt])
+    w = (rng.standard_normal((27, a, b)) / np.sqrt(a)).astype(DTYPES[dt])
+    y = gather_conv(x, w, rel, schedule=schedule, seed=a)
+    out, inp, k = edges(rel)
+    check(y, ref_conv(x, w, out, inp, k, n), dt)
+
+
+def test_rows_not_a_multiple_of_eight_and_cpu_agreement():
+    rng = np.random.default_rng(5)
+    coords = make_coords(rng, 61)
+    rel = submanifold(coords)
+    assert rel.n_out % 8 != 0
+    x = rng.standard_normal((rel.n_out, 5)).astype(np.float32)
+    w = rng.standard_normal((27, 5, 3)).astype(np.float32)
+    y = gather_conv(x, w, rel, schedule="random", seed=11)
+    out, inp, k = edges(rel)
+    check(y, ref_conv(x, w, out, inp, k, rel.n_out), "float32")
+    cpu = _ext.gather_conv(mx.array(x), mx.array(w), rel, 0, CONV_ROUTE, stream=mx.default_stream(mx.cpu))
+    np.testing.assert_allclose(y, np.array(cpu), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+def test_gather_conv_input_major_view(dt):
+    # The transposed direction (input gradient): rows are the relation's
+    # inputs, gathered from its outputs.
+    rng = np.random.default_rng(6)
+    rel = strided(make_coords(rng, 150))
+    assert rel.n_in != rel.n_out
+    x = rng.standard_normal((rel.n_out, 9)).astype(DTYPES[dt])
+    w = rng.standard_normal((rel.kernel_volume, 9, 34)).astype(DTYPES[dt])
+    y = gather_conv(x, w, rel, view=1, schedule="reverse")
+    out, inp, k = edges(rel)
+    check(y, ref_conv(x, w, inp, out, k, rel.n_in), dt)
+
+
+def test_gather_conv_strided():
+    rng = np.random.default_rng(7)
+    rel = strided(make_coords(rng, 150))
+    x = rng.standard_normal((rel.n_in, 4)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 6)).astype(np.float32)
+    y = gather_conv(x, w, rel, schedule="random", seed=2)
+    out, inp, k = edges(rel)
+    check(y, ref_conv(x, w, out, inp, k, rel.n_out), "float32")
+
+
+def test_rows_without_edges_are_zero():
+    rng = np.random.default_rng(8)
+    coords = make_coords(rng, 40, batches=1)
+    far = np.array([[0, 100, 100, 100], [1, 0, 0, 0], [0, -50, 3, 3]], np.int32)
+    rel = submanifold(coords, np.concatenate([far, coords[:5]]))
+    off = np.array(rel.out_offsets)
+    assert (np.diff(off)[:3] == 0).all() and (np.diff(off)[3:] > 0).all()
+    x = rng.standard_normal((len(coords), 3)).astype(np.float32)
+    w = rng.standard_normal((27, 3, 2)).astype(np.float32)
+    y = gather_conv(x, w, rel)
+    np.testing.assert_array_equal(y[:3], 0)
+    out, inp, k = edges(rel)
+    check(y, ref_conv(x, w, out, inp, k, rel.n_out), "float32")
+
+
+def test_relation_without_any_edge():
+    rng = np.random.default_rng(9)
+    coords = make_coords(rng, 20, batches=1)
+    rel = submanifold(coords, np.array([[0, 90, 90, 90], [0, 95, 90, 90]], np.int32))
+    assert rel.edges == 0
+    x = rng.standard_normal((len(coords), 2)).astype(np.float16)
+    w = rng.standard_normal((27, 2, 5)).astype(np.float16)
+    y = gather_conv(x, w, rel, schedule="reverse")
+    np.testing.assert_array_equal(y, 0)
+
+
+@pytest.mark.parametrize("dt,schedule", [("float32", "forward"), ("float16", "random")])
+def test_gather_conv_pointwise(dt, schedule):
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((45, 7)).astype(DTYPES[dt])
+    w = rng.standard_normal((1, 7, 33)).astype(DTYPES[dt])
+    if BACKEND == "mlx-gpu":
+        pytest.skip("the GPU's pointwise route runs pointwise_gemm, not gather_conv")
+    y = gather_conv(x, w, None, schedule=schedule)
+    check(y, x.astype(np.float64) @ w[0].astype(np.float64), dt)
+
+
+# ---------------------------------------------------------------- weight_grad
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("a,b,schedule", [(1, 1, "reverse"), (7, 33, "random"), (33, 7, "forward")])
+def test_weight_grad_submanifold(dt, a, b, schedule):
+    rng = np.random.default_rng(a + 7 * b)
+    rel = submanifold(make_coords(rng, 120))
+    x = rng.standard_normal((rel.n_in, a)).astype(DTYPES[dt])
+    ct = (rng.standard_normal((rel.n_out, b)) / 4).astype(DTYPES[dt])
+    dw = weight_grad(x, ct, rel, 27, schedule=schedule)
+    out, inp, k = edges(rel)
+    check(dw, ref_weight_grad(x, ct, inp, out, k, 27), dt)
+
+
+def test_weight_grad_input_major_view():
+    rng = np.random.default_rng(12)
+    rel = strided(make_coords(rng, 150))
+    x = rng.standard_normal((rel.n_out, 6)).astype(np.float32)
+    ct = rng.standard_normal((rel.n_in, 35)).astype(np.float32)
+    dw = weight_grad(x, ct, rel, rel.kernel_volume, view=1, schedule="random")
+    out, inp, k = edges(rel)
+    check(dw, ref_weight_grad(x, ct, out, inp, k, rel.kernel_volume), "float32")
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+def test_weight_grad_pointwise(dt):
+    if BACKEND == "mlx-gpu":
+        pytest.skip("covered by the relation cases on the GPU")
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((37, 9)).astype(DTYPES[dt])
+    ct = (rng.standard_normal((37, 40)) / 4).astype(DTYPES[dt])
+    dw = weight_grad(x, ct, None, 1, schedule="reverse")
+    check(dw, (x.astype(np.float64).T @ ct.astype(np.float64))[None], dt)
+
+
+# ---------------------------------------------------------------- plans
+
+
+def test_plans_match_the_programs_eval_gpu_encodes():
+    """The plans used above are the dispatches eval_gpu encodes."""
+    rng = np.random.default_rng(14)
+    rel = submanifold(make_coords(rng, 50))
+    for dt, mdt in (("float32", mx.float32), ("float16", mx.float16)):
+        x = mx.array(rng.standard_normal((rel.n_out, 7))).astype(mdt)
+        w = mx.array(rng.standard_normal((27, 7, 33))).astype(mdt)
+        inputs = _ext.conv_inputs(x, w, rel, 0, CONV_ROUTE)
+        _, offsets, gather, kidx = csr_arrays(rel, 0)
+        for got, want in zip(inputs[2:5], (offsets, gather, kidx)):
+            np.testing.assert_array_equal(np.array(got), want)
+        prog = _ext.metal_program("conv", CONV_ROUTE, inputs, [rel.n_out, 33], mdt)
+        (step,) = prog["steps"]
+        plan = _ext.metal_plan_gather_conv(dt, rel.n_out, 7, 33)
+        assert (step["kernel"], tuple(step["groups"]), tuple(step["threads"])) == (
+            plan["kernel"], tuple(plan["groups"]), tuple(plan["threads"]))
+        kinds = [(kind, payload if kind != "bytes" else None) for kind, payload, _ in step["buffers"]]
+        assert kinds == [("input", 0), ("input", 1), ("input", 2), ("input", 3), ("input", 4),
+                         ("output", 0), ("bytes", None)]
+        params = step["buffers"][-1][1]
+        assert np.frombuffer(params[:16], np.int32).tolist() == [rel.n_out, 7, 33, 0]
+
+        ct = mx.array(rng.standard_normal((rel.n_out, 33))).astype(mdt)
+        ginputs = _ext.weight_grad_inputs(x, ct, rel, 0)
+        prog = _ext.metal_program("weight_grad", GRAD_ROUTE, ginputs, [27, 7, 33], mdt)
+        (step,) = prog["steps"]
+        plan = _ext.metal_plan_weight_grad(dt, 27, 7, 33)
+        assert (step["kernel"], tuple(step["groups"]), tuple(step["threads"])) == (
+            plan["kernel"], tuple(plan["groups"]), tuple(plan["threads"]))
+        assert [nm for _, _, nm in step["buffers"]][:-1] == plan["buffers"][:-1]
+        assert np.frombuffer(step["buffers"][-1][1], np.int32).tolist() == [27, 7, 33, -1]
+
+
+def test_this_file_covers_every_kernel_of_gather_conv_metal():
+    if BACKEND != "harness":
+        pytest.skip("lists kernels with the harness's source scanner")
+    defined = {k for k, path in mh.defined_kernels().items() if path.name == "gather_conv.metal"}
+    assert defined == set(KERNELS), f"kernels without a test here: {sorted(defined - set(KERNELS))}"
