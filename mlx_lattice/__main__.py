@@ -11,11 +11,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlx_lattice")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="sparse encoder/decoder on a synthetic LiDAR sweep")
-    demo.add_argument("--voxel-size", type=float, default=0.1, help="metres (default 0.1)")
+    demo = sub.add_parser("demo", help="MinkUNet on a voxelized scene (synthetic LiDAR sweep or a point file)")
+    demo.add_argument("path", nargs="?", help=".npy/.ply/.bin point file or mesh (default: synthetic sweep)")
+    demo.add_argument("--voxel-size", type=float, help="default 0.1 m for the sweep, automatic for a file")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    demo.add_argument("--width", type=float, default=0.5, help="MinkUNet width (default 0.5)")
     demo.add_argument("--steps", type=int, default=2, help="forward+backward passes to time")
+    demo.add_argument("--train-steps", type=int, default=16, help="Adam steps fitting the labels")
+    demo.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    demo.add_argument("--png", default="mlx_lattice_demo.png", help="picture path")
     demo.add_argument("--route-log", help="write the route records of the last step as JSON")
 
     sub.add_parser("bench", help="benchmarks (see python -m mlx_lattice.bench --help)", add_help=False)

@@ -134,12 +134,13 @@ def street_labels(coords: np.ndarray, height: np.ndarray, voxel_size: float) -> 
 
 
 def street_segmentation(seed=0, voxel_size=0.1, max_range=None, batch=0, points=None, intensity=None,
-                        manager=None) -> SegmentationSample:
+                        ground_z=None, manager=None) -> SegmentationSample:
     """A labelled voxelized LiDAR sweep (``scenes.lidar_sweep(seed)``).
 
     ``max_range`` (metres) keeps points within that horizontal distance of
-    the sensor; ``points``/``intensity`` replace the generated sweep (the
-    road is then assumed at ``z = -scenes.SENSOR_HEIGHT``, as in the sweep).
+    the sensor; ``points``/``intensity`` replace the generated sweep;
+    ``ground_z`` is the height of the road in the points' frame (default
+    ``-scenes.SENSOR_HEIGHT``, as in the sweep).
     """
     if points is None:
         points, intensity = scenes.lidar_sweep(seed=seed)
@@ -148,7 +149,8 @@ def street_segmentation(seed=0, voxel_size=0.1, max_range=None, batch=0, points=
     if max_range is not None:
         keep = np.hypot(points[:, 0], points[:, 1]) < max_range
         points, intensity = points[keep], intensity[keep]
-    height = points[:, 2].astype(np.float64) + scenes.SENSOR_HEIGHT
+    ground_z = -scenes.SENSOR_HEIGHT if ground_z is None else float(ground_z)
+    height = points[:, 2].astype(np.float64) - ground_z
     per_point = np.stack(
         [height / 3.0, intensity, np.linalg.norm(points[:, :2], axis=1) / 50.0], axis=1
     ).astype(np.float32)
