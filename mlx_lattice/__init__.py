@@ -2,6 +2,7 @@
 
 from . import _ext, diagnostics, ops, routes
 from .manager import CoordinateManager, CoordinateSet
+from .quantized import QuantizedWeight
 from .relation import MAP_KINDS, KernelGeometry, Relation
 from .tensor import SparseTensor
 
@@ -24,6 +25,7 @@ def set_num_threads(n: int) -> None:
 
 __all__ = [
     "SparseTensor",
+    "QuantizedWeight",
     "CoordinateManager",
     "CoordinateSet",
     "Relation",

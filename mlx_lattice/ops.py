@@ -11,6 +11,7 @@ import mlx.core as mx
 
 from . import _ext, diagnostics, routes
 from ._args import as_coords, dtype_name, triple
+from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
 from .tensor import SparseTensor
 
@@ -20,8 +21,10 @@ __all__ = ["conv3d", "subm_conv3d", "conv_transpose3d", "generative_conv_transpo
 def _check(op: str, x, weight, bias):
     if not isinstance(x, SparseTensor):
         raise TypeError(f"{op}: x must be a SparseTensor, got {type(x).__name__}")
-    if not isinstance(weight, mx.array):
-        raise TypeError(f"{op}: weight must be an mx.array, got {type(weight).__name__}")
+    if not isinstance(weight, (mx.array, QuantizedWeight)):
+        raise TypeError(
+            f"{op}: weight must be an mx.array or a QuantizedWeight, got {type(weight).__name__}"
+        )
     c_in = x.feats.shape[1]
     if weight.ndim != 5:
         raise ValueError(
@@ -32,9 +35,11 @@ def _check(op: str, x, weight, bias):
             f"{op}: weight has C_in={weight.shape[4]} (last axis of (C_out, Kx, Ky, Kz, C_in)) "
             f"but x has {c_in} channels"
         )
+    if isinstance(weight, QuantizedWeight) and x.feats.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+        raise TypeError(f"{op}: features must be floating for a quantized weight")
     if min(weight.shape[:4]) < 1:
         raise ValueError(f"{op}: weight shape {tuple(weight.shape)} has an empty axis")
-    if weight.dtype != x.feats.dtype:
+    if weight.dtype != x.feats.dtype and not isinstance(weight, QuantizedWeight):
         raise TypeError(
             f"{op}: weight dtype {dtype_name(weight.dtype)} does not match feats dtype "
             f"{dtype_name(x.feats.dtype)}; cast one of them"
@@ -85,6 +90,8 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         dilation=geom.dilation,
         explicit_target=explicit_target,
         c_in=int(weight.shape[4]),
+        quantized=isinstance(weight, QuantizedWeight),
+        weight_layout="packed" if isinstance(weight, QuantizedWeight) else "dense5d",
         c_out=int(weight.shape[0]),
         n_in=stats["n_in"],
         n_out=stats["n_out"],
@@ -101,7 +108,13 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
             relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
         native = relation._native
     stream = mx.default_stream(mx.cpu if route.backend == "cpu" else mx.default_device())
-    y = _ext.gather_conv(x.feats, mapped_weight(weight), native, 0, route.name, stream)
+    if isinstance(weight, QuantizedWeight):
+        codes, scales, biases = weight.kernel_major()
+        y = _ext.quantized_conv(
+            x.feats, codes, scales, biases, weight.bits, weight.group_size, native, 0, route.name, stream
+        )
+    else:
+        y = _ext.gather_conv(x.feats, mapped_weight(weight), native, 0, route.name, stream)
     if bias is not None:
         y = y + bias
     entry = ctx.as_dict()
@@ -110,7 +123,6 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         backend=route.backend,
         rejected=sel.rejected,
         fallback=sel.fallback,
-        quantized=False,
         deterministic=route.deterministic,
     )
     diagnostics.emit(entry)

@@ -214,6 +214,14 @@ register(Route(
     summary="per-offset GEMM over packed panels of gathered rows; fixed chunks reduced in order",
 ))
 
+register(Route(
+    name="cpu.quantized_direct", backend="cpu", priority=0,
+    conditions=(_cond("quantized weight (QuantizedWeight)", lambda c: c.quantized),),
+    kernel_file="src/cpu/gather_conv.cpp",
+    summary="int4/int8 codes unpacked (scale * q + bias) into the blocked gather-GEMM's "
+    "float32 weight panels; any relation, any feature dtype",
+))
+
 # ------------------------------------------------------------------ Metal routes
 register(Route(
     name="metal.pointwise", backend="metal", priority=100,

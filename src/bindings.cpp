@@ -189,6 +189,25 @@ NB_MODULE(_ext, m) {
       },
       "hook"_a.none());
 
+  m.def(
+      "quantized_conv",
+      [](const mx::array& x,
+         const mx::array& codes,
+         const mx::array& scales,
+         const mx::array& biases,
+         int bits,
+         int group,
+         std::shared_ptr<Relation> rel,
+         int view,
+         const std::string& route,
+         std::optional<mx::Stream> s) {
+        return quantized_conv(
+            x, codes, scales, biases, bits, group, rel,
+            static_cast<View>(view), route, stream_or_default(s));
+      },
+      "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
+      "relation"_a.none(), "view"_a, "route"_a, "stream"_a = nb::none());
+
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, "n"_a);
 

@@ -351,3 +351,159 @@ std::vector<mx::array> WeightGrad::jvp(
 }
 
 } // namespace mlx_lattice
+
+namespace mlx_lattice {
+
+// ------------------------------------------------------------- QuantizedConv
+
+namespace {
+
+[[noreturn]] void no_weight_gradient() {
+  throw std::invalid_argument(
+      "gradients through a QuantizedWeight are not supported (inference "
+      "only); call .dequantize() and use the float weight to train");
+}
+
+} // namespace
+
+mx::array quantized_conv(
+    const mx::array& x,
+    const mx::array& codes,
+    const mx::array& scales,
+    const mx::array& biases,
+    int bits,
+    int group,
+    std::shared_ptr<Relation> rel,
+    View view,
+    const std::string& route,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  if (codes.ndim() != 3 || scales.ndim() != 3 || biases.shape() != scales.shape()) {
+    throw std::invalid_argument(
+        "quantized_conv: expected codes (B, K, A*bits/32), scales and biases (B, K, A/group)");
+  }
+  const int64_t k = codes.shape(1);
+  const int64_t a = x.shape(1);
+  if (codes.shape(2) * (32 / bits) != a || scales.shape(2) * group != a) {
+    throw std::invalid_argument("quantized_conv: weight channels do not match x");
+  }
+  if (rel && k != rel->kernel_volume()) {
+    throw std::invalid_argument("quantized_conv: wrong kernel volume");
+  }
+  std::vector<mx::array> inputs = {
+      mx::contiguous(x, false, stream),
+      mx::contiguous(codes, false, stream),
+      mx::contiguous(scales, false, stream),
+      mx::contiguous(biases, false, stream)};
+  int64_t rows = x.shape(0);
+  if (rel) {
+    if (x.shape(0) != view_rows(*rel, flip(view))) {
+      throw std::invalid_argument("quantized_conv: x rows do not match relation");
+    }
+    rows = view_rows(*rel, view);
+    for (auto& arr : view_arrays(*rel, view)) {
+      inputs.push_back(arr);
+    }
+  }
+  return mx::array(
+      {static_cast<int>(rows), codes.shape(0)},
+      x.dtype(),
+      std::make_shared<QuantizedConv>(stream, rel, view, route, bits, group),
+      std::move(inputs));
+}
+
+void QuantizedConv::eval_cpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  cpu::CsrView v;
+  v.rows = out[0].shape(0);
+  if (rel_) {
+    v.offsets = in[4].data<int32_t>();
+    v.gather = in[5].data<int32_t>();
+    v.k = in[6].data<int32_t>();
+    v.edges = in[5].shape(0);
+  } else {
+    v.edges = v.rows;
+  }
+  cpu::gather_conv_quantized(
+      in[0], in[1], in[2], in[3], bits_, group_, in[1].shape(1), v, out[0],
+      stream());
+}
+
+void QuantizedConv::eval_gpu(
+    const std::vector<mx::array>&,
+    std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "quantized sparse convolution has no Metal route in this build; run it "
+      "on the CPU stream");
+}
+
+std::vector<mx::Shape> QuantizedConv::output_shapes(
+    const std::vector<mx::array>& in) {
+  int64_t rows = rel_ ? view_rows(*rel_, view_) : in[0].shape(0);
+  return {{static_cast<int>(rows), in[1].shape(0)}};
+}
+
+bool QuantizedConv::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const QuantizedConv&>(other);
+  return rel_ == o.rel_ && view_ == o.view_ && route_ == o.route_ &&
+      bits_ == o.bits_ && group_ == o.group_;
+}
+
+mx::array QuantizedConv::mapped_weight(const std::vector<mx::array>& p) {
+  // (B, K, A) float -> (K, A, B)
+  auto w = mx::dequantize(
+      p[1], p[2], p[3], group_, bits_, "affine", std::nullopt, p[0].dtype(),
+      stream());
+  return mx::transpose(w, {1, 2, 0}, stream());
+}
+
+std::vector<mx::array> QuantizedConv::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  std::vector<mx::array> grads;
+  for (int arg : argnums) {
+    if (arg == 0) {
+      auto w = mapped_weight(primals);
+      auto route = route_for(
+          "dgrad", rel_, flip(view_), w.shape(0), w.shape(2), w.shape(1),
+          cotangents[0].shape(0), primals[0].dtype(), stream(), route_);
+      grads.push_back(gather_conv(
+          cotangents[0], transpose_w(w, stream()), rel_, flip(view_), route,
+          stream()));
+    } else if (arg <= 3) {
+      no_weight_gradient();
+    } else {
+      grads.push_back(mx::zeros_like(primals[arg], stream()));
+    }
+  }
+  return grads;
+}
+
+std::vector<mx::array> QuantizedConv::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& tangents,
+    const std::vector<int>& argnums) {
+  std::optional<mx::array> out;
+  for (size_t i = 0; i < argnums.size(); ++i) {
+    if (argnums[i] >= 1 && argnums[i] <= 3) {
+      no_weight_gradient();
+    }
+    if (argnums[i] == 0) {
+      out = quantized_conv(
+          tangents[i], primals[1], primals[2], primals[3], bits_, group_, rel_,
+          view_, route_, stream());
+    }
+  }
+  if (!out) {
+    int64_t rows = rel_ ? view_rows(*rel_, view_) : primals[0].shape(0);
+    out = mx::zeros(
+        {static_cast<int>(rows), primals[1].shape(0)}, primals[0].dtype(),
+        stream());
+  }
+  return {*out};
+}
+
+} // namespace mlx_lattice

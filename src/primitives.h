@@ -120,6 +120,68 @@ class WeightGrad : public mx::Primitive {
   std::string route_;
 };
 
+// Convolution with affine-quantized weights (inference): inputs x, codes
+// (B, K, A * bits / 32) uint32, scales and biases (B, K, A / group), then the
+// CSR view arrays. Gradients flow to x only; through the weights they raise.
+class QuantizedConv : public mx::Primitive {
+ public:
+  QuantizedConv(
+      mx::Stream s,
+      std::shared_ptr<Relation> rel,
+      View view,
+      std::string route,
+      int bits,
+      int group)
+      : mx::Primitive(s),
+        rel_(std::move(rel)),
+        view_(view),
+        route_(std::move(route)),
+        bits_(bits),
+        group_(group) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>& argnums) override;
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "SparseQuantizedConv";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  // The float weight (K, A, B) the codes stand for.
+  mx::array mapped_weight(const std::vector<mx::array>& primals);
+
+  std::shared_ptr<Relation> rel_;
+  View view_;
+  std::string route_;
+  int bits_;
+  int group_;
+};
+
+mx::array quantized_conv(
+    const mx::array& x,
+    const mx::array& codes,
+    const mx::array& scales,
+    const mx::array& biases,
+    int bits,
+    int group,
+    std::shared_ptr<Relation> rel,
+    View view,
+    const std::string& route,
+    mx::StreamOrDevice s = {});
+
 // The primitives' inputs, exactly as the ops build them (also used by the
 // Metal test harness to run a route's program on the same arrays).
 std::vector<mx::array> conv_inputs(

@@ -19,3 +19,10 @@ TOLERANCES = {
     mx.float16: dict(rtol=2e-2, atol=2e-2),
     mx.bfloat16: dict(rtol=6e-2, atol=6e-2),
 }
+
+
+def pytest_configure(config):
+    # Kernel coverage of the Metal harness (MLX_LATTICE_KERNEL_COVERAGE=<path>).
+    from metal_harness import plugin
+
+    config.pluginmanager.register(plugin, "mlx_lattice_metal_harness")

@@ -144,10 +144,17 @@ void block_product(
 // Float32 input rows; narrower dtypes are widened once up front (widening
 // inside the tile as rows are broadcast measured slower on AVX-512).
 template <typename T>
-void run(const T* x, const T* w, CsrView v, int64_t n_x, int64_t K, int A, int B, T* y) {
+void run_packed(
+    const T* x,
+    const std::vector<float>& packed,
+    CsrView v,
+    int64_t n_x,
+    int64_t K,
+    int A,
+    int B,
+    T* y) {
   std::vector<float> xbuf;
   const float* xf = float_rows(x, n_x, A, xbuf);
-  const std::vector<float> packed = pack_weights(w, K, A, B);
   const int bp = static_cast<int>(round_up(B, simd::kWidth));
   const auto blocks = column_blocks(bp);
   // Block rows: ~256 KiB of accumulators, fixed by the problem alone.
@@ -190,7 +197,53 @@ void run(const T* x, const T* w, CsrView v, int64_t n_x, int64_t K, int A, int B
   });
 }
 
+template <typename T>
+void run(const T* x, const T* w, CsrView v, int64_t n_x, int64_t K, int A, int B, T* y) {
+  run_packed(x, pack_weights(w, K, A, B), v, n_x, K, A, B, y);
+}
+
 } // namespace
+
+void gather_conv_quantized(
+    const mx::array& x,
+    const mx::array& codes,
+    const mx::array& scales,
+    const mx::array& biases,
+    int bits,
+    int group,
+    int64_t K,
+    CsrView view,
+    mx::array& out,
+    mx::Stream s) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto* a : {&x, &codes, &scales, &biases}) {
+    enc.set_input_array(*a);
+  }
+  enc.set_output_array(out);
+  const int A = x.shape(1);
+  const int B = out.shape(1);
+  const int64_t n_x = x.shape(0);
+  dispatch_float(out.dtype(), [&]<typename T>() {
+    dispatch_float(scales.dtype(), [&]<typename S>() {
+      enc.dispatch([xp = x.data<T>(),
+                    cp = codes.data<uint32_t>(),
+                    sp = scales.data<S>(),
+                    bp = biases.data<S>(),
+                    yp = out.data<T>(),
+                    bits,
+                    group,
+                    view,
+                    n_x,
+                    K,
+                    A,
+                    B]() {
+        auto packed = pack_quantized_weights(cp, sp, bp, bits, group, K, A, B);
+        run_packed(xp, packed, view, n_x, K, A, B, yp);
+      });
+    });
+  });
+}
 
 void gather_conv(
     const mx::array& x,

@@ -29,6 +29,20 @@ void gather_conv(
     mx::array& out,
     mx::Stream s);
 
+// As gather_conv, with affine-quantized weights (MLX packing) of logical
+// shape (C_out, K, C_in), unpacked into the kernel's float32 weight panels.
+void gather_conv_quantized(
+    const mx::array& x,
+    const mx::array& codes,
+    const mx::array& scales,
+    const mx::array& biases,
+    int bits,
+    int group,
+    int64_t K,
+    CsrView view,
+    mx::array& out,
+    mx::Stream s);
+
 // Kernel-major pairs: for offset k, edges [offsets[k], offsets[k+1]) pair
 // gather row g[e] of x with row r[e] of ct. identity: K = 1, g = r = e.
 struct PairView {

@@ -49,6 +49,53 @@ std::vector<float> pack_weights(const T* w, int64_t K, int A, int B) {
   return out;
 }
 
+// Affine-quantized weights in MLX's packing (codes along C_in, `32 / bits`
+// per uint32, lowest bits first; one scale and bias per group of C_in), with
+// logical shape (C_out, K, C_in) -> the pack_weights layout in float32.
+template <typename S>
+std::vector<float> pack_quantized_weights(
+    const uint32_t* codes,
+    const S* scales,
+    const S* biases,
+    int bits,
+    int group,
+    int64_t K,
+    int A,
+    int B) {
+  const int bp = static_cast<int>(round_up(B, simd::kWidth));
+  std::vector<float> out(K * A * bp, 0.0f);
+  auto blocks = column_blocks(bp);
+  const int per_word = 32 / bits;
+  const uint32_t mask = (uint32_t(1) << bits) - 1;
+  const int64_t words_per_row = A / per_word;
+  const int64_t groups_per_row = A / group;
+  parallel_for(K, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      for (int co = 0; co < B; ++co) {
+        const int64_t row = int64_t(co) * K + k; // (C_out, K) row of C_in values
+        const uint32_t* cw = codes + row * words_per_row;
+        const S* sc = scales + row * groups_per_row;
+        const S* bi = biases + row * groups_per_row;
+        int c0 = 0, width = 0;
+        for (auto [b0, nv] : blocks) {
+          if (co >= b0 && co < b0 + nv * simd::kWidth) {
+            c0 = b0;
+            width = nv * simd::kWidth;
+          }
+        }
+        float* dst = out.data() + (int64_t(c0) * K + k * width) * A + (co - c0);
+        for (int a = 0; a < A; ++a) {
+          const uint32_t q = (cw[a / per_word] >> ((a % per_word) * bits)) & mask;
+          const float s = static_cast<float>(sc[a / group]);
+          const float b = static_cast<float>(bi[a / group]);
+          dst[int64_t(a) * width] = s * static_cast<float>(q) + b;
+        }
+      }
+    }
+  });
+  return out;
+}
+
 // Offset of block (c0, width) for offset k in a pack_weights buffer.
 inline const float*
 packed_block(const float* packed, int64_t K, int A, int c0, int width, int64_t k) {
