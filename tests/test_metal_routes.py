@@ -212,3 +212,13 @@ def test_harness_runs_are_logged(rng, tmp_path, monkeypatch):
     assert log[0]["backend"] == "metal-harness" and log[0]["route"] == "metal.vec4"
     assert log[0]["kernels"] == ["vec4_conv_float32"]
     assert "metal-harness" in path.read_text()
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("c_in", [16, 32, 64])
+@pytest.mark.parametrize("c_out", [16, 32, 64])
+def test_dense_channel_every_instantiation(rng, dtype, c_in, c_out):
+    """Every compiled channel pair, on a small relation (the kernel does not
+    depend on the capacity threshold, only the predicate does)."""
+    feats, w5, rel, edges, n_out = case(rng, 90, c_in, c_out, dtype)
+    check_route("metal.dense_channel", feats, w5, rel, edges, n_out, dtype)
