@@ -245,7 +245,7 @@ def run(args) -> int:
             mx.eval(loss, grads)
             fb_times.append(time.perf_counter() - t0)
         _say(f"      forward+backward {step}: {fb_times[-1]:.2f} s, loss {float(loss):.4f}")
-    stages.add("forward+backward", min(fb_times))
+    stages.add(f"forward+backward (best of {len(fb_times)})", min(fb_times))
 
     _say(f"[4/6] fit to the labels: Adam, {args.train_steps} steps")
     optimizer = optim.Adam(learning_rate=args.lr)
@@ -287,14 +287,14 @@ def run(args) -> int:
     bounds = _bounds(centres, None if path else 40.0)  # the sweep: within 40 m of the sensor
     scale = PANEL / max(bounds[0][1] - bounds[0][0], bounds[1][1] - bounds[1][0])
     png = os.path.abspath(args.png)
-    dot = int(min(6, max(2, np.ceil(voxel_size * scale))))
+    dot = int(min(16, max(2, np.ceil(voxel_size * scale))))
     size = _picture(png, centres, height, pred, labels, bounds, scale, dot)
     stages.add("picture", time.perf_counter() - t0)
 
     _say()
     _say("time per stage:")
     for name, sec in stages.rows:
-        _say(f"  {name:<24} {sec:8.2f} s")
+        _say(f"  {name:<28} {sec:8.2f} s")
     _say()
     forward = [r for r in log if r.get("direction", "forward") == "forward"]
     backward = Counter((r.get("direction"), r["route"]) for r in log if r.get("direction", "forward") != "forward")
