@@ -27,7 +27,7 @@ from mlx.utils import tree_flatten, tree_map
 from . import diagnostics, num_threads, scenes, tasks
 from ._png import write_png
 from .models import MinkUNet
-from .voxelize import devoxelize, sparse_quantize
+from .points import devoxelize, sparse_quantize
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 CLASS_COLOURS = np.array([[120, 120, 120], [235, 125, 45], [70, 160, 240]], dtype=np.uint8)

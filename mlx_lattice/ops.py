@@ -230,7 +230,7 @@ from .pooling import (  # noqa: E402
     max_pool3d,
     sum_pool3d,
 )
-from .voxelize import devoxelize, sparse_quantize, voxelize  # noqa: E402
+from .points import devoxelize, sparse_quantize, voxelize  # noqa: E402
 
 __all__ += [
     "max_pool3d",

@@ -26,7 +26,7 @@ import mlx.core as mx
 
 from . import scenes
 from .tensor import SparseTensor
-from .voxelize import voxelize
+from .points import voxelize
 
 __all__ = ["CLASS_NAMES", "SegmentationSample", "street_segmentation", "street_labels", "connected_components"]
 

@@ -6,7 +6,7 @@ import mlx.core as mx
 
 import mlx_lattice as ml
 from mlx_lattice import ops, pooling
-from mlx_lattice.voxelize import devoxelize, sparse_quantize, voxelize
+from mlx_lattice.points import devoxelize, sparse_quantize, voxelize
 
 import oracle
 from conftest import to_np
