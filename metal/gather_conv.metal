@@ -1,16 +1,14 @@
 // Relation traversal: output-stationary sparse convolution and its weight
-// gradient. Buffer layouts and dispatch shapes: src/metal/dispatch.{h,cpp}.
+// gradient. Buffer bindings and dispatch shapes: the programs of the
+// metal.relation_traversal and metal.weight_gradient routes in
+// src/metal/program.cpp.
 #include <metal_stdlib>
+
+#include "conv_params.h"
 
 using namespace metal;
 
-struct GatherConvParams {
-  int rows;
-  int a;
-  int b;
-  int identity;
-};
-
+// The same layout as WeightGradParams in src/metal/program.h.
 struct WeightGradParams {
   int k;
   int a;
@@ -28,7 +26,7 @@ template <typename T>
     device const int* gather [[buffer(3)]],
     device const int* kidx [[buffer(4)]],
     device T* y [[buffer(5)]],
-    constant GatherConvParams& p [[buffer(6)]],
+    constant ConvParams& p [[buffer(6)]],
     uint3 tid [[thread_position_in_grid]]) {
   const int c = int(tid.x);
   const int r = int(tid.y);

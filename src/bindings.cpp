@@ -6,7 +6,6 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "metal/dispatch.h"
 #include "metal/program.h"
 #include "primitives.h"
 #include "relation.h"
@@ -43,15 +42,6 @@ KernelSpec make_spec(
 
 mx::Stream stream_or_default(std::optional<mx::Stream> s) {
   return s ? *s : mx::to_stream(mx::StreamOrDevice{});
-}
-
-nb::dict plan_dict(const metal::Plan& p) {
-  nb::dict d;
-  d["kernel"] = p.kernel;
-  d["groups"] = nb::make_tuple(p.groups[0], p.groups[1], p.groups[2]);
-  d["threads"] = nb::make_tuple(p.threads[0], p.threads[1], p.threads[2]);
-  d["buffers"] = p.buffers;
-  return d;
 }
 
 } // namespace
@@ -273,16 +263,4 @@ NB_MODULE(_ext, m) {
         return out;
       },
       "primitive"_a, "route"_a, "inputs"_a, "out_shape"_a, "out_dtype"_a);
-  m.def(
-      "metal_plan_gather_conv",
-      [](const std::string& dtype, int64_t rows, int a, int b) {
-        return plan_dict(metal::plan_gather_conv(dtype, rows, a, b));
-      },
-      "dtype"_a, "rows"_a, "a"_a, "b"_a);
-  m.def(
-      "metal_plan_weight_grad",
-      [](const std::string& dtype, int64_t k, int a, int b) {
-        return plan_dict(metal::plan_weight_grad(dtype, k, a, b));
-      },
-      "dtype"_a, "k"_a, "a"_a, "b"_a);
 }

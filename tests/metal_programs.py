@@ -74,9 +74,10 @@ def conv(route: str, x: mx.array, w: mx.array, relation, view=0, schedule="forwa
     return y
 
 
-def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=0, schedule="forward"):
+def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=0, schedule="forward", seed=0):
+    """The WeightGrad primitive's output (K, A, B) computed by `route`'s Metal program."""
     inputs = _ext.weight_grad_inputs(x, ct, relation, view)
     shape = [k, x.shape[1], ct.shape[1]]
     dtype = str(x.dtype).replace("mlx.core.", "")
     program = _ext.metal_program("weight_grad", route, inputs, shape, x.dtype)
-    return run_program(program, inputs, tuple(shape), dtype, schedule)
+    return run_program(program, inputs, tuple(shape), dtype, schedule, seed)

@@ -1,10 +1,12 @@
 """metal/gather_conv.metal against per-edge NumPy sums.
 
-gather_conv_{float32,float16} and weight_grad_{float32,float16} run with the
-dispatch plans from mlx_lattice._ext.metal_plan_* on relations built by the
-project. On Linux they run through the CPU harness (tests/metal_harness); on
-a Mac with a Metal build of mlx_lattice they run on the GPU through the
-primitives instead.
+gather_conv_{float32,float16} and weight_grad_{float32,float16} run as the
+programs of the metal.relation_traversal and metal.weight_gradient routes
+(src/metal/program.cpp, read through _ext.metal_program) on the primitives'
+own inputs (_ext.conv_inputs, _ext.weight_grad_inputs), for relations built
+by the project. On Linux the programs run through the CPU harness
+(tests/metal_harness, via tests/metal_programs.py); on a Mac with a Metal
+build of mlx_lattice the primitives encode the same programs on the GPU.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from mlx_lattice import _ext
 
 try:
     import metal_harness as mh
+    import metal_programs
 except ImportError:  # tests/ imported as a package
     from tests import metal_harness as mh
+    from tests import metal_programs
 
 KERNELS = ("gather_conv_float32", "gather_conv_float16", "weight_grad_float32", "weight_grad_float16")
 DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -93,58 +97,41 @@ def ref_weight_grad(x, ct, src, dst, k, kvol):
 # ---------------------------------------------------------------- runners
 
 
-def dtype_name(a: np.ndarray) -> str:
-    return {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}[a.dtype]
-
-
 def csr_arrays(rel, view):
-    """The index buffers eval_gpu binds for a view (see src/primitives.cpp)."""
+    """The index buffers of a CSR view (see src/primitives.cpp)."""
     if view == 0:
         return rel.n_out, np.array(rel.out_offsets), np.array(rel.in_idx), np.array(rel.k_idx)
     off, _, out_idx, k = rel.input_major()
     return rel.n_in, np.array(off), np.array(out_idx), np.array(k)
 
 
+def _ran_on_gpu(program):
+    for step in program["steps"]:
+        mh.record_ran(step["kernel"], "mlx-gpu")
+
+
 def gather_conv(x, w, rel, view=0, schedule="forward", seed=0):
-    dt = dtype_name(x)
-    if rel is None:
-        rows, offsets, gather, kidx = x.shape[0], x, x, x  # unused; aliased like eval_gpu
-    else:
-        rows, offsets, gather, kidx = csr_arrays(rel, view)
-    a, b = x.shape[1], w.shape[2]
-    plan = _ext.metal_plan_gather_conv(dt, rows, a, b)
+    """y of the GatherConv primitive through the relation-traversal program."""
+    xm, wm = mx.array(x), mx.array(w)
     if BACKEND == "mlx-gpu":
-        # The primitive encodes the same plan (checked by
-        # test_plans_match_the_programs_eval_gpu_encodes).
-        y = _ext.gather_conv(mx.array(x), mx.array(w), rel, view, CONV_ROUTE, stream=mx.default_stream(mx.gpu))
-        mh.record_ran(plan["kernel"], "mlx-gpu")
+        inputs = _ext.conv_inputs(xm, wm, rel, view, CONV_ROUTE)
+        rows = x.shape[0] if rel is None else (rel.n_out if view == 0 else rel.n_in)
+        _ran_on_gpu(_ext.metal_program("conv", CONV_ROUTE, inputs, [rows, w.shape[2]], xm.dtype))
+        y = _ext.gather_conv(xm, wm, rel, view, CONV_ROUTE, stream=mx.default_stream(mx.gpu))
         return np.array(y)
-    # Metal leaves the output uninitialised: NaN shows rows never written.
-    y0 = np.full((rows, b), np.nan, dtype=x.dtype)
-    bufs = dict(x=x, w=w, offsets=offsets, gather=gather, k=kidx, y=y0)
-    out = mh.run_plan(plan, bufs, [rows, a, b, int(rel is None)], schedule=schedule, seed=seed)
-    return out["y"]
+    return metal_programs.conv(CONV_ROUTE, xm, wm, rel, view, schedule=schedule, seed=seed)
 
 
-def weight_grad(x, ct, rel, kvol, view=0, schedule="forward"):
-    dt = dtype_name(x)
-    a, b = x.shape[1], ct.shape[1]
-    plan = _ext.metal_plan_weight_grad(dt, kvol, a, b)
+def weight_grad(x, ct, rel, kvol, view=0, schedule="forward", seed=0):
+    """dw of the WeightGrad primitive through the weight-gradient program."""
+    xm, ctm = mx.array(x), mx.array(ct)
     if BACKEND == "mlx-gpu":
-        dw = _ext.weight_grad(mx.array(x), mx.array(ct), rel, view, kvol, GRAD_ROUTE, stream=mx.default_stream(mx.gpu))
-        mh.record_ran(plan["kernel"], "mlx-gpu")
+        inputs = _ext.weight_grad_inputs(xm, ctm, rel, view)
+        shape = [kvol, x.shape[1], ct.shape[1]]
+        _ran_on_gpu(_ext.metal_program("weight_grad", GRAD_ROUTE, inputs, shape, xm.dtype))
+        dw = _ext.weight_grad(xm, ctm, rel, view, kvol, GRAD_ROUTE, stream=mx.default_stream(mx.gpu))
         return np.array(dw)
-    if rel is None:
-        offsets = g = r = x
-        pointwise_rows = x.shape[0]
-    else:
-        off, _, in_idx, out_idx = rel.kernel_major()
-        offsets = np.array(off)
-        g, r = (np.array(in_idx), np.array(out_idx)) if view == 0 else (np.array(out_idx), np.array(in_idx))
-        pointwise_rows = -1
-    dw0 = np.full((kvol, a, b), np.nan, dtype=x.dtype)
-    bufs = dict(x=x, ct=ct, offsets=offsets, g=g, r=r, dw=dw0)
-    return mh.run_plan(plan, bufs, [kvol, a, b, pointwise_rows], schedule=schedule)["dw"]
+    return metal_programs.weight_grad(GRAD_ROUTE, xm, ctm, rel, kvol, view, schedule=schedule, seed=seed)
 
 
 def check(got, ref, dt):
@@ -241,8 +228,6 @@ def test_gather_conv_pointwise(dt, schedule):
     rng = np.random.default_rng(10)
     x = rng.standard_normal((45, 7)).astype(DTYPES[dt])
     w = rng.standard_normal((1, 7, 33)).astype(DTYPES[dt])
-    if BACKEND == "mlx-gpu":
-        pytest.skip("the GPU's pointwise route runs pointwise_gemm, not gather_conv")
     y = gather_conv(x, w, None, schedule=schedule)
     check(y, x.astype(np.float64) @ w[0].astype(np.float64), dt)
 
@@ -274,8 +259,6 @@ def test_weight_grad_input_major_view():
 
 @pytest.mark.parametrize("dt", ["float32", "float16"])
 def test_weight_grad_pointwise(dt):
-    if BACKEND == "mlx-gpu":
-        pytest.skip("covered by the relation cases on the GPU")
     rng = np.random.default_rng(13)
     x = rng.standard_normal((37, 9)).astype(DTYPES[dt])
     ct = (rng.standard_normal((37, 40)) / 4).astype(DTYPES[dt])
@@ -283,11 +266,12 @@ def test_weight_grad_pointwise(dt):
     check(dw, (x.astype(np.float64).T @ ct.astype(np.float64))[None], dt)
 
 
-# ---------------------------------------------------------------- plans
+# ---------------------------------------------------------------- programs
 
 
-def test_plans_match_the_programs_eval_gpu_encodes():
-    """The plans used above are the dispatches eval_gpu encodes."""
+def test_programs_bind_the_views_and_params_the_kernels_read():
+    """What the runs above execute: the relation-traversal and weight-gradient
+    programs, with the buffers, dispatch shapes and params of gather_conv.metal."""
     rng = np.random.default_rng(14)
     rel = submanifold(make_coords(rng, 50))
     for dt, mdt in (("float32", mx.float32), ("float16", mx.float16)):
@@ -298,24 +282,35 @@ def test_plans_match_the_programs_eval_gpu_encodes():
         for got, want in zip(inputs[2:5], (offsets, gather, kidx)):
             np.testing.assert_array_equal(np.array(got), want)
         prog = _ext.metal_program("conv", CONV_ROUTE, inputs, [rel.n_out, 33], mdt)
+        assert prog["temps"] == []
         (step,) = prog["steps"]
-        plan = _ext.metal_plan_gather_conv(dt, rel.n_out, 7, 33)
-        assert (step["kernel"], tuple(step["groups"]), tuple(step["threads"])) == (
-            plan["kernel"], tuple(plan["groups"]), tuple(plan["threads"]))
+        # one thread per (row, output channel): 32 channels x 8 rows per group
+        assert step["kernel"] == f"gather_conv_{dt}"
+        assert tuple(step["threads"]) == (32, 8, 1)
+        assert tuple(step["groups"]) == (2, -(-rel.n_out // 8), 1)
         kinds = [(kind, payload if kind != "bytes" else None) for kind, payload, _ in step["buffers"]]
         assert kinds == [("input", 0), ("input", 1), ("input", 2), ("input", 3), ("input", 4),
                          ("output", 0), ("bytes", None)]
-        params = step["buffers"][-1][1]
-        assert np.frombuffer(params[:16], np.int32).tolist() == [rel.n_out, 7, 33, 0]
+        assert [nm for _, _, nm in step["buffers"]] == ["x", "w", "offsets", "gather", "k", "y", "params"]
+        # ConvParams (metal/conv_params.h): rows, a, b, identity, k, n_in, n_tiles, edges
+        params = np.frombuffer(step["buffers"][-1][1], np.int32).tolist()
+        assert params == [rel.n_out, 7, 33, 0, 27, rel.n_out, 0, rel.edges]
+
+        # pointwise: x stands in for the index buffers, which are never read
+        xp = x[:20]
+        pinputs = _ext.conv_inputs(xp, w[:1], None, 0, CONV_ROUTE)
+        (pstep,) = _ext.metal_program("conv", CONV_ROUTE, pinputs, [20, 33], mdt)["steps"]
+        assert [(k, v) for k, v, _ in pstep["buffers"][:5]] == [("input", 0), ("input", 1)] + [("input", 0)] * 3
+        assert np.frombuffer(pstep["buffers"][-1][1], np.int32).tolist()[:4] == [20, 7, 33, 1]
 
         ct = mx.array(rng.standard_normal((rel.n_out, 33))).astype(mdt)
         ginputs = _ext.weight_grad_inputs(x, ct, rel, 0)
         prog = _ext.metal_program("weight_grad", GRAD_ROUTE, ginputs, [27, 7, 33], mdt)
         (step,) = prog["steps"]
-        plan = _ext.metal_plan_weight_grad(dt, 27, 7, 33)
-        assert (step["kernel"], tuple(step["groups"]), tuple(step["threads"])) == (
-            plan["kernel"], tuple(plan["groups"]), tuple(plan["threads"]))
-        assert [nm for _, _, nm in step["buffers"]][:-1] == plan["buffers"][:-1]
+        # one thread per (offset, input channel, output channel)
+        assert step["kernel"] == f"weight_grad_{dt}"
+        assert (tuple(step["groups"]), tuple(step["threads"])) == ((2, 1, 27), (32, 8, 1))
+        assert [nm for _, _, nm in step["buffers"]] == ["x", "ct", "offsets", "g", "r", "dw", "params"]
         assert np.frombuffer(step["buffers"][-1][1], np.int32).tolist() == [27, 7, 33, -1]
 
 

@@ -6,8 +6,9 @@ at a time, each GPU thread a fiber that switches only at barriers and
 simd-group collectives, buffers bounds-checked by guard pages, threadgroup
 memory poisoned with NaN bytes at the start of each group.
 
-``run_plan`` takes a dispatch plan from ``mlx_lattice._ext.metal_plan_*`` (the
-same plan ``eval_gpu`` encodes) and buffers by name.
+A route's whole Metal program (``mlx_lattice._ext.metal_program``, the steps
+``eval_gpu`` encodes) runs through ``tests/metal_programs.py``, which calls
+``run_kernel`` once per step.
 
 Kernels that ran are recorded for the coverage report (see plugin.py).
 """
@@ -47,7 +48,6 @@ __all__ = [
     "load",
     "record_ran",
     "run_kernel",
-    "run_plan",
 ]
 
 METAL_DIR = ROOT / "metal"
@@ -246,38 +246,3 @@ def _relative(loc: str) -> str:
         return f"{Path(path).resolve().relative_to(ROOT)}:{rest}"
     except (ValueError, OSError):
         return loc
-
-
-def run_plan(
-    plan: Mapping,
-    buffers: Mapping[str, np.ndarray],
-    params,
-    *,
-    source: str | Path | None = None,
-    **kwargs,
-) -> dict[str, np.ndarray]:
-    """Run a plan from mlx_lattice._ext.metal_plan_*.
-
-    `buffers` maps the plan's buffer names (all but the last, which is the
-    params struct) to arrays; pass the same array object under several
-    names to alias them, as eval_gpu does for unused index buffers.
-    """
-    names = list(plan["buffers"])
-    missing = [nm for nm in names[:-1] if nm not in buffers]
-    extra = [nm for nm in buffers if nm not in names[:-1]]
-    if missing or extra:
-        raise ValueError(f"plan {plan['kernel']} binds {names}; missing {missing}, unexpected {extra}")
-    kernel = plan["kernel"]
-    path = Path(source) if source else _source_for(kernel)
-    out = run_kernel(
-        path,
-        kernel,
-        {i: buffers[nm] for i, nm in enumerate(names[:-1])},
-        params,
-        groups=tuple(plan["groups"]),
-        threads=tuple(plan["threads"]),
-        params_index=len(names) - 1,
-        names=names,
-        **kwargs,
-    )
-    return {names[i]: a for i, a in out.items()}
