@@ -297,6 +297,118 @@ def format_row(case) -> str:
     return " ".join(cells)
 
 
+# ------------------------------------------------------------------ GPU (CUDA)
+def run_gpu(args) -> int:
+    """CUDA routes on the same workloads: useful TFLOP/s, the fraction of MLX's
+    own dense matmul at a comparable size (M = edges, same channels and dtype)
+    and the speed-up over gather -> mx.matmul -> scatter, all in one run."""
+    from . import cuda, routes
+
+    if not cuda.available():
+        print("no CUDA device: python -m mlx_lattice.bench --device gpu needs MLX's CUDA backend")
+        return 2
+    wls = (args.workloads or "lidar,mesh").split(",")
+    dtypes = (args.dtypes or "float16,bfloat16").split(",")
+    repeats = args.repeats or 10
+    chans = (64,) if args.quick else (32, 64, 128)
+    cases = []
+    print(f"mlx_lattice bench on {mx.default_device()}: CUDA routes, {repeats} repeats (best)")
+    hdr = f"{'workload':<7} {'layer':<18} {'pass':<8} {'dtype':<9} {'n':>9} {'edges':>10} {'ms':>8} {'TFLOP/s':>8} {'dense':>6} {'vs gather':>9}  route"
+    print(hdr, flush=True)
+
+    def timeit(fn):
+        return best_time(lambda: mx.eval(fn()), repeats)
+
+    for wl in wls:
+        coords, desc = workload(wl, args.quick)
+        print(f"-- {wl}: {desc}: {len(coords):,} voxels", flush=True)
+        lyrs = [Layer(f"subm3 C{c}", "subm", 3, c, c) for c in chans]
+        lyrs += [Layer("down k2s2 32->64", "down", 2, 32, 64), Layer("up k2s2 64->32", "up", 2, 64, 32)]
+        for layer in lyrs:
+            base = SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+            m, cset = base.manager, base.coordinate_set
+            ks = (layer.k,) * 3
+            t0 = time.perf_counter()
+            if layer.kind == "subm":
+                geom = KernelGeometry(ks, (1, 1, 1), (1, 1, 1), (1, 1, 1))
+                rel = m.submanifold_kernel_relation(cset, geom)
+            elif layer.kind == "down":
+                geom = KernelGeometry(ks, (2, 2, 2), (0, 0, 0), (1, 1, 1))
+                rel, _ = m.kernel_relation(cset, geom)
+            else:
+                geom = KernelGeometry(ks, (2, 2, 2), (0, 0, 0), (1, 1, 1))
+                _, coarse = m.kernel_relation(cset, geom)
+                rel, _ = m.transposed_kernel_relation(coarse, geom)
+            view = cuda.view_of(rel)
+            view.plan(), view.flipped().plan(), view.wgrad_chunks()
+            t_map = time.perf_counter() - t0
+            n_in, n_out, edges = rel.n_in, rel.n_out, rel.edges
+            flops = 2.0 * edges * layer.c_in * layer.c_out
+            for dt in dtypes:
+                dtype = DTYPES[dt]
+                rng = np.random.default_rng(0)
+                x = mx.array(rng.standard_normal((n_in, layer.c_in)).astype(np.float32)).astype(dtype)
+                w = mx.array((rng.standard_normal((rel.kernel_volume, layer.c_in, layer.c_out)) / 8).astype(np.float32)).astype(dtype)
+                ct = mx.array(rng.standard_normal((n_out, layer.c_out)).astype(np.float32)).astype(dtype)
+                wt = mx.contiguous(mx.swapaxes(w, 1, 2))
+                mx.eval(x, w, ct, wt)
+
+                def pick(direction, vw, a, b):
+                    ctx = routes.RouteContext(
+                        op="bench", map_kind=vw.rel.kind, dtype=dt, backend="cuda", kernel_size=None,
+                        k=rel.kernel_volume, c_in=a, c_out=b, n_in=n_in, n_out=vw.rows, edges=edges,
+                        direction=direction, weight_layout="mapped",
+                    )
+                    return routes.select(ctx).route.name
+
+                r_f = pick("forward", view, layer.c_in, layer.c_out)
+                r_d = pick("dgrad", view.flipped(), layer.c_out, layer.c_in)
+                r_w = pick("wgrad", view, layer.c_in, layer.c_out)
+                fns = {
+                    "forward": (r_f, lambda: cuda.PRODUCTS[r_f](x, w, view)),
+                    "dgrad": (r_d, lambda: cuda.PRODUCTS[r_d](ct, wt, view.flipped())),
+                    "wgrad": (r_w, lambda: cuda.weight_grad(r_w, x, ct, view, rel.kernel_volume)),
+                }
+                # same-run references: dense matmul at M = edges, and gather -> matmul -> scatter
+                a_d = mx.random.normal((edges, layer.c_in)).astype(dtype)
+                b_d = mx.random.normal((layer.c_in, layer.c_out)).astype(dtype)
+                mx.eval(a_d, b_d)
+                dense = flops / timeit(lambda: a_d @ b_d)
+                km = rel.kernel_major()
+                koff = np.array(km.offsets)
+                kin, kout = km.in_idx, km.out_idx
+
+                def gather_matmul():
+                    y = mx.zeros((n_out, layer.c_out), dtype=dtype)
+                    for k in range(rel.kernel_volume):
+                        a, b = int(koff[k]), int(koff[k + 1])
+                        if a < b:
+                            y = y.at[kout[a:b]].add(x[kin[a:b]] @ w[k])
+                    return y
+
+                t_base = timeit(gather_matmul)
+                for pname, (route, fn) in fns.items():
+                    t = timeit(fn)
+                    case = dict(
+                        workload=wl, layer=layer.name, **{"pass": pname}, c_in=layer.c_in, c_out=layer.c_out,
+                        dtype=dt, n=n_out, edges=edges, ms=t * 1e3, gflops=flops / t / 1e9,
+                        tflops=flops / t / 1e12, dense_fraction=flops / t / dense,
+                        dense_tflops=dense / 1e12, route=route, map_ms=t_map * 1e3,
+                        speedup_vs_gather_matmul=t_base / t if pname == "forward" else None,
+                        sgemm_fraction=None, device=str(mx.default_device()),
+                    )
+                    cases.append(case)
+                    vs = f"{case['speedup_vs_gather_matmul']:.1f}x" if pname == "forward" else ""
+                    print(f"{wl:<7} {layer.name:<18} {pname:<8} {dt:<9} {n_out:>9,} {edges:>10,} {t*1e3:>8.3f} "
+                          f"{flops/t/1e12:>8.1f} {flops/t/dense:>6.0%} {vs:>9}  {route}", flush=True)
+            print(f"   map building (CPU) for {layer.name}: {t_map*1e3:.1f} ms (relation, swapped view, sorted plans)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(cases, f, indent=1)
+        print(f"wrote {len(cases)} cases to {args.json}")
+    return 0
+
+
 def format_header() -> str:
     cells = []
     for (key, fmt), head in zip(COLUMNS, HEADER):
@@ -318,7 +430,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--no-baseline", action="store_true", help="skip the NumPy gather-matmul baseline")
     p.add_argument("--no-spconv", action="store_true", help="skip spconv even when it is installed")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="gpu: the CUDA routes")
     args = p.parse_args(argv)
+    if args.device == "gpu":
+        return run_gpu(args)
     quick = args.quick
     wls = (args.workloads or ("lidar" if quick else "lidar,mesh,random")).split(",")
     dtypes = (args.dtypes or ("float32" if quick else "float32,float16")).split(",")

@@ -108,7 +108,12 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
             relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
         native = relation._native
     stream = mx.default_stream(mx.cpu if route.backend == "cpu" else mx.default_device())
-    if isinstance(weight, QuantizedWeight):
+    if route.backend == "cuda":
+        from . import cuda
+
+        view = None if native is None else cuda.view_of(relation)
+        y = cuda.conv(route.name, x.feats, mapped_weight(weight), view)
+    elif isinstance(weight, QuantizedWeight):
         codes, scales, biases = weight.kernel_major()
         y = _ext.quantized_conv(
             x.feats, codes, scales, biases, weight.bits, weight.group_size, native, 0, route.name, stream

@@ -281,6 +281,44 @@ register(Route(
 ))
 
 
+# ------------------------------------------------------------------ CUDA routes
+HALF = _cond("features float16 or bfloat16", lambda c: c.dtype in ("float16", "bfloat16"))
+MMA_CHANNELS = _cond(
+    "C_in and C_out multiples of 16, at most 128",
+    lambda c: c.c_in % 16 == 0 and c.c_out % 16 == 0 and c.c_in <= 128 and c.c_out <= 128,
+)
+K_LE_64 = _cond("K <= 64", lambda c: c.k <= 64)
+
+register(Route(
+    name="cuda.pointwise", backend="cuda", priority=100,
+    conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND),
+    passes=("forward", "dgrad"), uses_relation=False, kernel_file="mlx_lattice/cuda.py",
+    summary="x @ W[0] with mx.matmul (cuBLAS)",
+))
+register(Route(
+    name="cuda.sorted_mma", backend="cuda", priority=80,
+    conditions=(DENSE, HALF, MMA_CHANNELS, K_LE_64), passes=("forward", "dgrad"),
+    kernel_file="mlx_lattice/cuda.py",
+    summary="output-stationary implicit GEMM on tensor cores (WMMA 16x16x16, fp32 accumulation) "
+    "over the sorted plan; offsets absent from a 64-row tile's mask are skipped",
+))
+register(Route(
+    name="cuda.fetch_on_demand", backend="cuda", priority=0, conditions=(DENSE,),
+    passes=("forward", "dgrad"), kernel_file="mlx_lattice/cuda.py",
+    summary="one thread per (row, output channel) over the CSR edges",
+))
+register(Route(
+    name="cuda.wgrad_mma", backend="cuda", priority=80,
+    conditions=(DENSE, HALF, MMA_CHANNELS), passes=("wgrad",), kernel_file="mlx_lattice/cuda.py",
+    summary="per-offset X^T G on tensor cores over 256-edge chunks, partial sums reduced in order",
+))
+register(Route(
+    name="cuda.wgrad_direct", backend="cuda", priority=0, conditions=(DENSE,),
+    passes=("wgrad",), kernel_file="mlx_lattice/cuda.py",
+    summary="one thread per weight element over the kernel-major edges",
+))
+
+
 def _autodiff_route(q: dict) -> str:
     """Route of a product created by autodiff (called from the primitives)."""
     backend = current_backend() if q["gpu"] else "cpu"

@@ -1,0 +1,102 @@
+"""CUDA routes (MLX's CUDA backend) against the oracle. Skipped without a
+CUDA device; on one, every CUDA route runs and the route taken is asserted."""
+
+import numpy as np
+import pytest
+import mlx.core as mx
+
+import mlx_lattice as ml
+from mlx_lattice import cuda, ops
+
+import oracle
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU"),
+]
+
+TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2),
+       mx.bfloat16: dict(rtol=6e-2, atol=1.5e-1)}
+
+
+def to64(a):
+    return np.array(a.astype(mx.float32)).astype(np.float64)
+
+
+def case(rng, op, c_in, c_out, dtype, n=400):
+    coords = oracle.random_coords(rng, n, 10, 2)
+    feats = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)).astype(dtype)
+    x = ml.SparseTensor(coords, feats)
+    ks = 1 if op == "pointwise" else (2 if op in ("down", "up") else 3)
+    w = mx.array((rng.standard_normal((c_out, ks, ks, ks, c_in)) / np.sqrt(c_in * ks**3)).astype(np.float32)).astype(dtype)
+    if op == "subm":
+        fn = lambda t, w: ops.subm_conv3d(t, w)
+        edges = oracle.conv_edges(coords, coords, 3, 1, 1)
+        sup = coords
+    elif op == "down":
+        fn = lambda t, w: ops.conv3d(t, w, stride=2)
+        sup = oracle.forward_support(coords, 2, 2, 0)
+        edges = oracle.conv_edges(coords, sup, 2, 2, 0)
+    elif op == "up":
+        fn = lambda t, w: ops.conv_transpose3d(t, w, stride=2)
+        sup = coords.astype(np.int64) * np.array([1, 2, 2, 2])
+        edges = oracle.transposed_edges(coords, sup, 2, 2, 0)
+    else:
+        fn = lambda t, w: ops.conv3d(t, w)
+        sup = coords
+        edges = oracle.conv_edges(coords, coords, 1)
+    return x, w, fn, edges, sup
+
+
+@pytest.mark.parametrize(
+    "op,c_in,c_out,dtype,route",
+    [
+        ("subm", 32, 32, mx.float16, "cuda.sorted_mma"),
+        ("subm", 64, 64, mx.bfloat16, "cuda.sorted_mma"),
+        ("subm", 128, 128, mx.float16, "cuda.sorted_mma"),
+        ("down", 32, 64, mx.float16, "cuda.sorted_mma"),
+        ("up", 64, 32, mx.bfloat16, "cuda.sorted_mma"),
+        ("subm", 24, 40, mx.float16, "cuda.fetch_on_demand"),
+        ("subm", 7, 13, mx.float32, "cuda.fetch_on_demand"),
+        ("pointwise", 32, 16, mx.float32, "cuda.pointwise"),
+    ],
+)
+def test_cuda_forward_and_gradients(rng, op, c_in, c_out, dtype, route):
+    x, w, fn, edges, sup = case(rng, op, c_in, c_out, dtype)
+    with ml.diagnostics.record() as log:
+        y = fn(x, w)
+        mx.eval(y.feats)
+    assert log[0]["route"] == route and log[0]["backend"] == "cuda"
+    perm = oracle.match_rows(np.array(y.coords), sup)
+    np.testing.assert_allclose(to64(y.feats)[perm], oracle.apply(edges, to64(x.feats), to64(w), len(sup)), **TOL[dtype])
+    g = rng.standard_normal((len(sup), c_out)).astype(np.float32)
+    g_mx = mx.array(g[np.argsort(perm)]).astype(dtype)  # cotangent in our row order
+    with ml.diagnostics.record() as log:
+        dx, dw = mx.grad(lambda f, w: (fn(x.replace(f), w).feats * g_mx).sum(), argnums=(0, 1))(x.feats, w)
+        mx.eval(dx, dw)
+    directions = {r["direction"] for r in log}
+    assert {"dgrad", "wgrad"} <= directions and all(r["backend"] == "cuda" for r in log)
+    ex, ew, _ = oracle.grads(edges, to64(x.feats), to64(w), to64(g_mx)[perm])
+    np.testing.assert_allclose(to64(dx), ex, **TOL[dtype])
+    np.testing.assert_allclose(to64(dw), ew, **TOL[dtype])
+
+
+def test_cuda_weight_gradient_routes(rng):
+    x, w, fn, edges, sup = case(rng, "subm", 32, 48, mx.float16)
+    with ml.diagnostics.record() as log:
+        mx.eval(mx.grad(lambda w: fn(x, w).feats.astype(mx.float32).sum())(w))
+    assert any(r["route"] == "cuda.wgrad_mma" for r in log)
+    x, w, fn, edges, sup = case(rng, "subm", 5, 6, mx.float32)
+    with ml.diagnostics.record() as log:
+        mx.eval(mx.grad(lambda w: fn(x, w).feats.sum())(w))
+    assert any(r["route"] == "cuda.wgrad_direct" for r in log)
+
+
+def test_cuda_jvp_and_compile(rng):
+    x, w, fn, edges, sup = case(rng, "subm", 32, 32, mx.float16)
+    tx = mx.array(rng.standard_normal(x.feats.shape).astype(np.float32)).astype(mx.float16)
+    (_,), (ty,) = mx.jvp(lambda f: [fn(x.replace(f), w).feats], [x.feats], [tx])
+    ref = oracle.apply(edges, to64(tx), to64(w), len(sup))
+    np.testing.assert_allclose(to64(ty), ref, **TOL[mx.float16])
+    comp = mx.compile(lambda f: fn(x.replace(f), w).feats)
+    np.testing.assert_allclose(to64(comp(x.feats)), to64(fn(x, w).feats), rtol=1e-3, atol=1e-3)
