@@ -1,5 +1,7 @@
 """mlx_lattice: spatially sparse 3D convolution for MLX."""
 
+import mlx.core  # noqa: F401  (loads libmlx first, so the extension links to it wherever it lives)
+
 from . import _ext, diagnostics, ops, routes
 from .manager import CoordinateManager, CoordinateSet
 from .quantized import QuantizedWeight
