@@ -97,7 +97,9 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         n_out=stats["n_out"],
         edges=stats["edges"],
         tier=diagnostics.capability_tier(backend),
-        tensor_ops=backend == "metal" and diagnostics.metal_capabilities()["tensor_ops"],
+        # the GPU's TensorOps tier, and this build's Metal 4 kernels for it
+        tensor_ops=backend == "metal" and diagnostics.metal_capabilities()["tensor_ops"]
+        and _ext.metal_tensor_ops_kernels(),
     )
     sel = routes.select(ctx)
     route = sel.route

@@ -236,6 +236,16 @@ register(Route(
     summary="direct sorted route: rows in neighbour-mask order, 64-row tiles, offsets skipped "
     "by tile mask, simdgroup 8x8 matrices, rows written back through reorder_rows",
 ))
+TENSOR_OPS = _cond("TensorOps available (Metal 4 neural accelerators)", lambda c: c.tensor_ops)
+register(Route(
+    name="metal.tensorops_sorted", backend="metal", priority=95,
+    conditions=(DENSE, SORTED_KIND, FP16, K27, SQUARE_32_64, TENSOR_OPS),
+    kernel_file="metal/tensorops_sorted.metal",
+    summary="TensorOps sorted contraction on the sorted plan: row-stationary 64-row tiles, "
+    "one MetalPerformancePrimitives matmul2d per offset in the tile mask over four "
+    "simdgroups, float accumulator in a cooperative tensor, rows written back through "
+    "reorder_rows",
+))
 register(Route(
     name="metal.dense_channel", backend="metal", priority=80,
     conditions=(DENSE, DENSE_LAYOUT, CHANNELS_16_64, K_GE_16, CAP_4096, METAL_DTYPES),

@@ -202,6 +202,7 @@ NB_MODULE(_ext, m) {
   m.def("set_num_threads", &set_num_threads, "n"_a);
 
   m.def("metal_available", &metal::available);
+  m.def("metal_tensor_ops_kernels", &metal::tensor_ops_kernels);
   m.def(
       "conv_inputs",
       [](const mx::array& x,

@@ -281,3 +281,82 @@ def test_binding_errors():
 def test_runs_are_recorded_for_coverage():
     run("scale", [np.zeros(4, f32), np.zeros(4, f32)], scale_params(4, 1.0), threads=4)
     assert "harness" in mh.kernels_ran()["scale"]
+
+
+# ---------------------------------------------------------------- tensor ops (MSL 4.0 subset)
+
+TENSOR_OPS = SELFTEST / "tensor_ops.metal"
+
+
+def mm_params(rows, k, zero=1):
+    return np.array([(rows, k, zero)], dtype=[("rows", "<i4"), ("k", "<i4"), ("zero", "<i4")])[0]
+
+
+def f64(a):
+    return a.astype(np.float64)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_matmul2d_cooperative_destination_and_partial_tile(schedule):
+    rng = np.random.default_rng(20)
+    rows, k = 100, 40  # the second 64-row tile is partial
+    a = rng.standard_normal((rows, k)).astype(np.float16)
+    b = rng.standard_normal((k, 32)).astype(np.float16)
+    c = np.full((rows, 32), np.nan, f32)
+    _, _, out = run("mm_coop", [a, b, c], mm_params(rows, k), groups=2, threads=128,
+                    schedule=schedule, seed=3, source=TENSOR_OPS)
+    np.testing.assert_allclose(out, f64(a) @ f64(b), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul2d_k_loop_accumulates_in_float_and_reads_zeros_past_extents():
+    rng = np.random.default_rng(21)
+    k = 40  # chunks of 16: the last one is partial
+    a = rng.standard_normal((32, k)).astype(f32)
+    b = rng.standard_normal((k, 16)).astype(np.float16)
+    c = np.full((32, 16), np.nan, np.float16)
+    _, _, out = run("mm_kloop", [a, b, c], mm_params(32, k), threads=32, schedule="reverse", source=TENSOR_OPS)
+    np.testing.assert_allclose(f64(out), f64(a) @ f64(b), rtol=2e-3, atol=2e-3)
+    # The accumulator's elements are undefined until written: NaN here.
+    _, _, out = run("mm_kloop", [a, b, c], mm_params(32, k, zero=0), threads=32, source=TENSOR_OPS)
+    assert np.isnan(f64(out)).all()
+
+
+def test_matmul2d_transposes_and_multiply_accumulate_into_a_tensor():
+    rng = np.random.default_rng(22)
+    k = 13
+    at = rng.standard_normal((k, 16)).astype(f32)  # A^T
+    bt = rng.standard_normal((24, k)).astype(f32)  # B^T
+    c0 = rng.standard_normal((16, 24)).astype(f32)
+    _, _, out = run("mm_transposed", [at, bt, c0], mm_params(16, k), threads=64, schedule="random",
+                    source=TENSOR_OPS)
+    np.testing.assert_allclose(out, c0 + f64(at).T @ f64(bt).T, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul2d_strided_views_and_edges():
+    rng = np.random.default_rng(23)
+    lda, ldb, ldc, am, k, cm, cn = 11, 19, 20, 12, 8, 14, 9
+    a = rng.standard_normal((am, lda)).astype(np.float16)
+    b = rng.standard_normal((k, ldb)).astype(np.float16)
+    c = np.full((16, ldc), -7.0, f32)
+    params = np.array([(lda, ldb, ldc, am, k, cm, cn)], dtype=[(n, "<i4") for n in "abcdefg"])[0]
+    _, _, out = run("mm_strided", [a, b, c], params, threads=32, source=TENSOR_OPS)
+    A = np.zeros((16, k))
+    A[:am] = f64(a)[:, 1 : 1 + k]  # rows past the view read as zero
+    full = A @ f64(b)[:, 2:18]
+    expected = np.full((16, ldc), -7.0)
+    expected[:cm, :cn] = full[:cm, :cn]  # nothing written past the view
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul2d_without_barrier_after_staging_reads_nan():
+    rng = np.random.default_rng(24)
+    a = rng.standard_normal((16, 16)).astype(np.float16)
+    b = rng.standard_normal((16, 16)).astype(np.float16)
+    _, _, out = run("mm_unsynchronised", [a, b, np.zeros((16, 16), f32)], threads=32, source=TENSOR_OPS)
+    assert np.isnan(out).any()
+
+
+def test_matmul2d_scope_must_match_the_threadgroup():
+    a, b = np.zeros((64, 8), np.float16), np.zeros((8, 32), np.float16)
+    with pytest.raises(mh.KernelError, match=r"execution_simdgroups<4> \(128 threads\) but the threadgroup has 64"):
+        run("mm_coop", [a, b, np.zeros((64, 32), f32)], mm_params(64, 8), threads=64, source=TENSOR_OPS)

@@ -222,3 +222,88 @@ def test_dense_channel_every_instantiation(rng, dtype, c_in, c_out):
     depend on the capacity threshold, only the predicate does)."""
     feats, w5, rel, edges, n_out = case(rng, 90, c_in, c_out, dtype)
     check_route("metal.dense_channel", feats, w5, rel, edges, n_out, dtype)
+
+
+# ------------------------------------------------------------------ TensorOps sorted route
+@pytest.mark.parametrize("tensor_ops,route", [(True, "metal.tensorops_sorted"), (False, "metal.sorted_implicit_gemm")])
+@pytest.mark.parametrize("kw", [dict(c_in=32, c_out=32), dict(c_in=64, c_out=64, map_kind="target"),
+                                dict(c_in=64, c_out=64, map_kind="forward")])
+def test_tensorops_selection_follows_the_capability(tensor_ops, route, kw):
+    assert routes.select(metal_ctx(dtype="float16", tensor_ops=tensor_ops, **kw)).route.name == route
+
+
+@pytest.mark.parametrize(
+    "kw,route",
+    [
+        (dict(dtype="float32", c_in=32, c_out=32), "metal.vec4"),
+        (dict(dtype="float16", c_in=32, c_out=64, n_out=100), "metal.fp16_gather"),
+        (dict(dtype="float16", c_in=48, c_out=48, n_out=100), "metal.fp16_gather"),
+        (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100), "metal.fp16_gather"),
+        (dict(dtype="float16", c_in=64, c_out=64, map_kind="transposed", n_out=5000), "metal.dense_channel"),
+        (dict(dtype="float16", c_in=32, c_out=32, quantized=True), "cpu.quantized_direct"),
+    ],
+)
+def test_tensorops_route_keeps_the_sorted_shape_predicate(kw, route):
+    sel = routes.select(metal_ctx(tensor_ops=True, **kw))
+    assert sel.route.name == route
+    rejected = {r["route"]: r["reason"] for r in sel.rejected}
+    assert "metal.tensorops_sorted" in rejected
+
+
+def test_tensorops_program_binds_what_the_direct_route_binds():
+    rng = np.random.default_rng(404)
+    feats, w5, rel, edges, n_out = case(rng, 120, 32, 32, mx.float16)
+    w = mapped_weight(w5)
+    inputs = {r: _ext_inputs(r, feats, w, rel) for r in ("metal.sorted_implicit_gemm", "metal.tensorops_sorted")}
+    for a, b in zip(*inputs.values()):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    direct, tops = (ml._ext.metal_program("conv", r, inputs[r], [n_out, 32], mx.float16)["steps"]
+                    for r in inputs)
+    (d,), (t,) = direct, tops
+    assert t["kernel"] == "tensorops_sorted_float16_c32" and tuple(t["threads"]) == (128, 1, 1)
+    assert tuple(t["groups"]) == (-(-n_out // 64), 1, 1) == tuple(d["groups"])
+    assert t["buffers"] == d["buffers"]
+
+
+def _ext_inputs(route, feats, w, rel):
+    return ml._ext.conv_inputs(feats, w, rel._native, 0, route)
+
+
+@pytest.mark.parametrize("kind", ["submanifold", "forward", "target"])
+@pytest.mark.parametrize("c", [32, 64])
+def test_tensorops_sorted_against_direct_route_and_oracle(kind, c):
+    # Fixed seeds (these shapes must leave the last tile partly filled).
+    rng = np.random.default_rng([4, c, ("submanifold", "forward", "target").index(kind)])
+    feats, w5, rel, edges, n_out = case(rng, 300, c, c, mx.float16, kind)
+    route, _ = select(rel, mx.float16, c, c, tensor_ops=True)
+    assert route == "metal.tensorops_sorted"
+    assert n_out % 64 != 0  # a partly filled last tile
+    w = mapped_weight(w5)
+    y = metal_programs.conv(route, feats, w, rel._native, 0, schedule="random", seed=c)
+    direct = metal_programs.conv("metal.sorted_implicit_gemm", feats, w, rel._native, 0)
+    expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(w5.astype(mx.float32)), n_out)
+    np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[mx.float16])
+    # Both accumulate in float and round once: at most an fp16 rounding apart.
+    np.testing.assert_allclose(y.astype(np.float64), direct.astype(np.float64), rtol=2e-3, atol=2e-3)
+
+
+def test_tensorops_sorted_skips_offsets_and_writes_empty_rows():
+    """Target rows far from every input have no edge: zeros, written once."""
+    rng = np.random.default_rng(405)
+    coords = oracle.random_coords(rng, 200, 7, 2)
+    far = np.array([[0, 60, 60, 60], [1, -40, 3, 3], [0, 3, 90, 3]])
+    out = np.concatenate([oracle.random_coords(rng, 100, 7, 2), far]).astype(np.int32)
+    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    m = x.manager
+    geom = KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3)
+    rel = m.target_kernel_relation(x.coordinate_set, m.register(mx.array(out)), geom)
+    edges = oracle.conv_edges(coords, out, 3, 1, 1)
+    feats = mx.array(rng.standard_normal((len(coords), 32)).astype(np.float32)).astype(mx.float16)
+    w5 = mx.array((rng.standard_normal((32, 3, 3, 3, 32)) / np.sqrt(27 * 32)).astype(np.float32)).astype(mx.float16)
+    masks = np.array(rel.sorted_plan().tile_masks)
+    assert np.any(masks != (1 << 27) - 1)  # some tiles skip offsets
+    assert (np.diff(np.array(rel._native.out_offsets))[-3:] == 0).all()
+    y = metal_programs.conv("metal.tensorops_sorted", feats, mapped_weight(w5), rel._native, 0, schedule="reverse")
+    expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(w5.astype(mx.float32)), len(out))
+    np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[mx.float16])
+    np.testing.assert_array_equal(y[-3:], 0)

@@ -90,7 +90,7 @@ std::vector<mx::array> extra_inputs(
   if (has(route, "fp32_atomic")) {
     return {rel->out_idx()};
   }
-  if (has(route, "sorted_implicit_gemm")) {
+  if (has(route, "sorted_implicit_gemm") || has(route, "tensorops_sorted")) {
     const auto& p = rel->sorted_plan();
     return {p.reorder_rows, p.out_in_map, p.tile_masks};
   }
@@ -129,7 +129,7 @@ Program conv_program(
   } else if (has(route, "dense_channel")) {
     auto ok = [](int c) { return c == 16 || c == 32 || c == 64; };
     require(ok(p.a) && ok(p.b) && !identity && in.size() >= 6, "C_in, C_out in {16, 32, 64} and a neighbour map");
-  } else if (has(route, "sorted_implicit_gemm")) {
+  } else if (has(route, "sorted_implicit_gemm") || has(route, "tensorops_sorted")) {
     require(
         out_dtype == mx::float16 && p.a == p.b && (p.a == 32 || p.a == 64) && p.k == 27 && in.size() >= 8,
         "float16, K == 27, C_in == C_out in {32, 64} and the sorted plan");
@@ -203,6 +203,15 @@ Program conv_program(
     s.groups = {ceil_div(p.rows, 64), 1, 1};
     s.buffers = {input(0, "x"), input(1, "w"), input(5, "reorder_rows"),
                  input(6, "sorted_out_in_map"), input(7, "tile_masks"), output(), bytes(p)};
+  } else if (has(route, "tensorops_sorted")) {
+    // 64 sorted rows per group; one matmul2d per offset over 4 simdgroups
+    // (the kernel's execution_simdgroups<4>: exactly 128 threads).
+    p.n_tiles = in[7].shape(0);
+    s.kernel = "tensorops_sorted_" + dt + "_c" + std::to_string(p.b);
+    s.threads = {128, 1, 1};
+    s.groups = {ceil_div(p.rows, 64), 1, 1};
+    s.buffers = {input(0, "x"), input(1, "w"), input(5, "reorder_rows"),
+                 input(6, "sorted_out_in_map"), input(7, "tile_masks"), output(), bytes(p)};
   } else {
     throw std::invalid_argument("no Metal program for route " + route);
   }
@@ -239,15 +248,38 @@ Program weight_grad_program(
   return prog;
 }
 
+bool tensor_ops_kernels() {
+#ifdef MLX_LATTICE_TENSOROPS
+  return true;
+#else
+  return false;
+#endif
+}
+
 #ifdef MLX_LATTICE_METAL
 
 namespace {
 
-std::string metallib_path() {
+std::string metallib_path(const char* file = "mlx_lattice.metallib") {
   Dl_info info;
   dladdr(reinterpret_cast<void*>(&metallib_path), &info);
   auto dir = std::filesystem::path(info.dli_fname).parent_path();
-  return (dir / "mlx_lattice.metallib").string();
+  return (dir / file).string();
+}
+
+// TensorOps kernels live in their own library, compiled as Metal 4.0 (see
+// CMakeLists.txt); everything else in mlx_lattice.metallib.
+MTL::Library* library_for(mx::metal::Device& d, const std::string& kernel) {
+  if (kernel.rfind("tensorops_", 0) != 0) {
+    return d.get_library("mlx_lattice", metallib_path());
+  }
+  if (!tensor_ops_kernels()) {
+    throw std::runtime_error(
+        "mlx_lattice was built with an SDK without Metal 4 TensorOps; kernel " +
+        kernel + " is not available");
+  }
+  return d.get_library(
+      "mlx_lattice_tensorops", metallib_path("mlx_lattice_tensorops.metallib"));
 }
 
 } // namespace
@@ -266,7 +298,6 @@ void run(
     return;
   }
   auto& d = mx::metal::device(s.device);
-  auto* lib = d.get_library("mlx_lattice", metallib_path());
   auto& enc = mx::metal::get_command_encoder(s);
   std::vector<mx::array> temps;
   for (const auto& t : program.temps) {
@@ -276,7 +307,8 @@ void run(
         t.dtype);
   }
   for (const auto& step : program.steps) {
-    enc.set_compute_pipeline_state(d.get_kernel(step.kernel, lib));
+    enc.set_compute_pipeline_state(
+        d.get_kernel(step.kernel, library_for(d, step.kernel)));
     for (size_t i = 0; i < step.buffers.size(); ++i) {
       const Binding& b = step.buffers[i];
       const int idx = static_cast<int>(i);

@@ -89,6 +89,10 @@ std::string type_name(mx::Dtype dt);
 // True when this build can run Metal kernels.
 bool available();
 
+// True when this build has the Metal 4 TensorOps kernels
+// (mlx_lattice_tensorops.metallib).
+bool tensor_ops_kernels();
+
 // Encodes a program on the stream (Metal builds only).
 void run(
     const Program& program,

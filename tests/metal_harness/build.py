@@ -38,7 +38,9 @@ COMMON_FLAGS = [
 # Metal has no double: unsuffixed floating literals are float.
 KERNEL_FLAGS = ["-O1", "-fsingle-precision-constant", "-include", "metal_stdlib"]
 SCAN_FLAGS = ["-E", "-x", "c++", "-std=c++20", "-DMH_SCAN=1", f"-I{INCLUDE}"]
-METAL_DEFINES = ["-D__METAL_VERSION__=310", "-D__METAL__=1", "-DMLX_LATTICE_HARNESS=1"]
+# The language version the shim stands for: MSL 4.0, of whose additions only
+# the tensor subset in include/mh/tensor.h is emulated.
+METAL_DEFINES = ["-D__METAL_VERSION__=400", "-D__METAL__=1", "-DMLX_LATTICE_HARNESS=1"]
 
 SCHEDULES = {"forward": 0, "reverse": 1, "random": 2}
 THREADGROUP_MEMORY_LIMIT = 32 * 1024

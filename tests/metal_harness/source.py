@@ -236,6 +236,11 @@ def _threadgroup_edits(text: str, masked: str) -> list[tuple[int, int, str]]:
     edits = []
     counter = 0
     for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
+        j = m.start() - 1
+        while j >= 0 and masked[j].isspace():
+            j -= 1
+        if j >= 0 and masked[j] in "<,(":
+            continue  # a template argument or a parameter: not a variable
         i = m.end()
         depth = 0
         pointer = False

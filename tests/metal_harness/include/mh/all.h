@@ -9,6 +9,7 @@
 #include "mh/atomic.h"
 #include "mh/simd.h"
 #include "mh/bind.h"
+#include "mh/tensor.h"
 
 namespace mh {
 // Storage for a `threadgroup` variable; the source pre-pass rewrites

@@ -1,0 +1,298 @@
+// Metal 4 tensor views and the part of MetalPerformancePrimitives' inline
+// tensor operations that the project's kernels use (<metal_tensor>,
+// <MetalPerformancePrimitives/MetalPerformancePrimitives.h>).
+//
+// Emulated, and nothing more:
+//  - metal::dynamic_extent, metal::dextents<I, 2>, metal::tensor_inline;
+//  - metal::tensor<T, dextents<I, 2>, tensor_inline>: a non-owning rank-2
+//    view over a pointer (any address space) made from (pointer, extents),
+//    packed, or (pointer, extents, array<int, 2> strides). Dimension 0 is
+//    the contiguous one: a row-major R x C matrix is a tensor of extents
+//    (C, R), and element [i0, i1] sits at pointer + i0 * s0 + i1 * s1.
+//  - metal::execution_simdgroups<N>: the operation is shared by the N
+//    simdgroups of the threadgroup, which must then have exactly 32 * N
+//    threads (a launch with another count fails).
+//  - mpp::tensor_ops::matmul2d_descriptor(m, n, k = dynamic, transpose_left,
+//    transpose_right, relaxed_precision, mode) and
+//    matmul2d<descriptor, scope>::run(left, right, destination):
+//      mode::multiply              C = A * B
+//      mode::multiply_accumulate   C = A * B + C
+//    with A (m x K), B (K x n) and the m x n tile C. K is the descriptor's k,
+//    or with k = dynamic_extent the left operand's K extent. Without
+//    transposes A is stored row-major (tensor extents (K, m)) and B too
+//    (extents (n, K)); transpose_left / transpose_right mean the tensor
+//    holds A^T (extents (m, K)) / B^T (extents (K, n)). The destination is a
+//    tensor of extents (n, m) or the op's destination cooperative tensor.
+//    Operand elements outside a tensor's extents read as 0 and destination
+//    elements outside them are not written (the documented edge checking).
+//    Each element is summed in float in k order, starting from C with
+//    multiply_accumulate, then converted once to the destination type;
+//    relaxed_precision changes nothing here.
+//  - the destination cooperative tensor (get_destination_cooperative_tensor
+//    <L, R, T>()): get_capacity(), operator[] and store(tensor). Its
+//    elements start as NaN (for float and half types): a kernel must
+//    initialise them, as on the GPU, where their content is undefined.
+//
+// Threads are not synchronised by run() or store(): each thread computes
+// (stores) the destination elements it owns, reading the operands as they
+// are when it makes the call. A missing barrier between writing an operand
+// and run(), or between run() and overwriting it, therefore changes results
+// under the reverse and random schedules, and a thread that skips run()
+// leaves its elements unchanged. Ownership: element (m, n) of an m x n tile
+// belongs to thread (m * n_cols + n) % (32 * N) of the scope, in slot
+// (m * n_cols + n) / (32 * N). The GPU's distribution is implementation
+// defined; kernels must not depend on this one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "mh/rt.h"
+#include "mh/types.h"
+
+namespace metal {
+
+constexpr size_t dynamic_extent = static_cast<size_t>(-1);
+
+struct tensor_inline {};
+
+template <class IndexType, size_t Rank>
+struct dextents {
+  static_assert(Rank == 2, "the harness emulates rank-2 tensors only");
+  IndexType mh_e[Rank];
+
+  template <class... I>
+  constexpr dextents(I... v) : mh_e{static_cast<IndexType>(v)...} {
+    static_assert(sizeof...(I) == Rank, "one extent per dimension");
+  }
+  static constexpr size_t rank() { return Rank; }
+  constexpr IndexType extent(size_t r) const { return mh_e[r]; }
+};
+
+template <class ElementType, class Extents, class Descriptor = tensor_inline>
+struct tensor {
+  static_assert(sizeof(ElementType) == 0, "the harness emulates tensor<T, dextents<I, 2>, tensor_inline> only");
+};
+
+template <class T, class I, class Descriptor>
+struct tensor<T, dextents<I, 2>, Descriptor> {
+  static_assert(std::is_same_v<Descriptor, tensor_inline>,
+                "the harness emulates tensor_inline views only");
+  using element_type = T;
+  using index_type = I;
+
+  T* mh_data;
+  I mh_ext[2];
+  long mh_stride[2];
+
+  tensor(T* data, dextents<I, 2> e) : mh_data(data), mh_ext{e.mh_e[0], e.mh_e[1]}, mh_stride{1, long(e.mh_e[0])} {}
+  tensor(T* data, dextents<I, 2> e, array<int, 2> strides)
+      : mh_data(data), mh_ext{e.mh_e[0], e.mh_e[1]}, mh_stride{long(strides[0]), long(strides[1])} {}
+
+  bool mh_inside(long i0, long i1) const {
+    return i0 >= 0 && i1 >= 0 && i0 < long(mh_ext[0]) && i1 < long(mh_ext[1]);
+  }
+  T* mh_at(long i0, long i1) const { return mh_data + i0 * mh_stride[0] + i1 * mh_stride[1]; }
+};
+
+template <class T, class I>
+tensor(T*, dextents<I, 2>) -> tensor<T, dextents<I, 2>, tensor_inline>;
+template <class T, class I>
+tensor(T*, dextents<I, 2>, array<int, 2>) -> tensor<T, dextents<I, 2>, tensor_inline>;
+
+template <size_t N>
+struct execution_simdgroups {
+  static_assert(N != 0, "execution_simdgroups needs at least one simdgroup");
+  static constexpr size_t static_size = N;
+  static constexpr size_t size() { return N; }
+};
+
+} // namespace metal
+
+namespace mh {
+
+template <class T>
+constexpr bool tensor_op_type_v = std::is_same_v<std::remove_cv_t<T>, float> ||
+    std::is_same_v<std::remove_cv_t<T>, half> || std::is_same_v<std::remove_cv_t<T>, metal::bfloat>;
+
+// Layout tag of an m x n matmul2d destination spread over `Threads` threads.
+template <int M, int N, int Threads>
+struct MatmulDestination {};
+
+template <class Scope>
+struct ScopeThreads;
+template <size_t N>
+struct ScopeThreads<metal::execution_simdgroups<N>> {
+  static constexpr int value = 32 * int(N);
+};
+
+// This thread's index in a scope of `threads` threads covering the whole
+// threadgroup; fails the launch when the threadgroup has another size.
+inline int scope_thread(int threads, const char* what) {
+  const ThreadInfo* t = g_thread;
+  const uint32_t n = t->group_size[0] * t->group_size[1] * t->group_size[2];
+  if (n != uint32_t(threads)) {
+    rt_fail("%s: the operation's scope is execution_simdgroups<%d> (%d threads) but the threadgroup has %u threads",
+            what, threads / 32, threads, n);
+  }
+  return int(t->local_index);
+}
+
+template <class T>
+inline void poison(T& v) {
+  std::memset(static_cast<void*>(&v), 0xFF, sizeof(T));
+}
+
+} // namespace mh
+
+namespace metal {
+
+template <class ElementType, class Extents, class Layout>
+struct cooperative_tensor;
+
+template <class T, int M, int N, int Threads>
+struct cooperative_tensor<T, dextents<int, 2>, mh::MatmulDestination<M, N, Threads>> {
+  static constexpr int mh_capacity = (M * N + Threads - 1) / Threads;
+  T mh_v[mh_capacity];
+
+  cooperative_tensor() {
+    for (int i = 0; i < mh_capacity; ++i) {
+      mh::poison(mh_v[i]);
+    }
+  }
+  static constexpr uint16_t get_capacity() { return uint16_t(mh_capacity); }
+  T& operator[](int i) { return mh_v[i]; }
+  const T& operator[](int i) const { return mh_v[i]; }
+
+  // Element (m, n) of slot i of this thread, or false when the slot is past
+  // the end of the tile.
+  static bool mh_element(int owner, int i, int& m, int& n) {
+    const int e = i * Threads + owner;
+    m = e / N;
+    n = e % N;
+    return e < M * N;
+  }
+
+  template <class U, class I, class D>
+  void store(const tensor<U, dextents<I, 2>, D>& dst) const {
+    const int owner = mh::scope_thread(Threads, "cooperative_tensor::store");
+    for (int i = 0; i < mh_capacity; ++i) {
+      int m, n;
+      if (mh_element(owner, i, m, n) && dst.mh_inside(n, m)) {
+        *dst.mh_at(n, m) = static_cast<std::remove_cv_t<U>>(mh_v[i]);
+      }
+    }
+  }
+};
+
+} // namespace metal
+
+namespace mh {
+template <class D>
+struct IsCooperative : std::false_type {};
+template <class T, class E, class L>
+struct IsCooperative<metal::cooperative_tensor<T, E, L>> : std::true_type {
+  using element = T;
+};
+} // namespace mh
+
+namespace mpp::tensor_ops {
+
+struct matmul2d_descriptor {
+  enum class mode { multiply, multiply_accumulate };
+
+  int m, n, k;
+  bool transpose_left, transpose_right;
+  bool relaxed_precision;
+  mode matmul_mode;
+
+  constexpr matmul2d_descriptor(
+      int m_,
+      int n_,
+      int k_ = static_cast<int>(metal::dynamic_extent),
+      bool transpose_left_ = false,
+      bool transpose_right_ = false,
+      bool relaxed_precision_ = false,
+      mode matmul_mode_ = mode::multiply)
+      : m(m_),
+        n(n_),
+        k(k_),
+        transpose_left(transpose_left_),
+        transpose_right(transpose_right_),
+        relaxed_precision(relaxed_precision_),
+        matmul_mode(matmul_mode_) {}
+};
+
+template <matmul2d_descriptor Descriptor, class Scope>
+class matmul2d {
+  static_assert(Descriptor.m > 0 && Descriptor.n > 0, "matmul2d needs a positive m and n");
+
+ public:
+  static constexpr matmul2d_descriptor descriptor = Descriptor;
+  using scope = Scope;
+  static constexpr int mh_threads = mh::ScopeThreads<Scope>::value;
+  template <class T>
+  using mh_destination = metal::cooperative_tensor<
+      T, metal::dextents<int, 2>, mh::MatmulDestination<Descriptor.m, Descriptor.n, mh_threads>>;
+
+  template <class LeftOperand, class RightOperand, class ElementType>
+  mh_destination<ElementType> get_destination_cooperative_tensor() const {
+    static_assert(mh::tensor_op_type_v<ElementType>, "emulated destination types: float, half, bfloat");
+    mh::scope_thread(mh_threads, "matmul2d::get_destination_cooperative_tensor");
+    return mh_destination<ElementType>();
+  }
+
+  template <class LT, class LI, class LD, class RT, class RI, class RD, class D>
+  void run(metal::tensor<LT, metal::dextents<LI, 2>, LD>& left,
+           metal::tensor<RT, metal::dextents<RI, 2>, RD>& right,
+           D& destination) const {
+    static_assert(mh::tensor_op_type_v<LT> && mh::tensor_op_type_v<RT>,
+                  "emulated operand types: float, half, bfloat");
+    const int owner = mh::scope_thread(mh_threads, "matmul2d::run");
+    constexpr bool dynamic_k = Descriptor.k == static_cast<int>(metal::dynamic_extent);
+    const int kk = dynamic_k ? int(Descriptor.transpose_left ? left.mh_ext[1] : left.mh_ext[0]) : Descriptor.k;
+    auto a = [&](int m, int k) -> float {
+      const long i0 = Descriptor.transpose_left ? m : k;
+      const long i1 = Descriptor.transpose_left ? k : m;
+      return left.mh_inside(i0, i1) ? float(*left.mh_at(i0, i1)) : 0.0f;
+    };
+    auto b = [&](int k, int n) -> float {
+      const long i0 = Descriptor.transpose_right ? k : n;
+      const long i1 = Descriptor.transpose_right ? n : k;
+      return right.mh_inside(i0, i1) ? float(*right.mh_at(i0, i1)) : 0.0f;
+    };
+    constexpr bool accumulate = Descriptor.matmul_mode == matmul2d_descriptor::mode::multiply_accumulate;
+    for (int i = 0; i < (Descriptor.m * Descriptor.n + mh_threads - 1) / mh_threads; ++i) {
+      const int e = i * mh_threads + owner;
+      if (e >= Descriptor.m * Descriptor.n) {
+        break;
+      }
+      const int m = e / Descriptor.n;
+      const int n = e % Descriptor.n;
+      if constexpr (mh::IsCooperative<D>::value) {
+        static_assert(std::is_same_v<D, mh_destination<typename mh::IsCooperative<D>::element>>,
+                      "the destination cooperative tensor comes from this op");
+        float acc = accumulate ? float(destination[i]) : 0.0f;
+        for (int k = 0; k < kk; ++k) {
+          acc += a(m, k) * b(k, n);
+        }
+        destination[i] = static_cast<typename mh::IsCooperative<D>::element>(acc);
+      } else {
+        if (!destination.mh_inside(n, m)) {
+          continue;
+        }
+        using E = std::remove_cv_t<typename D::element_type>;
+        static_assert(mh::tensor_op_type_v<E>, "emulated destination types: float, half, bfloat");
+        float acc = accumulate ? float(*destination.mh_at(n, m)) : 0.0f;
+        for (int k = 0; k < kk; ++k) {
+          acc += a(m, k) * b(k, n);
+        }
+        *destination.mh_at(n, m) = static_cast<E>(acc);
+      }
+    }
+  }
+};
+
+} // namespace mpp::tensor_ops
