@@ -46,18 +46,23 @@ FOD_SOURCE = """
 """
 
 # Sorted implicit GEMM on tensor cores: 64 rows (in neighbour-mask order) per
-# block, four warps of 16 rows each with B/16 accumulator fragments. For each
-# offset in the tile's mask, 16 input channels at a time are gathered into
-# shared memory with the matching rows of W[k].
+# block, four warps of 16 rows each holding B/16 accumulator fragments for
+# the whole tile. For each offset present in the tile's mask, the 64 gathered
+# input rows and W[k] are staged in shared memory with 16-byte loads, then
+# contracted over all A input channels. Dynamic shared memory: the staged
+# operands during the loop, the float output tile after it.
 SORTED_MMA_SOURCE = """
   using namespace nvcuda;
   constexpr int TM = 64;
-  constexpr int LDX = 24;
+  constexpr int LDX = A + 8;
   constexpr int LDW = B + 8;
   constexpr int LDO = B + 4;
-  __shared__ __align__(32) T xs[TM * LDX];
-  __shared__ __align__(32) T ws[16 * LDW];
-  __shared__ __align__(32) float os[TM * LDO];
+  constexpr int VA = A / 8;
+  constexpr int VB = B / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* xs = reinterpret_cast<T*>(smem);
+  T* ws = xs + TM * LDX;
+  float* os = reinterpret_cast<float*>(smem);
   const int rows = params[0];
   const int tile = blockIdx.x;
   const int tid = threadIdx.x;
@@ -67,27 +72,32 @@ SORTED_MMA_SOURCE = """
   for (int j = 0; j < B / 16; ++j) wmma::fill_fragment(acc[j], 0.0f);
   for (int k = 0; k < K; ++k) {
     if (((mask >> k) & 1ull) == 0) continue;
+    __syncthreads();
+    for (int i = tid; i < TM * VA; i += 128) {
+      const int rr = i / VA, v = i % VA;
+      const int row = tile * TM + rr;
+      const int in = row < rows ? sorted_map[(long)row * K + k] : -1;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (in >= 0) val = reinterpret_cast<const uint4*>(x + (long)in * A)[v];
+      *reinterpret_cast<uint4*>(xs + rr * LDX + v * 8) = val;
+    }
+    for (int i = tid; i < A * VB; i += 128) {
+      const int ar = i / VB, v = i % VB;
+      *reinterpret_cast<uint4*>(ws + ar * LDW + v * 8) =
+          reinterpret_cast<const uint4*>(w + ((long)k * A + ar) * B)[v];
+    }
+    __syncthreads();
     for (int a0 = 0; a0 < A; a0 += 16) {
-      __syncthreads();
-      for (int i = tid; i < TM * 16; i += 128) {
-        const int rr = i / 16, cc = i % 16;
-        const int row = tile * TM + rr;
-        const int in = row < rows ? sorted_map[(long)row * K + k] : -1;
-        xs[rr * LDX + cc] = in >= 0 ? x[(long)in * A + a0 + cc] : static_cast<T>(0.0f);
-      }
-      for (int i = tid; i < 16 * B; i += 128) {
-        ws[(i / B) * LDW + i % B] = w[((long)k * A + a0 + i / B) * B + i % B];
-      }
-      __syncthreads();
       wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-      wmma::load_matrix_sync(fa, xs + warp * 16 * LDX, LDX);
+      wmma::load_matrix_sync(fa, xs + warp * 16 * LDX + a0, LDX);
       for (int j = 0; j < B / 16; ++j) {
         wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-        wmma::load_matrix_sync(fb, ws + j * 16, LDW);
+        wmma::load_matrix_sync(fb, ws + a0 * LDW + j * 16, LDW);
         wmma::mma_sync(acc[j], fa, fb, acc[j]);
       }
     }
   }
+  __syncthreads();
   for (int j = 0; j < B / 16; ++j) {
     wmma::store_matrix_sync(os + warp * 16 * LDO + j * 16, acc[j], LDO, wmma::mem_row_major);
   }
@@ -99,6 +109,12 @@ SORTED_MMA_SOURCE = """
     }
   }
 """
+
+
+def sorted_mma_shared_bytes(a: int, b: int) -> int:
+    staged = 64 * (a + 8) * 2 + a * (b + 8) * 2
+    return max(staged, 64 * (b + 4) * 4)
+
 
 # Weight gradient, direct: one thread per (offset, a, b) over kernel-major edges.
 WGRAD_DIRECT_SOURCE = """
@@ -180,7 +196,7 @@ WGRAD_REDUCE_SOURCE = """
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(name: str):
+def _kernel(name: str, shared_memory: int = 0):
     spec = {
         "fod": (["x", "w", "offsets", "gather", "kidx", "params"], ["y"], FOD_SOURCE),
         "sorted_mma": (["x", "w", "reorder", "sorted_map", "tile_masks", "params"], ["y"], SORTED_MMA_SOURCE),
@@ -189,7 +205,8 @@ def _kernel(name: str):
         "wgrad_reduce": (["partial", "first"], ["dw"], WGRAD_REDUCE_SOURCE),
     }[name]
     return mx.fast.cuda_kernel(
-        name=f"mlx_lattice_{name}", input_names=spec[0], output_names=spec[1], source=spec[2], header=HEADER
+        name=f"mlx_lattice_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],
+        header=HEADER, shared_memory=shared_memory,
     )
 
 
@@ -275,7 +292,7 @@ def _sorted_mma(x, w, view: View):
     plan = view.plan()
     rows = view.rows
     tiles = -(-rows // 64)
-    return _kernel("sorted_mma")(
+    return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b))(
         inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, _params(rows)],
         template=[("T", x.dtype), ("A", a), ("B", b), ("K", k)],
         grid=(max(tiles, 1) * 128, 1, 1), threadgroup=(128, 1, 1),

@@ -301,9 +301,10 @@ K_LE_64 = _cond("K <= 64", lambda c: c.k <= 64)
 
 register(Route(
     name="cuda.pointwise", backend="cuda", priority=100,
-    conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND),
+    conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, HALF),
     passes=("forward", "dgrad"), uses_relation=False, kernel_file="mlx_lattice/cuda.py",
-    summary="x @ W[0] with mx.matmul (cuBLAS)",
+    summary="x @ W[0] with mx.matmul (cuBLAS); half precision only, since float32 matmul "
+    "may run in TF32",
 ))
 register(Route(
     name="cuda.sorted_mma", backend="cuda", priority=80,

@@ -58,7 +58,8 @@ def case(rng, op, c_in, c_out, dtype, n=400):
         ("up", 64, 32, mx.bfloat16, "cuda.sorted_mma"),
         ("subm", 24, 40, mx.float16, "cuda.fetch_on_demand"),
         ("subm", 7, 13, mx.float32, "cuda.fetch_on_demand"),
-        ("pointwise", 32, 16, mx.float32, "cuda.pointwise"),
+        ("pointwise", 32, 16, mx.float16, "cuda.pointwise"),
+        ("pointwise", 12, 20, mx.float32, "cuda.fetch_on_demand"),
     ],
 )
 def test_cuda_forward_and_gradients(rng, op, c_in, c_out, dtype, route):
