@@ -135,17 +135,21 @@ WGRAD_DIRECT_SOURCE = """
 """
 
 # Weight gradient on tensor cores: one block per chunk of up to 256 edges of
-# one offset; gathered rows of x and ct go through shared memory 16 edges at
-# a time, dW_chunk = X^T G accumulates in fragments spread over four warps.
-# Partial sums are reduced per offset, in chunk order, by WGRAD_REDUCE.
+# one offset; gathered rows of x and ct go through shared memory 32 edges at
+# a time (16-byte loads), dW_chunk = X^T G accumulates in fragments spread
+# over four warps. Partial sums are reduced per offset, in chunk order, by
+# WGRAD_REDUCE.
 WGRAD_MMA_SOURCE = """
   using namespace nvcuda;
+  constexpr int SE = 32;
   constexpr int LDX = A + 8;
   constexpr int LDG = B + 8;
+  constexpr int VA = A / 8;
+  constexpr int VB = B / 8;
   constexpr int TILES = (A / 16) * (B / 16);
   constexpr int PER_WARP = (TILES + 3) / 4;
-  __shared__ __align__(32) T xs[16 * LDX];
-  __shared__ __align__(32) T gs[16 * LDG];
+  __shared__ __align__(32) T xs[SE * LDX];
+  __shared__ __align__(32) T gs[SE * LDG];
   const int chunk = blockIdx.x;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -153,26 +157,32 @@ WGRAD_MMA_SOURCE = """
   const int e1 = chunks[3 * chunk + 2];
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[PER_WARP];
   for (int t = 0; t < PER_WARP; ++t) wmma::fill_fragment(acc[t], 0.0f);
-  for (int s = e0; s < e1; s += 16) {
+  for (int s = e0; s < e1; s += SE) {
     __syncthreads();
-    for (int i = tid; i < 16 * A; i += 128) {
-      const int e = s + i / A;
-      xs[(i / A) * LDX + i % A] = e < e1 ? x[(long)gidx[e] * A + i % A] : static_cast<T>(0.0f);
+    for (int i = tid; i < SE * VA; i += 128) {
+      const int e = s + i / VA, v = i % VA;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (e < e1) val = reinterpret_cast<const uint4*>(x + (long)gidx[e] * A)[v];
+      *reinterpret_cast<uint4*>(xs + (i / VA) * LDX + v * 8) = val;
     }
-    for (int i = tid; i < 16 * B; i += 128) {
-      const int e = s + i / B;
-      gs[(i / B) * LDG + i % B] = e < e1 ? ct[(long)ridx[e] * B + i % B] : static_cast<T>(0.0f);
+    for (int i = tid; i < SE * VB; i += 128) {
+      const int e = s + i / VB, v = i % VB;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (e < e1) val = reinterpret_cast<const uint4*>(ct + (long)ridx[e] * B)[v];
+      *reinterpret_cast<uint4*>(gs + (i / VB) * LDG + v * 8) = val;
     }
     __syncthreads();
-    for (int t = 0; t < PER_WARP; ++t) {
-      const int tile = warp * PER_WARP + t;
-      if (tile >= TILES) break;
-      const int ta = tile / (B / 16), tb = tile % (B / 16);
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-      wmma::load_matrix_sync(fa, xs + ta * 16, LDX);
-      wmma::load_matrix_sync(fb, gs + tb * 16, LDG);
-      wmma::mma_sync(acc[t], fa, fb, acc[t]);
+    for (int kk = 0; kk < SE; kk += 16) {
+      for (int t = 0; t < PER_WARP; ++t) {
+        const int tile = warp * PER_WARP + t;
+        if (tile >= TILES) break;
+        const int ta = tile / (B / 16), tb = tile % (B / 16);
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fa, xs + kk * LDX + ta * 16, LDX);
+        wmma::load_matrix_sync(fb, gs + kk * LDG + tb * 16, LDG);
+        wmma::mma_sync(acc[t], fa, fb, acc[t]);
+      }
     }
   }
   float* out = partial + (long)chunk * A * B;
@@ -373,7 +383,9 @@ def conv(route: str, x: mx.array, w: mx.array, view: View | None) -> mx.array:
 
     @mx.custom_function
     def f(x, w):
-        return PRODUCTS[route](x, w, view)
+        # stop_gradient keeps forward-mode tracing out of the kernel itself
+        # (its JVP is f_jvp below); reverse mode goes through f_vjp anyway.
+        return PRODUCTS[route](mx.stop_gradient(x), mx.stop_gradient(w), view)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
@@ -390,7 +402,12 @@ def conv(route: str, x: mx.array, w: mx.array, view: View | None) -> mx.array:
     def f_jvp(primals, tangents):
         x, w = primals
         tx, tw = tangents
-        return conv(route, tx, w, view) + conv(route, x, tw, view)
+        terms = []
+        if tx is not None:
+            terms.append(conv(route, tx, w, view))
+        if tw is not None:
+            terms.append(conv(route, x, tw, view))
+        return sum(terms[1:], terms[0]) if terms else mx.zeros((x.shape[0] if view is None else view.rows, w.shape[2]), x.dtype)
 
     return f(x, w)
 
@@ -400,6 +417,7 @@ def weight_grad(route: str, x: mx.array, ct: mx.array, view: View | None, k: int
 
     @mx.custom_function
     def f(x, ct):
+        x, ct = mx.stop_gradient(x), mx.stop_gradient(ct)
         if route == "cuda.wgrad_mma" and view is not None:
             return _wgrad_mma(x, ct, view, k)
         return _wgrad_direct(x, ct, view, k)
@@ -419,6 +437,11 @@ def weight_grad(route: str, x: mx.array, ct: mx.array, view: View | None, k: int
     def f_jvp(primals, tangents):
         x, ct = primals
         tx, tct = tangents
-        return weight_grad(route, tx, ct, view, k) + weight_grad(route, x, tct, view, k)
+        terms = []
+        if tx is not None:
+            terms.append(weight_grad(route, tx, ct, view, k))
+        if tct is not None:
+            terms.append(weight_grad(route, x, tct, view, k))
+        return sum(terms[1:], terms[0]) if terms else mx.zeros((k, x.shape[1], ct.shape[1]), x.dtype)
 
     return f(x, ct)
