@@ -14,6 +14,15 @@ def to_np(a) -> np.ndarray:
     return np.array(a.astype(mx.float32)).astype(np.float64)
 
 
+@pytest.fixture
+def on_cpu():
+    """Run on the CPU backend (tests that assert CPU route names or threads)."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(previous)
+
+
 TOLERANCES = {
     mx.float32: dict(rtol=1e-4, atol=1e-4),
     mx.float16: dict(rtol=2e-2, atol=2e-2),

@@ -33,7 +33,7 @@ def run_all(coords, feats, w_sub, w_down):
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
-def test_bitwise_across_threads_and_runs(rng, restore_threads, dtype):
+def test_bitwise_across_threads_and_runs(rng, restore_threads, dtype, on_cpu):
     coords = oracle.random_coords(rng, 6000, 30, 2)
     feats = mx.array(rng.standard_normal((len(coords), 16)).astype(np.float32)).astype(dtype)
     w_sub = mx.array(rng.standard_normal((16, 3, 3, 3, 16)).astype(np.float32) / 10).astype(dtype)

@@ -198,7 +198,7 @@ def test_dtypes(rng, dtype, op):
     check(y, sup, oracle.apply(edges, feats_q, w_q, len(sup)), TOLERANCES[dtype])
 
 
-def test_pointwise_keeps_rows_and_set(rng):
+def test_pointwise_keeps_rows_and_set(rng, on_cpu):
     x, coords, feats = make(rng, c_in=7)
     w = weight(rng, 9, 1, 7)
     with ml.diagnostics.record() as log:

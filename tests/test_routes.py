@@ -62,7 +62,7 @@ def test_register_rejects_duplicates():
 REQUIRED = {"op", "route", "backend", "rejected", "map_kind", "dtype", "quantized", "k", "c_in", "c_out", "n_out", "edges", "tier"}
 
 
-def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch):
+def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch, on_cpu):
     log_path = tmp_path / "routes.jsonl"
     monkeypatch.setenv("MLX_LATTICE_ROUTE_LOG", str(log_path))
     coords = oracle.random_coords(rng, 40, 5, 1)
@@ -83,7 +83,7 @@ def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch):
     assert "cpu.pointwise" in log.table()
 
 
-def test_backward_routes_go_through_registry(rng):
+def test_backward_routes_go_through_registry(rng, on_cpu):
     coords = oracle.random_coords(rng, 40, 5, 1)
     x = ml.SparseTensor(coords, rng.standard_normal((len(coords), 3)).astype(np.float32))
     w = mx.zeros((4, 3, 3, 3, 3))
