@@ -252,23 +252,29 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit, com
         ))
 
 
-def run_unet(wl, coords, dtype_name, sgemm, repeats, emit):
-    from .demo import LAYERS, init_params, unet
+def run_unet(wl, coords, dtype_name, sgemm, repeats, emit, width=0.5):
+    """A whole MinkUNet (TorchSparse layout) forward+backward, maps built inside."""
+    import mlx.nn as nn
+
+    from .models import MinkUNet
 
     dtype = DTYPES[dtype_name]
-    params = init_params(dtype)
+    model = MinkUNet(4, 4, width=width)
+    if dtype != mx.float32:
+        model.set_dtype(dtype)
     feats = mx.array(np.random.default_rng(2).standard_normal((len(coords), 4)).astype(np.float32)).astype(dtype)
+    loss_grad = nn.value_and_grad(model, lambda m, x: (m(x).feats.astype(mx.float32) ** 2).mean())
 
     def step():
         x = SparseTensor(coords, feats)  # fresh manager: maps built inside
-        loss, grads = mx.value_and_grad(lambda p: (unet(p, x).feats.astype(mx.float32) ** 2).mean())(params)
+        loss, grads = loss_grad(model, x)
         mx.eval(loss, grads)
 
     t = best_time(step, repeats)
     emit(dict(
-        workload=wl, layer="U-Net (11 layers)", **{"pass": "forward+backward"}, c_in=4, c_out=LAYERS[-1][4],
+        workload=wl, layer=f"MinkUNet {width}x", **{"pass": "forward+backward"}, c_in=4, c_out=4,
         dtype=dtype_name, n=len(coords), edges=0, ms=t * 1e3, gflops=0.0, sgemm_fraction=0.0,
-        route="registry", 
+        route="registry",
     ))
 
 

@@ -21,3 +21,10 @@ def test_bench_cases_have_schema():
             assert c["speedup_vs_baseline"] > 0 and c["gflops"] > 0
         assert bench.format_row(c)
     assert bench.format_header()
+
+
+def test_bench_unet_case():
+    coords = scenes.uniform_random(1500, 20)
+    cases = []
+    bench.run_unet("random", coords, "float32", 100.0, 1, cases.append, width=0.25)
+    assert cases[0]["pass"] == "forward+backward" and cases[0]["ms"] > 0
