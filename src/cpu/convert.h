@@ -98,31 +98,6 @@ inline void from_float<mlx::core::bfloat16_t>(
 }
 #endif
 
-// One element to float32 (used inside micro-kernels).
-template <typename T>
-inline float scalar_to_float(T v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-#if defined(__F16C__)
-  } else if constexpr (std::is_same_v<T, mlx::core::float16_t>) {
-    uint16_t bits;
-    std::memcpy(&bits, &v, 2);
-    return _cvtsh_ss(bits);
-#endif
-#if !defined(__ARM_FEATURE_BF16)
-  } else if constexpr (std::is_same_v<T, mlx::core::bfloat16_t>) {
-    uint16_t bits;
-    std::memcpy(&bits, &v, 2);
-    uint32_t u = uint32_t(bits) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-#endif
-  } else {
-    return static_cast<float>(v);
-  }
-}
-
 // Dispatches fn.template operator()<T>() on the floating dtype of `a`.
 template <typename F>
 void dispatch_float(mlx::core::Dtype dt, F&& fn) {

@@ -21,8 +21,8 @@ namespace {
 
 using simd::vec;
 
-template <int MR, int NV, typename T>
-inline void tile(const T* const* xr, const float* wk, int A, float* const* yr) {
+template <int MR, int NV>
+inline void tile(const float* const* xr, const float* wk, int A, float* const* yr) {
   constexpr int W = NV * simd::kWidth;
   vec acc[MR][NV];
 #pragma GCC unroll 16
@@ -40,7 +40,7 @@ inline void tile(const T* const* xr, const float* wk, int A, float* const* yr) {
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const vec xb = simd::broadcast(scalar_to_float(xr[i][a]));
+      const vec xb = simd::broadcast_load(xr[i] + a);
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) {
         acc[i][j] += xb * wv[j];
@@ -95,21 +95,21 @@ void group_edges(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockEdges
   }
 }
 
-template <int NV, typename T>
+template <int NV>
 void block_product(
     const BlockEdges& b,
     int64_t K,
-    const T* xf,
+    const float* xf,
     int A,
     const float* packed,
     int c0,
     float* yblk,
     int ldy,
-    const T* zero_row,
+    const float* zero_row,
     float* dummy_row) {
   constexpr int MR = simd::rows_for(NV);
   constexpr int W = NV * simd::kWidth;
-  const T* xr[MR];
+  const float* xr[MR];
   float* yr[MR];
   for (int64_t k = 0; k < K; ++k) {
     const int32_t g0 = b.offsets[k], g1 = b.offsets[k + 1];
@@ -123,7 +123,7 @@ void block_product(
       // while this one computes.
       for (int32_t i = g + MR; i < std::min<int32_t>(g + 2 * MR, g1); ++i) {
         const char* p = reinterpret_cast<const char*>(xf + int64_t(b.in[i]) * A);
-        for (int64_t off = 0; off < int64_t(A) * int64_t(sizeof(T)); off += 64) {
+        for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
           __builtin_prefetch(p + off);
         }
       }
@@ -136,7 +136,7 @@ void block_product(
           yr[i] = dummy_row;
         }
       }
-      tile<MR, NV, T>(xr, wk, A, yr);
+      tile<MR, NV>(xr, wk, A, yr);
     }
   }
 }
@@ -168,7 +168,7 @@ void run_packed(
     dummy_row.assign(bp, 0.0f);
     for (auto [c0, nv] : blocks) {
       auto product = [&]<int NV>() {
-        block_product<NV, float>(
+        block_product<NV>(
             edges, K, xf, A, packed.data(), c0, yblk.data(), bp,
             zero_row.data(), dummy_row.data());
       };

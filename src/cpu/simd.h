@@ -5,6 +5,10 @@
 
 #include <cstring>
 
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace mlx_lattice::cpu::simd {
 
 #if defined(__AVX512F__)
@@ -32,6 +36,19 @@ inline void store(float* p, vec v) {
 
 inline vec broadcast(float s) {
   return vec{} + s;
+}
+
+// Broadcast straight from memory: one load-port micro-op, where a scalar load
+// followed by a register broadcast would also occupy a shuffle port that the
+// FMAs need (the inner loops issue one broadcast per row per input channel).
+inline vec broadcast_load(const float* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vec>(_mm512_broadcastss_ps(_mm_load_ss(p)));
+#elif defined(__AVX__)
+  return reinterpret_cast<vec>(_mm256_broadcast_ss(p));
+#else
+  return vec{} + *p;
+#endif
 }
 
 inline vec zero() {

@@ -45,7 +45,7 @@ inline void tile(const float* xp, int ldx, const float* cp, int ldc, int64_t n, 
     const float* xr = xp + e * ldx;
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const vec xb = simd::broadcast(xr[i]);
+      const vec xb = simd::broadcast_load(xr + i);
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) {
         t[i][j] += xb * cv[j];
