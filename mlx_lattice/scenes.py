@@ -281,7 +281,11 @@ def _street_scene(caster: _RayCaster, rng: np.random.Generator):
     for side, w in ((1.0, w_left), (-1.0, w_right)):
         sidewalk = rng.uniform(3.0, 5.0)
         level = curb - camber * w  # height of the sidewalk surface
-        yard = 35.0
+        # an "open" side has a square, park or parking lot in front of
+        # set-back buildings instead of a continuous street wall
+        open_side = rng.random() < 0.4
+        setback = rng.uniform(12.0, 25.0) if open_side else 0.0
+        yard = 75.0
         y_mid = side * (w + yard / 2)
         # raised sidewalk + lots behind it, interrupted by the cross street
         for x0, x1 in ((-extent, cross_lo), (cross_hi, extent)):
@@ -294,12 +298,12 @@ def _street_scene(caster: _RayCaster, rng: np.random.Generator):
         # building facades with gaps
         x = -extent + rng.uniform(0.0, 10.0)
         while x < extent:
-            if rng.random() < 0.25:
-                x += rng.uniform(3.0, 10.0)  # a gap between buildings
+            if rng.random() < (0.45 if open_side else 0.25):
+                x += rng.uniform(3.0, 12.0)  # a gap between buildings
                 if rng.random() < 0.5:  # a wall or hedge fills some gaps
                     length = rng.uniform(2.0, 8.0)
                     height = rng.uniform(0.6, 2.0)
-                    y = side * (w + sidewalk + rng.uniform(0.2, 1.0))
+                    y = side * (w + sidewalk + setback + rng.uniform(0.2, 1.0))
                     if not skip_cross(x, x + length, sidewalk):
                         hedge = rng.random() < 0.5
                         caster.box(
@@ -316,7 +320,7 @@ def _street_scene(caster: _RayCaster, rng: np.random.Generator):
                 continue
             depth = rng.uniform(8.0, 20.0)
             height = rng.uniform(5.0, 24.0)
-            front = w + sidewalk + rng.uniform(0.0, 2.0)
+            front = w + sidewalk + setback + rng.uniform(0.0, 8.0 if open_side else 2.0)
             caster.box(
                 ((x0 + x1) / 2, side * (front + depth / 2), (height + level - 0.5) / 2),
                 (width, depth, height - level + 0.5),
@@ -329,6 +333,28 @@ def _street_scene(caster: _RayCaster, rng: np.random.Generator):
                     (width * rng.uniform(0.3, 0.8), 1.2, 0.15),
                     reflectivity=rng.uniform(0.2, 0.6),
                 )
+
+        if open_side:  # scattered trees and bushes, a few parked cars
+            for _ in range(rng.integers(8, 20)):
+                x = rng.uniform(-60.0, 60.0)
+                y = side * (w + sidewalk + rng.uniform(2.0, setback - 1.0))
+                if skip_cross(x, x, 4.0):
+                    continue
+                if rng.random() < 0.5:
+                    trunk_h = rng.uniform(1.5, 3.0)
+                    rz = rng.uniform(1.2, 2.5)
+                    caster.cylinder(x, y, rng.uniform(0.1, 0.22), level, level + trunk_h, reflectivity=0.25)
+                    caster.ellipsoid(
+                        (x, y, level + trunk_h + 0.7 * rz),
+                        (rng.uniform(1.0, 2.6), rng.uniform(1.0, 2.6), rz),
+                        reflectivity=0.3,
+                        porous=True,
+                    )
+                elif rng.random() < 0.6:
+                    rb = rng.uniform(0.4, 1.2)
+                    caster.ellipsoid((x, y, level + 0.5 * rb), (rb * 1.3, rb, rb), reflectivity=0.3, porous=True)
+                else:
+                    _car(caster, rng, x, y, level, rng.uniform(3.9, 4.9), rng.uniform(-0.2, 0.2) + np.pi / 2)
 
         # street lights
         x = -extent + rng.uniform(0.0, 20.0)
@@ -874,6 +900,22 @@ def _read_ascii_element(lines, count, props):
             return {name: np.zeros(0, dtype=t) for name, t in props}
         arr = np.array(rows, dtype=np.float64)
         return {name: arr[:, k].astype(t) for k, (name, t) in enumerate(props)}
+    lists = [k for k, (_, t) in enumerate(props) if isinstance(t, tuple)]
+    if count and len(lists) == 1 and len({len(r) for r in rows}) == 1:
+        # every row has the same length: decode the whole block at once
+        arr = np.array(rows, dtype=np.float64)
+        k = lists[0]
+        n_items = int(arr[0, k])
+        if np.all(arr[:, k] == n_items) and arr.shape[1] == len(props) + n_items:
+            out, col = {}, 0
+            for name, t in props:
+                if isinstance(t, tuple):
+                    out[name] = [arr[:, col + 1 : col + 1 + n_items].astype(t[1])]
+                    col += 1 + n_items
+                else:
+                    out[name] = arr[:, col].astype(t)
+                    col += 1
+            return out
     cols = {name: [] for name, _ in props}
     for row in rows:
         k = 0
@@ -934,8 +976,8 @@ def load_ply(path):
     faces = None
     face_el = data.get("face")
     if face_el is not None:
-        face_props = dict((n, t) for n, count, props in elements if n == "face" for n, t in props)
-        list_names = [n for n, t in face_props.items() if isinstance(t, tuple)]
+        face_props = next(props for name, _, props in elements if name == "face")
+        list_names = [n for n, t in face_props if isinstance(t, tuple)]
         pick = next((n for n in ("vertex_indices", "vertex_index") if n in list_names), None)
         pick = pick or (list_names[0] if list_names else None)
         if pick is not None:
@@ -952,7 +994,7 @@ def save_ply(path, vertices, faces=None, binary=True):
     v = np.asarray(vertices, dtype=np.float32)[:, :3]
     f = None if faces is None else np.asarray(faces, dtype=np.int32)
     fmt = "binary_little_endian" if binary else "ascii"
-    header = [f"ply", f"format {fmt} 1.0", f"element vertex {len(v)}",
+    header = ["ply", f"format {fmt} 1.0", f"element vertex {len(v)}",
               "property float x", "property float y", "property float z"]
     if f is not None:
         header += [f"element face {len(f)}", "property list uchar int vertex_indices"]
