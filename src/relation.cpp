@@ -281,6 +281,98 @@ mx::array generative_support(const CoordTable& in, const KernelSpec& spec) {
   return support(in, spec, true);
 }
 
+namespace {
+
+// A centred odd kernel at stride 1 mapping a set onto itself: q reaches p
+// through offset k exactly when p reaches q through K - 1 - k.
+bool symmetric(const CoordTable& in, const mx::array& out, const KernelSpec& spec, bool transposed) {
+  if (transposed || out.shape(0) != in.size() ||
+      (in.size() > 0 && out.data<int32_t>() != in.coord_data())) {
+    return false;
+  }
+  for (int a = 0; a < 3; ++a) {
+    if (spec.stride[a] != 1 || spec.size[a] % 2 == 0 ||
+        spec.padding[a] != spec.dilation[a] * (spec.size[a] - 1) / 2) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Symmetric relations look up only the first half of the offsets and mirror
+// each hit into the neighbour map (distinct slots: no two rows write the same
+// one), then compact the map into CSR in offset order.
+std::shared_ptr<Relation> build_symmetric(
+    const CoordTable& in,
+    const KernelSpec& spec,
+    const std::string& kind) {
+  const int64_t n = in.size();
+  const int kv = spec.volume();
+  const int center = kv / 2;
+  const int32_t* c = in.coord_data();
+  mx::array nmap(
+      mx::allocator::malloc(std::max<int64_t>(n * kv, 1) * sizeof(int32_t)),
+      {static_cast<int>(n), kv},
+      mx::int32);
+  int32_t* nm = nmap.data<int32_t>();
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    std::fill(nm + b * kv, nm + e * kv, -1);
+  });
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    std::vector<uint64_t> keys(kv);
+    std::vector<int32_t> found(kv);
+    AxisCandidates ax[3];
+    for (int64_t q = b; q < e; ++q) {
+      row_keys(c + 4 * q, spec, Form::Conv, keys.data(), ax);
+      in.find_many(keys.data(), center, found.data());
+      for (int k = 0; k < center; ++k) {
+        const int32_t p = found[k];
+        if (p >= 0) {
+          nm[q * kv + k] = p;
+          nm[int64_t(p) * kv + (kv - 1 - k)] = static_cast<int32_t>(q);
+        }
+      }
+      nm[q * kv + center] = static_cast<int32_t>(q);
+    }
+  });
+  mx::array offsets = make_int32(n + 1);
+  int32_t* off = offsets.data<int32_t>();
+  off[0] = 0;
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      int32_t count = 0;
+      for (int k = 0; k < kv; ++k) {
+        count += nm[q * kv + k] >= 0;
+      }
+      off[q + 1] = count;
+    }
+  });
+  for (int64_t q = 0; q < n; ++q) {
+    off[q + 1] += off[q];
+  }
+  mx::array in_idx = make_int32(off[n]);
+  mx::array k_idx = make_int32(off[n]);
+  int32_t* ip = in_idx.data<int32_t>();
+  int32_t* kp = k_idx.data<int32_t>();
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      int32_t j = off[q];
+      for (int k = 0; k < kv; ++k) {
+        const int32_t p = nm[q * kv + k];
+        if (p >= 0) {
+          ip[j] = p;
+          kp[j++] = k;
+        }
+      }
+    }
+  });
+  auto rel = std::make_shared<Relation>(kind, n, n, kv, offsets, in_idx, k_idx);
+  rel->set_neighbor_map(nmap);
+  return rel;
+}
+
+} // namespace
+
 std::shared_ptr<Relation> build_relation(
     const CoordTable& in,
     const mx::array& out_coords_in,
@@ -290,6 +382,9 @@ std::shared_ptr<Relation> build_relation(
   check_kernel(spec);
   mx::array out_coords = evaluated(out_coords_in);
   check_coords(out_coords, "output coordinates");
+  if (symmetric(in, out_coords, spec, transposed)) {
+    return build_symmetric(in, spec, kind);
+  }
   const int64_t m = out_coords.shape(0);
   const int kv = spec.volume();
   const int32_t* oc = m > 0 ? out_coords.data<int32_t>() : nullptr;
@@ -446,6 +541,10 @@ const Relation::InputMajor& Relation::input_major() {
     in_view_ = InputMajor{offsets, perm, v_out, v_k};
   });
   return *in_view_;
+}
+
+void Relation::set_neighbor_map(mx::array nmap) {
+  std::call_once(nmap_once_, [&] { nmap_ = std::move(nmap); });
 }
 
 const mx::array& Relation::neighbor_map() {

@@ -110,13 +110,17 @@ class CoordTable {
   // Row index of each query row (-1 where absent); queries (M, 4) int32.
   mx::array lookup(const mx::array& queries) const;
 
-  static uint64_t hash(uint64_t x) {
+  // Runs of 4 voxels along z hash to 4 consecutive slots (one cache line of
+  // 16-byte slots), so a row's z-neighbours usually share a line; the rest of
+  // the key is mixed so that runs spread evenly over the table.
+  static uint64_t hash(uint64_t key) {
+    uint64_t x = key >> 2;
     x ^= x >> 31;
     x *= 0x7fb5d329728ea185ULL;
     x ^= x >> 27;
     x *= 0x81dadef4bc2dd44dULL;
     x ^= x >> 33;
-    return x;
+    return (x << 2) | (key & 3);
   }
 
  private:
@@ -193,6 +197,8 @@ class Relation {
 
   // (N_out, K) int32, -1 where no input.
   const mx::array& neighbor_map();
+  // Provides the neighbour map when the builder already made it.
+  void set_neighbor_map(mx::array nmap);
 
   // Rows ordered by neighbour bitmask (stable), for implicit-GEMM routes.
   // reorder_rows[i] is the output row at sorted position i; out_in_map is
