@@ -172,24 +172,7 @@ void run_packed(
             edges, K, xf, A, packed.data(), c0, yblk.data(), bp,
             zero_row.data(), dummy_row.data());
       };
-      switch (nv) {
-        case 1:
-          product.template operator()<1>();
-          break;
-        case 2:
-          product.template operator()<2>();
-          break;
-        case 3:
-          if constexpr (simd::kMaxVectors >= 3) {
-            product.template operator()<3>();
-          }
-          break;
-        default:
-          if constexpr (simd::kMaxVectors >= 4) {
-            product.template operator()<4>();
-          }
-          break;
-      }
+      dispatch_vectors(nv, product);
     }
     for (int64_t r = r0; r < r1; ++r) {
       from_float(yblk.data() + (r - r0) * bp, y + r * B, B);

@@ -26,6 +26,29 @@ inline std::vector<std::pair<int, int>> column_blocks(int padded) {
   return blocks;
 }
 
+// Calls fn.template operator()<NV>() for a column block of nv vectors.
+template <typename F>
+inline void dispatch_vectors(int nv, F&& fn) {
+  switch (nv) {
+    case 1:
+      fn.template operator()<1>();
+      break;
+    case 2:
+      fn.template operator()<2>();
+      break;
+    case 3:
+      if constexpr (simd::kMaxVectors >= 3) {
+        fn.template operator()<3>();
+      }
+      break;
+    default:
+      if constexpr (simd::kMaxVectors >= 4) {
+        fn.template operator()<4>();
+      }
+      break;
+  }
+}
+
 // W (K, A, B) -> float32 [block][k][a][block width], zero-padded columns.
 template <typename T>
 std::vector<float> pack_weights(const T* w, int64_t K, int A, int B) {
