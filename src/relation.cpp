@@ -587,11 +587,27 @@ const Relation::SortedPlan& Relation::sorted_plan() {
         mask[r] = m;
       }
     });
-    std::vector<int32_t> order(n_out_);
+    // Stable LSD radix sort of rows by mask, 16 bits per pass (K <= 64).
+    std::vector<int32_t> order(n_out_), tmp(n_out_);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      return mask[a] < mask[b];
-    });
+    std::vector<int64_t> count(1 << 16);
+    for (int shift = 0; shift < k_; shift += 16) {
+      std::fill(count.begin(), count.end(), 0);
+      for (int64_t i = 0; i < n_out_; ++i) {
+        ++count[(mask[i] >> shift) & 0xFFFF];
+      }
+      int64_t sum = 0;
+      for (auto& c : count) {
+        int64_t v = c;
+        c = sum;
+        sum += v;
+      }
+      for (int64_t i = 0; i < n_out_; ++i) {
+        const int32_t r = order[i];
+        tmp[count[(mask[r] >> shift) & 0xFFFF]++] = r;
+      }
+      order.swap(tmp);
+    }
     const int64_t n_tiles = (n_out_ + kPlanTile - 1) / kPlanTile;
     mx::array reorder = make_int32(n_out_);
     auto shape2 = [](int64_t a, int64_t b) {
@@ -609,17 +625,14 @@ const Relation::SortedPlan& Relation::sorted_plan() {
     int32_t* kvo = kv.data<int32_t>();
     uint64_t* tm = tiles.data<uint64_t>();
     std::copy(order.begin(), order.end(), ro);
+    // Both layouts from one read of each source row; the (K, N) writes are
+    // K sequential streams within a block of rows.
     parallel_for(n_out_, kRowGrain, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
+        const int32_t* src = nm + int64_t(order[i]) * k_;
         for (int64_t k = 0; k < k_; ++k) {
-          so[i * k_ + k] = nm[int64_t(order[i]) * k_ + k];
-        }
-      }
-    });
-    parallel_for(k_, 1, [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k) {
-        for (int64_t i = 0; i < n_out_; ++i) {
-          kvo[k * n_out_ + i] = so[i * k_ + k];
+          so[i * k_ + k] = src[k];
+          kvo[k * n_out_ + i] = src[k];
         }
       }
     });
@@ -642,6 +655,31 @@ int64_t Relation::max_neighbors() const {
     mx_n = std::max<int64_t>(mx_n, off[r + 1] - off[r]);
   }
   return mx_n;
+}
+
+const mx::array& Relation::input_neighbor_map() {
+  std::call_once(in_nmap_once_, [&] {
+    const InputMajor& im = input_major();
+    mx::array a(
+        mx::allocator::malloc(std::max<int64_t>(n_in_ * k_, 1) * 4),
+        {static_cast<int>(n_in_), static_cast<int>(k_)},
+        mx::int32);
+    int32_t* m = a.data<int32_t>();
+    const int32_t* off = im.offsets.data<int32_t>();
+    const int32_t* out = im.out_idx.data<int32_t>();
+    const int32_t* kk = im.k_idx.data<int32_t>();
+    // Each task writes the entries of its own input rows only.
+    parallel_for(n_in_, kRowGrain, [&](int64_t b, int64_t e) {
+      std::fill(m + b * k_, m + e * k_, -1);
+      for (int64_t i = b; i < e; ++i) {
+        for (int32_t j = off[i]; j < off[i + 1]; ++j) {
+          m[i * k_ + kk[j]] = out[j];
+        }
+      }
+    });
+    in_nmap_ = a;
+  });
+  return *in_nmap_;
 }
 
 std::shared_ptr<Relation> Relation::swapped(const std::string& kind) {
