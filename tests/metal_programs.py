@@ -1,13 +1,16 @@
 """Run a route's Metal program (the kernels, shapes and bindings eval_gpu
-encodes) on the CPU through the harness, on the primitive's own inputs.
+encodes) on the primitive's own inputs: on Linux through the CPU harness, on
+a Mac with Metal through the primitive itself on the GPU.
 
 The program comes from ``_ext.metal_program`` and the inputs from
 ``_ext.conv_inputs``/``_ext.weight_grad_inputs``: the same C++ code paths a
 Mac runs. Each run is recorded in the route log with backend
-``metal-harness``.
+``metal-harness`` or ``metal``.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import mlx.core as mx
@@ -15,6 +18,18 @@ import mlx.core as mx
 from mlx_lattice import _ext, diagnostics
 
 import metal_harness
+
+
+def _backend() -> tuple[str | None, str]:
+    if sys.platform == "darwin":
+        if mx.metal.is_available() and _ext.metal_available():
+            return "metal", ""
+        return None, "macOS without Metal or without a Metal build of mlx_lattice"
+    ok, why = metal_harness.available()
+    return ("metal-harness", "") if ok else (None, why)
+
+
+BACKEND, WHY = _backend()
 
 NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -66,10 +81,16 @@ def conv(route: str, x: mx.array, w: mx.array, relation, view=0, schedule="forwa
     shape = [rows, w.shape[2]]
     dtype = str(x.dtype).replace("mlx.core.", "")
     program = _ext.metal_program("conv", route, inputs, shape, x.dtype)
-    y = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
+    if BACKEND == "metal":
+        gpu = mx.default_stream(mx.gpu)
+        y = np.array(_ext.gather_conv(x, w, relation, view, route, gpu))
+        for step in program["steps"]:
+            metal_harness.record_ran(step["kernel"], "metal")
+    else:
+        y = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
     if record is not None:
         entry = dict(record)
-        entry.update(route=route, backend="metal-harness", kernels=[s["kernel"] for s in program["steps"]])
+        entry.update(route=route, backend=BACKEND, kernels=[s["kernel"] for s in program["steps"]])
         diagnostics.emit(entry)
     return y
 
@@ -80,4 +101,9 @@ def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=0,
     shape = [k, x.shape[1], ct.shape[1]]
     dtype = str(x.dtype).replace("mlx.core.", "")
     program = _ext.metal_program("weight_grad", route, inputs, shape, x.dtype)
+    if BACKEND == "metal":
+        gpu = mx.default_stream(mx.gpu)
+        for step in program["steps"]:
+            metal_harness.record_ran(step["kernel"], "metal")
+        return np.array(_ext.weight_grad(x, ct, relation, view, k, route, gpu))
     return run_program(program, inputs, tuple(shape), dtype, schedule, seed)

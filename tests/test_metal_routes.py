@@ -16,8 +16,7 @@ import oracle
 import metal_harness
 import metal_programs
 
-ok, why = metal_harness.available()
-pytestmark = [pytest.mark.metal, pytest.mark.skipif(not ok, reason=why)]
+pytestmark = [pytest.mark.metal, pytest.mark.skipif(metal_programs.BACKEND is None, reason=metal_programs.WHY)]
 
 TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2)}
 
@@ -209,9 +208,9 @@ def test_harness_runs_are_logged(rng, tmp_path, monkeypatch):
     feats, w5, rel, edges, n_out = case(rng, 60, 4, 8, mx.float32)
     with ml.diagnostics.record() as log:
         check_route("metal.vec4", feats, w5, rel, edges, n_out, mx.float32, log=True)
-    assert log[0]["backend"] == "metal-harness" and log[0]["route"] == "metal.vec4"
+    assert log[0]["backend"] == metal_programs.BACKEND and log[0]["route"] == "metal.vec4"
     assert log[0]["kernels"] == ["vec4_conv_float32"]
-    assert "metal-harness" in path.read_text()
+    assert metal_programs.BACKEND in path.read_text()
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
