@@ -163,3 +163,21 @@ def test_weight_gradient_paths(rng, c_in, c_out, dtype):
     _, ew, _ = oracle.grads(edges, to_np(x.feats), to_np(w), to_np(g_mx)[perm])
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == mx.float32 else dict(rtol=3e-2, atol=1e-1)
     np.testing.assert_allclose(to_np(dw), ew, **tol)
+
+
+@pytest.mark.parametrize("c_in,c_out", [(3, 17), (17, 130), (130, 3), (33, 48)])
+def test_cpu_kernel_tails(rng, c_in, c_out):
+    """Channel counts that leave partial SIMD vectors and row tiles, through
+    forward, input gradient and weight gradient."""
+    x, w, b, fn, edges, perm = case(rng, "subm", c_in=c_in, c_out=c_out)
+    g = rng.standard_normal((len(perm), c_out)).astype(np.float32)
+    g_mx = mx.array(g)
+    y = fn(x, w, b)
+    np.testing.assert_allclose(
+        np.array(y.feats)[perm], oracle.apply(edges, np.array(x.feats), np.array(w), len(perm), np.array(b)),
+        rtol=1e-4, atol=1e-4,
+    )
+    dx, dw = mx.grad(lambda f, w: (fn(x.replace(f), w, b).feats * g_mx).sum(), argnums=(0, 1))(x.feats, w)
+    ex, ew, _ = oracle.grads(edges, np.array(x.feats), np.array(w), g[perm])
+    np.testing.assert_allclose(np.array(dx), ex, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.array(dw), ew, rtol=1e-4, atol=1e-4)
