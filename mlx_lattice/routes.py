@@ -291,6 +291,85 @@ register(Route(
 ))
 
 
+# Backward routes. An autodiff context describes the product being computed:
+# for the input gradient (dgrad), C_in/C_out are the product's channels (the
+# convolution's C_out/C_in) and n_out its rows, i.e. the convolution's input
+# capacity; for the weight gradient (wgrad), n_in is the input capacity.
+DGRAD_CAP_4096 = _cond("input capacity >= 4096", lambda c: c.n_out >= 4096)
+DGRAD_CAP_65536 = _cond("input capacity >= 65536", lambda c: c.n_out >= 65536)
+DGRAD_CAP_32768 = _cond("input capacity >= 32768", lambda c: c.n_out >= 32768)
+WGRAD_CAP_32768 = _cond("input capacity >= 32768", lambda c: c.n_in >= 32768)
+C16_SQUARE = _cond("C_in == C_out == 16", lambda c: c.c_in == 16 and c.c_out == 16)
+MAPPED_LAYOUT = _cond(
+    "weight mapped to kernel-major (K, C_in, C_out) (dense 5D or mapped; not packed)",
+    lambda c: c.weight_layout in ("dense5d", "mapped"),
+)
+SQUARE_16_64 = _cond(
+    "C_in == C_out in {16, 32, 64}", lambda c: c.c_in == c.c_out and c.c_in in (16, 32, 64)
+)
+EDGES_4096 = _cond("edges >= 4096", lambda c: c.edges >= 4096)
+COUT_16 = _cond("C_out == 16", lambda c: c.c_out == 16)
+CHANNELS_DIV4 = _cond("C_in and C_out divisible by 4", lambda c: c.c_in % 4 == 0 and c.c_out % 4 == 0)
+
+register(Route(
+    name="metal.tensorops_dgrad", backend="metal", priority=88,
+    conditions=(DENSE, C16_SQUARE, K_GE_16, MAPPED_LAYOUT, DGRAD_CAP_32768, TENSOR_OPS, FP32),
+    passes=("dgrad",), kernel_file="metal/tensorops_backward.metal",
+    summary="TensorOps input-gradient contraction: 64 input rows per threadgroup, one "
+    "matmul2d (64x16 by 16x16, float) per offset present in the tile, gathered through the "
+    "input-major neighbour map; accumulator in a cooperative tensor",
+))
+register(Route(
+    name="metal.dgrad_dense_grouped", backend="metal", priority=86,
+    conditions=(DENSE, DENSE_LAYOUT, CHANNELS_16_64, DGRAD_CAP_65536, METAL_DTYPES),
+    passes=("dgrad",), kernel_file="metal/backward.metal",
+    summary="grouped dense-channel input gradient: as metal.dgrad_dense_channel, but each "
+    "thread owns 4 channels of 4 rows, so every W[k] staged in threadgroup memory serves 4x "
+    "the rows",
+))
+register(Route(
+    name="metal.dgrad_dense_channel", backend="metal", priority=84,
+    conditions=(DENSE, DENSE_LAYOUT, CHANNELS_16_64, DGRAD_CAP_4096, METAL_DTYPES),
+    passes=("dgrad",), kernel_file="metal/forward_dense.metal",
+    summary="dense-channel input gradient: the compile-time-channel kernels of "
+    "metal.dense_channel over the input-major neighbour map (N_in, K), W transposed per offset",
+))
+register(Route(
+    name="metal.tensorops_wgrad", backend="metal", priority=90,
+    conditions=(DENSE, CHANNELS_16_64, K_GE_16, WGRAD_CAP_32768, TENSOR_OPS, METAL_DTYPES),
+    passes=("wgrad",), kernel_file="metal/tensorops_backward.metal",
+    summary="partitioned TensorOps contraction: threadgroup (p, k) sums x^T ct over 32-edge "
+    "chunks p, p+P, ... of offset k with matmul2d into a float partial; a second kernel "
+    "(metal/backward.metal) adds the P partials in order",
+))
+register(Route(
+    name="metal.wgrad_dense_square", backend="metal", priority=40,
+    conditions=(DENSE, SQUARE_16_64, EDGES_4096, METAL_DTYPES),
+    passes=("wgrad",), kernel_file="metal/backward.metal",
+    summary="one threadgroup per offset, compile-time channels; 32 edges of x and ct staged "
+    "in threadgroup memory per step, each thread owning C*C/256 elements of dW[k]",
+))
+register(Route(
+    name="metal.wgrad_cout16", backend="metal", priority=30,
+    conditions=(DENSE, COUT_16, METAL_DTYPES),
+    passes=("wgrad",), kernel_file="metal/backward.metal",
+    summary="one thread per (offset, input channel) computing all 16 output channels",
+))
+register(Route(
+    name="metal.wgrad_block4", backend="metal", priority=20,
+    conditions=(DENSE, FP32, CHANNELS_DIV4),
+    passes=("wgrad",), kernel_file="metal/backward.metal",
+    summary="one thread per 4x4 block of dW[k], float4 loads, an outer product per edge",
+))
+register(Route(
+    name="metal.wgrad_fp16", backend="metal", priority=10,
+    conditions=(DENSE, FP16),
+    passes=("wgrad",), kernel_file="metal/backward.metal",
+    summary="a 32x8 block of dW[k] per threadgroup; 32 edges staged (as float) in "
+    "threadgroup memory and shared by the block",
+))
+
+
 # ------------------------------------------------------------------ CUDA routes
 HALF = _cond("features float16 or bfloat16", lambda c: c.dtype in ("float16", "bfloat16"))
 MMA_CHANNELS = _cond(
@@ -348,6 +427,8 @@ def _autodiff_route(q: dict) -> str:
         edges=q["edges"],
         direction=q["direction"],
         tier=diagnostics.capability_tier(backend),
+        tensor_ops=backend == "metal" and diagnostics.metal_capabilities()["tensor_ops"]
+        and _ext.metal_tensor_ops_kernels(),
     )
     sel = select(ctx)
     entry = ctx.as_dict()

@@ -70,6 +70,7 @@ NB_MODULE(_ext, m) {
       .def_prop_ro("k_idx", &Relation::k_idx)
       .def_prop_ro("out_idx", &Relation::out_idx)
       .def_prop_ro("neighbor_map", &Relation::neighbor_map)
+      .def_prop_ro("input_neighbor_map", &Relation::input_neighbor_map)
       .def_prop_ro("max_neighbors", &Relation::max_neighbors)
       .def(
           "input_major",

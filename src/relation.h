@@ -199,6 +199,9 @@ class Relation {
   const mx::array& neighbor_map();
   // Provides the neighbour map when the builder already made it.
   void set_neighbor_map(mx::array nmap);
+  // (N_in, K) int32: the output row of edge (in, k), -1 where none (the
+  // neighbour map of the input-major view; dense-channel input gradients).
+  const mx::array& input_neighbor_map();
 
   // Rows ordered by neighbour bitmask (stable), for implicit-GEMM routes.
   // reorder_rows[i] is the output row at sorted position i; out_in_map is
@@ -220,9 +223,9 @@ class Relation {
   std::string kind_;
   int64_t n_in_, n_out_, k_, e_;
   mx::array out_offsets_, in_idx_, k_idx_;
-  std::once_flag out_once_, in_once_, k_once_, nmap_once_, plan_once_;
+  std::once_flag out_once_, in_once_, k_once_, nmap_once_, plan_once_, in_nmap_once_;
   std::optional<SortedPlan> plan_;
-  std::optional<mx::array> out_idx_, nmap_;
+  std::optional<mx::array> out_idx_, nmap_, in_nmap_;
   std::optional<InputMajor> in_view_;
   std::optional<KernelMajor> k_view_;
 };

@@ -81,7 +81,15 @@ std::vector<mx::array> extra_inputs(
     const std::string& route,
     const std::shared_ptr<Relation>& rel,
     int view) {
-  if (!rel || view != 0) {
+  if (!rel) {
+    return {};
+  }
+  if (view == 1) {
+    // Input-gradient routes that traverse the input-major neighbour map.
+    if (has(route, "dgrad_dense_channel") || has(route, "dgrad_dense_grouped") ||
+        has(route, "tensorops_dgrad")) {
+      return {rel->input_neighbor_map()};
+    }
     return {};
   }
   if (has(route, "dense_channel")) {
@@ -135,6 +143,13 @@ Program conv_program(
         "float16, K == 27, C_in == C_out in {32, 64} and the sorted plan");
   } else if (has(route, "pointwise")) {
     require(identity, "a pointwise product");
+  } else if (has(route, "dgrad_dense_channel") || has(route, "dgrad_dense_grouped")) {
+    auto ok = [](int c) { return c == 16 || c == 32 || c == 64; };
+    require(ok(p.a) && ok(p.b) && !identity && in.size() >= 6,
+            "C_in, C_out in {16, 32, 64} and the input-major neighbour map");
+  } else if (has(route, "tensorops_dgrad")) {
+    require(out_dtype == mx::float32 && p.a == 16 && p.b == 16 && !identity && in.size() >= 6,
+            "float32, C_in == C_out == 16 and the input-major neighbour map");
   }
   Program prog;
   Step s;
@@ -212,6 +227,31 @@ Program conv_program(
     s.groups = {ceil_div(p.rows, 64), 1, 1};
     s.buffers = {input(0, "x"), input(1, "w"), input(5, "reorder_rows"),
                  input(6, "sorted_out_in_map"), input(7, "tile_masks"), output(), bytes(p)};
+  } else if (has(route, "dgrad_dense_channel")) {
+    // The forward dense-channel kernels over the input-major neighbour map
+    // (x: the output cotangent, w: W transposed per offset).
+    s.kernel = "dense_channel_" + dt + "_" + std::to_string(p.a) + "x" +
+        std::to_string(p.b);
+    const uint64_t tx = p.b / 4;
+    const uint64_t ty = 256 / tx;
+    s.threads = {tx, ty, 1};
+    s.groups = {1, ceil_div(p.rows, ty), 1};
+    s.buffers = {input(0, "x"), input(1, "w"), input(5, "input_neighbor_map"), output(), bytes(p)};
+  } else if (has(route, "dgrad_dense_grouped")) {
+    // As dgrad_dense_channel, each thread owning 4 rows spaced ty apart.
+    s.kernel = "dense_channel_grouped_" + dt + "_" + std::to_string(p.a) + "x" +
+        std::to_string(p.b);
+    const uint64_t tx = p.b / 4;
+    const uint64_t ty = 256 / tx;
+    s.threads = {tx, ty, 1};
+    s.groups = {1, ceil_div(p.rows, ty * 4), 1};
+    s.buffers = {input(0, "x"), input(1, "w"), input(5, "input_neighbor_map"), output(), bytes(p)};
+  } else if (has(route, "tensorops_dgrad")) {
+    // 64 input rows per group; one matmul2d per offset over 4 simdgroups.
+    s.kernel = "tensorops_dgrad_float32_c16";
+    s.threads = {128, 1, 1};
+    s.groups = {ceil_div(p.rows, 64), 1, 1};
+    s.buffers = {input(0, "x"), input(1, "w"), input(5, "input_neighbor_map"), output(), bytes(p)};
   } else {
     throw std::invalid_argument("no Metal program for route " + route);
   }
@@ -224,26 +264,88 @@ Program weight_grad_program(
     const std::vector<mx::array>& in,
     const mx::Shape& out_shape,
     mx::Dtype out_dtype) {
-  if (!has(route, "weight_gradient")) {
-    throw std::invalid_argument("no Metal program for route " + route);
-  }
   const bool identity = in.size() < 5;
+  const std::string dt = type_name(out_dtype);
   WeightGradParams p{
       out_shape[0], out_shape[1], out_shape[2],
       identity ? static_cast<int32_t>(in[0].shape(0)) : -1};
-  // One thread per (offset, input channel, output channel).
+  auto require = [&](bool ok, const char* what) {
+    if (!ok) {
+      throw std::invalid_argument(route + " needs " + what);
+    }
+  };
+  const uint64_t kz = static_cast<uint64_t>(std::max(p.k, 1));
+  Program prog;
   Step s;
-  s.kernel = "weight_grad_" + type_name(out_dtype);
-  s.threads = {32, 8, 1};
-  s.groups = {ceil_div(p.b, 32), ceil_div(p.a, 8), static_cast<uint64_t>(std::max(p.k, 1))};
   s.buffers = {input(0, "x"), input(1, "ct")};
   const char* names[3] = {"offsets", "g", "r"};
   for (int i = 0; i < 3; ++i) {
     s.buffers.push_back(input(identity ? 0 : 2 + i, names[i]));
   }
+  if (has(route, "tensorops_wgrad")) {
+    auto ok = [](int c) { return c == 16 || c == 32 || c == 64; };
+    require(ok(p.a) && ok(p.b) && !identity, "C_in, C_out in {16, 32, 64} and a relation");
+    // Step 1: partition (p, k) contracts chunks p, p + P, ... of offset k's
+    // edges into a float partial; P grows with the edges per offset (about
+    // 256 edges per partition), at most 64. Step 2 adds them in order.
+    const int64_t edges = in[3].shape(0);
+    const int64_t per_k = (edges + p.k - 1) / std::max(p.k, 1);
+    const int32_t parts = static_cast<int32_t>(std::clamp<int64_t>((per_k + 255) / 256, 1, 64));
+    WeightGradPartsParams q{p.k, p.a, p.b, parts};
+    prog.temps.push_back({mx::float32, int64_t(p.k) * parts * p.a * p.b});
+    s.kernel = "tensorops_wgrad_" + dt + "_" + std::to_string(p.a) + "x" + std::to_string(p.b);
+    s.threads = {128, 1, 1};
+    s.groups = {static_cast<uint64_t>(parts), kz, 1};
+    Binding partials{Binding::Kind::Temp};
+    partials.index = 0;
+    partials.name = "partials";
+    s.buffers.push_back(partials);
+    s.buffers.push_back(bytes(q));
+    prog.steps.push_back(s);
+    Step r;
+    r.kernel = "wgrad_reduce_" + dt;
+    r.threads = {256, 1, 1};
+    r.groups = {ceil_div(int64_t(p.a) * p.b, 256), kz, 1};
+    r.buffers = {partials, output("dw"), bytes(q)};
+    prog.steps.push_back(r);
+    return prog;
+  }
+  if (has(route, "weight_gradient")) {
+    // One thread per (offset, input channel, output channel).
+    s.kernel = "weight_grad_" + dt;
+    s.threads = {32, 8, 1};
+    s.groups = {ceil_div(p.b, 32), ceil_div(p.a, 8), kz};
+  } else if (has(route, "wgrad_fp16")) {
+    require(out_dtype == mx::float16, "float16 features (wgrad_fp16)");
+    // A 32 x 8 block of dW[k] per group; 32 edges staged at a time.
+    s.kernel = "wgrad_fp16";
+    s.threads = {32, 8, 1};
+    s.groups = {ceil_div(p.b, 32), ceil_div(p.a, 8), kz};
+  } else if (has(route, "wgrad_block4")) {
+    require(out_dtype == mx::float32 && p.a % 4 == 0 && p.b % 4 == 0,
+            "float32 and C_in, C_out divisible by 4 (wgrad_block4)");
+    // One thread per 4 x 4 block of dW[k].
+    s.kernel = "wgrad_block4";
+    s.threads = {8, 8, 1};
+    s.groups = {ceil_div(p.b / 4, 8), ceil_div(p.a / 4, 8), kz};
+  } else if (has(route, "wgrad_cout16")) {
+    require(p.b == 16, "C_out == 16 (wgrad_cout16)");
+    // One thread per (offset, input channel), all 16 output channels.
+    s.kernel = "wgrad_cout16_" + dt;
+    s.threads = {64, 1, 1};
+    s.groups = {ceil_div(p.a, 64), 1, kz};
+  } else if (has(route, "wgrad_dense_square")) {
+    require(p.a == p.b && (p.a == 16 || p.a == 32 || p.a == 64),
+            "C_in == C_out in {16, 32, 64} (wgrad_dense_square)");
+    // One group of 256 threads per offset.
+    s.kernel = "wgrad_dense_square_" + dt + "_c" + std::to_string(p.a);
+    s.threads = {256, 1, 1};
+    s.groups = {1, 1, kz};
+  } else {
+    throw std::invalid_argument("no Metal program for route " + route);
+  }
   s.buffers.push_back(output("dw"));
   s.buffers.push_back(bytes(p));
-  Program prog;
   prog.steps.push_back(s);
   return prog;
 }

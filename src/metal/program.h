@@ -40,6 +40,14 @@ struct WeightGradParams {
   int32_t pointwise_rows; // rows of a pointwise product; -1 with a relation
 };
 
+// Partitioned weight gradient (TensorOps): partitions per offset.
+struct WeightGradPartsParams {
+  int32_t k;
+  int32_t a;
+  int32_t b;
+  int32_t parts;
+};
+
 struct Binding {
   enum class Kind { Input, Output, Temp, Bytes };
   Kind kind;
