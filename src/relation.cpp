@@ -319,20 +319,30 @@ std::shared_ptr<Relation> build_symmetric(
     std::fill(nm + b * kv, nm + e * kv, -1);
   });
   parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
-    std::vector<uint64_t> keys(kv);
-    std::vector<int32_t> found(kv);
+    // Several rows per batch of lookups: more misses in flight at once.
+    const int group = std::max(1, 64 / std::max(center, 1));
+    std::vector<uint64_t> keys(int64_t(group) * kv);
+    std::vector<int32_t> found(int64_t(group) * kv);
     AxisCandidates ax[3];
-    for (int64_t q = b; q < e; ++q) {
-      row_keys(c + 4 * q, spec, Form::Conv, keys.data(), ax);
-      in.find_many(keys.data(), center, found.data());
-      for (int k = 0; k < center; ++k) {
-        const int32_t p = found[k];
-        if (p >= 0) {
-          nm[q * kv + k] = p;
-          nm[int64_t(p) * kv + (kv - 1 - k)] = static_cast<int32_t>(q);
-        }
+    for (int64_t q0 = b; q0 < e; q0 += group) {
+      const int rows = static_cast<int>(std::min<int64_t>(group, e - q0));
+      for (int i = 0; i < rows; ++i) {
+        // Rows are packed `center` apart: each writes all kv keys, and the
+        // next row overwrites only the mirrored half, which is not queried.
+        row_keys(c + 4 * (q0 + i), spec, Form::Conv, keys.data() + int64_t(i) * center, ax);
       }
-      nm[q * kv + center] = static_cast<int32_t>(q);
+      in.find_many(keys.data(), rows * center, found.data());
+      for (int i = 0; i < rows; ++i) {
+        const int64_t q = q0 + i;
+        for (int k = 0; k < center; ++k) {
+          const int32_t p = found[int64_t(i) * center + k];
+          if (p >= 0) {
+            nm[q * kv + k] = p;
+            nm[int64_t(p) * kv + (kv - 1 - k)] = static_cast<int32_t>(q);
+          }
+        }
+        nm[q * kv + center] = static_cast<int32_t>(q);
+      }
     }
   });
   mx::array offsets = make_int32(n + 1);
@@ -401,22 +411,33 @@ std::shared_ptr<Relation> build_relation(
     ins.resize((e - b) * kv);
     ks.resize((e - b) * kv);
     int64_t n = 0;
-    std::vector<uint64_t> keys(kv);
-    std::vector<int32_t> found(kv);
+    // Several rows per batch of lookups: more misses in flight at once.
+    const int group = std::max(1, 64 / kv);
+    std::vector<uint64_t> keys(int64_t(group) * kv);
+    std::vector<int32_t> found(int64_t(group) * kv);
     AxisCandidates ax[3];
-    for (int64_t r = b; r < e; ++r) {
-      const int32_t* q = oc + 4 * r;
-      int64_t before = n;
-      if (q[0] >= 0 && q[0] < kBatchLimit) {
-        row_keys(q, spec, form, keys.data(), ax);
-        in.find_many(keys.data(), kv, found.data());
-        for (int k = 0; k < kv; ++k) {
-          ins[n] = found[k];
-          ks[n] = k;
-          n += found[k] >= 0;
+    for (int64_t r0 = b; r0 < e; r0 += group) {
+      const int rows = static_cast<int>(std::min<int64_t>(group, e - r0));
+      for (int i = 0; i < rows; ++i) {
+        const int32_t* q = oc + 4 * (r0 + i);
+        uint64_t* kr = keys.data() + int64_t(i) * kv;
+        if (q[0] >= 0 && q[0] < kBatchLimit) {
+          row_keys(q, spec, form, kr, ax);
+        } else {
+          std::fill(kr, kr + kv, kEmptyKey);
         }
       }
-      off[r + 1] = static_cast<int32_t>(n - before);
+      in.find_many(keys.data(), rows * kv, found.data());
+      for (int i = 0; i < rows; ++i) {
+        const int64_t before = n;
+        const int32_t* f = found.data() + int64_t(i) * kv;
+        for (int k = 0; k < kv; ++k) {
+          ins[n] = f[k];
+          ks[n] = k;
+          n += f[k] >= 0;
+        }
+        off[r0 + i + 1] = static_cast<int32_t>(n - before);
+      }
     }
     ins.resize(n);
     ks.resize(n);
