@@ -92,6 +92,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         c_in=int(weight.shape[4]),
         quantized=isinstance(weight, QuantizedWeight),
         weight_layout="packed" if isinstance(weight, QuantizedWeight) else "dense5d",
+        group_size=weight.group_size if isinstance(weight, QuantizedWeight) else 0,
         c_out=int(weight.shape[0]),
         n_in=stats["n_in"],
         n_out=stats["n_out"],

@@ -43,6 +43,7 @@ class RouteContext:
     tensor_ops: bool = False  # Metal 4 TensorOps (neural accelerators) available
     direction: str = "forward"  # forward, dgrad (input gradient) or wgrad
     k: int = 0  # kernel volume; derived from kernel_size when 0
+    group_size: int = 0  # quantized weights: input channels per scale/bias
 
     def __post_init__(self):
         if self.k == 0 and self.kernel_size is not None:
@@ -367,6 +368,44 @@ register(Route(
     passes=("wgrad",), kernel_file="metal/backward.metal",
     summary="a 32x8 block of dW[k] per threadgroup; 32 edges staged (as float) in "
     "threadgroup memory and shared by the block",
+))
+
+
+# Quantized routes (QuantizedWeight; inference). A QuantizedWeight's group
+# size divides C_in, so its storage channels always equal the logical ones.
+QUANTIZED = _cond("quantized weight (QuantizedWeight)", lambda c: c.quantized)
+CHANNELS_32_64 = _cond(
+    "C_in and C_out in {32, 64}", lambda c: c.c_in in (32, 64) and c.c_out in (32, 64)
+)
+GROUP_LE_CIN = _cond("group size <= C_in", lambda c: 0 < c.group_size <= c.c_in)
+GROUP_EQ_CIN = _cond("group_size == C_in", lambda c: c.group_size == c.c_in)
+TIER_KNOWN = _cond(
+    "TensorOps tier not unavailable (GPU tier detected)", lambda c: "unknown" not in c.tier
+)
+
+register(Route(
+    name="metal.tensorops_quantized", backend="metal", priority=95,
+    conditions=(QUANTIZED, SORTED_KIND, FP16, K27, CHANNELS_32_64, GROUP_EQ_CIN, TENSOR_OPS),
+    kernel_file="metal/tensorops_quantized.metal",
+    summary="TensorOps quantized contraction on the sorted plan: per offset in a 64-row "
+    "tile's mask, W[k] dequantized into a temporary fp16 tile, one matmul2d over four "
+    "simdgroups into a float cooperative tensor, rows written back through reorder_rows",
+))
+register(Route(
+    name="metal.quantized_sorted", backend="metal", priority=90,
+    conditions=(QUANTIZED, SORTED_KIND, FP16, K27, CHANNELS_32_64, GROUP_LE_CIN, TIER_KNOWN),
+    kernel_file="metal/quantized.metal",
+    summary="sorted quantized implicit GEMM: the tiles and masks of the direct sorted route, "
+    "W[k] dequantized into threadgroup memory 32 input channels at a time, simdgroup 8x8 "
+    "matrices, rows written back through reorder_rows",
+))
+register(Route(
+    name="metal.quantized_direct", backend="metal", priority=0,
+    conditions=(QUANTIZED, METAL_DTYPES),
+    kernel_file="metal/quantized.metal",
+    summary="direct packed convolution, float32/float16 features x int4/int8 codes: one "
+    "thread per (row, output channel) over the CSR edges, codes read in place and the "
+    "affine reconstruction applied per group (s * sum x q + b * sum x)",
 ))
 
 

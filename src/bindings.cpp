@@ -215,6 +215,23 @@ NB_MODULE(_ext, m) {
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a);
   m.def(
+      "quantized_conv_inputs",
+      [](const mx::array& x,
+         const mx::array& codes,
+         const mx::array& scales,
+         const mx::array& biases,
+         int bits,
+         int group,
+         std::shared_ptr<Relation> rel,
+         int view,
+         const std::string& route) {
+        return quantized_conv_inputs(
+            x, codes, scales, biases, bits, group, rel, static_cast<View>(view),
+            route);
+      },
+      "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
+      "relation"_a.none(), "view"_a, "route"_a);
+  m.def(
       "weight_grad_inputs",
       [](const mx::array& x,
          const mx::array& ct,
@@ -233,6 +250,8 @@ NB_MODULE(_ext, m) {
         mx::Shape shape(out_shape.begin(), out_shape.end());
         auto prog = primitive == "weight_grad"
             ? metal::weight_grad_program(route, inputs, shape, out_dtype)
+            : primitive == "quantized"
+            ? metal::quantized_program(route, inputs, shape, out_dtype)
             : metal::conv_program(route, inputs, shape, out_dtype);
         nb::list temps;
         for (const auto& t : prog.temps) {

@@ -366,14 +366,14 @@ namespace {
 
 } // namespace
 
-mx::array quantized_conv(
+std::vector<mx::array> quantized_conv_inputs(
     const mx::array& x,
     const mx::array& codes,
     const mx::array& scales,
     const mx::array& biases,
     int bits,
     int group,
-    std::shared_ptr<Relation> rel,
+    const std::shared_ptr<Relation>& rel,
     View view,
     const std::string& route,
     mx::StreamOrDevice s) {
@@ -390,21 +390,42 @@ mx::array quantized_conv(
   if (rel && k != rel->kernel_volume()) {
     throw std::invalid_argument("quantized_conv: wrong kernel volume");
   }
+  // Scales and biases travel as float32 (exact for every float dtype), so
+  // the kernels have one scale type.
   std::vector<mx::array> inputs = {
       mx::contiguous(x, false, stream),
       mx::contiguous(codes, false, stream),
-      mx::contiguous(scales, false, stream),
-      mx::contiguous(biases, false, stream)};
-  int64_t rows = x.shape(0);
+      mx::contiguous(mx::astype(scales, mx::float32, stream), false, stream),
+      mx::contiguous(mx::astype(biases, mx::float32, stream), false, stream)};
   if (rel) {
     if (x.shape(0) != view_rows(*rel, flip(view))) {
       throw std::invalid_argument("quantized_conv: x rows do not match relation");
     }
-    rows = view_rows(*rel, view);
     for (auto& arr : view_arrays(*rel, view)) {
       inputs.push_back(arr);
     }
+    for (auto& arr : metal::extra_inputs(route, rel, static_cast<int>(view))) {
+      inputs.push_back(arr);
+    }
   }
+  return inputs;
+}
+
+mx::array quantized_conv(
+    const mx::array& x,
+    const mx::array& codes,
+    const mx::array& scales,
+    const mx::array& biases,
+    int bits,
+    int group,
+    std::shared_ptr<Relation> rel,
+    View view,
+    const std::string& route,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  auto inputs = quantized_conv_inputs(
+      x, codes, scales, biases, bits, group, rel, view, route, stream);
+  const int64_t rows = rel ? view_rows(*rel, view) : x.shape(0);
   return mx::array(
       {static_cast<int>(rows), codes.shape(0)},
       x.dtype(),
@@ -431,11 +452,11 @@ void QuantizedConv::eval_cpu(
 }
 
 void QuantizedConv::eval_gpu(
-    const std::vector<mx::array>&,
-    std::vector<mx::array>&) {
-  throw std::runtime_error(
-      "quantized sparse convolution has no Metal route in this build; run it "
-      "on the CPU stream");
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  auto program =
+      metal::quantized_program(route_, in, out[0].shape(), out[0].dtype());
+  metal::run(program, in, out[0], stream());
 }
 
 std::vector<mx::Shape> QuantizedConv::output_shapes(

@@ -182,6 +182,20 @@ mx::array quantized_conv(
     const std::string& route,
     mx::StreamOrDevice s = {});
 
+// QuantizedConv's inputs: x, codes, scales and biases (as float32), the
+// view arrays and the route's extra inputs.
+std::vector<mx::array> quantized_conv_inputs(
+    const mx::array& x,
+    const mx::array& codes,
+    const mx::array& scales,
+    const mx::array& biases,
+    int bits,
+    int group,
+    const std::shared_ptr<Relation>& rel,
+    View view,
+    const std::string& route,
+    mx::StreamOrDevice s = {});
+
 // The primitives' inputs, exactly as the ops build them (also used by the
 // Metal test harness to run a route's program on the same arrays).
 std::vector<mx::array> conv_inputs(

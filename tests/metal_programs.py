@@ -107,3 +107,23 @@ def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=0,
             metal_harness.record_ran(step["kernel"], "metal")
         return np.array(_ext.weight_grad(x, ct, relation, view, k, route, gpu))
     return run_program(program, inputs, tuple(shape), dtype, schedule, seed)
+
+
+def quantized(route: str, x: mx.array, q, relation, view=0, schedule="forward", seed=0, record=None):
+    """The QuantizedConv primitive's output computed by `route`'s Metal program.
+
+    q: a QuantizedWeight (its kernel-major codes, scales and biases are the
+    primitive's inputs, as ops pass them).
+    """
+    codes, scales, biases = q.kernel_major()
+    inputs = _ext.quantized_conv_inputs(x, codes, scales, biases, q.bits, q.group_size, relation, view, route)
+    rows = x.shape[0] if relation is None else (relation.n_out if view == 0 else relation.n_in)
+    shape = [rows, codes.shape[0]]
+    dtype = str(x.dtype).replace("mlx.core.", "")
+    program = _ext.metal_program("quantized", route, inputs, shape, x.dtype)
+    y = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
+    if record is not None:
+        entry = dict(record)
+        entry.update(route=route, backend="metal-harness", kernels=[s["kernel"] for s in program["steps"]])
+        diagnostics.emit(entry)
+    return y

@@ -239,7 +239,7 @@ def test_tensorops_selection_follows_the_capability(tensor_ops, route, kw):
         (dict(dtype="float16", c_in=48, c_out=48, n_out=100), "metal.fp16_gather"),
         (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100), "metal.fp16_gather"),
         (dict(dtype="float16", c_in=64, c_out=64, map_kind="transposed", n_out=5000), "metal.dense_channel"),
-        (dict(dtype="float16", c_in=32, c_out=32, quantized=True), "cpu.quantized_direct"),
+        (dict(dtype="float16", c_in=32, c_out=32, quantized=True), "metal.quantized_direct"),
     ],
 )
 def test_tensorops_route_keeps_the_sorted_shape_predicate(kw, route):

@@ -98,7 +98,8 @@ std::vector<mx::array> extra_inputs(
   if (has(route, "fp32_atomic")) {
     return {rel->out_idx()};
   }
-  if (has(route, "sorted_implicit_gemm") || has(route, "tensorops_sorted")) {
+  if (has(route, "sorted_implicit_gemm") || has(route, "tensorops_sorted") ||
+      has(route, "quantized_sorted") || has(route, "tensorops_quantized")) {
     const auto& p = rel->sorted_plan();
     return {p.reorder_rows, p.out_in_map, p.tile_masks};
   }
@@ -345,6 +346,68 @@ Program weight_grad_program(
     throw std::invalid_argument("no Metal program for route " + route);
   }
   s.buffers.push_back(output("dw"));
+  s.buffers.push_back(bytes(p));
+  prog.steps.push_back(s);
+  return prog;
+}
+
+Program quantized_program(
+    const std::string& route,
+    const std::vector<mx::array>& in,
+    const mx::Shape& out_shape,
+    mx::Dtype out_dtype) {
+  const std::string dt = type_name(out_dtype);
+  const bool identity = in.size() < 7;
+  QuantParams p{};
+  p.rows = out_shape[0];
+  p.a = in[0].shape(1);
+  p.b = out_shape[1];
+  p.identity = identity ? 1 : 0;
+  p.k = in[1].shape(1);
+  p.n_in = in[0].shape(0);
+  p.edges = identity ? p.rows : in[5].shape(0);
+  p.bits = static_cast<int32_t>(in[1].shape(2) * 32 / std::max(p.a, 1));
+  p.group = static_cast<int32_t>(p.a / std::max(in[2].shape(2), 1));
+  auto require = [&](bool ok, const char* what) {
+    if (!ok) {
+      throw std::invalid_argument(route + " needs " + what);
+    }
+  };
+  require(p.bits == 4 || p.bits == 8, "4- or 8-bit codes");
+  require(in[2].dtype() == mx::float32 && in[3].dtype() == mx::float32, "float32 scales and biases");
+  const std::string bits = "_int" + std::to_string(p.bits);
+  auto c3264 = [](int c) { return c == 32 || c == 64; };
+  Program prog;
+  Step s;
+  if (has(route, "quantized_direct")) {
+    // One thread per (row, output channel); codes read in place.
+    s.kernel = "quantized_conv_" + dt + bits;
+    s.threads = {32, 8, 1};
+    s.groups = {ceil_div(p.b, 32), ceil_div(p.rows, 8), 1};
+    s.buffers = {input(0, "x"), input(1, "codes"), input(2, "scales"), input(3, "biases")};
+    const char* names[3] = {"offsets", "gather", "k"};
+    for (int i = 0; i < 3; ++i) {
+      s.buffers.push_back(input(identity ? 0 : 4 + i, names[i]));
+    }
+  } else if (has(route, "quantized_sorted") || has(route, "tensorops_quantized")) {
+    const bool tops = has(route, "tensorops_quantized");
+    require(
+        out_dtype == mx::float16 && c3264(p.a) && c3264(p.b) && p.k == 27 && in.size() >= 10 &&
+            (tops ? p.group == p.a : p.group <= p.a),
+        tops ? "float16, K == 27, C_in, C_out in {32, 64}, group_size == C_in and the sorted plan"
+             : "float16, K == 27, C_in, C_out in {32, 64}, group_size <= C_in and the sorted plan");
+    // 64 sorted rows per group of 128 threads (4 simdgroups).
+    p.n_tiles = in[9].shape(0);
+    s.kernel = std::string(tops ? "tensorops_quantized_" : "sorted_quantized_") + dt + "_" +
+        std::to_string(p.a) + "x" + std::to_string(p.b) + bits;
+    s.threads = {128, 1, 1};
+    s.groups = {ceil_div(p.rows, 64), 1, 1};
+    s.buffers = {input(0, "x"), input(1, "codes"), input(2, "scales"), input(3, "biases"),
+                 input(7, "reorder_rows"), input(8, "sorted_out_in_map"), input(9, "tile_masks")};
+  } else {
+    throw std::invalid_argument("no Metal program for route " + route);
+  }
+  s.buffers.push_back(output());
   s.buffers.push_back(bytes(p));
   prog.steps.push_back(s);
   return prog;

@@ -40,6 +40,20 @@ struct WeightGradParams {
   int32_t pointwise_rows; // rows of a pointwise product; -1 with a relation
 };
 
+// Parameters of the quantized kernels (metal/quant_params.h).
+struct QuantParams {
+  int32_t rows;
+  int32_t a;
+  int32_t b;
+  int32_t identity;
+  int32_t k;
+  int32_t n_in;
+  int32_t n_tiles;
+  int32_t edges;
+  int32_t bits;
+  int32_t group;
+};
+
 // Partitioned weight gradient (TensorOps): partitions per offset.
 struct WeightGradPartsParams {
   int32_t k;
@@ -87,6 +101,15 @@ Program conv_program(
     const mx::Shape& out_shape,
     mx::Dtype out_dtype);
 Program weight_grad_program(
+    const std::string& route,
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape,
+    mx::Dtype out_dtype);
+
+// Program for QuantizedConv: inputs (x, codes, scales, biases as float32
+// [, offsets, gather, k, extra inputs]); bits and group size follow from
+// the shapes.
+Program quantized_program(
     const std::string& route,
     const std::vector<mx::array>& inputs,
     const mx::Shape& out_shape,
