@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import mlx.core as mx
+import mlx.utils
 
 import mlx_lattice as ml
 from mlx_lattice import QuantizedWeight, ops
@@ -126,3 +127,54 @@ def test_quantized_validation(rng):
     with pytest.raises(ValueError, match="C_in=64"):
         ops.subm_conv3d(x, q)
     assert "bits=4" in repr(q)
+
+
+def test_quantized_layers_and_model(rng, tmp_path):
+    from mlx_lattice import nn as snn
+    from mlx_lattice.models import MinkUNet
+
+    coords = oracle.random_coords(rng, 300, 12, 1)
+    feats = mx.array(rng.standard_normal((len(coords), 4)).astype(np.float32))
+    x = ml.SparseTensor(coords, feats)
+    model = MinkUNet(4, 3, width=0.5)
+    model.eval()
+    y_float = model(x).feats
+    snn.quantize(model, bits=8, group_size=32)
+    layers = [m for _, m in model.named_modules() if isinstance(m, snn.QuantizedSubmConv3d)]
+    assert layers, "no layer was quantized"
+    # the stem (4 input channels) cannot be grouped by 32 and stays float
+    assert any(isinstance(m, snn.SubmConv3d) and m.weight.shape[-1] == 4 for _, m in model.named_modules())
+    assert not any("scales" in k for k, _ in mlx.utils.tree_flatten(model.trainable_parameters()))
+    with ml.diagnostics.record() as log:
+        y_q = model(x).feats
+    assert any(r["route"] == "cpu.quantized_direct" for r in log)
+    rel = np.abs(np.array(y_q) - np.array(y_float)).max() / np.abs(np.array(y_float)).max()
+    assert 0 < rel < 0.05
+    path = str(tmp_path / "q.safetensors")
+    model.save_weights(path)
+    other = MinkUNet(4, 3, width=0.5)
+    other.eval()
+    snn.quantize(other, bits=8, group_size=32)
+    other.load_weights(path)
+    np.testing.assert_array_equal(np.array(other(x).feats), np.array(y_q))
+
+
+def test_quantized_layer_from_float(rng):
+    from mlx_lattice import nn as snn
+
+    coords = oracle.random_coords(rng, 60, 6, 1)
+    x = ml.SparseTensor(coords, rng.standard_normal((len(coords), 64)).astype(np.float32))
+    for layer, q_cls, kw in [
+        (snn.SubmConv3d(64, 16, 3), snn.QuantizedSubmConv3d, {}),
+        (snn.Conv3d(64, 8, 2, stride=2), snn.QuantizedConv3d, {}),
+        (snn.ConvTranspose3d(64, 8, 2, stride=2), snn.QuantizedConvTranspose3d, {}),
+        (snn.GenerativeConvTranspose3d(64, 8, 2, stride=2), snn.QuantizedGenerativeConvTranspose3d, {}),
+    ]:
+        q = q_cls.from_float(layer, bits=4, group_size=64)
+        assert isinstance(snn.from_module(layer, 4, 64), q_cls)
+        ref = type(layer).__call__(layer, x).feats  # the float layer
+        layer.weight = q.quantized_weight().dequantize()
+        np.testing.assert_allclose(np.array(q(x).feats), np.array(type(layer).__call__(layer, x).feats), rtol=1e-4, atol=1e-4)
+        assert ref.shape == q(x).feats.shape
+    with pytest.raises(TypeError, match="needs a SubmConv3d"):
+        snn.QuantizedSubmConv3d.from_float(snn.Conv3d(64, 8, 3))

@@ -12,6 +12,14 @@ from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, Si
 from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d
 from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm
 from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
+from .quantized import (
+    QuantizedConv3d,
+    QuantizedConvTranspose3d,
+    QuantizedGenerativeConvTranspose3d,
+    QuantizedSubmConv3d,
+    from_module,
+    quantize,
+)
 
 __all__ = [
     "Module",
@@ -40,4 +48,10 @@ __all__ = [
     "GlobalMaxPool",
     "GlobalAvgPool",
     "GlobalSumPool",
+    "QuantizedConv3d",
+    "QuantizedSubmConv3d",
+    "QuantizedConvTranspose3d",
+    "QuantizedGenerativeConvTranspose3d",
+    "from_module",
+    "quantize",
 ]
