@@ -153,7 +153,7 @@ void run_packed(
     int A,
     int B,
     T* y) {
-  std::vector<float> xbuf;
+  Scratch xbuf;
   const float* xf = float_rows(x, n_x, A, xbuf);
   const int bp = static_cast<int>(round_up(B, simd::kWidth));
   const auto blocks = column_blocks(bp);

@@ -3,7 +3,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "cpu/convert.h"
 #include "cpu/simd.h"
@@ -56,15 +62,15 @@ std::vector<float> pack_weights(const T* w, int64_t K, int A, int B) {
   std::vector<float> out(K * A * bp, 0.0f);
   auto blocks = column_blocks(bp);
   parallel_for(K, 1, [&](int64_t k0, int64_t k1) {
+    std::vector<float> row(B);
     for (int64_t k = k0; k < k1; ++k) {
-      for (auto [c0, nv] : blocks) {
-        const int width = nv * simd::kWidth;
-        float* dst = out.data() + (int64_t(c0) * K + k * width) * A;
-        for (int a = 0; a < A; ++a) {
-          const T* src = w + (k * A + a) * B;
-          for (int j = 0; j < width && c0 + j < B; ++j) {
-            dst[int64_t(a) * width + j] = static_cast<float>(src[c0 + j]);
-          }
+      for (int a = 0; a < A; ++a) {
+        // Widen a whole row at once (vectorized for half types).
+        to_float(w + (k * A + a) * B, row.data(), B);
+        for (auto [c0, nv] : blocks) {
+          const int width = nv * simd::kWidth;
+          float* dst = out.data() + (int64_t(c0) * K + k * width) * A + int64_t(a) * width;
+          std::copy(row.begin() + c0, row.begin() + std::min(B, c0 + width), dst);
         }
       }
     }
@@ -126,16 +132,48 @@ packed_block(const float* packed, int64_t K, int A, int c0, int width, int64_t k
 }
 
 // A float32 view of rows of x: the array itself, or a converted copy.
+// Uninitialised float scratch for large temporaries: huge-page backed where
+// the system allows, so that filling it does not fault on every 4 KiB page.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    std::free(data_);
+  }
+  float* get(int64_t n) {
+    if (n > size_) {
+      std::free(data_);
+      constexpr size_t kAlign = size_t(1) << 21;
+      const size_t bytes = (size_t(std::max<int64_t>(n, 1)) * sizeof(float) + kAlign - 1) / kAlign * kAlign;
+      data_ = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
+      if (!data_) {
+        throw std::bad_alloc();
+      }
+#if defined(MADV_HUGEPAGE)
+      madvise(data_, bytes, MADV_HUGEPAGE);
+#endif
+      size_ = n;
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
 template <typename T>
-const float* float_rows(const T* x, int64_t n, int64_t cols, std::vector<float>& buf) {
+const float* float_rows(const T* x, int64_t n, int64_t cols, Scratch& buf) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else {
-    buf.resize(n * cols);
+    float* out = buf.get(n * cols);
     parallel_for(n, 4096, [&](int64_t r0, int64_t r1) {
-      to_float(x + r0 * cols, buf.data() + r0 * cols, (r1 - r0) * cols);
+      to_float(x + r0 * cols, out + r0 * cols, (r1 - r0) * cols);
     });
-    return buf.data();
+    return out;
   }
 }
 

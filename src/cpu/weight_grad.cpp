@@ -184,7 +184,7 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
   // wide rows (A + B > 128) gain more from contiguous panels than they lose
   // packing them (measured on the LiDAR and mesh workloads).
   const bool direct = std::is_same_v<T, float> && B % simd::kWidth == 0 && A + B <= 128;
-  std::vector<float> xbuf, cbuf;
+  Scratch xbuf, cbuf;
   const float* xf = direct ? float_rows(x, n_x, A, xbuf) : nullptr;
   const float* cf = direct ? float_rows(ct, n_ct, B, cbuf) : nullptr;
   // Chunk size from the problem only: bound the partial sums' memory.
