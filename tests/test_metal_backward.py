@@ -16,8 +16,7 @@ import oracle
 import metal_harness
 import metal_programs
 
-ok, why = metal_harness.available()
-pytestmark = [pytest.mark.metal, pytest.mark.skipif(not ok, reason=why)]
+pytestmark = [pytest.mark.metal, pytest.mark.skipif(metal_programs.BACKEND is None, reason=metal_programs.WHY)]
 
 TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2)}
 SCHEDULES = ("forward", "reverse", "random")
@@ -281,3 +280,31 @@ def test_wgrad_pointwise(rng, route, dtype, c_in, c_out):
     dw = metal_programs.weight_grad(route, mx.array(x).astype(dtype), mx.array(ct).astype(dtype), None, 1)
     xe, ce = f64(mx.array(x).astype(dtype)), f64(mx.array(ct).astype(dtype))
     np.testing.assert_allclose(dw[0].astype(np.float64), xe.T @ ce, **TOL[dtype])
+
+
+# ------------------------------------------------------------------ selecting sizes
+# The capacity thresholds of these routes are large; the kernels do not depend
+# on size, and the fast tests above run them on small relations. These run
+# them on relations that select them (slow: pytest -m slow).
+@pytest.mark.slow
+def test_dgrad_dense_grouped_on_selecting_shape(rng):
+    feats, w5, rel, edges, n_out = case(rng, 110000, 16, 16, mx.float32, extent=52, batches=1)
+    assert rel.n_in >= 65536
+    assert selected("dgrad", rel, mx.float32, 16, 16) == "metal.dgrad_dense_grouped"
+    run_dgrad("metal.dgrad_dense_grouped", feats, w5, rel, edges, n_out, mx.float32, rng)
+
+
+@pytest.mark.slow
+def test_tensorops_dgrad_on_selecting_shape(rng):
+    feats, w5, rel, edges, n_out = case(rng, 50000, 16, 16, mx.float32, extent=40, batches=1)
+    assert 32768 <= rel.n_in < 65536
+    assert selected("dgrad", rel, mx.float32, 16, 16, tensor_ops=True) == "metal.tensorops_dgrad"
+    run_dgrad("metal.tensorops_dgrad", feats, w5, rel, edges, n_out, mx.float32, rng)
+
+
+@pytest.mark.slow
+def test_tensorops_wgrad_on_selecting_shape(rng):
+    feats, w5, rel, edges, n_out = case(rng, 50000, 32, 16, mx.float32, extent=40, batches=1)
+    assert rel.n_in >= 32768
+    assert selected("wgrad", rel, mx.float32, 32, 16, tensor_ops=True) == "metal.tensorops_wgrad"
+    run_wgrad("metal.tensorops_wgrad", feats, w5, rel, edges, n_out, mx.float32, rng)

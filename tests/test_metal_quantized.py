@@ -16,8 +16,7 @@ import oracle
 import metal_harness
 import metal_programs
 
-ok, why = metal_harness.available()
-pytestmark = [pytest.mark.metal, pytest.mark.skipif(not ok, reason=why)]
+pytestmark = [pytest.mark.metal, pytest.mark.skipif(metal_programs.BACKEND is None, reason=metal_programs.WHY)]
 
 TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2)}
 SCHEDULES = ("forward", "reverse", "random")
