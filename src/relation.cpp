@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <numeric>
-#include <sstream>
 #include <stdexcept>
 
 #include "mlx/allocator.h"
@@ -128,12 +127,20 @@ mx::array coords_from_keys(const std::vector<uint64_t>& keys) {
   return out;
 }
 
+// Messages are built with std::to_string, not iostreams: formatting numbers
+// through a stream crashed an extension built against MLX's CUDA wheel,
+// whose link gave the module its own copy of the C++ runtime.
+std::string tuple4(const int32_t* c) {
+  return "(" + std::to_string(c[0]) + ", " + std::to_string(c[1]) + ", " +
+      std::to_string(c[2]) + ", " + std::to_string(c[3]) + ")";
+}
+
 [[noreturn]] void range_error(const int32_t* c, const char* what) {
-  std::ostringstream os;
-  os << what << " coordinate (" << c[0] << ", " << c[1] << ", " << c[2] << ", "
-     << c[3] << ") leaves the supported range: batch in [0, " << kBatchLimit
-     << "), x/y/z in [" << kCoordMin << ", " << kCoordMax << "]";
-  throw std::invalid_argument(os.str());
+  throw std::invalid_argument(
+      std::string(what) + " coordinate " + tuple4(c) +
+      " leaves the supported range: batch in [0, " + std::to_string(kBatchLimit) +
+      "), x/y/z in [" + std::to_string(kCoordMin) + ", " +
+      std::to_string(kCoordMax) + "]");
 }
 
 } // namespace
@@ -161,11 +168,10 @@ CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {
     uint64_t h = hash(key) & mask_;
     while (slots_[h].key != kEmptyKey) {
       if (slots_[h].key == key) {
-        std::ostringstream os;
-        os << "coords contain duplicate rows " << slots_[h].val << " and " << i
-           << " at (" << r[0] << ", " << r[1] << ", " << r[2] << ", " << r[3]
-           << "); merge duplicates with mlx_lattice.sparse_quantize first";
-        throw std::invalid_argument(os.str());
+        throw std::invalid_argument(
+            "coords contain duplicate rows " + std::to_string(slots_[h].val) +
+            " and " + std::to_string(i) + " at " + tuple4(r) +
+            "; merge duplicates with mlx_lattice.sparse_quantize first");
       }
       h = (h + 1) & mask_;
     }
@@ -295,11 +301,10 @@ mx::array support(const CoordTable& in, const KernelSpec& spec, bool generative)
   });
   if (bad_row.load() < n) {
     const int32_t* p = c + 4 * bad_row.load();
-    std::ostringstream os;
-    os << "output coordinate reached from input (" << p[0] << ", " << p[1]
-       << ", " << p[2] << ", " << p[3] << ") leaves the supported range: x/y/z in ["
-       << kCoordMin << ", " << kCoordMax << "]";
-    throw std::invalid_argument(os.str());
+    throw std::invalid_argument(
+        "output coordinate reached from input " + tuple4(p) +
+        " leaves the supported range: x/y/z in [" + std::to_string(kCoordMin) +
+        ", " + std::to_string(kCoordMax) + "]");
   }
   // Drop invalid candidates before sorting (strided maps reach few outputs).
   keys.erase(std::remove(keys.begin(), keys.end(), kEmptyKey), keys.end());
