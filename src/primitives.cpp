@@ -36,6 +36,26 @@ mx::array transpose_w(const mx::array& w, mx::StreamOrDevice s) {
   return mx::swapaxes(w, 1, 2, s);
 }
 
+// Appends a relation view's index arrays, and the route's extra arrays, to a
+// primitive's inputs after checking that x has the view's gathered rows.
+void append_view_inputs(
+    std::vector<mx::array>& inputs,
+    const mx::array& x,
+    const std::shared_ptr<Relation>& rel,
+    View view,
+    const std::string& route,
+    const char* op) {
+  if (x.shape(0) != view_rows(*rel, flip(view))) {
+    throw std::invalid_argument(std::string(op) + ": x rows do not match relation");
+  }
+  for (auto& a : view_arrays(*rel, view)) {
+    inputs.push_back(a);
+  }
+  for (auto& a : metal::extra_inputs(route, rel, static_cast<int>(view))) {
+    inputs.push_back(a);
+  }
+}
+
 RouteHook& route_hook() {
   static RouteHook hook;
   return hook;
@@ -101,15 +121,7 @@ std::vector<mx::array> conv_inputs(
   std::vector<mx::array> inputs = {
       mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
   if (rel) {
-    if (x.shape(0) != view_rows(*rel, flip(view))) {
-      throw std::invalid_argument("gather_conv: x rows do not match relation");
-    }
-    for (auto& a : view_arrays(*rel, view)) {
-      inputs.push_back(a);
-    }
-    for (auto& a : metal::extra_inputs(route, rel, static_cast<int>(view))) {
-      inputs.push_back(a);
-    }
+    append_view_inputs(inputs, x, rel, view, route, "gather_conv");
   }
   return inputs;
 }
@@ -398,15 +410,7 @@ std::vector<mx::array> quantized_conv_inputs(
       mx::contiguous(mx::astype(scales, mx::float32, stream), false, stream),
       mx::contiguous(mx::astype(biases, mx::float32, stream), false, stream)};
   if (rel) {
-    if (x.shape(0) != view_rows(*rel, flip(view))) {
-      throw std::invalid_argument("quantized_conv: x rows do not match relation");
-    }
-    for (auto& arr : view_arrays(*rel, view)) {
-      inputs.push_back(arr);
-    }
-    for (auto& arr : metal::extra_inputs(route, rel, static_cast<int>(view))) {
-      inputs.push_back(arr);
-    }
+    append_view_inputs(inputs, x, rel, view, route, "quantized_conv");
   }
   return inputs;
 }
