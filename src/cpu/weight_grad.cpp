@@ -6,6 +6,7 @@
 // accumulates into its own partial sum with register tiles. Partials are
 // reduced in chunk order, so results do not depend on the thread count.
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -25,56 +26,10 @@ struct Chunk {
   int64_t k, e0, e1;
 };
 
-// acc[a0 + i][c0 + ...] += sum_e xp[e][a0 + i] * cp[e][c0 + ...]
-template <int MR, int NV>
-inline void tile(const float* xp, int ldx, const float* cp, int ldc, int64_t n, float* acc, int lda) {
-  vec t[MR][NV];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      t[i][j] = simd::load(acc + int64_t(i) * lda + j * simd::kWidth);
-    }
-  }
-  for (int64_t e = 0; e < n; ++e) {
-    vec cv[NV];
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      cv[j] = simd::load(cp + e * ldc + j * simd::kWidth);
-    }
-    const float* xr = xp + e * ldx;
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const vec xb = simd::broadcast_load(xr + i);
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) {
-        t[i][j] += xb * cv[j];
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      simd::store(acc + int64_t(i) * lda + j * simd::kWidth, t[i][j]);
-    }
-  }
-}
-
-// As tile(), reading the gathered rows in place: row g[e] of x and row r[e]
-// of ct (e itself when g is null). Needs whole vectors of columns.
-template <int MR, int NV>
-inline void tile_gathered(
-    const float* x,
-    int ldx,
-    const float* ct,
-    int ldc,
-    const int32_t* g,
-    const int32_t* r,
-    int64_t e0,
-    int64_t e1,
-    float* acc,
-    int lda) {
+// acc[i][0:NV vectors] += sum over e in [e0, e1) of x_e[i] * c_e[0:NV vectors],
+// where rows(e) gives the pointers (x_e, c_e) of edge e's two rows.
+template <int MR, int NV, typename Rows>
+inline void tile(Rows rows, int64_t e0, int64_t e1, float* acc, int lda) {
   vec t[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
@@ -84,8 +39,7 @@ inline void tile_gathered(
     }
   }
   for (int64_t e = e0; e < e1; ++e) {
-    const float* xr = x + (g ? int64_t(g[e]) : e) * ldx;
-    const float* cr = ct + (r ? int64_t(r[e]) : e) * ldc;
+    const auto [xr, cr] = rows(e);
     vec cv[NV];
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
@@ -130,7 +84,9 @@ void panel_product(const float* xp, int ldx, const float* cp, int ldc, int64_t n
   const int mr = (A + tiles - 1) / tiles;
   with_rows<1, kMaxRows>(mr, [&]<int MR>() {
     for (int a0 = 0; a0 < A; a0 += MR) {
-      tile<MR, NV>(xp + a0, ldx, cp + c0, ldc, n, acc + int64_t(a0) * lda + c0, lda);
+      // packed panels: edge e's rows are the panels' rows e
+      auto rows = [=](int64_t e) { return std::pair{xp + a0 + e * ldx, cp + c0 + e * ldc}; };
+      tile<MR, NV>(rows, 0, n, acc + int64_t(a0) * lda + c0, lda);
     }
   });
 }
@@ -156,18 +112,25 @@ void gathered_product(
   const int mr = (A + tiles - 1) / tiles;
   const int full = A / mr;
   const int rest = A - full * mr;
+  // Rows read in place: row g[e] of x and row r[e] of ct (e when g is null).
+  auto gathered = [=](int a0) {
+    return [=](int64_t e) {
+      return std::pair{
+          xf + (g ? int64_t(g[e]) : e) * A + a0, cf + (r ? int64_t(r[e]) : e) * B + c0};
+    };
+  };
   for (int64_t s0 = e0; s0 < e1; s0 += 64) {
     const int64_t s1 = std::min(e1, s0 + 64);
     with_rows<1, kMaxRows>(mr, [&]<int MR>() {
       for (int t = 0; t < full; ++t) {
         const int a0 = t * MR;
-        tile_gathered<MR, NV>(xf + a0, A, cf + c0, B, g, r, s0, s1, acc + int64_t(a0) * lda + c0, lda);
+        tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda);
       }
     });
     if (rest > 0) {
       with_rows<1, kMaxRows>(rest, [&]<int MR>() {
         const int a0 = full * mr;
-        tile_gathered<MR, NV>(xf + a0, A, cf + c0, B, g, r, s0, s1, acc + int64_t(a0) * lda + c0, lda);
+        tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda);
       });
     }
   }
