@@ -14,6 +14,8 @@ import threading
 
 import mlx.core as mx
 
+from . import _ext
+
 _active: list["RouteLog"] = []
 _lock = threading.Lock()
 
@@ -102,4 +104,4 @@ def capability_tier(backend: str) -> str:
         return metal_capabilities()["tier"]
     if backend == "cuda":
         return "cuda"
-    return "cpu"
+    return f"cpu:{_ext.cpu_isa()}"

@@ -6,6 +6,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "cpu/isa.h"
 #include "metal/program.h"
 #include "primitives.h"
 #include "relation.h"
@@ -201,6 +202,14 @@ NB_MODULE(_ext, m) {
 
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, "n"_a);
+
+  // CPU instruction-set path: chosen here, at load, from the CPU or
+  // MLX_LATTICE_CPU_ISA (an unsupported name fails the import).
+  cpu::select_cpu_isa_from_env();
+  m.def("cpu_isa", &cpu::cpu_isa);
+  m.def("supported_cpu_isas", &cpu::supported_isas);
+  m.def("built_cpu_isas", &cpu::built_isas);
+  m.def("set_cpu_isa", &cpu::set_cpu_isa, "name"_a);
 
   m.def("metal_available", &metal::available);
   m.def("metal_tensor_ops_kernels", &metal::tensor_ops_kernels);

@@ -1,21 +1,9 @@
 // Conversions between the feature dtypes and float32 accumulators.
 #pragma once
 
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
+#include "cpu/isa_begin.h"
 
-#include <stdexcept>
-
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
-#include "mlx/dtype.h"
-#include "mlx/types/bf16.h"
-#include "mlx/types/half_types.h"
-
-namespace mlx_lattice::cpu {
+namespace mlx_lattice::cpu::LATTICE_ISA {
 
 template <typename T>
 inline void to_float(const T* src, float* dst, int64_t n) {
@@ -31,11 +19,11 @@ inline void from_float(const float* src, T* dst, int64_t n) {
   }
 }
 
-#if defined(__F16C__)
-// Hardware half <-> float conversion, 8 lanes at a time (round to nearest
+#if LATTICE_ISA_ID == 1 || LATTICE_ISA_ID == 2
+// Hardware half <-> float conversion (overloads preferred to the templates
+// above), 8 lanes at a time (round to nearest
 // even, as MLX's software conversion).
-template <>
-inline void to_float<mlx::core::float16_t>(
+inline void to_float(
     const mlx::core::float16_t* src,
     float* dst,
     int64_t n) {
@@ -49,8 +37,7 @@ inline void to_float<mlx::core::float16_t>(
   }
 }
 
-template <>
-inline void from_float<mlx::core::float16_t>(
+inline void from_float(
     const float* src,
     mlx::core::float16_t* dst,
     int64_t n) {
@@ -69,8 +56,7 @@ inline void from_float<mlx::core::float16_t>(
 #if !defined(__ARM_FEATURE_BF16)
 // bfloat16 is the upper half of a float32: widen by shifting; narrow with
 // round-to-nearest-even (NaN -> canonical quiet NaN), bit for bit as MLX.
-template <>
-inline void to_float<mlx::core::bfloat16_t>(
+inline void to_float(
     const mlx::core::bfloat16_t* src,
     float* dst,
     int64_t n) {
@@ -82,8 +68,7 @@ inline void to_float<mlx::core::bfloat16_t>(
   }
 }
 
-template <>
-inline void from_float<mlx::core::bfloat16_t>(
+inline void from_float(
     const float* src,
     mlx::core::bfloat16_t* dst,
     int64_t n) {
@@ -98,19 +83,20 @@ inline void from_float<mlx::core::bfloat16_t>(
 }
 #endif
 
-// Dispatches fn.template operator()<T>() on the floating dtype of `a`.
+// Calls fn.template operator()<T>() for the C++ type of a feature dtype.
 template <typename F>
-void dispatch_float(mlx::core::Dtype dt, F&& fn) {
-  using namespace mlx::core;
-  if (dt == float32) {
-    fn.template operator()<float>();
-  } else if (dt == float16) {
-    fn.template operator()<float16_t>();
-  } else if (dt == bfloat16) {
-    fn.template operator()<bfloat16_t>();
-  } else {
-    throw std::invalid_argument("features must be float32, float16 or bfloat16");
+void dispatch_float(Float dt, F&& fn) {
+  switch (dt) {
+    case Float::f32:
+      fn.template operator()<float>();
+      break;
+    case Float::f16:
+      fn.template operator()<mlx::core::float16_t>();
+      break;
+    case Float::bf16:
+      fn.template operator()<mlx::core::bfloat16_t>();
+      break;
   }
 }
 
-} // namespace mlx_lattice::cpu
+} // namespace mlx_lattice::cpu::LATTICE_ISA

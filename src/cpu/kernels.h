@@ -1,25 +1,17 @@
 // CPU kernels behind the primitives. Every output element is computed by one
 // task with a fixed summation order, so results do not depend on threads.
+// Each call runs the instruction-set path in use (cpu/isa.h).
 #pragma once
 
 #include <cstdint>
 
+#include "cpu/isa.h"
 #include "mlx/array.h"
 #include "mlx/stream.h"
 
 namespace mlx_lattice::cpu {
 
 namespace mx = mlx::core;
-
-// CSR rows of a relation view; `offsets == nullptr` means identity
-// (row r has the single edge (gather r, offset 0)).
-struct CsrView {
-  const int32_t* offsets = nullptr;
-  const int32_t* gather = nullptr;
-  const int32_t* k = nullptr;
-  int64_t rows = 0;
-  int64_t edges = 0;
-};
 
 // out (rows, B) = per-row sum of x[gather] @ w[k]; x (N, A), w (K, A, B).
 void gather_conv(
@@ -42,16 +34,6 @@ void gather_conv_quantized(
     CsrView view,
     mx::array& out,
     mx::Stream s);
-
-// Kernel-major pairs: for offset k, edges [offsets[k], offsets[k+1]) pair
-// gather row g[e] of x with row r[e] of ct. identity: K = 1, g = r = e.
-struct PairView {
-  const int32_t* offsets = nullptr;
-  const int32_t* g = nullptr;
-  const int32_t* r = nullptr;
-  int64_t k = 1;
-  int64_t edges = 0;
-};
 
 // out (K, A, B) = per-offset sum of x[g]^T ct[r]; x (N, A), ct (M, B).
 void weight_grad(

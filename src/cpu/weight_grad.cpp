@@ -5,16 +5,11 @@
 // the problem; each chunk packs panels of gathered rows (float32) and
 // accumulates into its own partial sum with register tiles. Partials are
 // reduced in chunk order, so results do not depend on the thread count.
-#include <algorithm>
-#include <utility>
-#include <vector>
+#include "cpu/isa_begin.h"
 
-#include "cpu/kernels.h"
 #include "cpu/pack.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 
-namespace mlx_lattice::cpu {
+namespace mlx_lattice::cpu::LATTICE_ISA {
 
 namespace {
 
@@ -150,10 +145,12 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
   Scratch xbuf, cbuf;
   const float* xf = direct ? float_rows(x, n_x, A, xbuf) : nullptr;
   const float* cf = direct ? float_rows(ct, n_ct, B, cbuf) : nullptr;
-  // Chunk size from the problem only: bound the partial sums' memory.
+  // Chunk size from the problem only (not the vector width, so that every
+  // path sums in the same order): bound the partial sums' memory.
   const int64_t budget = int64_t(1) << 23; // floats
+  const int64_t bound_floats = int64_t(ap) * round_up(B, 16);
   int64_t chunk = 4096;
-  while (chunk < v.edges && (v.edges / chunk + v.k) * tile_floats > budget) {
+  while (chunk < v.edges && (v.edges / chunk + v.k) * bound_floats > budget) {
     chunk *= 2;
   }
   std::vector<Chunk> chunks;
@@ -221,30 +218,20 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
 } // namespace
 
 void weight_grad(
-    const mx::array& x,
-    const mx::array& ct,
-    PairView view,
-    mx::array& out,
-    mx::Stream s) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(s);
-  enc.set_input_array(x);
-  enc.set_input_array(ct);
-  enc.set_output_array(out);
-  const int A = x.shape(1);
-  const int B = ct.shape(1);
-  const int64_t n_x = x.shape(0);
-  const int64_t n_ct = ct.shape(0);
-  dispatch_float(out.dtype(), [&]<typename T>() {
-    enc.dispatch([xp = x.data<T>(),
-                  cp = ct.data<T>(),
-                  op = out.data<T>(),
-                  view,
-                  n_x,
-                  n_ct,
-                  A,
-                  B]() { run<T>(xp, cp, view, n_x, n_ct, A, B, op); });
+    Float t,
+    const void* x,
+    const void* ct,
+    PairView v,
+    int64_t n_x,
+    int64_t n_ct,
+    int A,
+    int B,
+    void* out) {
+  dispatch_float(t, [&]<typename T>() {
+    run<T>(static_cast<const T*>(x), static_cast<const T*>(ct), v, n_x, n_ct, A, B, static_cast<T*>(out));
   });
 }
 
-} // namespace mlx_lattice::cpu
+} // namespace mlx_lattice::cpu::LATTICE_ISA
+
+#include "cpu/isa_end.h"
