@@ -210,6 +210,11 @@ NB_MODULE(_ext, m) {
   m.def("supported_cpu_isas", &cpu::supported_isas);
   m.def("built_cpu_isas", &cpu::built_isas);
   m.def("set_cpu_isa", &cpu::set_cpu_isa, "name"_a);
+#if defined(MLX_LATTICE_NATIVE)
+  m.attr("CPU_NATIVE_BUILD") = true;
+#else
+  m.attr("CPU_NATIVE_BUILD") = false;
+#endif
 
   m.def("metal_available", &metal::available);
   m.def("metal_tensor_ops_kernels", &metal::tensor_ops_kernels);
