@@ -10,7 +10,7 @@ from mlx.nn import Identity, Module, Sequential
 
 from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d
-from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm
+from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm, norm_act
 from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
 from .quantized import (
     QuantizedConv3d,
@@ -34,6 +34,7 @@ __all__ = [
     "InstanceNorm",
     "LayerNorm",
     "RMSNorm",
+    "norm_act",
     "ReLU",
     "LeakyReLU",
     "GELU",
