@@ -433,6 +433,92 @@ std::vector<mx::array> NormAct::vjp(
   return out;
 }
 
+std::vector<mx::array> NormAct::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& tangents,
+    const std::vector<int>& argnums) {
+  auto s = stream();
+  const auto& x = primals[0];
+  const auto& w = primals[1];
+  const int C = x.shape(1);
+  int next = spec_.training ? 3 : 5;
+  int r_arg = spec_.residual ? next++ : -1;
+  int seg_arg = spec_.segmented ? next++ : -1;
+  auto outs = mx::array::make_arrays(
+      output_shapes(primals),
+      spec_.training
+          ? std::vector<mx::Dtype>{x.dtype(), mx::float32, mx::float32}
+          : std::vector<mx::Dtype>{x.dtype()},
+      std::make_shared<NormAct>(s, spec_),
+      primals);
+  auto f32 = [&](const mx::array& a) { return mx::astype(a, mx::float32, s); };
+  mx::array mean = spec_.training ? outs[1] : primals[3];
+  mx::array var = spec_.training ? outs[2] : primals[4];
+  auto inv = mx::rsqrt(mx::add(var, mx::array(spec_.eps), s), s);
+  // Per-row statistics, and per-segment means of (N, C) arrays.
+  std::optional<mx::array> seg, count;
+  if (seg_arg >= 0) {
+    seg = primals[seg_arg];
+    count = mx::scatter_add(
+        mx::zeros({spec_.segments, 1}, mx::float32, s), *seg,
+        mx::ones({x.shape(0), 1, 1}, mx::float32, s), 0, s);
+  }
+  auto rows = [&](const mx::array& a) {
+    return seg ? mx::take(a, *seg, 0, s) : a;
+  };
+  auto seg_mean = [&](const mx::array& v) {
+    if (!seg) {
+      return mx::mean(v, 0, true, s);
+    }
+    auto sum = mx::scatter_add(
+        mx::zeros({spec_.segments, C}, mx::float32, s), *seg,
+        mx::expand_dims(v, 1, s), 0, s);
+    return mx::divide(sum, mx::maximum(*count, mx::array(1.0f), s), s);
+  };
+  auto inv_r = rows(inv);
+  auto xhat = mx::multiply(mx::subtract(f32(x), rows(mean), s), inv_r, s);
+  auto zero_rows = mx::zeros(x.shape(), mx::float32, s);
+  mx::array dz = zero_rows;
+  mx::array dxhat = zero_rows;
+  mx::array dmean = mx::zeros({spec_.segments, C}, mx::float32, s);
+  mx::array dvar = dmean;
+  for (size_t i = 0; i < argnums.size(); ++i) {
+    int arg = argnums[i];
+    auto t = f32(tangents[i]);
+    if (arg == 0) {
+      if (spec_.training) {
+        auto m1 = seg_mean(t);
+        auto m2 = seg_mean(mx::multiply(t, xhat, s));
+        dxhat = mx::add(dxhat, mx::multiply(inv_r, mx::subtract(
+            mx::subtract(t, rows(m1), s), mx::multiply(xhat, rows(m2), s), s), s), s);
+        dmean = m1;
+        dvar = mx::divide(mx::multiply(m2, mx::array(2.0f), s), inv, s);
+      } else {
+        dxhat = mx::add(dxhat, mx::multiply(t, inv_r, s), s);
+      }
+    } else if (arg == 1) {
+      dz = mx::add(dz, mx::multiply(t, xhat, s), s);
+    } else if (arg == 2 || arg == r_arg) {
+      dz = mx::add(dz, t, s);
+    } else if (!spec_.training && arg == 3) {
+      dxhat = mx::subtract(dxhat, mx::multiply(t, inv, s), s);
+    } else if (!spec_.training && arg == 4) {
+      auto k = mx::multiply(mx::multiply(inv, inv, s), mx::array(-0.5f), s);
+      dxhat = mx::add(dxhat, mx::multiply(xhat, mx::multiply(t, k, s), s), s);
+    }
+  }
+  dz = mx::add(dz, mx::multiply(w, dxhat, s), s);
+  float lo = low_slope(spec_.act, spec_.slope);
+  auto slope = mx::where(
+      mx::greater(outs[0], mx::array(0.0f, x.dtype()), s), mx::array(1.0f),
+      mx::array(lo), s);
+  auto dy = mx::astype(mx::multiply(dz, slope, s), x.dtype(), s);
+  if (!spec_.training) {
+    return {dy};
+  }
+  return {dy, dmean, dvar};
+}
+
 // ---------------------------------------------------------------- NormActGrad
 
 void NormActGrad::eval_cpu(

@@ -48,6 +48,11 @@ class NormAct : public mx::Primitive {
       const std::vector<mx::array>& cotangents,
       const std::vector<int>& argnums,
       const std::vector<mx::array>& outputs) override;
+  // Forward mode from MLX ops (tangents are rare; no kernel of its own).
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>& argnums) override;
   std::vector<mx::Shape> output_shapes(
       const std::vector<mx::array>& inputs) override;
   const char* name() const override {

@@ -288,3 +288,50 @@ def test_minkunet_step_fused_matches_op_path(rng):
 
 def _running(model):
     return [(k, v) for k, v in tree_flatten(model.state) if "running" in k]
+
+
+@pytest.mark.parametrize("kind", ["batch", "batch-eval", "instance"])
+def test_jvp_against_finite_differences(rng, kind):
+    n, c = 40, 3
+    x = tensor(rng, n, c, batch=3 if kind == "instance" else 1)
+    norm = nn.InstanceNorm(c) if kind == "instance" else nn.BatchNorm(c)
+    w, b = affine(rng, norm)
+    groups = np.array(x.coords)[:, 0] if kind == "instance" else np.zeros(n)
+    stats = None
+    if kind == "batch-eval":
+        norm.running_mean = mx.array(rng.standard_normal(c).astype(np.float32))
+        norm.running_var = mx.array(rng.uniform(0.5, 2, c).astype(np.float32))
+        stats = (to_np(norm.running_mean), to_np(norm.running_var))
+        norm.eval()
+    r = rng.standard_normal((n, c))
+    tx, tw, tb, tr = (rng.standard_normal(s) for s in ((n, c), (c,), (c,), (n, c)))
+    xf = to_np(x.feats)
+
+    def f_mx(xv, wv, bv, rv):
+        norm.weight, norm.bias = wv, bv
+        return nn.norm_act(norm, x.replace(xv), nn.LeakyReLU(0.3), rv).feats
+
+    prim = [mx.array(a.astype(np.float32)) for a in (xf, w, b, r)]
+    tans = [mx.array(a.astype(np.float32)) for a in (tx, tw, tb, tr)]
+    (_,), (ty,) = mx.jvp(lambda *a: [f_mx(*a)], prim, tans)
+    h = 1e-6
+
+    def leaky(t):  # the oracle along the tangent, LeakyReLU slope 0.3
+        z = oracle(xf + t * tx, w + t * tw, b + t * tb, groups, "none", r + t * tr, stats=stats)
+        return np.where(z > 0, z, 0.3 * z)
+
+    fd = (leaky(h) - leaky(-h)) / (2 * h)
+    np.testing.assert_allclose(to_np(ty), fd, rtol=2e-3, atol=2e-3)
+
+
+def test_compiled_training_step_matches_eager(rng):
+    x = tensor(rng, 400, 6)
+    bn1, bn2 = nn.BatchNorm(6), nn.BatchNorm(6)
+
+    def step(bn, a):
+        return (nn.norm_act(bn, x.replace(a), nn.ReLU()).feats ** 2).sum()
+
+    eager = mx.grad(lambda a: step(bn1, a))(x.feats)
+    compiled = mx.compile(mx.grad(lambda a: step(bn2, a)), inputs=bn2.state, outputs=bn2.state)(x.feats)
+    np.testing.assert_allclose(np.array(compiled), np.array(eager), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(bn2.running_mean), np.array(bn1.running_mean), rtol=1e-6)
