@@ -32,7 +32,8 @@ struct NormSpec {
   float eps = 1e-5f;
 };
 
-// Inputs: x, weight, bias, [residual], [segment ids] (training) or
+// Inputs: x, weight, bias, [residual], [segment ids in [0, S): the layers
+// pass batch columns, validated when the tensor was built] (training) or
 //         x, weight, bias, mean, var, [residual] (eval).
 // Outputs: y, and in training mode mean (S, C) and biased var (S, C).
 class NormAct : public mx::Primitive {
