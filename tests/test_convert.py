@@ -391,3 +391,36 @@ def test_spconv_cpu_outputs():
     y = ours.layers[1](ours.layers[0](y))
     got = ours.layers[2](y, coordinates=mx.array(_ours(out.indices.numpy(), "zyx")))
     _check(got.feats, out.features.numpy(), tol=1e-3)
+
+
+def test_spconv_inverse_cpu_outputs():
+    """SparseConv3d then SparseInverseConv3d (a U-Net down/up pair) on spconv's
+    own output voxels (spconv keeps only outputs inside its spatial shape)."""
+    torch = pytest.importorskip("torch")
+    try:
+        import spconv.pytorch as spconv
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"spconv is not importable: {e}")
+    rng = np.random.default_rng(13)
+    src = oracle.random_coords(rng, 80, extent=10, batches=2, low=0).astype(np.int32)
+    feats = _rand(rng, len(src), 4)
+    net = spconv.SparseSequential(
+        spconv.SparseConv3d(4, 6, (3, 2, 1), stride=2, padding=1, bias=False, indice_key="d1"),
+        spconv.SparseInverseConv3d(6, 5, (3, 2, 1), indice_key="d1", bias=False),
+    )
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.from_numpy(rng.standard_normal(tuple(p.shape)).astype(np.float32)))
+    shape = [int(src[:, a].max()) + 1 for a in (1, 2, 3)]
+    x = spconv.SparseConvTensor(torch.from_numpy(feats), torch.from_numpy(src), shape, 2)
+    with torch.no_grad():
+        mid = net[0](x)
+        out = net[1](mid)
+    ours = mnn.Sequential(nn.Conv3d(4, 6, (1, 2, 3), stride=2, padding=1, bias=False),
+                          nn.ConvTranspose3d(6, 5, (1, 2, 3), stride=2, padding=1, bias=False))
+    convert.from_spconv(net.state_dict(), ours, axes="zyx")
+    c = mx.array(_ours(src, "zyx"))
+    h = ours.layers[0](SparseTensor(c, mx.array(feats)), coordinates=mx.array(_ours(mid.indices.numpy(), "zyx")))
+    _check(h.feats, mid.features.numpy(), tol=1e-3)
+    y = ours.layers[1](h, coordinates=c)
+    _check(y.feats, out.features.numpy(), tol=1e-3)
