@@ -280,3 +280,19 @@ def test_reduce_empty_and_errors():
         nb.neighbor_reduce(mx.zeros((3, 2)), (1, 2, 3))
     with pytest.raises(ValueError, match=r"feats must be an \(N, C\) float"):
         nb.neighbor_reduce(mx.zeros((3,)), rel)
+
+
+@pytest.mark.parametrize("reduce", nb.REDUCTIONS)
+def test_reduce_jvp_matches_vjp(reduce):
+    """Forward mode agrees with reverse mode: <J t, g> == <t, J^T g>."""
+    rng = np.random.default_rng(9)
+    c = np.unique(rng.integers(0, 5, (60, 4)), axis=0).astype(np.int32)
+    x = ml.SparseTensor(mx.array(c), mx.array(rng.standard_normal((len(c), 3)).astype(np.float32)))
+    rel = nb.radius(x, x, 1.8)
+    t = mx.array(rng.standard_normal(x.feats.shape).astype(np.float32))
+    g = mx.array(rng.standard_normal((rel.num_queries, 3)).astype(np.float32))
+    fn = lambda f: nb.neighbor_reduce(f, rel, reduce=reduce)  # noqa: E731
+    (jt,) = mx.jvp(fn, [x.feats], [t])[1]
+    (vg,) = mx.vjp(fn, [x.feats], [g])[1]
+    np.testing.assert_allclose((jt * g).sum().item(), (t * vg).sum().item(), rtol=1e-4)
+    np.testing.assert_array_equal(np.array(nb.neighbor_reduce(x, rel, reduce=reduce)), np.array(fn(x.feats)))
