@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     conv.add_argument("--from", dest="source", required=True, choices=["spconv", "torchsparse", "minkowski"])
     conv.add_argument("--axes", default="xyz", help="what the source's coordinate columns hold (default xyz)")
     conv.add_argument("--layout", default="KRSC", help="spconv weight layout: KRSC (2.x), RSCK (1.x), RSKC")
+    conv.add_argument("--prefix", default="", help="convert only the entries whose names start with this")
     conv.add_argument("input", help=".pth checkpoint (needs torch) or safetensors file")
     conv.add_argument("output", help="converted .safetensors")
 
@@ -64,7 +65,11 @@ def main(argv=None) -> int:
         from . import convert
 
         extra = {"layout": args.layout} if args.source == "spconv" else {}
-        flat = convert.SOURCES[args.source](convert.load_state_dict(args.input), axes=args.axes, **extra)
+        try:
+            sd = {k: v for k, v in convert.load_state_dict(args.input).items() if k.startswith(args.prefix)}
+            flat = convert.SOURCES[args.source](sd, axes=args.axes, **extra)
+        except (ValueError, TypeError) as e:
+            parser.error(f"convert: {e}")
         mx.save_safetensors(args.output, flat, metadata={"source": args.source, "axes": args.axes})
         print(f"{len(flat)} tensors -> {args.output}")
         return 0

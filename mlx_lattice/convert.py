@@ -84,7 +84,7 @@ def load_state_dict(path) -> dict:
     compared as numbers: ``blocks.2`` before ``blocks.10``). Other files are
     read with ``torch.load`` (weights only), which keeps the module order; a
     checkpoint holding its state dict under ``state_dict`` / ``model`` /
-    ``model_state_dict`` / ``net`` is unwrapped.
+    ``model_state`` / ``model_state_dict`` / ``net`` is unwrapped.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -98,9 +98,12 @@ def load_state_dict(path) -> dict:
         raise ValueError(
             f"path: {path!r} is not a safetensors file; reading a torch checkpoint needs torch installed"
         ) from None
-    obj = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (torch raises many kinds for a bad file)
+        raise ValueError(f"path: {path!r} could not be read as a torch checkpoint: {str(e).splitlines()[0]}") from e
     if isinstance(obj, dict):
-        for key in ("state_dict", "model", "model_state_dict", "net"):
+        for key in ("state_dict", "model", "model_state", "model_state_dict", "net"):
             if isinstance(obj.get(key), dict):
                 obj = obj[key]
                 break

@@ -325,6 +325,10 @@ def test_cli_safetensors_in_any_extension(tmp_path):
     got = mx.load(str(out))
     np.testing.assert_array_equal(np.asarray(got["blocks.10.weight"]), w.transpose(0, 3, 2, 1, 4))
     assert list(convert.load_state_dict(path)) == ["blocks.2.weight", "blocks.10.weight"]
+    assert main(["convert", "--from", "spconv", "--prefix", "blocks.2.", str(path), str(out)]) == 0
+    assert list(mx.load(str(out))) == ["blocks.2.weight"]
+    with pytest.raises(SystemExit):  # argparse error: message, no traceback
+        main(["convert", "--from", "spconv", "--axes", "xy", str(path), str(out)])
 
 
 def test_load_errors(tmp_path):
@@ -338,7 +342,7 @@ def test_load_errors(tmp_path):
         with pytest.raises(ValueError, match="needs torch installed"):
             convert.load_state_dict(junk)
     else:
-        with pytest.raises(Exception):
+        with pytest.raises(ValueError, match="could not be read as a torch checkpoint"):
             convert.load_state_dict(junk)
 
 
