@@ -10,12 +10,14 @@ from mlx.nn import Identity, Module, Sequential
 
 from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d
+from .decoder import Downsample, Expand, PoolTranspose3d, Prune, Upsample
 from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm
 from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
 from .quantized import (
     QuantizedConv3d,
     QuantizedConvTranspose3d,
     QuantizedGenerativeConvTranspose3d,
+    QuantizedLinear,
     QuantizedSubmConv3d,
     from_module,
     quantize,
@@ -48,10 +50,16 @@ __all__ = [
     "GlobalMaxPool",
     "GlobalAvgPool",
     "GlobalSumPool",
+    "PoolTranspose3d",
+    "Upsample",
+    "Expand",
+    "Downsample",
+    "Prune",
     "QuantizedConv3d",
     "QuantizedSubmConv3d",
     "QuantizedConvTranspose3d",
     "QuantizedGenerativeConvTranspose3d",
+    "QuantizedLinear",
     "from_module",
     "quantize",
 ]
