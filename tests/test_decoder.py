@@ -285,3 +285,33 @@ def test_decoder_step_determinism(rng):
         ml.set_num_threads(before)
     for a, b in zip(*outs):
         assert a.tobytes() == b.tobytes()
+
+
+def test_forward_mode(rng):
+    """JVPs equal the VJP-transposed linear maps (all these ops are linear in the features)."""
+    x, *_ = make(rng, n=60, stride=2)
+    fine = decoder.expand(x, 2)
+    maps = [
+        lambda f: decoder.expand(x.replace(f), 2).feats,
+        lambda f: decoder.upsample(x.replace(f), fine).feats,
+        lambda f: pooling.pool_transpose3d(x.replace(f), 3, 2, 1).feats,
+        lambda f: decoder.downsample(x.replace(f), 2, "mean").feats,
+    ]
+    for fn in maps:
+        t = mx.array(rng.standard_normal(x.feats.shape).astype(np.float32))
+        _, (jt,) = mx.jvp(fn, [x.feats], [t])
+        ct = mx.array(rng.standard_normal(jt.shape).astype(np.float32))
+        _, (vc,) = mx.vjp(fn, [x.feats], [ct])
+        # <J t, c> == <t, J^T c>
+        np.testing.assert_allclose(float((jt * ct).sum()), float((t * vc).sum()), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.array(jt), np.array(fn(t)), rtol=1e-5, atol=1e-5)
+
+
+def test_upsample_agrees_with_devoxelize(rng):
+    """Interpolating at the target voxels' centres reads the same values."""
+    x, *_ = make(rng, n=70, stride=4)
+    fine = oracle.random_coords(rng, 200, 20, 2)
+    y = decoder.upsample(x, fine, stride=1)
+    centres = (fine[:, 1:] + 0.5).astype(np.float64)
+    ref = ml.devoxelize(x, centres, 1.0, batch=fine[:, 0], mode="trilinear")
+    np.testing.assert_allclose(np.array(y.feats), np.array(ref), rtol=1e-5, atol=1e-6)
