@@ -76,3 +76,21 @@ def test_quantized_linear_conversion_and_errors(rng):
     x = ml.SparseTensor(coords, np.zeros((len(coords), 32), np.float32))
     with pytest.raises(ValueError, match="C_in=64"):
         q(x)
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_quantized_linear_half(rng, dtype):
+    from conftest import TOLERANCES
+
+    q = snn.QuantizedLinear(snn.Linear(64, 16), bits=4, group_size=32)
+    q.set_dtype(dtype)  # scales, biases and bias follow the features' dtype
+    assert q.weight.dtype == mx.uint32 and q.scales.dtype == dtype
+    w = dequant_ref(q.weight, q.scales, q.biases, 4, 32)
+    b = np.array(q.bias.astype(mx.float32), np.float64)
+    coords = oracle.random_coords(rng, 40, 5, 2)
+    feats = mx.array(rng.standard_normal((len(coords), 64)).astype(np.float32)).astype(dtype)
+    f64 = np.array(feats.astype(mx.float32), np.float64)
+    y = q(ml.SparseTensor(coords, feats))
+    assert y.dtype == dtype
+    scale = np.abs(f64 @ w.T + b).max()
+    np.testing.assert_allclose(np.array(y.feats.astype(mx.float32)) / scale, (f64 @ w.T + b) / scale, **TOLERANCES[dtype])
