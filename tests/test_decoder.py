@@ -315,3 +315,15 @@ def test_upsample_agrees_with_devoxelize(rng):
     centres = (fine[:, 1:] + 0.5).astype(np.float64)
     ref = ml.devoxelize(x, centres, 1.0, batch=fine[:, 0], mode="trilinear")
     np.testing.assert_allclose(np.array(y.feats), np.array(ref), rtol=1e-5, atol=1e-6)
+
+
+def test_compile(rng):
+    """The feature paths are MLX ops only, so mx.compile traces them."""
+    x, *_ = make(rng, n=60, stride=2)
+    fine = decoder.expand(x, 2)
+    for fn in (
+        lambda f: decoder.expand(x.replace(f), 2).feats,
+        lambda f: decoder.upsample(x.replace(f), fine).feats,
+        lambda f: pooling.pool_transpose3d(x.replace(f), 2).feats,
+    ):
+        np.testing.assert_array_equal(np.array(mx.compile(fn)(x.feats)), np.array(fn(x.feats)))
