@@ -67,7 +67,7 @@ def _rows_np(a) -> np.ndarray:
 
 
 def _pair(a, b):
-    """(a's coords, a's table, b's coords, b's table) with strides checked."""
+    """(a's table, a's coords, b's table, b's coords), strides checked."""
     ta, ca, s_a = _table(a, "a")
     tb, cb, s_b = _table(b, "b")
     _strides(s_a, s_b)
