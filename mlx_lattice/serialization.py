@@ -63,24 +63,21 @@ def _interleave(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
 def _hilbert_transpose(axes: list[np.ndarray], depth: int) -> list[np.ndarray]:
     """Skilling's AxesToTranspose on three int64 arrays of ``depth``-bit values."""
     x = [a.copy() for a in axes]
-    q = 1 << (depth - 1)
-    while q > 1:
-        p = q - 1
+    for k in range(depth - 1, 0, -1):
+        p = (1 << k) - 1
         for i in range(3):
-            hit = (x[i] & q) != 0
+            hit = -((x[i] >> k) & 1)  # all ones where bit k of axis i is set
             # Bit set: invert the lower bits of axis 0; clear: exchange them with axis i.
-            t = np.where(hit, 0, (x[0] ^ x[i]) & p)
-            x[0] = x[0] ^ np.where(hit, p, 0) ^ t
-            x[i] = x[i] ^ t
-        q >>= 1
+            t = (x[0] ^ x[i]) & p & ~hit
+            x[0] ^= (p & hit) ^ t
+            if i:
+                x[i] ^= t
     # Gray decode: a prefix XOR along the interleaved bit string, most significant first.
     x[1] ^= x[0]
     x[2] ^= x[1]
     t = np.zeros_like(x[2])
-    q = 1 << (depth - 1)
-    while q > 1:
-        t = np.where((x[2] & q) != 0, t ^ (q - 1), t)
-        q >>= 1
+    for k in range(depth - 1, 0, -1):
+        t ^= ((1 << k) - 1) & -((x[2] >> k) & 1)
     return [a ^ t for a in x]
 
 
@@ -126,8 +123,14 @@ def _shifted(coords) -> tuple[np.ndarray, np.ndarray]:
         return b, xyz
     if b.min() < 0 or b.max() >= (1 << _BATCH_BITS):
         raise ValueError(f"coords batch column must lie in [0, {1 << _BATCH_BITS})")
-    lo = np.full((int(b.max()) + 1, 3), np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(lo, b, xyz)
+    if (np.diff(b) >= 0).all():
+        # Rows grouped by batch (the usual layout): one reduction per run.
+        starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]]))
+        lo = np.zeros((int(b.max()) + 1, 3), dtype=np.int64)
+        lo[b[starts]] = np.minimum.reduceat(xyz, starts, axis=0)
+    else:
+        lo = np.full((int(b.max()) + 1, 3), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(lo, b, xyz)
     return b, xyz - lo[b]
 
 

@@ -84,6 +84,14 @@ def test_shapes_dtypes_and_rows(rng):
     assert PointTransformerV3(3, 4, patch_size=32)(x).shape == (len(coords), 4)
 
 
+def test_compiled_forward_matches_eager(rng):
+    x, _, _ = make(rng)
+    model = PointTransformerV3(3, 4, **SMALL)
+    model.eval()
+    forward = mx.compile(lambda f: model(x.replace(f)).feats)
+    np.testing.assert_allclose(np.array(forward(x.feats)), np.array(model(x).feats), rtol=1e-5, atol=1e-6)
+
+
 def test_empty_batch_item_and_tiny_input():
     coords = np.array([[0, 0, 0, 0], [0, 1, 0, 0], [2, 5, 5, 5]], np.int32)
     x = ml.SparseTensor(coords, np.ones((3, 3), np.float32))

@@ -118,7 +118,7 @@ class SerializedAttention(mnn.Module):
                 raise ValueError(f"curve must be one of {list(CURVES)}, got {curve!r}")
             order, _ = serialization_order(x.coords, curve)
         order = _as_order(order, n)
-        batch = np.array(x.coords[:, 0]).astype(np.int64)
+        batch = np.array(x.coords)[:, 0].astype(np.int64)
         slots, rows, valid, p = patch_layout(order, batch, self.patch_size)
         h, d = self.num_heads, c // self.num_heads
         qkv = self.qkv(x).feats[mx.array(rows.astype(np.int32))]
