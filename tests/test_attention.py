@@ -226,6 +226,26 @@ def test_block_matches_composition(rng, pre_norm):
     np.testing.assert_allclose(to_np(block(x, order).feats), f, rtol=2e-4, atol=2e-4)
 
 
+def test_block_drop_path(rng):
+    """With a zero MLP branch, training output rows are x + 0 or x + 2 * attn
+    (rate 0.5), each with some rows; eval mode adds the branch once."""
+    x, coords, feats = make(rng, n=120, batches=2, c=8)
+    block = nn.TransformerBlock(8, 2, patch_size=16, cpe=False, drop_path=0.5)
+    block.mlp.fc2.weight = mx.zeros_like(block.mlp.fc2.weight)
+    block.mlp.fc2.bias = mx.zeros_like(block.mlp.fc2.bias)
+    order, _ = serialization_order(coords, "z")
+    block.eval()
+    branch = np.array(block(x, order).feats) - feats
+    block.train()
+    mx.random.seed(4)
+    got = np.array(block(x, order).feats) - feats
+    dropped = np.abs(got).max(1) == 0
+    assert 0 < dropped.sum() < len(coords)
+    np.testing.assert_allclose(got[~dropped], 2 * branch[~dropped], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="drop_path"):
+        nn.TransformerBlock(8, 2, drop_path=1.0)
+
+
 def test_block_without_cpe_has_no_conv(rng):
     block = nn.TransformerBlock(8, 2, cpe=False)
     assert "cpe" not in block

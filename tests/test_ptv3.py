@@ -122,7 +122,7 @@ def test_training_reduces_loss(rng):
     mx.random.seed(1)
     x, coords, _ = make(rng, n=200, extent=8, batches=2)
     labels = mx.array((coords[:, 1] + coords[:, 3] > 0).astype(np.int32))
-    model = PointTransformerV3(3, 2, **SMALL)
+    model = PointTransformerV3(3, 2, **SMALL, drop_path=0.1)
     opt = optim.Adam(learning_rate=3e-3)
 
     def loss_fn(m):
@@ -137,6 +137,12 @@ def test_training_reduces_loss(rng):
         losses.append(loss.item())
     assert np.isfinite(losses).all()
     assert losses[-1] < 0.8 * losses[0]
+
+
+def test_drop_path_schedule():
+    model = PointTransformerV3(3, **{**SMALL, "enc_depths": (1, 2), "dec_depths": (2,)}, drop_path=0.3)
+    assert [b.drop_path for stage in model.enc for b in stage] == pytest.approx([0.0, 0.15, 0.3])
+    assert [b.drop_path for b in model.dec[0]] == pytest.approx([0.3, 0.0])
 
 
 def test_bad_arguments():

@@ -16,6 +16,9 @@ that stage's coordinates, :mod:`mlx_lattice.serialization`); block ``i`` of
 a stage attends along curve ``i % len(orders)``. In training mode the curve
 list is shuffled per stage and call (``mx.random``, so ``mx.random.seed``
 fixes it), as PTv3's order shuffling does; eval mode keeps the given order.
+``drop_path`` (stochastic depth) rises linearly from 0 to its value over the
+encoder's blocks in order, and over the decoder's from the finest stage's
+last block (0) to the coarsest stage's first block, as in PTv3.
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ class PointTransformerV3(mnn.Module):
         orders=("z", "z-trans", "hilbert", "hilbert-trans"),
         shuffle_orders: bool = True,
         stem_kernel: int = 5,
+        drop_path: float = 0.0,
     ):
         super().__init__()
         s = len(enc_channels)
@@ -131,8 +135,15 @@ class PointTransformerV3(mnn.Module):
             nn.GELU(),
         )
         self.down = [SerializedPooling(enc_channels[i - 1], enc_channels[i]) for i in range(1, s)]
+        # Stochastic depth grows linearly with depth: over the encoder blocks,
+        # and again over the decoder blocks from the coarsest stage up.
+        enc_rates = iter(np.linspace(0.0, drop_path, sum(enc_depths)).tolist())
+        dec_rates = np.linspace(0.0, drop_path, sum(dec_depths)).tolist()
         self.enc = [
-            [nn.TransformerBlock(enc_channels[i], enc_heads[i], patch[i], mlp_ratio) for _ in range(enc_depths[i])]
+            [
+                nn.TransformerBlock(enc_channels[i], enc_heads[i], patch[i], mlp_ratio, drop_path=next(enc_rates))
+                for _ in range(enc_depths[i])
+            ]
             for i in range(s)
         ]
         self.up = []
@@ -140,8 +151,10 @@ class PointTransformerV3(mnn.Module):
         for i in range(s - 1):
             below = enc_channels[s - 1] if i == s - 2 else dec_channels[i + 1]
             self.up.append(SerializedUnpooling(below, enc_channels[i], dec_channels[i]))
+            first = sum(dec_depths[:i])
+            rates = dec_rates[first:first + dec_depths[i]][::-1]
             self.dec.append(
-                [nn.TransformerBlock(dec_channels[i], dec_heads[i], patch[i], mlp_ratio) for _ in range(dec_depths[i])]
+                [nn.TransformerBlock(dec_channels[i], dec_heads[i], patch[i], mlp_ratio, drop_path=r) for r in rates]
             )
         out_channels = dec_channels[0] if s > 1 else enc_channels[0]
         if num_classes is not None:

@@ -160,6 +160,13 @@ class ConditionalPositionalEncoding(mnn.Module):
         return x.replace(x.feats + y.feats)
 
 
+def drop_rows(f: mx.array, rate: float) -> mx.array:
+    """Stochastic depth on a residual branch: zero each voxel's row with
+    probability ``rate`` and scale the kept rows by ``1 / (1 - rate)``."""
+    keep = mx.random.bernoulli(1.0 - rate, (f.shape[0], 1))
+    return mx.where(keep, f * (1.0 / (1.0 - rate)), mx.zeros_like(f))
+
+
 class TransformerBlock(mnn.Module):
     """A Point Transformer V3 block on a SparseTensor ``(N, channels)``:
 
@@ -168,12 +175,18 @@ class TransformerBlock(mnn.Module):
         x = x + MLP(LN(x))
 
     (``pre_norm=False`` moves each LayerNorm after its residual sum, as PTv3
-    allows.) ``order`` as for :class:`SerializedAttention`.
+    allows.) ``order`` as for :class:`SerializedAttention`. ``drop_path``:
+    in training mode, each voxel's attention and MLP branches are dropped
+    with this probability (kept ones scaled by ``1 / (1 - drop_path)``), as
+    PTv3's stochastic depth on its (N, C) features; eval mode keeps all.
     """
 
     def __init__(self, channels: int, num_heads: int, patch_size: int = 1024, mlp_ratio: float = 4.0,
-                 qkv_bias: bool = True, cpe: bool = True, pre_norm: bool = True):
+                 qkv_bias: bool = True, cpe: bool = True, pre_norm: bool = True, drop_path: float = 0.0):
         super().__init__()
+        if not 0.0 <= drop_path < 1.0:
+            raise ValueError(f"drop_path must lie in [0, 1), got {drop_path}")
+        self.drop_path = float(drop_path)
         if cpe:
             self.cpe = ConditionalPositionalEncoding(channels)
         self.norm1 = LayerNorm(channels)
@@ -183,9 +196,11 @@ class TransformerBlock(mnn.Module):
         self.pre_norm = pre_norm
 
     def _residual(self, x, fn, norm):
-        if self.pre_norm:
-            return x.replace(x.feats + fn(norm(x)).feats)
-        return norm(x.replace(x.feats + fn(x).feats))
+        branch = fn(norm(x) if self.pre_norm else x).feats
+        if self.training and self.drop_path > 0.0:
+            branch = drop_rows(branch, self.drop_path)
+        y = x.replace(x.feats + branch)
+        return y if self.pre_norm else norm(y)
 
     def __call__(self, x: SparseTensor, order=None, curve: str = "z") -> SparseTensor:
         if "cpe" in self:
