@@ -33,6 +33,7 @@ import numpy as np
 import mlx.core as mx
 
 from ._args import as_coords
+from .tensor import SparseTensor
 
 __all__ = ["CURVES", "MAX_DEPTH", "curve_code", "serialize", "serialization_order"]
 
@@ -116,6 +117,8 @@ def curve_code(xyz, curve: str = "z", depth: int = MAX_DEPTH) -> np.ndarray:
 
 def _shifted(coords) -> tuple[np.ndarray, np.ndarray]:
     """(batch, xyz - per-batch-item minimum) as int64 NumPy arrays."""
+    if isinstance(coords, SparseTensor):
+        coords = coords.coords
     c = np.array(as_coords(coords)).astype(np.int64).reshape(-1, 4)
     b = c[:, 0]
     xyz = c[:, 1:]
@@ -137,7 +140,7 @@ def _shifted(coords) -> tuple[np.ndarray, np.ndarray]:
 def serialize(coords, curve: str = "z", depth: int | None = None) -> np.ndarray:
     """Serialization keys ``batch << (3 * depth) | code`` of (N, 4) coords.
 
-    ``coords``: rows ``(batch, x, y, z)`` (a SparseTensor's ``coords``, an
+    ``coords``: rows ``(batch, x, y, z)`` (a SparseTensor, its ``coords``, an
     mx.array or a NumPy array). Each batch item is shifted to start at 0 on
     every axis; ``depth`` defaults to the bit length of the largest shifted
     coordinate (at least 1). Returns (N,) int64.

@@ -102,7 +102,10 @@ def test_empty_batch_item_and_tiny_input():
 
 def test_eval_is_batch_independent_and_training_shuffles_orders(rng):
     x, coords, feats = make(rng, batches=2)
-    model = PointTransformerV3(3, 4, orders=("z", "z-trans"), **SMALL)
+    # Item 1 spans a larger box than item 0: the Hilbert orders must not notice.
+    coords[coords[:, 0] == 1, 1] *= 2  # depth 4 instead of 3 for the whole tensor
+    x = ml.SparseTensor(coords, feats)
+    model = PointTransformerV3(3, 4, orders=("hilbert", "z-trans"), **SMALL)
     model.eval()
     rows0 = coords[:, 0] == 0
     alone = ml.SparseTensor(coords[rows0], feats[rows0])

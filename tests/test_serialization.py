@@ -143,6 +143,7 @@ def test_order_of_sparse_tensor_coords_and_empty():
     x = SparseTensor(c, np.zeros((50, 2), np.float32))
     order, _ = serialization_order(x.coords, "hilbert")
     assert sorted(order.tolist()) == list(range(50))
+    assert np.array_equal(serialize(x, "hilbert"), serialize(c, "hilbert"))
     order, inverse = serialization_order(np.zeros((0, 4), np.int32))
     assert order.shape == (0,) and inverse.shape == (0,)
     assert serialize(np.zeros((0, 4), np.int32), "z").shape == (0,)

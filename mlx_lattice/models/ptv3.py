@@ -12,7 +12,8 @@ Layout, for ``S`` encoder stages:
 - an optional linear head (per-voxel logits).
 
 Each stage serializes its voxels along every curve of ``orders`` (codes of
-that stage's coordinates, :mod:`mlx_lattice.serialization`); block ``i`` of
+that stage's coordinates at depth ``MAX_DEPTH``,
+:mod:`mlx_lattice.serialization`); block ``i`` of
 a stage attends along curve ``i % len(orders)``. In training mode the curve
 list is shuffled per stage and call (``mx.random``, so ``mx.random.seed``
 fixes it), as PTv3's order shuffling does; eval mode keeps the given order.
@@ -29,7 +30,7 @@ import mlx.nn as mnn
 
 from .. import nn
 from ..pooling import max_pool3d
-from ..serialization import CURVES, serialization_order
+from ..serialization import CURVES, MAX_DEPTH, serialization_order
 from ..tensor import SparseTensor
 
 
@@ -165,7 +166,8 @@ class PointTransformerV3(mnn.Module):
         if self.training and self.shuffle_orders and len(curves) > 1:
             perm = np.array(mx.random.permutation(len(curves))).tolist()
             curves = [curves[k] for k in perm]
-        return [serialization_order(x.coords, c)[0] for c in curves]
+        # A fixed depth: an item's Hilbert order then ignores its batch mates' extent.
+        return [serialization_order(x.coords, c, depth=MAX_DEPTH)[0] for c in curves]
 
     def _stage(self, blocks, x: SparseTensor) -> SparseTensor:
         if not blocks:
