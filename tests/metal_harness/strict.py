@@ -172,11 +172,12 @@ def scan_rules(text: str, version: int) -> list[Violation]:
 
     def add(pos: int, rule: str, msg: str) -> None:
         f, ln = at(pos)
-        found.append(Violation(_short(f), ln, rule, msg))
+        if not f.startswith("/usr/"):  # the include itself is reported
+            found.append(Violation(_short(f), ln, rule, msg))
 
     for rule, rx, msg in _SUBSET_RE:
         for m in rx.finditer(code):
-            if rule == "new-delete" and code[: m.start()].rstrip().endswith("="):
+            if m.group(0) == "delete" and code[: m.start()].rstrip().endswith("="):
                 continue  # `= delete`: a deleted function, not the operator
             add(m.start(), rule, msg)
 
@@ -184,9 +185,10 @@ def scan_rules(text: str, version: int) -> list[Violation]:
     include = str(INCLUDE)
     current = "<built-in>"
     for m in Locator._MARK.finditer(text):
-        prev = max(m.start() - 1, 0)
+        prev = m.start()  # where the #include line was
         file, flags = m.group(2), m.group(3).split()
-        if "1" in flags and not current.startswith("<"):  # entering a header from a source
+        from_source = not current.startswith("<") and not current.startswith("/usr/")
+        if "1" in flags and from_source:  # a source (not a system header) includes
             name = Path(file).name
             if file.startswith("/usr/") and not file.startswith(include):
                 add(prev, "std", f"the C++ standard library is not available in MSL (#include <{name}>)")
@@ -326,7 +328,21 @@ CLANG_FLAGS = [
 _DIAG = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:\d+:)? (?P<kind>error|note|warning): (?P<msg>.*)$", re.M)
 
 
+_SPACE_NAMES = {"1": "device", "2": "constant", "3": "threadgroup"}
+
+
+def _space_names(msg: str) -> str:
+    msg = re.sub(r"__attribute__\(\(address_space\((\d)\)\)\)", lambda m: _SPACE_NAMES.get(m.group(1), m.group(0)), msg)
+    return re.sub(r"address space '(\d)'", lambda m: f"address space '{_SPACE_NAMES.get(m.group(1), m.group(1))}'", msg)
+
+
+def _mentions_space(msg: str) -> bool:
+    msg = _space_names(msg)
+    return "address space" in msg or bool(re.search(r"'(?:const )?(?:device|constant|threadgroup) ", msg))
+
+
 def _rule_of(msg: str) -> tuple[str, str]:
+    msg = _space_names(msg)
     tag = re.match(r"(?:static assertion failed(?: due to requirement '[^']*')?: )?\[([\w-]+)\] (.*)", msg)
     if tag:
         return tag.group(1), tag.group(2)
@@ -352,6 +368,9 @@ def diagnose(stderr: str) -> list[Violation]:
         sources = [(f, ln) for f, ln, _, _ in g if not f.startswith(str(INCLUDE)) and not f.startswith("/usr/")]
         where = sources[0] if sources else (g[0][0], g[0][1])
         rule, text = _rule_of(g[0][3])
+        if rule == "compile" and any(_mentions_space(msg) for _, _, _, msg in g[1:]):
+            note = _space_names(next(msg for _, _, _, msg in g[1:] if _mentions_space(msg)))
+            rule, text = "address-space", f"{text} ({note})"
         v = Violation(_short(where[0]), where[1], rule, text)
         if v not in out:
             out.append(v)
