@@ -296,9 +296,15 @@ def clang_unit(text: str) -> str:
 _CLANG_CANDIDATES = ("clang++-19", "clang++-18", "clang++-17", "clang++-16", "clang++-15", "clang++")
 
 
-def find_clang() -> str:
-    """A clang++ >= 15, or StrictError saying how to install one."""
+_found_clang: dict[str | None, tuple[str, str]] = {}
+
+
+def _clang() -> tuple[str, str]:
+    """(path, version line) of a clang++ >= 15, or StrictError saying how to
+    install one."""
     env = os.environ.get("MLX_LATTICE_HARNESS_CLANG")
+    if env in _found_clang:
+        return _found_clang[env]
     for name in ([env] if env else _CLANG_CANDIDATES):
         exe = shutil.which(name)
         if not exe:
@@ -306,16 +312,16 @@ def find_clang() -> str:
         out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
         m = re.search(r"clang version (\d+)", out)
         if m and int(m.group(1)) >= 15:
-            return exe
+            _found_clang[env] = (exe, out.splitlines()[0])
+            return _found_clang[env]
     raise StrictError(
         "the strict Metal pass needs clang++ >= 15 (address spaces as types, _Float16 on x86): "
         "install it (Debian bookworm: apt-get install -y clang-16) or set MLX_LATTICE_HARNESS_CLANG"
     )
 
 
-def clang_version(exe: str) -> str:
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    return out.splitlines()[0] if out else exe
+def find_clang() -> str:
+    return _clang()[0]
 
 
 CLANG_FLAGS = [
@@ -379,10 +385,10 @@ def diagnose(stderr: str) -> list[Violation]:
 
 def clang_check(text: str, version: int, cache: Path) -> list[Violation]:
     """Address spaces (and the shim's static checks) through clang."""
-    exe = find_clang()
+    exe, exe_version = _clang()
     unit = clang_unit(text)
     key = hashlib.sha256(
-        (unit + str(version) + clang_version(exe) + " ".join(CLANG_FLAGS) + _shim_digest()).encode()
+        (unit + str(version) + exe_version + " ".join(CLANG_FLAGS) + _shim_digest()).encode()
     ).hexdigest()[:20]
     stamp = cache / f"strict-{key}.ok"
     if stamp.exists():

@@ -3,15 +3,17 @@
 // <MetalPerformancePrimitives/MetalPerformancePrimitives.h>).
 //
 // Emulated, and nothing more:
-//  - metal::dynamic_extent, metal::dextents<I, 2>, metal::tensor_inline;
-//  - metal::tensor<T, dextents<I, 2>, tensor_inline>: a non-owning rank-2
-//    view over a pointer (any address space) made from (pointer, extents),
-//    packed, or (pointer, extents, array<int, 2> strides). Dimension 0 is
-//    the contiguous one: a row-major R x C matrix is a tensor of extents
-//    (C, R), and element [i0, i1] sits at pointer + i0 * s0 + i1 * s1.
+//  - metal::dynamic_extent, metal::dextents<I, R>, metal::tensor_inline;
+//  - metal::tensor<T, dextents<I, R>, tensor_inline>: a non-owning view over
+//    a pointer in T's address space (tensor<device half, ...>) made from
+//    (pointer, extents), packed, or (pointer, extents, array<int, R>
+//    strides). Dimension 0 is the contiguous one: a row-major R x C matrix
+//    is a tensor of extents (C, R), and element [i0, i1] sits at
+//    pointer + i0 * s0 + i1 * s1. Operations read rank-2 views only.
 //  - metal::execution_simdgroups<N>: the operation is shared by the N
 //    simdgroups of the threadgroup, which must then have exactly 32 * N
-//    threads (a launch with another count fails).
+//    threads (a launch with another count fails). execution_thread exists
+//    as a type (the checks accept it) but is not emulated.
 //  - mpp::tensor_ops::matmul2d_descriptor(m, n, k = dynamic, transpose_left,
 //    transpose_right, relaxed_precision, mode) and
 //    matmul2d<descriptor, scope>::run(left, right, destination):
@@ -29,9 +31,21 @@
 //    multiply_accumulate, then converted once to the destination type;
 //    relaxed_precision changes nothing here.
 //  - the destination cooperative tensor (get_destination_cooperative_tensor
-//    <L, R, T>()): get_capacity(), operator[] and store(tensor). Its
-//    elements start as NaN (for float and half types): a kernel must
-//    initialise them, as on the GPU, where their content is undefined.
+//    <L, R, T>()): get_capacity(), operator[], load(tensor) and
+//    store(tensor). Its elements start as NaN (for float and half types): a
+//    kernel must initialise them, as on the GPU, where their content is
+//    undefined.
+//
+// Compile-time checks, as Apple's headers make them (messages tagged
+// [tensor-ops], reported by the strict pass with the .metal line): load and
+// store take a tensor of exactly the cooperative tensor's element type (no
+// conversion); operands are rank 2 with int indices, in device, threadgroup
+// or thread memory; run() accepts the element-type combinations
+// MPPTensorOpsMatMul2d.h lists; the scope is an execution scope; the
+// getter's operand types are stripped of reference, cv and address space
+// (decltype of a local works) and its element type is unqualified. Address
+// spaces are visible only to the clang pass (mh/strict.h); under g++ they
+// are empty words.
 //
 // Threads are not synchronised by run() or store(): each thread computes
 // (stores) the destination elements it owns, reading the operands as they
