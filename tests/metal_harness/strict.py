@@ -22,6 +22,7 @@ at ``LATTICE_METAL_STD`` (both read from CMakeLists.txt), and
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import re
@@ -103,8 +104,6 @@ class Locator:
         self.starts = [e for e, _, _ in self.marks]
 
     def __call__(self, pos: int) -> tuple[str, int]:
-        import bisect
-
         i = bisect.bisect_right(self.starts, pos) - 1
         if i < 0:
             return "<input>", self.text.count("\n", 0, pos) + 1
@@ -247,8 +246,8 @@ _SCALARS = {
     "atomic_float", "atomic_bool", "atomic_long", "atomic_ulong",
 }
 _SPACE_WORD = re.compile(r"\b(device|constant|threadgroup)\b(?!_)")
-_AS_IDS = {"device": 1, "constant": 2, "threadgroup": 3}
-# Template parameters instantiated with scalar element types in practice.
+# Template parameters (T, TI, BITS): the kernels here instantiate them with
+# scalars; one instantiated with a vector type would fail this pass wrongly.
 _TEMPLATE_PARAM = re.compile(r"^[A-Z][A-Z0-9_]{0,3}$")
 
 
@@ -256,7 +255,7 @@ def _keeps_space(code: str, end: int, declaration: bool = False) -> bool:
     rest = code[end : end + 200]
     m = re.match(r"\s*(?:(?:const|volatile)\s+)*((?:metal\s*::\s*)?[A-Za-z_]\w*)", rest)
     if not m:
-        return True  # e.g. `constexpr constant int` handled by the caller
+        return True
     name = m.group(1).split("::")[-1].strip()
     if name in ("const", "volatile"):
         return True
@@ -325,9 +324,8 @@ def find_clang() -> str:
 
 
 CLANG_FLAGS = [
-    "-x", "c++", "-std=c++20", "-fsyntax-only", "-ferror-limit=20",
-    "-Wno-unknown-attributes", "-Wno-ignored-attributes", "-Wno-attributes",
-    "-fno-color-diagnostics", "-w",
+    "-x", "c++", "-std=c++20", "-fsyntax-only", "-ferror-limit=20", "-fno-color-diagnostics",
+    "-w",  # MSL attributes are unknown to clang; only errors matter
     f"-I{INCLUDE}", "-include", "mh/strict.h", "-DMLX_LATTICE_HARNESS=1", "-D__METAL__=1",
 ]
 
