@@ -26,6 +26,7 @@ STRICT = Path(mh.__file__).parent / "selftest" / "strict"
 # file stem -> (rule, a phrase of the message)
 PLANTED = {
     "double": ("double", "MSL has no double"),
+    "long_long": ("long-long", "MSL has no long long"),
     "goto": ("goto", "does not support goto"),
     "virtual": ("virtual", "virtual functions"),
     "exceptions": ("exceptions", "exceptions"),
