@@ -43,6 +43,8 @@ PLANTED = {
     "space_device_to_thread": ("address-space", "'float *' with an lvalue of type 'device float *'"),
     "space_constant_to_device": ("address-space", "address space 'constant' as a pointer to address space 'device'"),
     "space_reference": ("address-space", "changes address space"),
+    "space_vector_pointer": ("address-space", "address space 'device' as a pointer to address space 'threadgroup'"),
+    "space_struct_reference": ("address-space", "cannot bind reference in address space 'constant'"),
     "space_kernel_parameter": ("address-space", "without an address space"),
     "version_tensor": ("version", "<metal_tensor> needs Metal 4.0; this file compiles as Metal 3.1"),
     "tensorops_store_type": ("tensor-ops", "Tensor datatype does not match cooperative tensor"),
@@ -64,7 +66,8 @@ def defect_line(path: Path) -> int:
 
 def test_every_planted_file_is_listed():
     stems = {p.stem for p in STRICT.glob("*.metal")}
-    assert stems - {"tensorops_decltype_ok", "version_atomic_float", "version_bfloat"} == set(PLANTED)
+    accepted = {"tensorops_decltype_ok", "space_class_objects_ok", "version_atomic_float", "version_bfloat"}
+    assert stems - accepted == set(PLANTED)
 
 
 @pytest.mark.parametrize("stem", sorted(PLANTED))
@@ -101,6 +104,10 @@ def test_features_above_the_language_version(stem, version, phrase, tmp_path):
 
 def test_decltype_operands_with_reference_cv_and_space_are_accepted():
     mh.load(STRICT / "tensorops_decltype_ok.metal")
+
+
+def test_class_objects_copy_across_spaces():
+    mh.load(STRICT / "space_class_objects_ok.metal")
 
 
 def test_language_versions_come_from_the_cmake_build():

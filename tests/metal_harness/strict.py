@@ -10,7 +10,7 @@ Three checks, each failing with ``<file>.metal:<line>: [rule] message``:
   the shim force-included and ``device`` / ``constant`` / ``threadgroup``
   mapped to distinct ``address_space(N)`` qualifiers (``thread`` is the
   default space): a pointer or reference passed or assigned into another
-  space does not compile;
+  space does not compile (run twice, for class objects: see clang_check);
 * the shim's own compile-time checks (``mh/tensor.h``: the MetalPerformance-
   Primitives constraints), which both front ends see.
 
@@ -238,37 +238,38 @@ def _kernel_parameter_rules(text: str, code: str, at: Locator) -> list[Violation
 
 # ------------------------------------------------------------ clang front end
 
-# Element types that keep their address space in the clang pass. Objects of
-# class type (vectors, structs, tensors) drop it: clang's C++ mode has no
-# address-space-qualified member functions, so copying or calling a method on
-# a `device float4` would fail where Metal accepts it.
+# Element types that keep their address space in every clang pass: scalars,
+# atomics and template parameters (T, TI; the kernels here instantiate them
+# with scalars, so a vector there would fail this pass wrongly). Class types
+# (vectors, structs, tensors) keep it only in the second pass: clang's C++
+# mode has no member functions, copy constructors or operators for objects
+# in a named space, so copying a `device float4` or adding a `constant`
+# one fails there while Metal accepts it.
 _SCALARS = {
     "bool", "char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half", "float",
     "bfloat", "size_t", "int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_t",
-    "int64_t", "uint64_t", "unsigned", "signed", "void", "atomic_int", "atomic_uint",
-    "atomic_float", "atomic_bool", "atomic_long", "atomic_ulong",
+    "int64_t", "uint64_t", "unsigned", "signed", "void",
 }
+_ATOMICS = {"atomic_int", "atomic_uint", "atomic_float", "atomic_bool", "atomic_long", "atomic_ulong"}
 _SPACE_WORD = re.compile(r"\b(device|constant|threadgroup)\b(?!_)")
-# Template parameters (T, TI, BITS): the kernels here instantiate them with
-# scalars; one instantiated with a vector type would fail this pass wrongly.
 _TEMPLATE_PARAM = re.compile(r"^[A-Z][A-Z0-9_]{0,3}$")
 
 
-def _keeps_space(code: str, end: int, declaration: bool = False) -> bool:
-    rest = code[end : end + 200]
-    m = re.match(r"\s*(?:(?:const|volatile)\s+)*((?:metal\s*::\s*)?[A-Za-z_]\w*)", rest)
+def _element_kind(code: str, end: int) -> str:
+    """'scalar', 'atomic' or 'class' for the type after an address-space word."""
+    m = re.match(r"\s*(?:(?:const|volatile)\s+)*((?:metal\s*::\s*)?[A-Za-z_]\w*)", code[end : end + 200])
     if not m:
-        return True
+        return "scalar"
     name = m.group(1).split("::")[-1].strip()
-    if name in ("const", "volatile"):
-        return True
-    if declaration and name.startswith("atomic"):
-        return False  # a threadgroup atomic is constructed: a class object here
-    return name in _SCALARS or bool(_TEMPLATE_PARAM.match(name))
+    if name in _SCALARS or _TEMPLATE_PARAM.match(name):
+        return "scalar"
+    return "atomic" if name in _ATOMICS else "class"
 
 
-def clang_unit(text: str) -> str:
-    """The scanned text rewritten for the address-space front end."""
+def clang_unit(text: str, class_spaces: bool = False) -> str:
+    """The scanned text rewritten for the address-space front end; with
+    `class_spaces`, objects of class type keep their space too (except
+    threadgroup variables, which clang cannot construct in one)."""
     code = _code_only(text)
     edits: list[tuple[int, int, str]] = []
     for m in re.finditer(r"\[\[\s*threadgroup\s*\(", code):
@@ -281,7 +282,12 @@ def clang_unit(text: str) -> str:
     for m in _SPACE_WORD.finditer(code):
         if any(a <= m.start() < b for a, b in attr_spans):
             continue
-        if not _keeps_space(code, m.end(), declaration=m.start() in tg_decl):
+        kind = _element_kind(code, m.end())
+        if m.start() in tg_decl:
+            drop = kind != "scalar"
+        else:
+            drop = kind == "class" and not class_spaces
+        if drop:
             edits.append((m.start(), m.end(), f"mh_class_{m.group(1)}"))
     for m in src._INSTANCE_RE.finditer(code):  # clang takes no attributes there
         edits.append((m.start("attrs"), m.end("attrs"), " "))
@@ -327,7 +333,7 @@ def find_clang() -> str:
 
 
 CLANG_FLAGS = [
-    "-x", "c++", "-std=c++20", "-fsyntax-only", "-ferror-limit=20", "-fno-color-diagnostics",
+    "-x", "c++", "-std=c++20", "-fsyntax-only", "-ferror-limit=0", "-fno-color-diagnostics",
     "-w",  # MSL attributes are unknown to clang; only errors matter
     f"-I{INCLUDE}", "-include", "mh/strict.h", "-DMLX_LATTICE_HARNESS=1", "-D__METAL__=1",
 ]
@@ -358,9 +364,32 @@ def _rule_of(msg: str) -> tuple[str, str]:
     return "compile", msg
 
 
-def diagnose(stderr: str) -> list[Violation]:
+# What the second pass (class objects in their spaces) reports: a pointer
+# or reference moved between spaces. Everything else there is clang's C++
+# mode refusing class-object copies, operators and methods that MSL allows.
+_SPACE_MISMATCH = re.compile(
+    r"candidate function.* not viable: cannot (?:pass pointer|bind reference)"
+    r"|no known conversion from '[^']*[*\]]' to '[^']*\*'"
+    r"|cannot initialize a (?:variable|parameter|member subobject) of type '[^']*[*&]' with an? [lr]value of type '[^']*[*\]]'"
+    r"|assigning to '[^']*\*' from .*'[^']*\*'"
+    r"|changes address space"
+)
+
+
+def _space_mismatch(group: list[tuple[str, int, str, str]]) -> bool:
+    for file, _, _, msg in group:
+        msg = _space_names(msg)
+        if "generic address space" in msg and file.startswith(str(INCLUDE)):
+            continue  # a shim operator or method on a class object
+        if _SPACE_MISMATCH.search(msg) and _mentions_space(msg):
+            return True
+    return False
+
+
+def diagnose(stderr: str, mismatch_only: bool = False) -> list[Violation]:
     """clang errors as violations at the innermost .metal line that led to
-    them (clang prints an error, then its instantiation notes)."""
+    them (clang prints an error, then its instantiation notes); with
+    `mismatch_only`, only pointers and references moved between spaces."""
     groups: list[list[tuple[str, int, str, str]]] = []
     for m in _DIAG.finditer(stderr):
         d = (m.group("file"), int(m.group("line")), m.group("kind"), m.group("msg"))
@@ -370,12 +399,12 @@ def diagnose(stderr: str) -> list[Violation]:
             groups[-1].append(d)
     out = []
     for g in groups:
-        if g[0][2] != "error":
+        if g[0][2] != "error" or (mismatch_only and not _space_mismatch(g)):
             continue
         sources = [(f, ln) for f, ln, _, _ in g if not f.startswith(str(INCLUDE)) and not f.startswith("/usr/")]
         where = sources[0] if sources else (g[0][0], g[0][1])
         rule, text = _rule_of(g[0][3])
-        if rule == "compile" and any(_mentions_space(msg) for _, _, _, msg in g[1:]):
+        if mismatch_only or (rule == "compile" and any(_mentions_space(msg) for _, _, _, msg in g[1:])):
             note = _space_names(next(msg for _, _, _, msg in g[1:] if _mentions_space(msg)))
             rule, text = "address-space", f"{text} ({note})"
         v = Violation(_short(where[0]), where[1], rule, text)
@@ -385,26 +414,31 @@ def diagnose(stderr: str) -> list[Violation]:
 
 
 def clang_check(text: str, version: int, cache: Path) -> list[Violation]:
-    """Address spaces (and the shim's static checks) through clang."""
+    """Address spaces (and the shim's static checks) through clang, in two
+    passes: class objects without their spaces (every error counts), then
+    with them (only pointers and references moved between spaces count)."""
     exe, exe_version = _clang()
-    unit = clang_unit(text)
+    units = [clang_unit(text), clang_unit(text, class_spaces=True)]
     key = hashlib.sha256(
-        (unit + str(version) + exe_version + " ".join(CLANG_FLAGS) + _shim_digest()).encode()
+        ("".join(units) + str(version) + exe_version + " ".join(CLANG_FLAGS) + _shim_digest()).encode()
     ).hexdigest()[:20]
     stamp = cache / f"strict-{key}.ok"
     if stamp.exists():
         return []
-    res = subprocess.run(
-        [exe, *CLANG_FLAGS, f"-D__METAL_VERSION__={version}", "-"],
-        input=unit, capture_output=True, text=True,
-    )
-    if res.returncode == 0:
-        stamp.touch()
-        return []
-    found = diagnose(res.stderr)
-    if not found:
-        found = [Violation("<clang>", 0, "compile", res.stderr[-2000:])]
-    return found
+    for second, unit in enumerate(units):
+        res = subprocess.run(
+            [exe, *CLANG_FLAGS, f"-D__METAL_VERSION__={version}", "-"],
+            input=unit, capture_output=True, text=True,
+        )
+        if res.returncode == 0:
+            continue
+        found = diagnose(res.stderr, mismatch_only=bool(second))
+        if not found and not second:
+            found = [Violation("<clang>", 0, "compile", res.stderr[-2000:])]
+        if found:
+            return found
+    stamp.touch()
+    return []
 
 
 def _shim_digest() -> str:

@@ -1,9 +1,10 @@
 // The shim as the strict pass (strict.py) compiles it with clang: the MSL
 // address spaces become distinct address_space(N) qualifiers, so a pointer or
 // reference cannot move between spaces without an explicit cast. `thread` is
-// the default space. Objects of class type keep no space here (strict.py
-// rewrites `device float4` to `mh_class_device float4`): clang's C++ mode has
-// no address-space-qualified member functions or copy constructors.
+// the default space. Where strict.py takes an object of class type out of
+// its space (`device float4` -> `mh_class_device float4`: clang's C++ mode
+// has no copy constructors or methods for objects in a named space), the
+// mh_class_* words expand to nothing.
 #pragma once
 
 #define MH_STRICT 1
