@@ -149,7 +149,15 @@ def test_missing_clang_is_an_error_not_a_skip(monkeypatch):
         strict.find_clang()
 
 
-@pytest.mark.parametrize("path", sorted((build.ROOT / "metal").glob("*.metal")), ids=lambda p: p.name)
+METAL_SOURCES = sorted((build.ROOT / "metal").rglob("*.metal"))
+
+
+def test_the_project_has_metal_sources():
+    assert any(p.name.startswith(strict.TENSOROPS_PREFIX) for p in METAL_SOURCES)
+    assert any(not p.name.startswith(strict.TENSOROPS_PREFIX) for p in METAL_SOURCES)
+
+
+@pytest.mark.parametrize("path", METAL_SOURCES, ids=lambda p: p.name)
 def test_every_project_kernel_passes_the_strict_pass(path):
     text = build.scan(path)
     assert strict.scan_rules(text, strict.version_for(path)) == []
