@@ -94,3 +94,15 @@ def test_quantized_linear_half(rng, dtype):
     assert y.dtype == dtype
     scale = np.abs(f64 @ w.T + b).max()
     np.testing.assert_allclose(np.array(y.feats.astype(mx.float32)) / scale, (f64 @ w.T + b) / scale, **TOLERANCES[dtype])
+
+
+def test_quantize_reaches_attention_mlp(rng):
+    """nn.quantize swaps the Linear layers inside composite blocks too."""
+    mlp = snn.MLP(64, 128)
+    coords = oracle.random_coords(rng, 60, 5, 2)
+    x = ml.SparseTensor(coords, rng.standard_normal((len(coords), 64)).astype(np.float32))
+    y_float = np.array(mlp(x).feats)
+    snn.quantize(mlp, bits=8, group_size=64)
+    assert isinstance(mlp.fc1, snn.QuantizedLinear) and isinstance(mlp.fc2, snn.QuantizedLinear)
+    y = np.array(mlp(x).feats)
+    assert 0 < np.abs(y - y_float).max() / np.abs(y_float).max() < 0.05
