@@ -31,6 +31,14 @@ inline bool in_range(int64_t b, int64_t x, int64_t y, int64_t z) {
       y >= kCoordMin && y <= kCoordMax && z >= kCoordMin && z <= kCoordMax;
 }
 
+// The two CSR views of a relation: rows are its outputs (the convolution)
+// or its inputs (the input gradient, with W transposed per offset).
+enum class View : int { OutputMajor = 0, InputMajor = 1 };
+
+inline View flip(View v) {
+  return v == View::OutputMajor ? View::InputMajor : View::OutputMajor;
+}
+
 // Packs (b, x, y, z) so that key order equals lexicographic coordinate order.
 inline uint64_t pack_key(int64_t b, int64_t x, int64_t y, int64_t z) {
   return (uint64_t(b) << 51) | (uint64_t(x - kCoordMin) << 34) |

@@ -74,10 +74,10 @@ def run_program(program: dict, inputs: list, out_shape, out_dtype: str, schedule
     return out
 
 
-def conv(route: str, x: mx.array, w: mx.array, relation, view=0, schedule="forward", seed=0, record=None):
+def conv(route: str, x: mx.array, w: mx.array, relation, view=_ext.View.output_major, schedule="forward", seed=0, record=None):
     """The GatherConv primitive's output computed by `route`'s Metal program."""
     inputs = _ext.conv_inputs(x, w, relation, view, route)
-    rows = x.shape[0] if relation is None else (relation.n_out if view == 0 else relation.n_in)
+    rows = x.shape[0] if relation is None else (relation.n_out if view == _ext.View.output_major else relation.n_in)
     shape = [rows, w.shape[2]]
     dtype = str(x.dtype).replace("mlx.core.", "")
     program = _ext.metal_program("conv", route, inputs, shape, x.dtype)
@@ -95,7 +95,7 @@ def conv(route: str, x: mx.array, w: mx.array, relation, view=0, schedule="forwa
     return y
 
 
-def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=0, schedule="forward", seed=0):
+def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=_ext.View.output_major, schedule="forward", seed=0):
     """The WeightGrad primitive's output (K, A, B) computed by `route`'s Metal program."""
     inputs = _ext.weight_grad_inputs(x, ct, relation, view)
     shape = [k, x.shape[1], ct.shape[1]]
@@ -109,7 +109,7 @@ def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=0,
     return run_program(program, inputs, tuple(shape), dtype, schedule, seed)
 
 
-def quantized(route: str, x: mx.array, q, relation, view=0, schedule="forward", seed=0, record=None):
+def quantized(route: str, x: mx.array, q, relation, view=_ext.View.output_major, schedule="forward", seed=0, record=None):
     """The QuantizedConv primitive's output computed by `route`'s Metal program.
 
     q: a QuantizedWeight (its kernel-major codes, scales and biases are the
@@ -117,7 +117,7 @@ def quantized(route: str, x: mx.array, q, relation, view=0, schedule="forward", 
     """
     codes, scales, biases = q.kernel_major()
     inputs = _ext.quantized_conv_inputs(x, codes, scales, biases, q.bits, q.group_size, relation, view, route)
-    rows = x.shape[0] if relation is None else (relation.n_out if view == 0 else relation.n_in)
+    rows = x.shape[0] if relation is None else (relation.n_out if view == _ext.View.output_major else relation.n_in)
     shape = [rows, codes.shape[0]]
     dtype = str(x.dtype).replace("mlx.core.", "")
     program = _ext.metal_program("quantized", route, inputs, shape, x.dtype)

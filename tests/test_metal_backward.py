@@ -7,7 +7,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import routes
+from mlx_lattice import _ext, routes
 from mlx_lattice.ops import mapped_weight
 from mlx_lattice.relation import KernelGeometry
 from mlx_lattice.routes import RouteContext
@@ -74,7 +74,7 @@ def run_dgrad(route, feats, w5, rel, edges, n_out, dtype, rng, schedule="forward
     c_out = w5.shape[0]
     ct = mx.array(rng.standard_normal((n_out, c_out)).astype(np.float32)).astype(dtype)
     wt = mx.swapaxes(mapped_weight(w5), 1, 2)
-    dx = metal_programs.conv(route, ct, wt, rel._native, view=1, schedule=schedule,
+    dx = metal_programs.conv(route, ct, wt, rel._native, view=_ext.View.input_major, schedule=schedule,
                              record={"op": "dgrad", "direction": "dgrad", "map_kind": rel.kind})
     expected, _ = fast_grads(edges, feats, w5, f64(ct))
     assert not np.isnan(dx).any()
@@ -145,7 +145,7 @@ def test_dgrad_selection(kw, route):
         (dict(c_in=7, c_out=16), "metal.wgrad_cout16"),
         (dict(c_in=7, c_out=16, dtype="float16"), "metal.wgrad_cout16"),
         (dict(c_in=8, c_out=12), "metal.wgrad_block4"),
-        (dict(c_in=7, c_out=12), "metal.weight_gradient"),
+        (dict(c_in=7, c_out=12), "metal.wgrad_direct"),
         (dict(c_in=7, c_out=12, dtype="float16"), "metal.wgrad_fp16"),
     ],
 )
@@ -207,7 +207,7 @@ def test_tensorops_dgrad_program_refuses_other_shapes(rng):
     feats, w5, rel, edges, n_out = case(rng, 60, 16, 32, mx.float32)
     ct = mx.zeros((n_out, 32))
     with pytest.raises(ValueError, match="C_in == C_out == 16"):
-        metal_programs.conv("metal.tensorops_dgrad", ct, mx.swapaxes(mapped_weight(w5), 1, 2), rel._native, view=1)
+        metal_programs.conv("metal.tensorops_dgrad", ct, mx.swapaxes(mapped_weight(w5), 1, 2), rel._native, view=_ext.View.input_major)
 
 
 # ------------------------------------------------------------------ weight gradient
@@ -224,7 +224,7 @@ def test_tensorops_wgrad_partitions(rng):
     """Enough edges per offset for several partitions, summed in order."""
     feats, w5, rel, edges, n_out = case(rng, 3000, 16, 32, mx.float32, extent=16, batches=1)
     prog = ml._ext.metal_program("weight_grad", "metal.tensorops_wgrad",
-                                 ml._ext.weight_grad_inputs(feats, mx.zeros((n_out, 32)), rel._native, 0),
+                                 ml._ext.weight_grad_inputs(feats, mx.zeros((n_out, 32)), rel._native, _ext.View.output_major),
                                  [27, 16, 32], mx.float32)
     parts = prog["steps"][0]["groups"][0]
     assert parts > 1 and prog["steps"][1]["kernel"] == "wgrad_reduce_float32"
