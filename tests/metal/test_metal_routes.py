@@ -7,18 +7,18 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import _ext, routes
+from mlx_lattice import routes
 from mlx_lattice.ops import mapped_weight
 from mlx_lattice.relation import KernelGeometry
 from mlx_lattice.routes import RouteContext
 
 import oracle
-import metal_harness
 import metal_programs
+from conftest import METAL_TOLERANCES as TOL
+from metal_programs import case
 
-pytestmark = [pytest.mark.metal, pytest.mark.skipif(metal_programs.BACKEND is None, reason=metal_programs.WHY)]
+pytestmark = metal_programs.MARKS
 
-TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2)}
 
 
 def metal_ctx(**kw):
@@ -28,31 +28,6 @@ def metal_ctx(**kw):
     return RouteContext(**base)
 
 
-def case(rng, n, c_in, c_out, dtype, kind="submanifold", extent=None, batches=2):
-    """A relation of the given kind, features and weights, and oracle edges."""
-    extent = extent or max(6, int(round((n / batches * 3) ** (1 / 3))))
-    coords = oracle.random_coords(rng, n, extent, batches)
-    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
-    m, s = x.manager, x.coordinate_set
-    if kind == "submanifold":
-        geom = KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3)
-        rel = m.submanifold_kernel_relation(s, geom)
-        out = coords
-        edges = oracle.conv_edges(coords, coords, 3, 1, 1)
-    elif kind == "forward":
-        geom = KernelGeometry((3, 3, 3), (2,) * 3, (1,) * 3, (1,) * 3)
-        rel, out_set = m.kernel_relation(s, geom)
-        out = np.array(out_set.coords)
-        edges = oracle.conv_edges(coords, out, 3, 2, 1)
-    else:  # target
-        out = oracle.random_coords(rng, n // 2, extent, batches)
-        dst = m.register(mx.array(out))
-        geom = KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3)
-        rel = m.target_kernel_relation(s, dst, geom)
-        edges = oracle.conv_edges(coords, out, 3, 1, 1)
-    feats = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)).astype(dtype)
-    w5 = mx.array((rng.standard_normal((c_out, 3, 3, 3, c_in)) / np.sqrt(27 * c_in)).astype(np.float32)).astype(dtype)
-    return feats, w5, rel, edges, len(out)
 
 
 def select(rel, dtype, c_in, c_out, **kw):
@@ -65,7 +40,7 @@ def check_route(route, feats, w5, rel, edges, n_out, dtype, schedule="forward", 
     record = None
     if log is not None:
         record = {"op": "conv3d", "map_kind": rel.kind, "dtype": str(dtype), "n_out": n_out}
-    y = metal_programs.conv(route, feats, mapped_weight(w5), rel._native, _ext.View.output_major, schedule=schedule, record=record)
+    y = metal_programs.conv(route, feats, mapped_weight(w5), rel._native, metal_programs.OUTPUT_MAJOR, schedule=schedule, record=record)
     expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(w5.astype(mx.float32)), n_out)
     np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[dtype])
 
@@ -179,7 +154,7 @@ def test_input_gradient_routes(rng, route):
     feats, w5, rel, edges, n_out = case(rng, 150, 16, c_out, mx.float32, "forward")
     ct = rng.standard_normal((n_out, c_out)).astype(np.float32)
     wt = mx.swapaxes(mapped_weight(w5), 1, 2)
-    dx = metal_programs.conv(route, mx.array(ct), wt, rel._native, view=_ext.View.input_major)
+    dx = metal_programs.conv(route, mx.array(ct), wt, rel._native, view=metal_programs.INPUT_MAJOR)
     ex, _, _ = oracle.grads(edges, np.array(feats), np.array(w5), ct)
     np.testing.assert_allclose(dx, ex, rtol=1e-4, atol=1e-4)
 
@@ -265,7 +240,7 @@ def test_tensorops_program_binds_what_the_direct_route_binds():
 
 
 def _ext_inputs(route, feats, w, rel):
-    return ml._ext.conv_inputs(feats, w, rel._native, _ext.View.output_major, route)
+    return ml._ext.conv_inputs(feats, w, rel._native, metal_programs.OUTPUT_MAJOR, route)
 
 
 @pytest.mark.parametrize("kind", ["submanifold", "forward", "target"])
@@ -278,8 +253,8 @@ def test_tensorops_sorted_against_direct_route_and_oracle(kind, c):
     assert route == "metal.tensorops_sorted"
     assert n_out % 64 != 0  # a partly filled last tile
     w = mapped_weight(w5)
-    y = metal_programs.conv(route, feats, w, rel._native, _ext.View.output_major, schedule="random", seed=c)
-    direct = metal_programs.conv("metal.sorted_gemm", feats, w, rel._native, _ext.View.output_major)
+    y = metal_programs.conv(route, feats, w, rel._native, metal_programs.OUTPUT_MAJOR, schedule="random", seed=c)
+    direct = metal_programs.conv("metal.sorted_gemm", feats, w, rel._native, metal_programs.OUTPUT_MAJOR)
     expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(w5.astype(mx.float32)), n_out)
     np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[mx.float16])
     # Both accumulate in float and round once: at most an fp16 rounding apart.
@@ -302,7 +277,7 @@ def test_tensorops_sorted_skips_offsets_and_writes_empty_rows():
     masks = np.array(rel.sorted_plan().tile_masks)
     assert np.any(masks != (1 << 27) - 1)  # some tiles skip offsets
     assert (np.diff(np.array(rel._native.out_offsets))[-3:] == 0).all()
-    y = metal_programs.conv("metal.tensorops_sorted", feats, mapped_weight(w5), rel._native, _ext.View.output_major, schedule="reverse")
+    y = metal_programs.conv("metal.tensorops_sorted", feats, mapped_weight(w5), rel._native, metal_programs.OUTPUT_MAJOR, schedule="reverse")
     expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(w5.astype(mx.float32)), len(out))
     np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[mx.float16])
     np.testing.assert_array_equal(y[-3:], 0)

@@ -6,19 +6,16 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
-import mlx_lattice as ml
 from mlx_lattice import QuantizedWeight, routes
 from mlx_lattice.ops import mapped_weight
-from mlx_lattice.relation import KernelGeometry
 from mlx_lattice.routes import RouteContext
 
 import oracle
-import metal_harness
 import metal_programs
+from conftest import METAL_TOLERANCES as TOL
 
-pytestmark = [pytest.mark.metal, pytest.mark.skipif(metal_programs.BACKEND is None, reason=metal_programs.WHY)]
+pytestmark = metal_programs.MARKS
 
-TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2)}
 SCHEDULES = ("forward", "reverse", "random")
 
 
@@ -30,31 +27,14 @@ def qctx(**kw):
     return RouteContext(**base)
 
 
-def case(rng, n, c_in, c_out, dtype, kind="submanifold", bits=4, group=32, batches=2):
-    extent = max(6, int(round((n / batches * 3) ** (1 / 3))))
-    coords = oracle.random_coords(rng, n, extent, batches)
-    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
-    m, s = x.manager, x.coordinate_set
-    ks = 1 if kind == "pointwise" else 3
-    if kind in ("submanifold", "pointwise"):
-        pad = (ks - 1) // 2
-        rel = m.submanifold_kernel_relation(s, KernelGeometry((ks,) * 3, (1,) * 3, (pad,) * 3, (1,) * 3))
-        out = coords
-        edges = oracle.conv_edges(coords, coords, ks, 1, pad)
-    elif kind == "forward":
-        rel, out_set = m.kernel_relation(s, KernelGeometry((3, 3, 3), (2,) * 3, (1,) * 3, (1,) * 3))
-        out = np.array(out_set.coords)
-        edges = oracle.conv_edges(coords, out, 3, 2, 1)
-    else:  # target: some output rows have no edge
-        out = np.concatenate([oracle.random_coords(rng, n // 2, extent, batches),
-                              np.array([[0, 1000, 1000, 1000]], np.int32)])
-        dst = m.register(mx.array(out))
-        rel = m.target_kernel_relation(s, dst, KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3))
-        edges = oracle.conv_edges(coords, out, 3, 1, 1)
-    feats = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)).astype(dtype)
-    w5 = mx.array((rng.standard_normal((c_out, ks, ks, ks, c_in)) / np.sqrt(27 * c_in)).astype(np.float32))
-    q = QuantizedWeight.from_float(w5, bits=bits, group_size=group)
-    return feats, q, rel, edges, len(out)
+
+
+def case(rng, n, c_in, c_out, dtype, kind="submanifold", bits=4, group=32):
+    """metal_programs.case with the weight quantized (and a target with no
+    edge): features, QuantizedWeight, relation, oracle edges, output count."""
+    feats, w5, rel, edges, n_out = metal_programs.case(
+        rng, n, c_in, c_out, dtype, kind, unreachable_target=True, weight_dtype=mx.float32)
+    return feats, QuantizedWeight.from_float(w5, bits=bits, group_size=group), rel, edges, n_out
 
 
 def check(route, feats, q, rel, edges, n_out, dtype, schedule="forward"):
