@@ -1,4 +1,6 @@
-// Coordinate hashing and relation (kernel map) building.
+// Coordinates, kernel maps and relations: the coordinate table
+// (coord_table.cpp), kernel-map building (kernel_map.cpp) and a relation's
+// derived views (relation.cpp).
 //
 // A relation holds the edges (out, in, k) of a sparse convolution as CSR
 // arrays sorted by (output row, kernel offset). Input-major and kernel-major
