@@ -6,10 +6,6 @@ namespace mlx_lattice::metal {
 
 namespace {
 
-bool dense_channels(int c) {
-  return c == 16 || c == 32 || c == 64;
-}
-
 // As metal.dgrad_dense_channel, each thread owning 4 rows spaced ty apart.
 Program dgrad_dense_grouped(const Call& c) {
   ConvParams p = conv_params(c);

@@ -7,10 +7,6 @@ namespace mlx_lattice::metal {
 
 namespace {
 
-bool dense_channels(int c) {
-  return c == 16 || c == 32 || c == 64;
-}
-
 // 16 x 16 output tiles; x and w staged through threadgroup memory.
 Program pointwise(const Call& c) {
   ConvParams p = conv_params(c);

@@ -40,6 +40,11 @@ struct Route {
 
 // ----------------------------------------- shared by the family tables
 
+// Channel counts the compile-time-channel kernels are instantiated for.
+inline bool dense_channels(int c) {
+  return c == 16 || c == 32 || c == 64;
+}
+
 // Convolution products: (x, w[, offsets, gather, k, extra...]).
 bool conv_pointwise(const Call& c);
 ConvParams conv_params(const Call& c);

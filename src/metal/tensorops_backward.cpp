@@ -23,10 +23,6 @@ Program tensorops_dgrad(const Call& c) {
   return {{}, {s}};
 }
 
-bool dense_channels(int c) {
-  return c == 16 || c == 32 || c == 64;
-}
-
 // Step 1: partition (p, k) contracts chunks p, p + P, ... of offset k's
 // edges into a float partial; P grows with the edges per offset (about 256
 // edges per partition), at most 64. Step 2 adds them in order.
