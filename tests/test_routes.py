@@ -62,7 +62,13 @@ def test_route_tables_name_exactly_the_registry_routes():
 
 
 def test_route_tables_refuse_unknown_routes_and_wrong_primitives():
-    from mlx_lattice import _ext
+    from mlx_lattice import _ext, cuda
+
+    with pytest.raises(ValueError, match="no CUDA route named 'cuda.nonexistent'"):
+        cuda.find("cuda.nonexistent", "conv")
+    with pytest.raises(ValueError, match="'cuda.wgrad_mma' computes a weight_grad product, not conv"):
+        cuda.find("cuda.wgrad_mma", "conv")
+    assert cuda.find("cuda.fetch_on_demand", "conv").run is cuda.routes.fetch_on_demand
 
     x = mx.ones((4, 8))
     w = mx.ones((1, 8, 8))
