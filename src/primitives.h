@@ -32,8 +32,9 @@ struct RouteQuery {
 };
 using RouteHook = std::function<std::string(const RouteQuery&)>;
 
-// The Python registry answers route queries of autodiff; without a hook the
-// product keeps the differentiated primitive's route family.
+// The Python registry answers route queries of autodiff (mlx_lattice.routes
+// installs the hook on import); without a hook the product keeps the
+// differentiated primitive's route, which must then serve the product.
 void set_route_hook(RouteHook hook);
 
 // What the three primitives share: the relation and view they run over, the
