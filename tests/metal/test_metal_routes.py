@@ -186,6 +186,12 @@ def test_harness_runs_are_logged(rng, tmp_path, monkeypatch):
     assert log[0]["backend"] == metal_programs.BACKEND and log[0]["route"] == "metal.vec4"
     assert log[0]["kernels"] == ["vec4_float32"]
     assert metal_programs.BACKEND in path.read_text()
+    # weight gradients are recorded too, with their pass
+    ct = mx.zeros((n_out, 8))
+    with ml.diagnostics.record() as log:
+        metal_programs.weight_grad("metal.wgrad_direct", feats, ct, rel._native, 27)
+    assert [(r["route"], r["direction"], r["kernels"]) for r in log] == [
+        ("metal.wgrad_direct", "wgrad", ["wgrad_direct_float32"])]
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
