@@ -74,10 +74,10 @@ def _target_set(x: SparseTensor, coordinates, stride):
 def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False):
     """Select (and record) a route, run it and wrap the output."""
     backend = routes.current_backend()
-    identity = relation_fn is None
-    relation: Relation | None = None if identity else relation_fn()
+    pointwise = relation_fn is None
+    relation: Relation | None = None if pointwise else relation_fn()
     stats = (
-        {"n_in": len(x), "n_out": len(x), "edges": len(x)} if identity else relation.stats()
+        {"n_in": len(x), "n_out": len(x), "edges": len(x)} if pointwise else relation.stats()
     )
     quantized = isinstance(weight, QuantizedWeight)
     ctx = routes.context(
