@@ -9,6 +9,7 @@
 #include "cpu/routes.h"
 #include "metal/route.h"
 #include "neighbors.h"
+#include "norm.h"
 #include "primitives.h"
 #include "relation.h"
 #include "threadpool.h"
@@ -167,6 +168,21 @@ NB_MODULE(_ext, m) {
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
       "stream"_a = nb::none());
+
+  m.def(
+      "norm_act",
+      [](const mx::array& x, const mx::array& weight, const mx::array& bias,
+         std::optional<mx::array> residual, std::optional<mx::array> segments,
+         int n_segments, std::optional<mx::array> mean,
+         std::optional<mx::array> var, float eps, int act, float slope,
+         std::optional<mx::Stream> s) {
+        return norm_act(
+            x, weight, bias, residual, segments, n_segments, mean, var, eps,
+            act, slope, stream_or_default(s));
+      },
+      "x"_a, "weight"_a, "bias"_a, "residual"_a.none(), "segments"_a.none(),
+      "n_segments"_a, "mean"_a.none(), "var"_a.none(), "eps"_a, "act"_a,
+      "slope"_a, "stream"_a = nb::none());
 
   m.def(
       "set_route_hook",
