@@ -6,7 +6,8 @@
 // a vertical max / sum of vectors, the key mask is a row count, and the
 // products broadcast keys or values against packed query rows (the register
 // tile of gather_conv). Keys are visited in blocks of KB with an online
-// softmax; everything accumulates in float32.
+// softmax in base 2 (log2 e folded into the packed queries, so each
+// exponential is one 2^x); everything accumulates in float32.
 //
 // Forward: one task per (patch, head, query block). Backward: one task per
 // (patch, head) owns its dK, dV (per key block) and dQ accumulators and
@@ -31,13 +32,15 @@ constexpr int QB = simd::kMaxVectors * simd::kWidth; // queries per block
 constexpr int KB = 128;                              // keys per block
 constexpr int QV = QB / simd::kWidth;                // vectors per query block
 
-// e^x for x <= ~0 (scores minus a running max or the log-sum-exp), exact
-// zero below 2^-127 and for -inf: 2^n * 2^f with |f| <= 1/2 and a degree-7
-// Taylor polynomial of 2^f (relative error below 1e-8 plus rounding).
-inline vec exp_vec(vec x) {
-  vec t = x * 1.44269504088896341f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
+
+// 2^t for t <= ~0 (scores in the base-2 domain minus a running max or the
+// log-sum-exp), exactly zero at or below -127 and for -inf: 2^n * 2^f with
+// n = round(t), |f| <= 1/2 and a degree-7 Taylor polynomial of 2^f
+// (relative error below 1e-8 before rounding).
+inline vec exp2_vec(vec t) {
   t = t < -127.0f ? vec{} - 127.0f : t;
-  t = t > 127.0f ? vec{} + 127.0f : t;
   const vec r = (t + 12582912.0f) - 12582912.0f; // round to nearest
   const vec f = t - r;
   vec p = vec{} + 1.52527338040598e-05f;
@@ -213,7 +216,7 @@ void forward_block(
   std::fill(ot, ot + int64_t(g.D) * QB, 0.0f);
   for (int j0 = 0; j0 < L; j0 += KB) {
     const int kb = std::min(KB, L - j0);
-    // S^T (kb x QB) = K Q^T (Q^T holds the scale).
+    // S^T (kb x QB) = K Q^T, in the base-2 domain (Q^T holds scale * log2 e).
     gemm<false>(kb, QB, g.D, kf + int64_t(j0) * g.D, g.D, 1, qt + q0, g.Pq, s, QB);
     vec alpha[QV];
     for (int j = 0; j < QV; ++j) {
@@ -221,11 +224,11 @@ void forward_block(
       for (int r = 0; r < kb; ++r) {
         mx = vmax(mx, simd::load(s + r * QB + j * simd::kWidth));
       }
-      alpha[j] = exp_vec(m[j] - mx);
+      alpha[j] = exp2_vec(m[j] - mx);
       vec sum = simd::zero();
       for (int r = 0; r < kb; ++r) {
         float* p = s + r * QB + j * simd::kWidth;
-        const vec e = exp_vec(simd::load(p) - mx);
+        const vec e = exp2_vec(simd::load(p) - mx);
         simd::store(p, e);
         sum += e;
       }
@@ -252,7 +255,7 @@ void forward_block(
     for (int d = 0; d < g.D; ++d) {
       out_rows[int64_t(i) * g.D + d] = ot[d * QB + i] * inv;
     }
-    lse[i] = mv[i] + std::log(lv[i]);
+    lse[i] = (mv[i] + std::log2(lv[i])) * kLn2;
   }
 }
 
@@ -275,7 +278,7 @@ void forward(
     std::vector<float> row(g.D);
     for (int64_t bh = b0; bh < b1; ++bh) {
       pack_transposed(q + bh * per, g.P, g.D, valid_len(lengths, bh, g.heads, g.P), g.Pq,
-                      g.scale, qt + bh * g.D * g.Pq, row.data());
+                      g.scale * kLog2e, qt + bh * g.D * g.Pq, row.data());
     }
   });
   const int nqb = g.Pq / QB;
@@ -332,10 +335,11 @@ void backward(
     for (int64_t bh = b0; bh < b1; ++bh) {
       const int L = valid_len(lengths, bh, g.heads, P);
       const int64_t base = bh * per;
-      // Operands (scale folded into Q): Q^T, Q rows, dO rows, dO^T; per
-      // query the log-sum-exp and delta = rowsum(dO * O) - dlse, zero for
-      // padding queries (whose dO is zero too, so they contribute nothing).
-      pack_transposed(q + base, P, D, L, Pq, g.scale, qt.data(), row.data());
+      // Operands: Q^T (times scale * log2 e, for the scores), Q rows (times
+      // scale, for dK), dO rows, dO^T; per query the log-sum-exp and
+      // delta = rowsum(dO * O) - dlse, zero for padding queries (whose dO is
+      // zero too, so they contribute nothing).
+      pack_transposed(q + base, P, D, L, Pq, g.scale * kLog2e, qt.data(), row.data());
       pack_rows(q + base, D, L, Dp, g.scale, qs.data());
       pack_rows(dout + base, D, L, Dp, 1.0f, dor.data());
       pack_transposed(dout + base, P, D, L, Pq, 1.0f, dot.data(), row.data());
@@ -349,7 +353,7 @@ void backward(
         for (int d = 0; d < D; ++d) {
           acc += dor[int64_t(i) * Dp + d] * orow[d];
         }
-        lv[i] = lse[bh * P + i];
+        lv[i] = lse[bh * P + i] * kLog2e;
         delta[i] = acc - dlse[bh * P + i];
       }
       std::fill(dqt.begin(), dqt.end(), 0.0f);
@@ -361,12 +365,12 @@ void backward(
         const float* vj = vf.data() + int64_t(j0) * D;
         for (int q0 = 0; q0 < L; q0 += QB) {
           const int nq = std::min(QB, L - q0);
-          // P^T = exp(K Q^T - lse).
+          // P^T = 2^(K Q^T - lse log2 e): Q^T holds scale * log2 e.
           gemm<false>(kb, QB, D, kj, D, 1, qt.data() + q0, Pq, pb.data(), QB);
           for (int r = 0; r < kb; ++r) {
             for (int j = 0; j < QV; ++j) {
               float* p = pb.data() + r * QB + j * simd::kWidth;
-              simd::store(p, exp_vec(simd::load(p) - simd::load(lv.data() + q0 + j * simd::kWidth)));
+              simd::store(p, exp2_vec(simd::load(p) - simd::load(lv.data() + q0 + j * simd::kWidth)));
             }
           }
           // dV += P^T dO.
