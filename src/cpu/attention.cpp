@@ -41,7 +41,12 @@ constexpr float kLn2 = 0.693147180559945309f;
 // (relative error below 1e-8 before rounding).
 inline vec exp2_vec(vec t) {
   t = t < -127.0f ? vec{} - 127.0f : t;
+#if defined(__AVX512F__)
+  const vec r = reinterpret_cast<vec>(_mm512_roundscale_ps(
+      reinterpret_cast<__m512>(t), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
   const vec r = (t + 12582912.0f) - 12582912.0f; // round to nearest
+#endif
   const vec f = t - r;
   vec p = vec{} + 1.52527338040598e-05f;
   p = p * f + 1.54035303933816e-04f;
@@ -51,11 +56,17 @@ inline vec exp2_vec(vec t) {
   p = p * f + 2.40226506959101e-01f;
   p = p * f + 6.93147180559945e-01f;
   p = p * f + 1.0f;
+#if defined(__AVX512F__)
+  // p * 2^r in one instruction (r is integral, at least -127).
+  return reinterpret_cast<vec>(
+      _mm512_scalef_ps(reinterpret_cast<__m512>(p), reinterpret_cast<__m512>(r)));
+#else
   const ivec e = (__builtin_convertvector(r, ivec) + 127) << 23;
   vec s;
   static_assert(sizeof(s) == sizeof(e));
   std::memcpy(&s, &e, sizeof(s));
   return p * s;
+#endif
 }
 
 inline vec vmax(vec a, vec b) {
