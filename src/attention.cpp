@@ -48,8 +48,7 @@ std::vector<mx::array> patch_attention(
       {q.shape(), lse_shape},
       {q.dtype(), mx::float32},
       std::make_shared<PatchAttention>(stream, scale),
-      {contiguous(q, stream), contiguous(k, stream), contiguous(v, stream),
-       contiguous(mx::astype(lengths, mx::int32, stream), stream)});
+      {q, k, v, contiguous(mx::astype(lengths, mx::int32, stream), stream)});
 }
 
 void PatchAttention::eval_cpu(
@@ -85,7 +84,7 @@ std::vector<mx::array> PatchAttention::vjp(
   std::vector<mx::array> in(primals.begin(), primals.begin() + 4);
   in.push_back(outputs[0]);
   in.push_back(outputs[1]);
-  in.push_back(contiguous(mx::astype(cotangents[0], q.dtype(), s), s));
+  in.push_back(mx::astype(cotangents[0], q.dtype(), s));
   in.push_back(
       cotangents.size() > 1
           ? contiguous(mx::astype(cotangents[1], mx::float32, s), s)

@@ -182,28 +182,56 @@ inline int valid_len(const int32_t* lengths, int64_t bh, int heads, int P) {
   return std::clamp<int>(lengths[bh / heads], 0, P);
 }
 
+// A (patches, heads, P, D) input read through its strides, so that the
+// transposed views of a qkv projection are read in place.
+template <typename T>
+struct Heads {
+  const T* p;
+  int64_t s[4];
+  int heads;
+
+  Heads(const mx::array& a) : p(a.data<T>()), heads(a.shape(1)) {
+    for (int i = 0; i < 4; ++i) {
+      s[i] = a.strides()[i];
+    }
+  }
+  // Row i of (patch, head) bh as D floats.
+  void load(int64_t bh, int i, int D, float* dst) const {
+    const T* r = p + (bh / heads) * s[0] + (bh % heads) * s[1] + i * s[2];
+    if (s[3] == 1) {
+      to_float(r, dst, D);
+    } else {
+      for (int d = 0; d < D; ++d) {
+        dst[d] = static_cast<float>(r[d * s[3]]);
+      }
+    }
+  }
+};
+
 // dst (D x Pq) = s * src^T for rows below L, zero elsewhere.
 template <typename T>
-void pack_transposed(const T* src, int P, int D, int L, int Pq, float s, float* dst, float* row) {
+void pack_transposed(const Heads<T>& src, int64_t bh, int D, int L, int Pq, float s, float* dst, float* row) {
   std::fill(dst, dst + int64_t(D) * Pq, 0.0f);
   for (int i = 0; i < L; ++i) {
-    to_float(src + int64_t(i) * D, row, D);
+    src.load(bh, i, D, row);
     for (int d = 0; d < D; ++d) {
       dst[int64_t(d) * Pq + i] = s * row[d];
     }
   }
 }
 
-// dst (L x Dp) = s * src rows, zero-padded columns.
+// dst (L x ld) = s * src rows; columns D..ld zero.
 template <typename T>
-void pack_rows(const T* src, int D, int L, int Dp, float s, float* dst) {
+void pack_rows(const Heads<T>& src, int64_t bh, int D, int L, int ld, float s, float* dst) {
   for (int i = 0; i < L; ++i) {
-    float* r = dst + int64_t(i) * Dp;
-    to_float(src + int64_t(i) * D, r, D);
-    for (int d = 0; d < D; ++d) {
-      r[d] *= s;
+    float* r = dst + int64_t(i) * ld;
+    src.load(bh, i, D, r);
+    if (s != 1.0f) {
+      for (int d = 0; d < D; ++d) {
+        r[d] *= s;
+      }
     }
-    std::fill(r + D, r + Dp, 0.0f);
+    std::fill(r + D, r + ld, 0.0f);
   }
 }
 
@@ -272,24 +300,27 @@ void forward_block(
 
 template <typename T>
 void forward(
-    const T* q,
-    const T* k,
-    const T* v,
+    const Heads<T>& q,
+    const Heads<T>& k,
+    const Heads<T>& v,
     const int32_t* lengths,
     Dims g,
     T* o,
     float* lse) {
   const int64_t per = int64_t(g.P) * g.D;
-  // Packed operands: scale * Q^T (D x Pq) per (patch, head), K and V as float32.
+  // Packed operands per (patch, head): scale * log2 e * Q^T (D x Pq), and
+  // the valid rows of K and V as float32 (P x D).
   Scratch qt_buf, k_buf, v_buf;
   float* qt = qt_buf.get(g.bh * g.D * g.Pq);
-  const float* kf = float_rows(k, g.bh * g.P, g.D, k_buf);
-  const float* vf = float_rows(v, g.bh * g.P, g.D, v_buf);
+  float* kf = k_buf.get(g.bh * per);
+  float* vf = v_buf.get(g.bh * per);
   parallel_for(g.bh, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> row(g.D);
     for (int64_t bh = b0; bh < b1; ++bh) {
-      pack_transposed(q + bh * per, g.P, g.D, valid_len(lengths, bh, g.heads, g.P), g.Pq,
-                      g.scale * kLog2e, qt + bh * g.D * g.Pq, row.data());
+      const int L = valid_len(lengths, bh, g.heads, g.P);
+      pack_transposed(q, bh, g.D, L, g.Pq, g.scale * kLog2e, qt + bh * g.D * g.Pq, row.data());
+      pack_rows(k, bh, g.D, L, g.D, 1.0f, kf + bh * per);
+      pack_rows(v, bh, g.D, L, g.D, 1.0f, vf + bh * per);
     }
   });
   const int nqb = g.Pq / QB;
@@ -323,13 +354,13 @@ void forward(
 
 template <typename T>
 void backward(
-    const T* q,
-    const T* k,
-    const T* v,
+    const Heads<T>& q,
+    const Heads<T>& k,
+    const Heads<T>& v,
     const int32_t* lengths,
-    const T* o,
+    const Heads<T>& o,
     const float* lse,
-    const T* dout,
+    const Heads<T>& dout,
     const float* dlse,
     Dims g,
     T* dq,
@@ -350,16 +381,16 @@ void backward(
       // scale, for dK), dO rows, dO^T; per query the log-sum-exp and
       // delta = rowsum(dO * O) - dlse, zero for padding queries (whose dO is
       // zero too, so they contribute nothing).
-      pack_transposed(q + base, P, D, L, Pq, g.scale * kLog2e, qt.data(), row.data());
-      pack_rows(q + base, D, L, Dp, g.scale, qs.data());
-      pack_rows(dout + base, D, L, Dp, 1.0f, dor.data());
-      pack_transposed(dout + base, P, D, L, Pq, 1.0f, dot.data(), row.data());
-      to_float(k + base, kf.data(), int64_t(L) * D);
-      to_float(v + base, vf.data(), int64_t(L) * D);
+      pack_transposed(q, bh, D, L, Pq, g.scale * kLog2e, qt.data(), row.data());
+      pack_rows(q, bh, D, L, Dp, g.scale, qs.data());
+      pack_rows(dout, bh, D, L, Dp, 1.0f, dor.data());
+      pack_transposed(dout, bh, D, L, Pq, 1.0f, dot.data(), row.data());
+      pack_rows(k, bh, D, L, D, 1.0f, kf.data());
+      pack_rows(v, bh, D, L, D, 1.0f, vf.data());
       std::fill(lv.begin(), lv.end(), 0.0f);
       std::fill(delta.begin(), delta.end(), 0.0f);
       for (int i = 0; i < L; ++i) {
-        to_float(o + base + int64_t(i) * D, orow.data(), D);
+        o.load(bh, i, D, orow.data());
         float acc = 0.0f;
         for (int d = 0; d < D; ++d) {
           acc += dor[int64_t(i) * Dp + d] * orow[d];
@@ -451,10 +482,10 @@ void patch_attention_forward(
   enc.set_output_array(lse);
   const Dims g = dims_of(q, scale);
   dispatch_float(q.dtype(), [&]<typename T>() {
-    enc.dispatch([qp = q.data<T>(), kp = k.data<T>(), vp = v.data<T>(),
+    enc.dispatch([qh = Heads<T>(q), kh = Heads<T>(k), vh = Heads<T>(v),
                   lp = lengths.data<int32_t>(), op = o.data<T>(),
                   sp = lse.data<float>(), g]() {
-      forward<T>(qp, kp, vp, lp, g, op, sp);
+      forward<T>(qh, kh, vh, lp, g, op, sp);
     });
   });
 }
@@ -476,12 +507,12 @@ void patch_attention_backward(
   }
   const Dims g = dims_of(in[0], scale);
   dispatch_float(in[0].dtype(), [&]<typename T>() {
-    enc.dispatch([qp = in[0].data<T>(), kp = in[1].data<T>(), vp = in[2].data<T>(),
-                  lp = in[3].data<int32_t>(), op = in[4].data<T>(),
-                  sp = in[5].data<float>(), dop = in[6].data<T>(),
+    enc.dispatch([qh = Heads<T>(in[0]), kh = Heads<T>(in[1]), vh = Heads<T>(in[2]),
+                  lp = in[3].data<int32_t>(), oh = Heads<T>(in[4]),
+                  sp = in[5].data<float>(), doh = Heads<T>(in[6]),
                   dsp = in[7].data<float>(), dqp = out[0].data<T>(),
                   dkp = out[1].data<T>(), dvp = out[2].data<T>(), g]() {
-      backward<T>(qp, kp, vp, lp, op, sp, dop, dsp, g, dqp, dkp, dvp);
+      backward<T>(qh, kh, vh, lp, oh, sp, doh, dsp, g, dqp, dkp, dvp);
     });
   });
 }
