@@ -229,3 +229,19 @@ def test_matches_fused_sdpa_on_valid_rows(rng):
     rows = np.broadcast_to(valid[:, None, :], got.shape[:3])
     np.testing.assert_allclose(got[rows], want[rows], rtol=1e-5, atol=2e-6)
     assert not got[~rows].any()
+
+
+def test_dominant_key_gets_all_the_weight_exactly(rng):
+    # Consecutive keys' scores 200 apart: every other key's weight underflows
+    # to exactly zero, as does the rescale of earlier key blocks when the
+    # best key comes late, so each output is bit for bit one value row.
+    p, d = 300, 8
+    k = np.zeros((1, 1, p, d), np.float32)
+    k[0, 0, :, 0] = np.arange(p)
+    sign = rng.choice([-1.0, 1.0], p).astype(np.float32)
+    q = np.zeros((1, 1, p, d), np.float32)
+    q[0, 0, :, 0] = 200.0 * sign
+    v = rng.standard_normal((1, 1, p, d)).astype(np.float32)
+    o, _ = _ext.patch_attention(mx.array(q), mx.array(k), mx.array(v), mx.array(np.array([p], np.int32)), 1.0)
+    best = np.where(sign > 0, p - 1, 0)
+    np.testing.assert_array_equal(np.array(o)[0, 0], v[0, 0, best])

@@ -36,15 +36,16 @@ constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
 
 // 2^t for t <= ~0 (scores in the base-2 domain minus a running max or the
-// log-sum-exp), exactly zero at or below -127 and for -inf: 2^n * 2^f with
+// log-sum-exp), exactly zero far below (and for -inf): 2^n * 2^f with
 // n = round(t), |f| <= 1/2 and a degree-7 Taylor polynomial of 2^f
 // (relative error below 1e-8 before rounding).
 inline vec exp2_vec(vec t) {
-  t = t < -127.0f ? vec{} - 127.0f : t;
 #if defined(__AVX512F__)
+  t = t < -150.0f ? vec{} - 150.0f : t; // 2^-150 rounds to zero
   const vec r = reinterpret_cast<vec>(_mm512_roundscale_ps(
       reinterpret_cast<__m512>(t), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #else
+  t = t < -127.0f ? vec{} - 127.0f : t; // 2^-127 gets a zero exponent field
   const vec r = (t + 12582912.0f) - 12582912.0f; // round to nearest
 #endif
   const vec f = t - r;
@@ -57,7 +58,7 @@ inline vec exp2_vec(vec t) {
   p = p * f + 6.93147180559945e-01f;
   p = p * f + 1.0f;
 #if defined(__AVX512F__)
-  // p * 2^r in one instruction (r is integral, at least -127).
+  // p * 2^r in one instruction (r is integral, at least -150).
   return reinterpret_cast<vec>(
       _mm512_scalef_ps(reinterpret_cast<__m512>(p), reinterpret_cast<__m512>(r)));
 #else
