@@ -2,10 +2,10 @@
 
 The voxels of each batch item are laid out along a space-filling curve
 (:mod:`mlx_lattice.serialization`) and cut into consecutive patches of
-``patch_size`` voxels; multi-head self-attention runs inside each patch:
-on the CPU through the native patch-attention kernel (``patch_attention``),
-on the GPU through ``mx.fast.scaled_dot_product_attention``. A batch item whose voxel
-count is not a multiple of the patch size gets a shorter last patch: its
+``patch_size`` voxels; multi-head self-attention runs inside each patch
+(:func:`patch_attention`: the native kernel on the CPU,
+``mx.fast.scaled_dot_product_attention`` on the GPU). A batch item whose
+voxel count is not a multiple of the patch size gets a shorter last patch: its
 empty slots are masked out as keys (no voxel attends to them) and their
 outputs are dropped. When every batch item is smaller than ``patch_size``,
 the patch shrinks to the largest item, so small inputs do not pay for
