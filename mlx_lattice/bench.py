@@ -420,6 +420,54 @@ def run_gpu(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ attention
+def run_attention(args) -> int:
+    """Serialized-patch attention on the CPU (the native patch kernel): PTv3's
+    layout of the LiDAR sweep (z-order, patch 1024), 4 heads of C = 64.
+    Useful FLOPs count only valid (query, key) pairs: 4 L^2 D per patch and
+    head forward, 2.5 times that backward (recomputed scores, dV, dP, dK, dQ).
+    The backward time is forward+backward minus forward."""
+    from .nn.attention import patch_layout
+    from .serialization import serialization_order
+
+    channels, heads, patch = 64, 4, 1024
+    d = channels // heads
+    repeats = args.repeats or 3
+    coords, desc = workload("lidar", False)
+    order, _ = serialization_order(coords, "z")
+    _, _, valid, p = patch_layout(order, coords[:, 0].astype(np.int64), patch)
+    lengths = valid.reshape(-1, p).sum(1).astype(np.int32)
+    flops = 4.0 * heads * d * float((lengths.astype(np.float64) ** 2).sum())
+    sgemm = sgemm_gflops()
+    print(f"mlx_lattice bench --attention: {num_threads()} threads, NumPy sgemm {sgemm:.1f} GFLOP/s (2048^3, same run)")
+    print(f"-- {desc}: {len(coords):,} voxels, {len(lengths)} patches of {p}, {heads} heads x {d}")
+    print(f"{'dtype':<9} {'pass':<9} {'ms':>9} {'GFLOP/s':>8} {'sgemm':>6}")
+    cases = []
+    lens = mx.array(lengths)
+    for dt in (args.dtypes or "float32,float16").split(","):
+        rng = np.random.default_rng(0)
+        q, k, v, ct = (mx.array(rng.standard_normal((len(lengths), heads, p, d)).astype(np.float32)).astype(DTYPES[dt])
+                       for _ in range(4))
+        mx.eval(q, k, v, ct)
+        fwd = lambda: mx.eval(_ext.patch_attention(q, k, v, lens, d ** -0.5))  # noqa: E731
+        both = lambda: mx.eval(mx.vjp(  # noqa: E731
+            lambda a, b, c: _ext.patch_attention(a, b, c, lens, d ** -0.5)[0], [q, k, v], [ct]))
+        t_f = best_time(fwd, repeats)
+        t_fb = best_time(both, repeats)
+        sgemm = max(sgemm, sgemm_gflops())  # conservative: the best sgemm seen in this run
+        for pname, t, fl in (("forward", t_f, flops), ("backward", t_fb - t_f, 2.5 * flops)):
+            gf = fl / t / 1e9
+            cases.append(dict(workload="lidar", layer=f"attention C{channels} H{heads} P{p}", **{"pass": pname},
+                              dtype=dt, n=len(coords), ms=t * 1e3, gflops=gf, sgemm_fraction=gf / sgemm,
+                              sgemm_gflops=sgemm, threads=num_threads()))
+            print(f"{dt:<9} {pname:<9} {t * 1e3:>9.1f} {gf:>8.1f} {gf / sgemm:>6.0%}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(cases, f, indent=1)
+        print(f"wrote {len(cases)} cases to {args.json}")
+    return 0
+
+
 def format_header() -> str:
     cells = []
     for (key, fmt), head in zip(COLUMNS, HEADER):
@@ -442,7 +490,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="skip the NumPy gather-matmul baseline")
     p.add_argument("--no-spconv", action="store_true", help="skip spconv even when it is installed")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="gpu: the CUDA routes")
+    p.add_argument("--attention", action="store_true", help="only the CPU serialized-patch attention case")
     args = p.parse_args(argv)
+    if args.attention:
+        return run_attention(args)
     if args.device == "gpu":
         return run_gpu(args)
     quick = args.quick

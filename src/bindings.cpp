@@ -6,6 +6,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "attention.h"
 #include "cpu/routes.h"
 #include "metal/route.h"
 #include "neighbors.h"
@@ -230,6 +231,18 @@ NB_MODULE(_ext, m) {
       },
       "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
       "relation"_a.none(), "view"_a, "route"_a, "stream"_a = nb::none());
+
+  m.def(
+      "patch_attention",
+      [](const mx::array& q,
+         const mx::array& k,
+         const mx::array& v,
+         const mx::array& lengths,
+         float scale,
+         std::optional<mx::Stream> s) {
+        return patch_attention(q, k, v, lengths, scale, stream_or_default(s));
+      },
+      "q"_a, "k"_a, "v"_a, "lengths"_a, "scale"_a, "stream"_a = nb::none());
 
   m.def(
       "knn_query",
