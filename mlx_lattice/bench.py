@@ -461,7 +461,8 @@ def run_gpu(args) -> int:
                     vs = f"{case['speedup_vs_gather_matmul']:.1f}x" if pname == "forward" else ""
                     print(f"{wl:<7} {layer.name:<18} {pname:<8} {dt:<9} {n_out:>9,} {edges:>10,} {t*1e3:>8.3f} "
                           f"{flops/t/1e12:>8.1f} {flops/t/dense:>6.0%} {vs:>9}  {route}", flush=True)
-            print(f"   map building (CPU) for {layer.name}: {t_map*1e3:.1f} ms (relation, swapped view, sorted plans)", flush=True)
+            print(f"   map building for {layer.name}: {t_map*1e3:.1f} ms (relation on {'CUDA' if cset.gpu_table is not None else 'the CPU'}; "
+                  "swapped view, sorted plans and wgrad chunks on the CPU)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(cases, f, indent=1)

@@ -39,6 +39,7 @@ def same(a, b):
 
 
 def same_relation(g, c):
+    g, c = getattr(g, "_native", g), getattr(c, "_native", c)  # the native arrays
     assert (g.kind, g.n_in, g.n_out, g.kernel_volume, g.edges) == (
         c.kind, c.n_in, c.n_out, c.kernel_volume, c.edges)
     for name in ("out_offsets", "in_idx", "k_idx", "out_idx", "neighbor_map", "input_neighbor_map"):
