@@ -309,6 +309,44 @@ def format_row(case) -> str:
 
 
 # ------------------------------------------------------------------ GPU (CUDA)
+def map_rows(wl, coords, repeats) -> list[dict]:
+    """Map building on the CPU builder and on CUDA (hash table + relation
+    CSR + neighbour map; forward maps include the output support), same run."""
+    from .cuda import maps
+
+    c = mx.array(np.ascontiguousarray(coords, dtype=np.int32))
+    mx.eval(c)
+    rows = []
+    for name, ks, stride, pad in (("subm k3", 3, 1, 1), ("down k2s2", 2, 2, 0), ("down k3s2", 3, 2, 1)):
+        geom = ((ks,) * 3, (stride,) * 3, (pad,) * 3, (1, 1, 1))
+
+        def cpu():
+            t = _ext.CoordTable(c)
+            out = c if stride == 1 else _ext.forward_support(t, *geom)
+            kind = "submanifold" if stride == 1 else "forward"
+            return _ext.build_relation(t, out, *geom, False, kind)
+
+        def gpu():
+            t = maps.CudaTable(c)
+            out = c if stride == 1 else maps.forward_support(t, geom)
+            kind = "submanifold" if stride == 1 else "forward"
+            return maps.build_relation(t, out, geom, False, kind)
+
+        with mx.stream(mx.cpu):
+            t_cpu = best_time(lambda: mx.eval(cpu().neighbor_map), max(2, repeats // 3))
+        t_gpu = best_time(lambda: mx.eval(gpu().neighbor_map), repeats)
+        edges = gpu().edges
+        rows.append(dict(
+            workload=wl, layer=f"map {name}", **{"pass": "map"}, n=len(coords), edges=edges,
+            ms=t_gpu * 1e3, cpu_ms=t_cpu * 1e3, speedup_vs_cpu=t_cpu / t_gpu, route="cuda.hash_map",
+            device=str(mx.default_device()),
+        ))
+        print(f"{wl:<7} {'map ' + name:<18} {'map':<8} {'int32':<9} {len(coords):>9,} {edges:>10,} "
+              f"{t_gpu*1e3:>8.3f} {'':>8} {'':>6} {t_cpu/t_gpu:>8.1f}x  cuda.hash_map (CPU builder {t_cpu*1e3:.1f} ms)",
+              flush=True)
+    return rows
+
+
 def run_gpu(args) -> int:
     """CUDA routes on the same workloads: useful TFLOP/s, the fraction of MLX's
     own dense matmul at a comparable size (M = edges, same channels and dtype)
@@ -333,6 +371,7 @@ def run_gpu(args) -> int:
     for wl in wls:
         coords, desc = workload(wl, args.quick)
         print(f"-- {wl}: {desc}: {len(coords):,} voxels", flush=True)
+        cases += map_rows(wl, coords, repeats)
         lyrs = [Layer(f"subm3 C{c}", "subm", 3, c, c) for c in chans]
         lyrs += [Layer("down k2s2 32->64", "down", 2, 32, 64), Layer("up k2s2 64->32", "up", 2, 64, 32)]
         for layer in lyrs:
@@ -412,7 +451,8 @@ def run_gpu(args) -> int:
                     vs = f"{case['speedup_vs_gather_matmul']:.1f}x" if pname == "forward" else ""
                     print(f"{wl:<7} {layer.name:<18} {pname:<8} {dt:<9} {n_out:>9,} {edges:>10,} {t*1e3:>8.3f} "
                           f"{flops/t/1e12:>8.1f} {flops/t/dense:>6.0%} {vs:>9}  {route}", flush=True)
-            print(f"   map building (CPU) for {layer.name}: {t_map*1e3:.1f} ms (relation, swapped view, sorted plans)", flush=True)
+            print(f"   map building for {layer.name}: {t_map*1e3:.1f} ms (relation on {'CUDA' if cset.gpu_table is not None else 'the CPU'}; "
+                  "swapped view, sorted plans and wgrad chunks on the CPU)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(cases, f, indent=1)

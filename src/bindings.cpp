@@ -78,6 +78,12 @@ NB_MODULE(_ext, m) {
       .def("lookup", &CoordTable::lookup, "queries"_a);
 
   nb::class_<Relation>(m, "Relation")
+      // A relation from CSR arrays built elsewhere (the GPU map builders);
+      // the arrays must be evaluated, in the CPU builder's edge order.
+      .def(
+          nb::init<std::string, int64_t, int64_t, int64_t, mx::array, mx::array, mx::array>(),
+          "kind"_a, "n_in"_a, "n_out"_a, "k"_a, "out_offsets"_a, "in_idx"_a, "k_idx"_a)
+      .def("set_neighbor_map", &Relation::set_neighbor_map, "neighbor_map"_a)
       .def_prop_ro("kind", &Relation::kind)
       .def_prop_ro("n_in", &Relation::n_in)
       .def_prop_ro("n_out", &Relation::n_out)
