@@ -6,8 +6,12 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "attention.h"
 #include "cpu/isa.h"
-#include "metal/program.h"
+#include "cpu/routes.h"
+#include "metal/route.h"
+#include "neighbors.h"
+#include "norm.h"
 #include "primitives.h"
 #include "relation.h"
 #include "threadpool.h"
@@ -41,6 +45,16 @@ KernelSpec make_spec(
   return s;
 }
 
+Op op_named(const std::string& primitive) {
+  for (Op op : {Op::Conv, Op::WeightGrad, Op::QuantizedConv}) {
+    if (primitive == op_name(op)) {
+      return op;
+    }
+  }
+  throw std::invalid_argument(
+      "primitive must be 'conv', 'weight_grad' or 'quantized', got '" + primitive + "'");
+}
+
 mx::Stream stream_or_default(std::optional<mx::Stream> s) {
   return s ? *s : mx::to_stream(mx::StreamOrDevice{});
 }
@@ -54,6 +68,10 @@ NB_MODULE(_ext, m) {
   m.attr("COORD_MIN") = kCoordMin;
   m.attr("COORD_MAX") = kCoordMax;
 
+  nb::enum_<View>(m, "View")
+      .value("output_major", View::OutputMajor)
+      .value("input_major", View::InputMajor);
+
   nb::class_<CoordTable>(m, "CoordTable")
       .def(nb::init<const mx::array&>(), "coords"_a)
       .def_prop_ro("size", &CoordTable::size)
@@ -61,6 +79,12 @@ NB_MODULE(_ext, m) {
       .def("lookup", &CoordTable::lookup, "queries"_a);
 
   nb::class_<Relation>(m, "Relation")
+      // A relation from CSR arrays built elsewhere (the GPU map builders);
+      // the arrays must be evaluated, in the CPU builder's edge order.
+      .def(
+          nb::init<std::string, int64_t, int64_t, int64_t, mx::array, mx::array, mx::array>(),
+          "kind"_a, "n_in"_a, "n_out"_a, "k"_a, "out_offsets"_a, "in_idx"_a, "k_idx"_a)
+      .def("set_neighbor_map", &Relation::set_neighbor_map, "neighbor_map"_a)
       .def_prop_ro("kind", &Relation::kind)
       .def_prop_ro("n_in", &Relation::n_in)
       .def_prop_ro("n_out", &Relation::n_out)
@@ -129,11 +153,11 @@ NB_MODULE(_ext, m) {
       [](const mx::array& x,
          const mx::array& w,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          const std::string& route,
          std::optional<mx::Stream> s) {
         return gather_conv(
-            x, w, rel, static_cast<View>(view), route, stream_or_default(s));
+            x, w, rel, view, route, stream_or_default(s));
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a,
       "stream"_a = nb::none());
@@ -142,16 +166,31 @@ NB_MODULE(_ext, m) {
       [](const mx::array& x,
          const mx::array& ct,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          int64_t k,
          const std::string& route,
          std::optional<mx::Stream> s) {
         return weight_grad(
-            x, ct, rel, static_cast<View>(view), k, route,
+            x, ct, rel, view, k, route,
             stream_or_default(s));
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
       "stream"_a = nb::none());
+
+  m.def(
+      "norm_act",
+      [](const mx::array& x, const mx::array& weight, const mx::array& bias,
+         std::optional<mx::array> residual, std::optional<mx::array> segments,
+         int n_segments, std::optional<mx::array> mean,
+         std::optional<mx::array> var, float eps, int act, float slope,
+         std::optional<mx::Stream> s) {
+        return norm_act(
+            x, weight, bias, residual, segments, n_segments, mean, var, eps,
+            act, slope, stream_or_default(s));
+      },
+      "x"_a, "weight"_a, "bias"_a, "residual"_a.none(), "segments"_a.none(),
+      "n_segments"_a, "mean"_a.none(), "var"_a.none(), "eps"_a, "act"_a,
+      "slope"_a, "stream"_a = nb::none());
 
   m.def(
       "set_route_hook",
@@ -190,15 +229,45 @@ NB_MODULE(_ext, m) {
          int bits,
          int group,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          const std::string& route,
          std::optional<mx::Stream> s) {
         return quantized_conv(
             x, codes, scales, biases, bits, group, rel,
-            static_cast<View>(view), route, stream_or_default(s));
+            view, route, stream_or_default(s));
       },
       "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
       "relation"_a.none(), "view"_a, "route"_a, "stream"_a = nb::none());
+
+  m.def(
+      "patch_attention",
+      [](const mx::array& q,
+         const mx::array& k,
+         const mx::array& v,
+         const mx::array& lengths,
+         float scale,
+         std::optional<mx::Stream> s) {
+        return patch_attention(q, k, v, lengths, scale, stream_or_default(s));
+      },
+      "q"_a, "k"_a, "v"_a, "lengths"_a, "scale"_a, "stream"_a = nb::none());
+
+  m.def(
+      "knn_query",
+      [](const mx::array& q, const mx::array& qb, const mx::array& p,
+         const mx::array& pb, int k) {
+        nb::gil_scoped_release release;
+        return knn_query(q, qb, p, pb, k);
+      },
+      "queries"_a, "query_batch"_a, "points"_a, "point_batch"_a, "k"_a);
+  m.def(
+      "radius_query",
+      [](const mx::array& q, const mx::array& qb, const mx::array& p,
+         const mx::array& pb, double r, int max_neighbors) {
+        nb::gil_scoped_release release;
+        return radius_query(q, qb, p, pb, r, max_neighbors);
+      },
+      "queries"_a, "query_batch"_a, "points"_a, "point_batch"_a, "radius"_a,
+      "max_neighbors"_a);
 
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, "n"_a);
@@ -217,15 +286,28 @@ NB_MODULE(_ext, m) {
 #endif
 
   m.def("metal_available", &metal::available);
+  m.def(
+      "native_routes",
+      []() {
+        // Every entry of the C++ route tables: (name, primitive).
+        nb::list out;
+        for (const auto& r : cpu::routes()) {
+          out.append(nb::make_tuple(r.name, op_name(r.op)));
+        }
+        for (const auto* r : metal::routes()) {
+          out.append(nb::make_tuple(r->name, op_name(r->op)));
+        }
+        return out;
+      });
   m.def("metal_tensor_ops_kernels", &metal::tensor_ops_kernels);
   m.def(
       "conv_inputs",
       [](const mx::array& x,
          const mx::array& w,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          const std::string& route) {
-        return conv_inputs(x, w, rel, static_cast<View>(view), route);
+        return conv_inputs(x, w, rel, view, route);
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a);
   m.def(
@@ -237,10 +319,10 @@ NB_MODULE(_ext, m) {
          int bits,
          int group,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          const std::string& route) {
         return quantized_conv_inputs(
-            x, codes, scales, biases, bits, group, rel, static_cast<View>(view),
+            x, codes, scales, biases, bits, group, rel, view,
             route);
       },
       "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
@@ -250,8 +332,8 @@ NB_MODULE(_ext, m) {
       [](const mx::array& x,
          const mx::array& ct,
          std::shared_ptr<Relation> rel,
-         int view) {
-        return weight_grad_inputs(x, ct, rel, static_cast<View>(view));
+         View view) {
+        return weight_grad_inputs(x, ct, rel, view);
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a);
   m.def(
@@ -262,11 +344,7 @@ NB_MODULE(_ext, m) {
          std::vector<int> out_shape,
          mx::Dtype out_dtype) {
         mx::Shape shape(out_shape.begin(), out_shape.end());
-        auto prog = primitive == "weight_grad"
-            ? metal::weight_grad_program(route, inputs, shape, out_dtype)
-            : primitive == "quantized"
-            ? metal::quantized_program(route, inputs, shape, out_dtype)
-            : metal::conv_program(route, inputs, shape, out_dtype);
+        auto prog = metal::program(route, op_named(primitive), inputs, shape, out_dtype);
         nb::list temps;
         for (const auto& t : prog.temps) {
           temps.append(nb::make_tuple(metal::type_name(t.dtype), t.size));

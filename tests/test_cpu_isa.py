@@ -2,7 +2,8 @@
 
 Each path (baseline, avx2, avx512 on x86-64; neon on arm64) is checked
 against the oracle for forward, input and weight gradients and quantized
-weights, across dtypes, awkward channel counts, batches and empty inputs;
+weights and patch attention, across dtypes, awkward channel counts, batches
+and empty inputs;
 results must be bitwise identical across thread counts on each path, and
 across the paths that share fused multiply-adds (avx2, avx512).
 """
@@ -23,6 +24,10 @@ from mlx_lattice import QuantizedWeight, _ext, ops
 
 import oracle
 from conftest import TOLERANCES, to_np
+from test_attention_cpu import dense_attention
+from test_attention_cpu import grads as attention_grads
+from test_attention_cpu import inputs as attention_inputs
+from test_attention_cpu import lengths_for as attention_lengths
 
 PATHS = _ext.supported_cpu_isas()
 # Paths with fused multiply-adds sum identically; the x86-64 baseline (SSE2)
@@ -235,6 +240,39 @@ def test_baseline_close_to_fma_paths(rng, restore_isa):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(b).max()))
 
 
+# Patch attention on each path: head dims around each path's vector width,
+# patches crossing the query and key blocks, padded and empty patches.
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize("d,p", [(3, 1), (8, 33), (24, 150), (40, 70)])
+def test_attention_matches_oracle(rng, isa, dtype, d, p):
+    q, k, v = attention_inputs(rng, 4, 2, p, d, dtype)
+    n = attention_lengths(rng, 4, p)
+    scale = 0.7 * d ** -0.5
+    do = mx.array(rng.standard_normal(q.shape).astype(np.float32)).astype(dtype)
+    dlse = mx.array(rng.standard_normal(q.shape[:3]).astype(np.float32))
+    o, lse = _ext.patch_attention(q, k, v, mx.array(n), scale)
+    got = attention_grads(q, k, v, n, scale, do, dlse)
+    ro, rl, *want = dense_attention(to_np(q), to_np(k), to_np(v), n, scale, to_np(do), np.array(dlse))
+    tol = dict(rtol=1e-4, atol=2e-5) if dtype == mx.float32 else TOLERANCES[dtype]
+    np.testing.assert_allclose(to_np(o), ro, **tol)
+    np.testing.assert_allclose(np.array(lse), rl, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got, want):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(to_np(g), w, **tol)
+
+
+def test_attention_bitwise_across_threads(rng, isa):
+    q, k, v = attention_inputs(rng, 3, 2, 200, 24)
+    n = np.array([200, 130, 77], np.int32)
+    do = mx.array(rng.standard_normal(q.shape).astype(np.float32))
+    runs = []
+    for t in (1, 2, 5):
+        ml.set_num_threads(t)
+        o, lse = _ext.patch_attention(q, k, v, mx.array(n), 0.2)
+        runs.append([_bytes(a) for a in (o, lse, *attention_grads(q, k, v, n, 0.2, do))])
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
 def _tool(name):
     path = shutil.which(name)
     if path is None:
@@ -246,7 +284,8 @@ def test_extension_carries_every_path():
     # Each path's entry points are in the extension's symbol table.
     out = subprocess.run([_tool("nm"), "-C", _ext.__file__], capture_output=True, text=True, check=True).stdout
     for name in _ext.built_cpu_isas():
-        for fn in ("gather_conv", "gather_conv_quantized", "weight_grad"):
+        for fn in ("gather_conv", "gather_conv_quantized", "weight_grad",
+                   "attention_forward", "attention_backward"):
             assert f"mlx_lattice::cpu::{name}::{fn}(" in out, (name, fn)
 
 

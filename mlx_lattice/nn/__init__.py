@@ -8,14 +8,18 @@ compose with ``mlx.nn.Sequential`` (re-exported here), ``save_weights`` /
 
 from mlx.nn import Identity, Module, Sequential
 
-from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
+from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Softplus, Tanh
+from .attention import MLP, ConditionalPositionalEncoding, SerializedAttention, TransformerBlock
 from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d
-from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm
+from .decoder import Downsample, Expand, PoolTranspose3d, Prune, Upsample
+from .group_norm import GroupNorm
+from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm, norm_act
 from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
 from .quantized import (
     QuantizedConv3d,
     QuantizedConvTranspose3d,
     QuantizedGenerativeConvTranspose3d,
+    QuantizedLinear,
     QuantizedSubmConv3d,
     from_module,
     quantize,
@@ -34,12 +38,15 @@ __all__ = [
     "InstanceNorm",
     "LayerNorm",
     "RMSNorm",
+    "GroupNorm",
+    "norm_act",
     "ReLU",
     "LeakyReLU",
     "GELU",
     "SiLU",
     "Sigmoid",
     "Tanh",
+    "Softplus",
     "Dropout",
     "FeatureMap",
     "MaxPool3d",
@@ -48,10 +55,20 @@ __all__ = [
     "GlobalMaxPool",
     "GlobalAvgPool",
     "GlobalSumPool",
+    "PoolTranspose3d",
+    "Upsample",
+    "Expand",
+    "Downsample",
+    "Prune",
+    "SerializedAttention",
+    "TransformerBlock",
+    "ConditionalPositionalEncoding",
+    "MLP",
     "QuantizedConv3d",
     "QuantizedSubmConv3d",
     "QuantizedConvTranspose3d",
     "QuantizedGenerativeConvTranspose3d",
+    "QuantizedLinear",
     "from_module",
     "quantize",
 ]

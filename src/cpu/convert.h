@@ -1,27 +1,20 @@
-// Conversions between the feature dtypes and float32 accumulators.
+// Conversions between the feature dtypes and float32 accumulators, per
+// instruction-set path.
 #pragma once
 
+#include "cpu/convert_base.h"
 #include "cpu/isa_begin.h"
 
 namespace mlx_lattice::cpu::LATTICE_ISA {
 
-template <typename T>
-inline void to_float(const T* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    dst[i] = static_cast<float>(src[i]);
-  }
-}
-
-template <typename T>
-inline void from_float(const float* src, T* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    dst[i] = static_cast<T>(src[i]);
-  }
-}
+// The portable conversions (cpu/convert_base.h), overloaded below where the
+// path has faster ones.
+using cpu::from_float;
+using cpu::to_float;
 
 #if LATTICE_ISA_ID == 1 || LATTICE_ISA_ID == 2
-// Hardware half <-> float conversion (overloads preferred to the templates
-// above), 8 lanes at a time (round to nearest
+// Hardware half <-> float conversion (overloads preferred to the templates),
+// 8 lanes at a time (round to nearest
 // even, as MLX's software conversion).
 inline void to_float(
     const mlx::core::float16_t* src,
@@ -49,36 +42,6 @@ inline void from_float(
   }
   for (; i < n; ++i) {
     dst[i] = static_cast<mlx::core::float16_t>(src[i]);
-  }
-}
-#endif
-
-#if !defined(__ARM_FEATURE_BF16)
-// bfloat16 is the upper half of a float32: widen by shifting; narrow with
-// round-to-nearest-even (NaN -> canonical quiet NaN), bit for bit as MLX.
-inline void to_float(
-    const mlx::core::bfloat16_t* src,
-    float* dst,
-    int64_t n) {
-  static_assert(sizeof(mlx::core::bfloat16_t) == 2);
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) {
-    d[i] = uint32_t(s[i]) << 16;
-  }
-}
-
-inline void from_float(
-    const float* src,
-    mlx::core::bfloat16_t* dst,
-    int64_t n) {
-  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
-  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u = s[i];
-    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-    uint32_t r = (u + ((u >> 16) & 1u) + 0x7FFFu) >> 16;
-    d[i] = static_cast<uint16_t>(nan ? 0x7FC0u : r);
   }
 }
 #endif

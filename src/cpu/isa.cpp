@@ -17,6 +17,12 @@ namespace mlx_lattice::cpu {
                              int64_t, int64_t, int, int, void*);               \
   void weight_grad(Float, const void*, const void*, PairView, int64_t,         \
                    int64_t, int, int, void*);                                  \
+  void attention_forward(Float, AttentionShape, StridedView, StridedView,      \
+                         StridedView, const int32_t*, void*, float*);          \
+  void attention_backward(Float, AttentionShape, StridedView, StridedView,     \
+                          StridedView, const int32_t*, StridedView,            \
+                          const float*, StridedView, const float*, void*,      \
+                          void*, void*);                                       \
   }
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -38,7 +44,10 @@ struct Path {
 };
 
 #define LATTICE_TABLE(isa) \
-  KernelTable { #isa, &isa::gather_conv, &isa::gather_conv_quantized, &isa::weight_grad }
+  KernelTable {                                                            \
+    #isa, &isa::gather_conv, &isa::gather_conv_quantized, &isa::weight_grad, \
+        &isa::attention_forward, &isa::attention_backward                    \
+  }
 
 bool always() {
   return true;

@@ -35,12 +35,33 @@ struct PairView {
   int64_t edges = 0;
 };
 
+// A (patches, heads, P, D) tensor read through its element strides (so the
+// transposed views of a qkv projection are read in place).
+struct StridedView {
+  const void* data = nullptr;
+  int64_t strides[4] = {};
+};
+
+// Shape of a patch attention: q, k, v, o of (patches, heads, P, D).
+struct AttentionShape {
+  int64_t patches = 0;
+  int heads = 0;
+  int P = 0;
+  int D = 0;
+  float scale = 1.0f;
+};
+
 // One path's kernels on raw rows (row-major, features of dtype t):
 //   gather_conv: y (v.rows, B) = per-row sum of x[gather] @ w[k];
 //                x (n_x, A), w (K, A, B).
 //   gather_conv_quantized: the same with affine-quantized weights (MLX
 //                packing, logical shape (B, K, A), scales/biases of dtype s).
 //   weight_grad: out (v.k, A, B) = per-offset sum of x[g]^T ct[r].
+//   attention_forward: o (contiguous, dtype t) and lse (float32,
+//                (patches, heads, P)) of softmax(scale q k^T) v over the
+//                first lengths[patch] keys and queries of each patch.
+//   attention_backward: dq, dk, dv (contiguous) from o, lse and the
+//                cotangents dout, dlse (contiguous float32).
 struct KernelTable {
   const char* name;
   void (*gather_conv)(
@@ -53,6 +74,13 @@ struct KernelTable {
   void (*weight_grad)(
       Float t, const void* x, const void* ct, PairView v, int64_t n_x,
       int64_t n_ct, int A, int B, void* out);
+  void (*attention_forward)(
+      Float t, AttentionShape a, StridedView q, StridedView k, StridedView v,
+      const int32_t* lengths, void* o, float* lse);
+  void (*attention_backward)(
+      Float t, AttentionShape a, StridedView q, StridedView k, StridedView v,
+      const int32_t* lengths, StridedView o, const float* lse,
+      StridedView dout, const float* dlse, void* dq, void* dk, void* dv);
 };
 
 // The table of the path in use.

@@ -33,6 +33,7 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu/convert_base.h"
 #include "cpu/isa.h"
 #include "mlx/types/bf16.h"
 #include "mlx/types/half_types.h"

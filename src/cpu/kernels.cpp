@@ -25,6 +25,19 @@ Float feature_type(mx::Dtype dt) {
   throw std::invalid_argument("features must be float32, float16 or bfloat16");
 }
 
+StridedView strided(const mx::array& a) {
+  StridedView v;
+  v.data = a.data<void>();
+  for (int i = 0; i < 4; ++i) {
+    v.strides[i] = a.strides()[i];
+  }
+  return v;
+}
+
+AttentionShape attention_shape(const mx::array& q, float scale) {
+  return {q.shape(0), q.shape(1), q.shape(2), q.shape(3), scale};
+}
+
 } // namespace
 
 void gather_conv(
@@ -111,6 +124,69 @@ void weight_grad(
                 n_ct = int64_t(ct.shape(0)),
                 A = int(x.shape(1)),
                 B = int(ct.shape(1))]() { fn(t, xp, cp, view, n_x, n_ct, A, B, op); });
+}
+
+void patch_attention_forward(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& lengths,
+    float scale,
+    mx::array& o,
+    mx::array& lse,
+    mx::Stream s) {
+  const Float t = feature_type(q.dtype());
+  o.set_data(mx::allocator::malloc(o.nbytes()));
+  lse.set_data(mx::allocator::malloc(lse.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto* a : {&q, &k, &v, &lengths}) {
+    enc.set_input_array(*a);
+  }
+  enc.set_output_array(o);
+  enc.set_output_array(lse);
+  enc.dispatch([fn = active_kernels().attention_forward,
+                t,
+                a = attention_shape(q, scale),
+                qv = strided(q),
+                kv = strided(k),
+                vv = strided(v),
+                lp = lengths.data<int32_t>(),
+                op = o.data<void>(),
+                sp = lse.data<float>()]() { fn(t, a, qv, kv, vv, lp, op, sp); });
+}
+
+void patch_attention_backward(
+    const std::vector<mx::array>& in,
+    float scale,
+    std::vector<mx::array>& out,
+    mx::Stream s) {
+  const Float t = feature_type(in[0].dtype());
+  for (auto& a : out) {
+    a.set_data(mx::allocator::malloc(a.nbytes()));
+  }
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto& a : in) {
+    enc.set_input_array(a);
+  }
+  for (auto& a : out) {
+    enc.set_output_array(a);
+  }
+  enc.dispatch([fn = active_kernels().attention_backward,
+                t,
+                a = attention_shape(in[0], scale),
+                qv = strided(in[0]),
+                kv = strided(in[1]),
+                vv = strided(in[2]),
+                lp = in[3].data<int32_t>(),
+                ov = strided(in[4]),
+                sp = in[5].data<float>(),
+                dov = strided(in[6]),
+                dsp = in[7].data<float>(),
+                dqp = out[0].data<void>(),
+                dkp = out[1].data<void>(),
+                dvp = out[2].data<void>()]() {
+    fn(t, a, qv, kv, vv, lp, ov, sp, dov, dsp, dqp, dkp, dvp);
+  });
 }
 
 } // namespace mlx_lattice::cpu

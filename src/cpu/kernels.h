@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "cpu/isa.h"
 #include "mlx/array.h"
@@ -41,6 +42,25 @@ void weight_grad(
     const mx::array& ct,
     PairView view,
     mx::array& out,
+    mx::Stream s);
+
+// o (patches, heads, P, D) and lse (patches, heads, P) of patch attention;
+// q, k, v are read through their strides, lengths is contiguous int32.
+void patch_attention_forward(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& lengths,
+    float scale,
+    mx::array& o,
+    mx::array& lse,
+    mx::Stream s);
+
+// in: q, k, v, lengths, o, lse, do, dlse; out: dq, dk, dv.
+void patch_attention_backward(
+    const std::vector<mx::array>& in,
+    float scale,
+    std::vector<mx::array>& out,
     mx::Stream s);
 
 } // namespace mlx_lattice::cpu

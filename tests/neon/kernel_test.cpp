@@ -31,6 +31,11 @@ void gather_conv_quantized(
     Float, Float, const void*, const uint32_t*, const void*, const void*, int, int, CsrView,
     int64_t, int64_t, int, int, void*);
 void weight_grad(Float, const void*, const void*, PairView, int64_t, int64_t, int, int, void*);
+void attention_forward(
+    Float, AttentionShape, StridedView, StridedView, StridedView, const int32_t*, void*, float*);
+void attention_backward(
+    Float, AttentionShape, StridedView, StridedView, StridedView, const int32_t*, StridedView,
+    const float*, StridedView, const float*, void*, void*, void*);
 } // namespace mlx_lattice::cpu::LATTICE_ISA_NAME
 
 namespace {
@@ -241,6 +246,118 @@ void run_quantized(std::mt19937& gen, int64_t rows, int64_t n_in, int64_t K, int
   check_close("gather_conv_quantized", y, y_ref, y_mag, A, B, K, int(A * K));
 }
 
+// Patch attention (patches, heads, P, D), contiguous, against a double
+// reference over each patch's first lengths[b] rows; padding rows are zero.
+template <typename T>
+void run_attention(std::mt19937& gen, int64_t patches, int heads, int P, int D) {
+  const int64_t n = patches * heads * P * D, per = int64_t(P) * D;
+  const auto q = random_values<T>(gen, n, 1.0f), k = random_values<T>(gen, n, 1.0f);
+  const auto v = random_values<T>(gen, n, 1.0f), dout = random_values<T>(gen, n, 1.0f);
+  const auto dlse = random_values<float>(gen, patches * heads * P, 1.0f);
+  std::vector<int32_t> lengths(patches);
+  std::uniform_int_distribution<int32_t> len(0, P);
+  for (auto& l : lengths) {
+    l = len(gen);
+  }
+  lengths[0] = P;
+  const float scale = 0.7f / std::sqrt(float(D));
+  std::vector<double> o_ref(n, 0.0), lse_ref(patches * heads * P, 0.0);
+  std::vector<double> dq_ref(n, 0.0), dk_ref(n, 0.0), dv_ref(n, 0.0);
+  for (int64_t bh = 0; bh < patches * heads; ++bh) {
+    const int L = lengths[bh / heads];
+    const int64_t base = bh * per;
+    auto at = [&](const std::vector<T>& a, int i, int d) { return value(a[base + int64_t(i) * D + d]); };
+    std::vector<double> p(int64_t(L) * L), dp(int64_t(L) * L);
+    for (int i = 0; i < L; ++i) {
+      double m = -INFINITY, sum = 0.0, dot = 0.0;
+      for (int j = 0; j < L; ++j) {
+        double s = 0.0;
+        for (int d = 0; d < D; ++d) {
+          s += at(q, i, d) * at(k, j, d);
+        }
+        p[i * L + j] = scale * s;
+        m = std::max(m, scale * s);
+      }
+      for (int j = 0; j < L; ++j) {
+        sum += (p[i * L + j] = std::exp(p[i * L + j] - m));
+      }
+      for (int j = 0; j < L; ++j) {
+        p[i * L + j] /= sum;
+        for (int d = 0; d < D; ++d) {
+          o_ref[base + int64_t(i) * D + d] += p[i * L + j] * at(v, j, d);
+        }
+      }
+      lse_ref[bh * P + i] = m + std::log(sum);
+      for (int d = 0; d < D; ++d) {
+        dot += at(dout, i, d) * o_ref[base + int64_t(i) * D + d];
+      }
+      // dS_ij = P_ij (dO_i . V_j - dO_i . O_i + dlse_i)
+      for (int j = 0; j < L; ++j) {
+        double dpv = 0.0;
+        for (int d = 0; d < D; ++d) {
+          dpv += at(dout, i, d) * at(v, j, d);
+        }
+        dp[i * L + j] = p[i * L + j] * (dpv - dot + dlse[bh * P + i]);
+      }
+    }
+    for (int i = 0; i < L; ++i) {
+      for (int j = 0; j < L; ++j) {
+        for (int d = 0; d < D; ++d) {
+          dv_ref[base + int64_t(j) * D + d] += p[i * L + j] * at(dout, i, d);
+          dq_ref[base + int64_t(i) * D + d] += scale * dp[i * L + j] * at(k, j, d);
+          dk_ref[base + int64_t(j) * D + d] += scale * dp[i * L + j] * at(q, i, d);
+        }
+      }
+    }
+  }
+  const AttentionShape shape{patches, heads, P, D, scale};
+  auto view = [&](const std::vector<T>& a) {
+    return StridedView{a.data(), {int64_t(heads) * per, per, D, 1}};
+  };
+  // Errors relative to a unit scale: inputs are unit normals.
+  auto close = [&](const char* what, const auto& got, const std::vector<double>& want, double tol) {
+    ++checks;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double err = std::fabs(value(got[i]) - want[i]);
+      const double bound = tol * (1.0 + std::fabs(want[i]));
+      if (!(err <= bound)) {
+        fail(what, D, P, patches, Typed<T>::name, err, bound);
+        return;
+      }
+    }
+  };
+  const double tol = 4 * Typed<T>::eps + 2e-5;
+  std::vector<T> o1, g1;
+  for (int threads : {1, 3}) {
+    set_num_threads(threads);
+    std::vector<T> o(n), dq(n), dk(n), dv(n);
+    std::vector<float> lse(patches * heads * P);
+    path::attention_forward(Typed<T>::tag, shape, view(q), view(k), view(v), lengths.data(),
+                            o.data(), lse.data());
+    path::attention_backward(Typed<T>::tag, shape, view(q), view(k), view(v), lengths.data(),
+                             view(o), lse.data(), view(dout), dlse.data(), dq.data(), dk.data(),
+                             dv.data());
+    std::vector<T> g(dq);
+    g.insert(g.end(), dk.begin(), dk.end());
+    g.insert(g.end(), dv.begin(), dv.end());
+    if (threads == 1) {
+      close("attention o", o, o_ref, tol);
+      close("attention lse", lse, lse_ref, 2e-5);
+      close("attention dq", dq, dq_ref, tol);
+      close("attention dk", dk, dk_ref, tol);
+      close("attention dv", dv, dv_ref, tol);
+      o1 = o;
+      g1 = g;
+    } else {
+      ++checks;
+      if (std::memcmp(o.data(), o1.data(), n * sizeof(T)) != 0 ||
+          std::memcmp(g.data(), g1.data(), g.size() * sizeof(T)) != 0) {
+        fail("attention bitwise across thread counts", D, P, patches, Typed<T>::name, 1, 0);
+      }
+    }
+  }
+}
+
 } // namespace
 
 int main() {
@@ -259,6 +376,13 @@ int main() {
   }
   run_quantized(gen, 40, 40, 27, 64, 24, 4, 32);
   run_quantized(gen, 40, 40, 8, 64, 40, 8, 64);
+  // (patches, heads, P, D): head dims around the vector width, patches
+  // crossing the query (16) and key (128) blocks, padded patches.
+  run_attention<float>(gen, 3, 2, 1, 3);
+  run_attention<float>(gen, 4, 2, 33, 8);
+  run_attention<float>(gen, 3, 1, 150, 24);
+  run_attention<bfloat16_t>(gen, 3, 2, 40, 17);
+  run_attention<float16_t>(gen, 2, 2, 20, 16);
   std::printf("%s: %d checks, %d failures\n", LATTICE_STRING(LATTICE_ISA_NAME), checks, failures);
   return failures == 0 ? 0 : 1;
 }
