@@ -74,6 +74,10 @@ def _target_set(x: SparseTensor, coordinates, stride):
 def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False):
     """Select a route, run it, record diagnostics and wrap the output."""
     backend = routes.current_backend()
+    # A GPU this install has no kernels for runs the call on the CPU, on record.
+    unusable = diagnostics.backend_fallback(backend)
+    if unusable:
+        backend = "cpu"
     identity = relation_fn is None
     relation: Relation | None = None if identity else relation_fn()
     stats = (
@@ -130,7 +134,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         route=route.name,
         backend=route.backend,
         rejected=sel.rejected,
-        fallback=sel.fallback,
+        fallback=unusable or sel.fallback,
         deterministic=route.deterministic,
     )
     diagnostics.emit(entry)
