@@ -270,3 +270,37 @@ def test_installed_build_info_matches_this_build():
     assert info["system"] in ("Linux", "Darwin")
     if sys.platform != "darwin":
         assert not info["metal_built"] and info["metal_reason"] == "not a macOS build"
+
+
+def test_gpu_call_without_metallib_runs_on_the_cpu_on_record(monkeypatch):
+    """MLX's default device is a Metal GPU but this install has no usable
+    mlx_lattice.metallib: the call runs on the CPU and the record says why."""
+    import mlx.core as mx
+    import numpy as np
+
+    import mlx_lattice as ml
+    from mlx_lattice import diagnostics, ops, routes
+
+    rng = np.random.default_rng(0)
+    coords = np.unique(rng.integers(0, 6, (60, 4)), axis=0).astype(np.int32)
+    coords[:, 0] = 0
+    coords = np.unique(coords, axis=0)
+    x = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), 5)).astype(np.float32)))
+    w = mx.array(rng.standard_normal((7, 3, 3, 3, 5)).astype(np.float32))
+    expected = np.array(ops.subm_conv3d(x, w).feats)
+
+    monkeypatch.setattr(routes, "current_backend", lambda stream=None: "metal")
+    monkeypatch.setattr(diagnostics, "build_info", lambda: {
+        "metal_built": False, "metal_reason": "no Metal toolchain here", "tensorops_built": False})
+    with diagnostics.record() as log:
+        y = ops.subm_conv3d(x, w)
+    np.testing.assert_array_equal(np.array(y.feats), expected)
+    (entry,) = log
+    assert entry["backend"] == "cpu" and entry["route"].startswith("cpu.")
+    assert entry["fallback"] == (
+        "mlx_lattice.metallib unavailable: no Metal toolchain here; running on the CPU")
+
+    # with a usable library the same call would stay on the GPU
+    monkeypatch.setattr(diagnostics, "metal_unavailable_reason", lambda: None)
+    assert diagnostics.backend_fallback("metal") is None
+    assert diagnostics.backend_fallback("cpu") is None and diagnostics.backend_fallback("cuda") is None
