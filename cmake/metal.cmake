@@ -223,6 +223,17 @@ function(lattice_metal_libraries)
   set(LATTICE_TENSOROPS_REASON "${tensorops_reason}" PARENT_SCOPE)
 endfunction()
 
+# lattice_require_metal(<metal_built> <metal_reason> <tensorops_built> <tensorops_reason>)
+# For release wheels (option MLX_LATTICE_REQUIRE_METAL): stop the build
+# unless both libraries were built, so no wheel ships without them.
+function(lattice_require_metal metal_built metal_reason tensorops_built tensorops_reason)
+  if(NOT metal_built)
+    message(FATAL_ERROR "mlx_lattice: MLX_LATTICE_REQUIRE_METAL is on but mlx_lattice.metallib was not built: ${metal_reason}")
+  elseif(NOT tensorops_built)
+    message(FATAL_ERROR "mlx_lattice: MLX_LATTICE_REQUIRE_METAL is on but mlx_lattice_tensorops.metallib was not built: ${tensorops_reason}")
+  endif()
+endfunction()
+
 # _lattice_json_string(<out> <text>): <text> as a JSON string literal.
 function(_lattice_json_string out text)
   string(REPLACE "\\" "\\\\" text "${text}")

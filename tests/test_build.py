@@ -259,8 +259,27 @@ def test_cmakelists_uses_the_functions_and_keeps_the_language_lines():
     assert "lattice_metal_libraries(" in text and "lattice_macos_deployment_target(" in text
     # the deployment target is chosen before project(), so the C++ code shares it
     assert text.index("lattice_macos_deployment_target(") < text.index("project(mlx_lattice")
-    # no build-time Metal step that could fail the install
+    # no build-time Metal step that could fail the install; only release
+    # wheels (an option, off by default) insist on both libraries
     assert "mlx_build_metallib" not in text and "FATAL_ERROR" not in text
+    assert 'option(MLX_LATTICE_REQUIRE_METAL "' in text and text.split(
+        'option(MLX_LATTICE_REQUIRE_METAL "')[1].split("\n")[0].endswith(" OFF)")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [("TRUE x TRUE y", None),
+     ("FALSE \"no toolchain\" FALSE z", "mlx_lattice.metallib was not built: no toolchain"),
+     ("TRUE \"\" FALSE \"static_assert\"", "mlx_lattice_tensorops.metallib was not built: static_assert")],
+)
+def test_release_wheels_require_both_libraries(tmp_path, args, message):
+    script = tmp_path / "r.cmake"
+    script.write_text(f"include({ROOT}/cmake/metal.cmake)\nlattice_require_metal({args})\n")
+    proc = subprocess.run([CMAKE, "-P", str(script)], capture_output=True, text=True, timeout=60)
+    if message is None:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode != 0 and message in " ".join(proc.stderr.split())  # CMake wraps lines
 
 
 def test_installed_build_info_matches_this_build():
