@@ -323,3 +323,22 @@ def test_gpu_call_without_metallib_runs_on_the_cpu_on_record(monkeypatch):
     monkeypatch.setattr(diagnostics, "metal_unavailable_reason", lambda: None)
     assert diagnostics.backend_fallback("metal") is None
     assert diagnostics.backend_fallback("cpu") is None and diagnostics.backend_fallback("cuda") is None
+
+
+def test_import_without_an_mlx_backend_says_what_to_install():
+    # what `import mlx.core` does on Linux when only the mlx wheel is there
+    code = (
+        "import sys\n"
+        "class NoBackend:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'mlx.core':\n"
+        "            raise ImportError('libmlx.so: cannot open shared object file')\n"
+        "sys.meta_path.insert(0, NoBackend())\n"
+        "import mlx_lattice\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: mlx_lattice needs MLX with a backend")
+    assert "libmlx.so: cannot open shared object file" in last
+    assert 'mlx_lattice[cpu]' in last and 'mlx_lattice[cuda]' in last
