@@ -13,7 +13,8 @@ string(CONCAT LATTICE_METAL_INSTALL_HINT ${LATTICE_METAL_INSTALL_HINT})
 
 # Options every Metal source is compiled with (MLX's extension defaults:
 # warnings on, no fast math).
-set(LATTICE_METAL_FLAGS -Wall -Wextra -fno-fast-math -Wno-c++17-extensions -Wno-c++20-extensions)
+set(LATTICE_METAL_FLAGS -Wall -Wextra -fno-fast-math -Wno-c++17-extensions -Wno-c++20-extensions
+    -Wmetal-addr-spaces)
 
 # lattice_macos_deployment_target(<out>)
 # MACOSX_DEPLOYMENT_TARGET when set, else the host's macOS version, and never
