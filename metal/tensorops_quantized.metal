@@ -31,11 +31,12 @@ template <int CI, int CO, int BITS>
     constant QuantParams& p [[buffer(8)]],
     uint3 gid [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]]) {
-  // 16 KiB at CI = CO = 64: gathered rows (64 x CI) and W[k] (CI x CO); the
-  // finished 64 x CO tile (fp16) reuses the start.
-  threadgroup half smem[kQuantTileRows * 64 + 64 * 64];
-  threadgroup half* xs = smem;
-  threadgroup half* ws = smem + kQuantTileRows * CI;
+  // 16 KiB: gathered rows (64 x CI) and W[k] (CI x CO) in fp16 while
+  // accumulating; then the finished 64 x CO tile in fp32, the cooperative
+  // tensor's type (a store does not convert), over the same storage.
+  threadgroup float smem[kQuantTileRows * 64];
+  threadgroup half* xs = reinterpret_cast<threadgroup half*>(smem);
+  threadgroup half* ws = xs + kQuantTileRows * CI;
   const int tile = int(gid.x);
   const int t = int(lid);
   const int row0 = tile * kQuantTileRows;
@@ -70,14 +71,14 @@ template <int CI, int CO, int BITS>
     op.run(xt, wt, acc);
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  auto yt = tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(
+  auto yt = tensor<threadgroup float, dextents<int32_t, 2>, tensor_inline>(
       smem, dextents<int32_t, 2>(CO, kQuantTileRows));
   acc.store(yt);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   for (int i = t; i < kQuantTileRows * CO; i += 128) {
     const int row = row0 + i / CO;
     if (row < p.rows) {
-      y[long(reorder[row]) * CO + i % CO] = smem[i];
+      y[long(reorder[row]) * CO + i % CO] = half(smem[i]); // fp32 -> fp16 on write-back
     }
   }
 }

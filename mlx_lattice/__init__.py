@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 # Model-level surface: layers, pooling, point <-> voxel conversion, algebra, networks.
-from . import algebra, models, nn, pooling  # noqa: E402
+from . import algebra, convert, models, neighbors, nn, pooling  # noqa: E402
 from .algebra import add, cat, from_dense, prune, sparse_collate, to_dense  # noqa: E402
 from .points import devoxelize, sparse_quantize, voxelize  # noqa: E402
 
@@ -59,6 +59,8 @@ __all__ += [
     "models",
     "algebra",
     "pooling",
+    "convert",
+    "neighbors",
     "to_dense",
     "from_dense",
     "cat",

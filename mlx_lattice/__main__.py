@@ -1,4 +1,4 @@
-"""Command line: ``python -m mlx_lattice {demo,bench,routes,doctor} ...``."""
+"""Command line: ``python -m mlx_lattice {demo,bench,routes,convert,doctor} ...``."""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ def main(argv=None) -> int:
     fmt.add_argument("--markdown", action="store_true", help="the docs/routes.md table")
     fmt.add_argument("--json", action="store_true")
 
+    conv = sub.add_parser("convert", help="spconv / TorchSparse / MinkowskiEngine checkpoint to safetensors")
+    conv.add_argument("--from", dest="source", required=True, choices=["spconv", "torchsparse", "minkowski"])
+    conv.add_argument("--axes", default="xyz", help="what the source's coordinate columns hold (default xyz)")
+    conv.add_argument("--layout", default="KRSC", help="spconv weight layout: KRSC (2.x), RSCK (1.x), RSKC")
+    conv.add_argument("--prefix", default="", help="convert only the entries whose names start with this")
+    conv.add_argument("input", help=".pth checkpoint (needs torch) or safetensors file")
+    conv.add_argument("output", help="converted .safetensors")
+
     doctor = sub.add_parser("doctor", help="what this install can run here: versions, backends, "
                             "Metal libraries, capability tier, the route a typical layer takes")
     doctor.add_argument("--json", action="store_true")
@@ -58,6 +66,20 @@ def main(argv=None) -> int:
         else:
             for r in routes.list_routes():
                 print(f"{r['name']:<28} {r['backend']:<6} {r['priority']:>4}  {r['predicate']}")
+        return 0
+    if args.command == "convert":
+        import mlx.core as mx
+
+        from . import convert
+
+        extra = {"layout": args.layout} if args.source == "spconv" else {}
+        try:
+            sd = {k: v for k, v in convert.load_state_dict(args.input).items() if k.startswith(args.prefix)}
+            flat = convert.SOURCES[args.source](sd, axes=args.axes, **extra)
+        except (ValueError, TypeError) as e:
+            parser.error(f"convert: {e}")
+        mx.save_safetensors(args.output, flat, metadata={"source": args.source, "axes": args.axes})
+        print(f"{len(flat)} tensors -> {args.output}")
         return 0
     return 2
 

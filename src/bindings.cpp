@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "metal/program.h"
+#include "neighbors.h"
 #include "primitives.h"
 #include "relation.h"
 #include "threadpool.h"
@@ -198,6 +199,24 @@ NB_MODULE(_ext, m) {
       },
       "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
       "relation"_a.none(), "view"_a, "route"_a, "stream"_a = nb::none());
+
+  m.def(
+      "knn_query",
+      [](const mx::array& q, const mx::array& qb, const mx::array& p,
+         const mx::array& pb, int k) {
+        nb::gil_scoped_release release;
+        return knn_query(q, qb, p, pb, k);
+      },
+      "queries"_a, "query_batch"_a, "points"_a, "point_batch"_a, "k"_a);
+  m.def(
+      "radius_query",
+      [](const mx::array& q, const mx::array& qb, const mx::array& p,
+         const mx::array& pb, double r, int max_neighbors) {
+        nb::gil_scoped_release release;
+        return radius_query(q, qb, p, pb, r, max_neighbors);
+      },
+      "queries"_a, "query_batch"_a, "points"_a, "point_batch"_a, "radius"_a,
+      "max_neighbors"_a);
 
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, "n"_a);

@@ -2,6 +2,7 @@
 
 from .autoencoder import DecoderLevel, SparseVoxelAutoencoder
 from .minkunet import ConvBlock, DeconvBlock, MinkUNet, ResidualBlock
+from .ptv3 import PointTransformerV3, SerializedPooling, SerializedUnpooling
 
 __all__ = [
     "MinkUNet",
@@ -10,4 +11,7 @@ __all__ = [
     "ResidualBlock",
     "SparseVoxelAutoencoder",
     "DecoderLevel",
+    "PointTransformerV3",
+    "SerializedPooling",
+    "SerializedUnpooling",
 ]

@@ -8,8 +8,10 @@ compose with ``mlx.nn.Sequential`` (re-exported here), ``save_weights`` /
 
 from mlx.nn import Identity, Module, Sequential
 
-from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
+from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Softplus, Tanh
+from .attention import MLP, ConditionalPositionalEncoding, SerializedAttention, TransformerBlock
 from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d
+from .group_norm import GroupNorm
 from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm
 from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
 from .quantized import (
@@ -34,12 +36,14 @@ __all__ = [
     "InstanceNorm",
     "LayerNorm",
     "RMSNorm",
+    "GroupNorm",
     "ReLU",
     "LeakyReLU",
     "GELU",
     "SiLU",
     "Sigmoid",
     "Tanh",
+    "Softplus",
     "Dropout",
     "FeatureMap",
     "MaxPool3d",
@@ -48,6 +52,10 @@ __all__ = [
     "GlobalMaxPool",
     "GlobalAvgPool",
     "GlobalSumPool",
+    "SerializedAttention",
+    "TransformerBlock",
+    "ConditionalPositionalEncoding",
+    "MLP",
     "QuantizedConv3d",
     "QuantizedSubmConv3d",
     "QuantizedConvTranspose3d",

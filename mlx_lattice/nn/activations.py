@@ -53,6 +53,31 @@ class Sigmoid(mnn.Module):
         return on_features(x, mx.sigmoid)
 
 
+class Softplus(mnn.Module):
+    """``log(1 + exp(beta * x)) / beta``, and ``x`` itself where
+    ``beta * x > threshold`` (as ``torch.nn.Softplus``: the two agree to
+    float precision there, and the linear branch cannot overflow)."""
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0):
+        super().__init__()
+        if beta <= 0:
+            raise ValueError(f"beta must be positive, got {beta}")
+        self.beta = beta
+        self.threshold = threshold
+
+    def _extra_repr(self):
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+    def _softplus(self, f):
+        bx = f * self.beta
+        # logaddexp(bx, 0) is log(1 + exp(bx)) without overflow.
+        soft = mx.logaddexp(bx, mx.zeros_like(bx)) / self.beta
+        return mx.where(bx > self.threshold, f, soft).astype(f.dtype)
+
+    def __call__(self, x):
+        return on_features(x, self._softplus)
+
+
 class Tanh(mnn.Module):
     def __call__(self, x):
         return on_features(x, mx.tanh)

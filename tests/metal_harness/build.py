@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from . import source as src
+from . import strict
 
 HERE = Path(__file__).resolve().parent
 INCLUDE = HERE / "include"
@@ -38,9 +39,10 @@ COMMON_FLAGS = [
 # Metal has no double: unsuffixed floating literals are float.
 KERNEL_FLAGS = ["-O1", "-fsingle-precision-constant", "-include", "metal_stdlib"]
 SCAN_FLAGS = ["-E", "-x", "c++", "-std=c++20", "-DMH_SCAN=1", f"-I{INCLUDE}"]
-# The language version the shim stands for: MSL 4.0, of whose additions only
-# the tensor subset in include/mh/tensor.h is emulated.
-METAL_DEFINES = ["-D__METAL_VERSION__=400", "-D__METAL__=1", "-DMLX_LATTICE_HARNESS=1"]
+# __METAL_VERSION__ is per file: the -std the CMake build compiles it with
+# (strict.version_for). Of MSL 4.0's additions only the tensor subset in
+# include/mh/tensor.h is emulated.
+METAL_DEFINES = ["-D__METAL__=1", "-DMLX_LATTICE_HARNESS=1"]
 
 SCHEDULES = {"forward": 0, "reverse": 1, "random": 2}
 THREADGROUP_MEMORY_LIMIT = 32 * 1024
@@ -103,10 +105,20 @@ def runtime_object() -> Path:
         return out
 
 
+def metal_version(path: Path) -> int:
+    try:
+        return strict.version_for(Path(path))
+    except strict.StrictError as e:
+        raise HarnessError(str(e)) from e
+
+
 def scan(path: Path) -> str:
     """Preprocess a .metal file with the MSL headers expanding to nothing."""
+    version = metal_version(path)
     res = subprocess.run(
-        [CXX, *SCAN_FLAGS, *METAL_DEFINES, str(path)], capture_output=True, text=True
+        [CXX, *SCAN_FLAGS, *METAL_DEFINES, f"-D__METAL_VERSION__={version}", str(path)],
+        capture_output=True,
+        text=True,
     )
     if res.returncode != 0:
         raise HarnessError(f"preprocessing {path} failed:\n{res.stderr[-4000:]}")
@@ -222,7 +234,16 @@ def load(path: str | os.PathLike) -> Program:
     with _lock:
         if p in _programs:
             return _programs[p]
-        unit = parse(p)
+        text = scan(p)
+        # Apple's compiler first: what it rejects never reaches the executor.
+        try:
+            strict.check(p, text, metal_version(p), cache_dir())
+        except strict.StrictError as e:
+            raise HarnessError(str(e)) from e
+        try:
+            unit = src.process(text)
+        except src.SourceError as e:
+            raise HarnessError(f"{p}: {e}") from e
         rt = runtime_object()
         key = hashlib.sha256((unit.text + _shim_digest()).encode()).hexdigest()[:20]
         so = cache_dir() / f"{p.stem}-{key}.so"

@@ -3,6 +3,8 @@
 // therefore stronger than Metal's relaxed atomics.
 #pragma once
 
+#include "mh/space.h"
+
 #include "mh/types.h"
 
 namespace metal {
@@ -37,11 +39,12 @@ using atomic_ulong = atomic<ulong>;
 namespace detail {
 template <class A>
 inline auto& atomic_ref(A* obj) {
-  using T = decltype(obj->value);
-  return const_cast<std::remove_cv_t<T>&>(obj->value);
+  auto* g = ::mh::generic(obj);
+  using T = decltype(g->value);
+  return const_cast<std::remove_cv_t<T>&>(g->value);
 }
 template <class A>
-using atomic_value_t = std::remove_cv_t<decltype(std::declval<A*>()->value)>;
+using atomic_value_t = std::remove_cv_t<decltype(::mh::generic(std::declval<A*>())->value)>;
 } // namespace detail
 
 template <class A, class M>

@@ -3,15 +3,17 @@
 // <MetalPerformancePrimitives/MetalPerformancePrimitives.h>).
 //
 // Emulated, and nothing more:
-//  - metal::dynamic_extent, metal::dextents<I, 2>, metal::tensor_inline;
-//  - metal::tensor<T, dextents<I, 2>, tensor_inline>: a non-owning rank-2
-//    view over a pointer (any address space) made from (pointer, extents),
-//    packed, or (pointer, extents, array<int, 2> strides). Dimension 0 is
-//    the contiguous one: a row-major R x C matrix is a tensor of extents
-//    (C, R), and element [i0, i1] sits at pointer + i0 * s0 + i1 * s1.
+//  - metal::dynamic_extent, metal::dextents<I, R>, metal::tensor_inline;
+//  - metal::tensor<T, dextents<I, R>, tensor_inline>: a non-owning view over
+//    a pointer in T's address space (tensor<device half, ...>) made from
+//    (pointer, extents), packed, or (pointer, extents, array<int, R>
+//    strides). Dimension 0 is the contiguous one: a row-major R x C matrix
+//    is a tensor of extents (C, R), and element [i0, i1] sits at
+//    pointer + i0 * s0 + i1 * s1. Operations read rank-2 views only.
 //  - metal::execution_simdgroups<N>: the operation is shared by the N
 //    simdgroups of the threadgroup, which must then have exactly 32 * N
-//    threads (a launch with another count fails).
+//    threads (a launch with another count fails). execution_thread exists
+//    as a type (the checks accept it) but is not emulated.
 //  - mpp::tensor_ops::matmul2d_descriptor(m, n, k = dynamic, transpose_left,
 //    transpose_right, relaxed_precision, mode) and
 //    matmul2d<descriptor, scope>::run(left, right, destination):
@@ -29,9 +31,21 @@
 //    multiply_accumulate, then converted once to the destination type;
 //    relaxed_precision changes nothing here.
 //  - the destination cooperative tensor (get_destination_cooperative_tensor
-//    <L, R, T>()): get_capacity(), operator[] and store(tensor). Its
-//    elements start as NaN (for float and half types): a kernel must
-//    initialise them, as on the GPU, where their content is undefined.
+//    <L, R, T>()): get_capacity(), operator[], load(tensor) and
+//    store(tensor). Its elements start as NaN (for float and half types): a
+//    kernel must initialise them, as on the GPU, where their content is
+//    undefined.
+//
+// Compile-time checks, as Apple's headers make them (messages tagged
+// [tensor-ops], reported by the strict pass with the .metal line): load and
+// store take a tensor of exactly the cooperative tensor's element type (no
+// conversion); operands are rank 2 with int indices, in device, threadgroup
+// or thread memory; run() accepts the element-type combinations
+// MPPTensorOpsMatMul2d.h lists; the scope is an execution scope; the
+// getter's operand types are stripped of reference, cv and address space
+// (decltype of a local works) and its element type is unqualified. Address
+// spaces are visible only to the clang pass (mh/strict.h); under g++ they
+// are empty words.
 //
 // Threads are not synchronised by run() or store(): each thread computes
 // (stores) the destination elements it owns, reading the operands as they
@@ -50,6 +64,7 @@
 #include <type_traits>
 
 #include "mh/rt.h"
+#include "mh/space.h"
 #include "mh/types.h"
 
 namespace metal {
@@ -60,7 +75,7 @@ struct tensor_inline {};
 
 template <class IndexType, size_t Rank>
 struct dextents {
-  static_assert(Rank == 2, "the harness emulates rank-2 tensors only");
+  static_assert(Rank >= 1, "a tensor has at least one dimension");
   IndexType mh_e[Rank];
 
   template <class... I>
@@ -73,23 +88,37 @@ struct dextents {
 
 template <class ElementType, class Extents, class Descriptor = tensor_inline>
 struct tensor {
-  static_assert(sizeof(ElementType) == 0, "the harness emulates tensor<T, dextents<I, 2>, tensor_inline> only");
+  static_assert(sizeof(ElementType) == 0, "the harness emulates tensor<T, dextents<I, R>, tensor_inline> only");
 };
 
-template <class T, class I, class Descriptor>
-struct tensor<T, dextents<I, 2>, Descriptor> {
+// A view of rank R over a pointer in T's address space (T may carry one:
+// tensor<device half, ...>).
+template <class T, class I, size_t R, class Descriptor>
+struct tensor<T, dextents<I, R>, Descriptor> {
   static_assert(std::is_same_v<Descriptor, tensor_inline>,
                 "the harness emulates tensor_inline views only");
   using element_type = T;
   using index_type = I;
+  static constexpr size_t mh_rank = R;
 
   T* mh_data;
-  I mh_ext[2];
-  long mh_stride[2];
+  I mh_ext[R];
+  long mh_stride[R];
 
-  tensor(T* data, dextents<I, 2> e) : mh_data(data), mh_ext{e.mh_e[0], e.mh_e[1]}, mh_stride{1, long(e.mh_e[0])} {}
-  tensor(T* data, dextents<I, 2> e, array<int, 2> strides)
-      : mh_data(data), mh_ext{e.mh_e[0], e.mh_e[1]}, mh_stride{long(strides[0]), long(strides[1])} {}
+  tensor(T* data, dextents<I, R> e) : mh_data(data) {
+    long s = 1;
+    for (size_t r = 0; r < R; ++r) {
+      mh_ext[r] = e.mh_e[r];
+      mh_stride[r] = s;
+      s *= long(e.mh_e[r]);
+    }
+  }
+  tensor(T* data, dextents<I, R> e, array<int, R> strides) : mh_data(data) {
+    for (size_t r = 0; r < R; ++r) {
+      mh_ext[r] = e.mh_e[r];
+      mh_stride[r] = long(strides[r]);
+    }
+  }
 
   bool mh_inside(long i0, long i1) const {
     return i0 >= 0 && i1 >= 0 && i0 < long(mh_ext[0]) && i1 < long(mh_ext[1]);
@@ -97,32 +126,116 @@ struct tensor<T, dextents<I, 2>, Descriptor> {
   T* mh_at(long i0, long i1) const { return mh_data + i0 * mh_stride[0] + i1 * mh_stride[1]; }
 };
 
-template <class T, class I>
-tensor(T*, dextents<I, 2>) -> tensor<T, dextents<I, 2>, tensor_inline>;
-template <class T, class I>
-tensor(T*, dextents<I, 2>, array<int, 2>) -> tensor<T, dextents<I, 2>, tensor_inline>;
+template <class T, class I, size_t R>
+tensor(T*, dextents<I, R>) -> tensor<T, dextents<I, R>, tensor_inline>;
+template <class T, class I, size_t R>
+tensor(T*, dextents<I, R>, array<int, R>) -> tensor<T, dextents<I, R>, tensor_inline>;
 
 template <size_t N>
 struct execution_simdgroups {
-  static_assert(N != 0, "execution_simdgroups needs at least one simdgroup");
+  static_assert(N != 0, "execution_simdgroups<0> is not supported");
   static constexpr size_t static_size = N;
   static constexpr size_t size() { return N; }
 };
+template <size_t N>
+struct execution_threads {
+  static_assert(N == 1, "only execution_threads<1> (execution_thread) is supported");
+  static constexpr size_t static_size = N;
+  static constexpr size_t size() { return N; }
+};
+using execution_simdgroup = execution_simdgroups<1>;
+using execution_thread = execution_threads<1>;
 
 } // namespace metal
 
 namespace mh {
 
+// The checks MetalPerformancePrimitives makes at compile time, in our words.
+// Each message starts with the rule tag the strict pass reports.
 template <class T>
-constexpr bool tensor_op_type_v = std::is_same_v<std::remove_cv_t<T>, float> ||
-    std::is_same_v<std::remove_cv_t<T>, half> || std::is_same_v<std::remove_cv_t<T>, metal::bfloat>;
+struct TensorTraits : std::false_type {};
+template <class T, class I, size_t R, class D>
+struct TensorTraits<metal::tensor<T, metal::dextents<I, R>, D>> : std::true_type {
+  using element = bare_t<T>;
+  using index = I;
+  static constexpr size_t rank = R;
+  static constexpr int space = address_space_v<std::remove_cv_t<T>>;
+};
+template <class T>
+inline constexpr bool is_tensor_v = TensorTraits<bare_t<T>>::value;
+
+// A tensor operand of an MPP op: rank 2, int indices, a space run() reads.
+template <class View>
+constexpr void check_tensor_operand() {
+  using Tr = TensorTraits<bare_t<View>>;
+  static_assert(Tr::rank == 2, "[tensor-ops] matmul2d operands are rank-2 tensors");
+  static_assert(std::is_same_v<typename Tr::index, int>,
+                "[tensor-ops] tensor operations index tensors with int (dextents<int32_t, R>); 64-bit extents are not supported");
+  static_assert(Tr::space == kDevice || Tr::space == kThreadgroup || Tr::space == kThread,
+                "[tensor-ops] tensor operands live in device, threadgroup or thread memory (not constant)");
+}
+
+template <class T>
+inline constexpr bool emulated_type_v = std::is_same_v<T, float> || std::is_same_v<T, half> ||
+    std::is_same_v<T, metal::bfloat>;
+
+// matmul2d's supported (left, right, destination) element types, as listed
+// by MPPTensorOpsMatMul2d.h (MacOSX 26.1 SDK).
+template <class A, class B, class C>
+constexpr bool matmul_types_supported() {
+  using metal::bfloat;
+  using i8 = int8_t;
+  constexpr bool list[] = {
+      std::is_same_v<A, half> && std::is_same_v<B, half> && std::is_same_v<C, half>,
+      std::is_same_v<A, half> && std::is_same_v<B, i8> && std::is_same_v<C, half>,
+      std::is_same_v<A, i8> && std::is_same_v<B, half> && std::is_same_v<C, half>,
+      std::is_same_v<A, half> && std::is_same_v<B, half> && std::is_same_v<C, float>,
+      std::is_same_v<A, half> && std::is_same_v<B, float> && std::is_same_v<C, float>,
+      std::is_same_v<A, half> && std::is_same_v<B, i8> && std::is_same_v<C, float>,
+      std::is_same_v<A, float> && std::is_same_v<B, half> && std::is_same_v<C, float>,
+      std::is_same_v<A, float> && std::is_same_v<B, float> && std::is_same_v<C, float>,
+      std::is_same_v<A, float> && std::is_same_v<B, i8> && std::is_same_v<C, float>,
+      std::is_same_v<A, i8> && std::is_same_v<B, half> && std::is_same_v<C, float>,
+      std::is_same_v<A, i8> && std::is_same_v<B, float> && std::is_same_v<C, float>,
+      std::is_same_v<A, i8> && std::is_same_v<B, i8> && std::is_same_v<C, int32_t>,
+      std::is_same_v<A, bfloat> && std::is_same_v<B, bfloat> && std::is_same_v<C, bfloat>,
+      std::is_same_v<A, bfloat> && std::is_same_v<B, bfloat> && std::is_same_v<C, float>,
+      std::is_same_v<A, bfloat> && std::is_same_v<B, float> && std::is_same_v<C, float>,
+      std::is_same_v<A, bfloat> && std::is_same_v<B, i8> && std::is_same_v<C, bfloat>,
+      std::is_same_v<A, bfloat> && std::is_same_v<B, i8> && std::is_same_v<C, float>,
+      std::is_same_v<A, float> && std::is_same_v<B, bfloat> && std::is_same_v<C, float>,
+      std::is_same_v<A, i8> && std::is_same_v<B, bfloat> && std::is_same_v<C, bfloat>,
+      std::is_same_v<A, i8> && std::is_same_v<B, bfloat> && std::is_same_v<C, float>,
+      std::is_same_v<A, bfloat> && std::is_same_v<B, half> && std::is_same_v<C, bfloat>,
+      std::is_same_v<A, bfloat> && std::is_same_v<B, half> && std::is_same_v<C, half>,
+      std::is_same_v<A, bfloat> && std::is_same_v<B, half> && std::is_same_v<C, float>,
+      std::is_same_v<A, half> && std::is_same_v<B, bfloat> && std::is_same_v<C, bfloat>,
+      std::is_same_v<A, half> && std::is_same_v<B, bfloat> && std::is_same_v<C, half>,
+      std::is_same_v<A, half> && std::is_same_v<B, bfloat> && std::is_same_v<C, float>,
+  };
+  for (bool ok : list) {
+    if (ok) {
+      return true;
+    }
+  }
+  return false;
+}
+
+template <class Scope>
+struct is_execution_scope : std::false_type {};
+template <size_t N>
+struct is_execution_scope<metal::execution_simdgroups<N>> : std::true_type {};
+template <size_t N>
+struct is_execution_scope<metal::execution_threads<N>> : std::true_type {};
 
 // Layout tag of an m x n matmul2d destination spread over `Threads` threads.
 template <int M, int N, int Threads>
 struct MatmulDestination {};
 
 template <class Scope>
-struct ScopeThreads;
+struct ScopeThreads {
+  static_assert(sizeof(Scope) == 0, "the harness emulates execution_simdgroups<N> scopes only");
+};
 template <size_t N>
 struct ScopeThreads<metal::execution_simdgroups<N>> {
   static constexpr int value = 32 * int(N);
@@ -175,13 +288,37 @@ struct cooperative_tensor<T, dextents<int, 2>, mh::MatmulDestination<M, N, Threa
     return e < M * N;
   }
 
-  template <class U, class I, class D>
-  void store(const tensor<U, dextents<I, 2>, D>& dst) const {
+  // Apple's headers require the tensor's element type to be the
+  // cooperative tensor's (no conversion on load or store).
+  template <class View>
+  static constexpr void mh_check_view() {
+    static_assert(mh::is_tensor_v<View>, "[tensor-ops] a cooperative tensor loads from and stores to a tensor");
+    mh::check_tensor_operand<View>();
+    static_assert(std::is_same_v<typename mh::TensorTraits<mh::bare_t<View>>::element, T>,
+                  "[tensor-ops] Tensor datatype does not match cooperative tensor");
+  }
+
+  template <class View>
+  void store(const View& dst) const {
+    mh_check_view<View>();
     const int owner = mh::scope_thread(Threads, "cooperative_tensor::store");
     for (int i = 0; i < mh_capacity; ++i) {
       int m, n;
       if (mh_element(owner, i, m, n) && dst.mh_inside(n, m)) {
-        *dst.mh_at(n, m) = static_cast<std::remove_cv_t<U>>(mh_v[i]);
+        *dst.mh_at(n, m) = mh_v[i];
+      }
+    }
+  }
+
+  // Elements outside the source's extents are left as they are.
+  template <class View>
+  void load(const View& src) {
+    mh_check_view<View>();
+    const int owner = mh::scope_thread(Threads, "cooperative_tensor::load");
+    for (int i = 0; i < mh_capacity; ++i) {
+      int m, n;
+      if (mh_element(owner, i, m, n) && src.mh_inside(n, m)) {
+        mh_v[i] = *src.mh_at(n, m);
       }
     }
   }
@@ -227,6 +364,8 @@ struct matmul2d_descriptor {
 
 template <matmul2d_descriptor Descriptor, class Scope>
 class matmul2d {
+  static_assert(mh::is_execution_scope<mh::bare_t<Scope>>::value,
+                "[tensor-ops] the Scope template argument is an execution scope (execution_simdgroups<N>, execution_thread)");
   static_assert(Descriptor.m > 0 && Descriptor.n > 0, "matmul2d needs a positive m and n");
 
  public:
@@ -237,18 +376,37 @@ class matmul2d {
   using mh_destination = metal::cooperative_tensor<
       T, metal::dextents<int, 2>, mh::MatmulDestination<Descriptor.m, Descriptor.n, mh_threads>>;
 
+  // The operand types may come from decltype of locals, with references,
+  // cv and address spaces: those are stripped, as the headers do.
   template <class LeftOperand, class RightOperand, class ElementType>
   mh_destination<ElementType> get_destination_cooperative_tensor() const {
-    static_assert(mh::tensor_op_type_v<ElementType>, "emulated destination types: float, half, bfloat");
+    static_assert(mh::is_tensor_v<LeftOperand> || mh::IsCooperative<mh::bare_t<LeftOperand>>::value,
+                  "[tensor-ops] get_destination_cooperative_tensor takes the left operand's type (a tensor)");
+    static_assert(mh::is_tensor_v<RightOperand> || mh::IsCooperative<mh::bare_t<RightOperand>>::value,
+                  "[tensor-ops] get_destination_cooperative_tensor takes the right operand's type (a tensor)");
+    static_assert(mh::address_space_v<ElementType> == mh::kThread && std::is_same_v<std::remove_cv_t<ElementType>, ElementType>,
+                  "[tensor-ops] a cooperative tensor's element type is unqualified (thread space)");
+    static_assert(mh::emulated_type_v<ElementType>, "emulated destination types: float, half, bfloat");
     mh::scope_thread(mh_threads, "matmul2d::get_destination_cooperative_tensor");
     return mh_destination<ElementType>();
   }
 
-  template <class LT, class LI, class LD, class RT, class RI, class RD, class D>
-  void run(metal::tensor<LT, metal::dextents<LI, 2>, LD>& left,
-           metal::tensor<RT, metal::dextents<RI, 2>, RD>& right,
-           D& destination) const {
-    static_assert(mh::tensor_op_type_v<LT> && mh::tensor_op_type_v<RT>,
+  template <class Left, class Right, class D>
+  void run(Left& left, Right& right, D& destination) const {
+    static_assert(mh::is_tensor_v<Left> && mh::is_tensor_v<Right>,
+                  "the harness emulates tensor left and right operands only (no cooperative inputs)");
+    mh::check_tensor_operand<Left>();
+    mh::check_tensor_operand<Right>();
+    using LT = typename mh::TensorTraits<mh::bare_t<Left>>::element;
+    using RT = typename mh::TensorTraits<mh::bare_t<Right>>::element;
+    using DT = typename std::conditional_t<mh::IsCooperative<D>::value, mh::IsCooperative<D>,
+                                           mh::TensorTraits<mh::bare_t<D>>>::element;
+    if constexpr (!mh::IsCooperative<D>::value) {
+      mh::check_tensor_operand<D>();
+    }
+    static_assert(mh::matmul_types_supported<LT, RT, DT>(),
+                  "[tensor-ops] matmul2d does not support this combination of left, right and destination element types");
+    static_assert(mh::emulated_type_v<LT> && mh::emulated_type_v<RT> && mh::emulated_type_v<DT>,
                   "emulated operand types: float, half, bfloat");
     const int owner = mh::scope_thread(mh_threads, "matmul2d::run");
     constexpr bool dynamic_k = Descriptor.k == static_cast<int>(metal::dynamic_extent);
@@ -283,8 +441,7 @@ class matmul2d {
         if (!destination.mh_inside(n, m)) {
           continue;
         }
-        using E = std::remove_cv_t<typename D::element_type>;
-        static_assert(mh::tensor_op_type_v<E>, "emulated destination types: float, half, bfloat");
+        using E = DT;
         float acc = accumulate ? float(*destination.mh_at(n, m)) : 0.0f;
         for (int k = 0; k < kk; ++k) {
           acc += a(m, k) * b(k, n);

@@ -36,13 +36,13 @@ kernel void mm_coop(
   acc.store(tc);
 }
 
-// C (32 x 16, half) = A (32 x k, float) B (k x 16, half): K in chunks of 16
+// C (32 x 16, float) = A (32 x k, float) B (k x 16, half): K in chunks of 16
 // staged through threadgroup memory, accumulated in a cooperative tensor of
 // one simdgroup; the last chunk reads past B's extents (zeros).
 kernel void mm_kloop(
     device float* a [[buffer(0)]],
     device half* b [[buffer(1)]],
-    device half* c [[buffer(2)]],
+    device float* c [[buffer(2)]],
     constant MMParams& p [[buffer(3)]],
     uint t [[thread_index_in_threadgroup]]) {
   threadgroup float as[32 * 16];
@@ -67,7 +67,7 @@ kernel void mm_kloop(
     auto tb = tensor<device half, dextents<int32_t, 2>, tensor_inline>(b + k0 * 16, dextents<int32_t, 2>(16, p.k - k0));
     op.run(ta, tb, acc);
   }
-  auto tc = tensor<device half, dextents<int32_t, 2>, tensor_inline>(c, dextents<int32_t, 2>(16, 32));
+  auto tc = tensor<device float, dextents<int32_t, 2>, tensor_inline>(c, dextents<int32_t, 2>(16, 32));
   acc.store(tc);
 }
 

@@ -1,0 +1,464 @@
+"""The strict pass: what Apple's Metal compiler rejects, rejected before a
+source is built for the executor.
+
+Three checks, each failing with ``<file>.metal:<line>: [rule] message``:
+
+* a source scan of the preprocessed translation unit (project headers
+  expanded, MSL headers empty) for MSL's C++ subset, kernel parameters and
+  features above the file's language version;
+* a second front end, clang (>= 15, for ``_Float16``) with ``-fsyntax-only``,
+  the shim force-included and ``device`` / ``constant`` / ``threadgroup``
+  mapped to distinct ``address_space(N)`` qualifiers (``thread`` is the
+  default space): a pointer or reference passed or assigned into another
+  space does not compile (run twice, for class objects: see clang_check);
+* the shim's own compile-time checks (``mh/tensor.h``: the MetalPerformance-
+  Primitives constraints), which both front ends see.
+
+The language version of a file is the ``-std`` the CMake build gives it:
+files named ``tensorops_*`` compile at ``LATTICE_TENSOROPS_STD``, all others
+at ``LATTICE_METAL_STD`` (both read from CMakeLists.txt), and
+``__METAL_VERSION__`` is set to match.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import source as src
+
+HERE = Path(__file__).resolve().parent
+INCLUDE = HERE / "include"
+ROOT = HERE.parent.parent
+CMAKELISTS = ROOT / "CMakeLists.txt"
+
+TENSOROPS_PREFIX = "tensorops_"
+
+
+class StrictError(Exception):
+    """A source uses something Apple's Metal compiler rejects."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    file: str
+    line: int
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: [{self.rule}] {self.message}"
+
+
+# ------------------------------------------------------------ language versions
+
+
+def _std_number(value: str, name: str) -> int:
+    m = re.fullmatch(r"metal(\d+)\.(\d+)", value)
+    if not m:
+        raise StrictError(f"{CMAKELISTS.name}: {name} is '{value}', expected metalX.Y")
+    return int(m.group(1)) * 100 + int(m.group(2)) * 10
+
+
+def language_versions(cmake: Path = CMAKELISTS) -> dict[str, int]:
+    """{'metal': 310, 'tensorops': 400} from the two set() lines of the build."""
+    text = cmake.read_text()
+    out = {}
+    for key, name in (("metal", "LATTICE_METAL_STD"), ("tensorops", "LATTICE_TENSOROPS_STD")):
+        found = re.findall(rf"^\s*set\(\s*{name}\s+(\S+?)\s*\)", text, re.M)
+        if len(found) != 1:
+            raise StrictError(
+                f"{cmake}: expected exactly one 'set({name} metalX.Y)' line, found {len(found)}"
+            )
+        out[key] = _std_number(found[0], name)
+    return out
+
+
+def version_for(path: Path) -> int:
+    """__METAL_VERSION__ of a source: the -std its metallib is built with."""
+    versions = language_versions()
+    return versions["tensorops" if path.name.startswith(TENSOROPS_PREFIX) else "metal"]
+
+
+def version_text(v: int) -> str:
+    return f"Metal {v // 100}.{v % 100 // 10}"
+
+
+# ------------------------------------------------------------ locations
+
+
+class Locator:
+    """Maps offsets of a preprocessed text to (file, line) via line markers."""
+
+    _MARK = re.compile(r'^# (\d+) "([^"]*)"((?: \d)*)$', re.M)
+
+    def __init__(self, text: str):
+        self.text = text
+        self.marks = [(m.end(), int(m.group(1)), m.group(2)) for m in self._MARK.finditer(text)]
+        self.starts = [e for e, _, _ in self.marks]
+
+    def __call__(self, pos: int) -> tuple[str, int]:
+        i = bisect.bisect_right(self.starts, pos) - 1
+        if i < 0:
+            return "<input>", self.text.count("\n", 0, pos) + 1
+        end, line, file = self.marks[i]
+        # The marker names the line after its own newline.
+        return file, line + self.text.count("\n", end + 1, pos)
+
+
+def _short(file: str) -> str:
+    p = Path(file)
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return file
+
+
+# ------------------------------------------------------------ source scan
+
+# MSL's C++ subset: the specification's list of C++ features Metal does not
+# support, and its scalar types (no double, long double or long long). The
+# list holds for every version these files use, except that function
+# pointers (2.3) and some recursion (2.4) became legal: neither is checked.
+_SUBSET = [
+    ("double", r"\bdouble\b", "MSL has no double (nor long double): use float"),
+    ("long-long", r"\blong\s+long\b", "MSL has no long long: use long (64 bits in MSL)"),
+    ("goto", r"\bgoto\b", "MSL does not support goto"),
+    ("virtual", r"\bvirtual\b", "MSL does not support virtual functions"),
+    ("exceptions", r"\btry\s*\{|\bcatch\s*\(|\bthrow\b", "MSL does not support exceptions (try, catch, throw)"),
+    ("new-delete", r"\b(?:new|delete)\b", "MSL does not support new and delete"),
+    ("thread_local", r"\bthread_local\b", "MSL does not support thread_local storage"),
+    ("register", r"\bregister\b(?!_)", "MSL does not support the register storage class"),
+    ("dynamic_cast", r"\bdynamic_cast\b", "MSL does not support dynamic_cast"),
+    ("typeid", r"\btypeid\b", "MSL does not support type identification (typeid)"),
+    ("noexcept", r"\bnoexcept\s*\(", "MSL does not support the noexcept operator"),
+    ("lambda", r"(?:[=(,{;?:]|\breturn)\s*\[[^\[\]]*\]\s*(?:\(|\{|mutable\b)",
+     "MSL does not support lambda expressions"),
+    ("std", r"\bstd\s*::", "the C++ standard library is not available in MSL (std::)"),
+]
+_SUBSET_RE = [(rule, re.compile(rx), msg) for rule, rx, msg in _SUBSET]
+
+# Features newer than a language version: (rule, regex, version, message).
+_VERSIONED = [
+    ("version", r"\batomic_float\b", 300, "atomic_float needs Metal 3.0"),
+    ("version", r"\bbfloat(?:[234])?\b", 310, "bfloat needs Metal 3.1"),
+    ("version", r"\bmpp\s*::|\bcooperative_tensor\b|\bexecution_simdgroups?\b|\btensor_inline\b|\bdextents\b",
+     400, "tensors and tensor operations need Metal 4.0"),
+]
+_VERSIONED_RE = [(rule, re.compile(rx), v, msg) for rule, rx, v, msg in _VERSIONED]
+_VERSIONED_HEADERS = {
+    "metal_tensor": 400,
+    "MetalPerformancePrimitives.h": 400,
+}
+
+_ADDRESS_SPACES = ("device", "constant", "threadgroup", "thread", "threadgroup_imageblock", "ray_data", "object_data")
+
+
+def _code_only(text: str) -> str:
+    """Literals and line markers blanked, newlines kept."""
+    masked = src._mask_literals(text)
+    return re.sub(r"^#.*$", lambda m: " " * len(m.group(0)), masked, flags=re.M)
+
+
+def scan_rules(text: str, version: int) -> list[Violation]:
+    """MSL C++-subset, version and kernel-parameter rules on a preprocessed unit."""
+    at = Locator(text)
+    code = _code_only(text)
+    found: list[Violation] = []
+
+    def add(pos: int, rule: str, msg: str) -> None:
+        f, ln = at(pos)
+        if not f.startswith("/usr/"):  # the include itself is reported
+            found.append(Violation(_short(f), ln, rule, msg))
+
+    for rule, rx, msg in _SUBSET_RE:
+        for m in rx.finditer(code):
+            if m.group(0) == "delete" and code[: m.start()].rstrip().endswith("="):
+                continue  # `= delete`: a deleted function, not the operator
+            add(m.start(), rule, msg)
+
+    # Headers: the standard library, and MSL headers above the version.
+    include = str(INCLUDE)
+    current = "<built-in>"
+    for m in Locator._MARK.finditer(text):
+        prev = m.start()  # where the #include line was
+        file, flags = m.group(2), m.group(3).split()
+        from_source = not current.startswith("<") and not current.startswith("/usr/")
+        if "1" in flags and from_source:  # a source (not a system header) includes
+            name = Path(file).name
+            if file.startswith("/usr/") and not file.startswith(include):
+                add(prev, "std", f"the C++ standard library is not available in MSL (#include <{name}>)")
+            need = _VERSIONED_HEADERS.get(name)
+            if need and file.startswith(include) and version < need:
+                add(prev, "version", f"<{name}> needs {version_text(need)}; this file compiles as {version_text(version)}")
+        current = file
+
+    for rule, rx, need, msg in _VERSIONED_RE:
+        if version < need:
+            for m in rx.finditer(code):
+                add(m.start(), rule, f"{msg}; this file compiles as {version_text(version)}")
+
+    found += _kernel_parameter_rules(text, code, at)
+    return sorted(set(found), key=lambda v: (v.file, v.line, v.rule))
+
+
+def _kernel_parameter_rules(text: str, code: str, at: Locator) -> list[Violation]:
+    """A kernel's pointer and reference parameters name their address space."""
+    out = []
+    for m in src._KERNEL_RE.finditer(code):
+        pre = m.group("pre")
+        items = src._attr_items(pre)
+        if not (re.search(r"\bkernel\b", re.sub(src._ATTR_BLOCK, " ", pre)) or any(k == "kernel" for k, _ in items)):
+            continue
+        open_paren = m.end() - 1
+        close = src._match_forward(code, open_paren)
+        pos = open_paren + 1
+        for raw in src._split_top(code[open_paren + 1 : close]):
+            bare = re.sub(src._ATTR_BLOCK, " ", raw)
+            if ("*" in bare or "&" in bare) and not re.search(
+                r"\b(?:" + "|".join(_ADDRESS_SPACES) + r")\b", bare
+            ):
+                offset = pos + len(raw) - len(raw.lstrip())
+                f, ln = at(offset)
+                decl = " ".join(raw.split())
+                out.append(Violation(
+                    _short(f), ln, "address-space",
+                    f"kernel parameter '{decl}' is a pointer or reference without an address space "
+                    "(device, constant or threadgroup)",
+                ))
+            pos += len(raw) + 1
+    return out
+
+
+# ------------------------------------------------------------ clang front end
+
+# Element types that keep their address space in every clang pass: scalars,
+# atomics and template parameters (T, TI; the kernels here instantiate them
+# with scalars, so a vector there would fail this pass wrongly). Class types
+# (vectors, structs, tensors) keep it only in the second pass: clang's C++
+# mode has no member functions, copy constructors or operators for objects
+# in a named space, so copying a `device float4` or adding a `constant`
+# one fails there while Metal accepts it.
+_SCALARS = {
+    "bool", "char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half", "float",
+    "bfloat", "size_t", "int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_t",
+    "int64_t", "uint64_t", "unsigned", "signed", "void",
+}
+_ATOMICS = {"atomic_int", "atomic_uint", "atomic_float", "atomic_bool", "atomic_long", "atomic_ulong"}
+_SPACE_WORD = re.compile(r"\b(device|constant|threadgroup)\b(?!_)")
+_TEMPLATE_PARAM = re.compile(r"^[A-Z][A-Z0-9_]{0,3}$")
+
+
+def _element_kind(code: str, end: int) -> str:
+    """'scalar', 'atomic' or 'class' for the type after an address-space word."""
+    m = re.match(r"\s*(?:(?:const|volatile)\s+)*((?:metal\s*::\s*)?[A-Za-z_]\w*)", code[end : end + 200])
+    if not m:
+        return "scalar"
+    name = m.group(1).split("::")[-1].strip()
+    if name in _SCALARS or _TEMPLATE_PARAM.match(name):
+        return "scalar"
+    return "atomic" if name in _ATOMICS else "class"
+
+
+def clang_unit(text: str, class_spaces: bool = False) -> str:
+    """The scanned text rewritten for the address-space front end; with
+    `class_spaces`, objects of class type keep their space too (except
+    threadgroup variables, which clang cannot construct in one)."""
+    code = _code_only(text)
+    edits: list[tuple[int, int, str]] = []
+    for m in re.finditer(r"\[\[\s*threadgroup\s*\(", code):
+        edits.append((m.start(), m.end(), "[[mh_threadgroup("))
+    # Shared-memory variables: static storage in the threadgroup space.
+    tg_decl = {s for s, _, _ in src._threadgroup_edits(text, src._mask_literals(text))}
+    for s in tg_decl:
+        edits.append((s, s, "static "))
+    attr_spans = [(m.start(), m.end()) for m in re.finditer(src._ATTR_BLOCK, code)]
+    for m in _SPACE_WORD.finditer(code):
+        if any(a <= m.start() < b for a, b in attr_spans):
+            continue
+        kind = _element_kind(code, m.end())
+        if m.start() in tg_decl:
+            drop = kind != "scalar"
+        else:
+            drop = kind == "class" and not class_spaces
+        if drop:
+            edits.append((m.start(), m.end(), f"mh_class_{m.group(1)}"))
+    for m in src._INSTANCE_RE.finditer(code):  # clang takes no attributes there
+        edits.append((m.start("attrs"), m.end("attrs"), " "))
+    for m in src._HALF_LITERAL_RE.finditer(code):
+        edits.append((m.start(), m.end(), f"((half)({m.group(1)}))"))
+    for m in re.finditer(r'^# (\d+) "([^"]*)"((?: \d)+)$', text, re.M):
+        edits.append((m.start(3), m.end(3), ""))
+    out = text
+    for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        out = out[:start] + repl + out[end:]
+    return out
+
+
+_CLANG_CANDIDATES = ("clang++-19", "clang++-18", "clang++-17", "clang++-16", "clang++-15", "clang++")
+
+
+_found_clang: dict[str | None, tuple[str, str]] = {}
+
+
+def _clang() -> tuple[str, str]:
+    """(path, version line) of a clang++ >= 15, or StrictError saying how to
+    install one."""
+    env = os.environ.get("MLX_LATTICE_HARNESS_CLANG")
+    if env in _found_clang:
+        return _found_clang[env]
+    for name in ([env] if env else _CLANG_CANDIDATES):
+        exe = shutil.which(name)
+        if not exe:
+            continue
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+        m = re.search(r"clang version (\d+)", out)
+        if m and int(m.group(1)) >= 15:
+            _found_clang[env] = (exe, out.splitlines()[0])
+            return _found_clang[env]
+    raise StrictError(
+        "the strict Metal pass needs clang++ >= 15 (address spaces as types, _Float16 on x86): "
+        "install it (Debian bookworm: apt-get install -y clang-16) or set MLX_LATTICE_HARNESS_CLANG"
+    )
+
+
+def find_clang() -> str:
+    return _clang()[0]
+
+
+CLANG_FLAGS = [
+    "-x", "c++", "-std=c++20", "-fsyntax-only", "-ferror-limit=0", "-fno-color-diagnostics",
+    "-w",  # MSL attributes are unknown to clang; only errors matter
+    f"-I{INCLUDE}", "-include", "mh/strict.h", "-DMLX_LATTICE_HARNESS=1", "-D__METAL__=1",
+]
+
+_DIAG = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:\d+:)? (?P<kind>error|note|warning): (?P<msg>.*)$", re.M)
+
+
+_SPACE_NAMES = {"1": "device", "2": "constant", "3": "threadgroup"}
+
+
+def _space_names(msg: str) -> str:
+    msg = re.sub(r"__attribute__\(\(address_space\((\d)\)\)\)", lambda m: _SPACE_NAMES.get(m.group(1), m.group(0)), msg)
+    return re.sub(r"address space '(\d)'", lambda m: f"address space '{_SPACE_NAMES.get(m.group(1), m.group(1))}'", msg)
+
+
+def _mentions_space(msg: str) -> bool:
+    msg = _space_names(msg)
+    return "address space" in msg or bool(re.search(r"'(?:const )?(?:device|constant|threadgroup) ", msg))
+
+
+def _rule_of(msg: str) -> tuple[str, str]:
+    msg = _space_names(msg)
+    tag = re.match(r"(?:static assertion failed(?: due to requirement '[^']*')?: )?\[([\w-]+)\] (.*)", msg)
+    if tag:
+        return tag.group(1), tag.group(2)
+    if "address space" in msg or re.search(r"\b(device|constant|threadgroup)\b", msg):
+        return "address-space", msg
+    return "compile", msg
+
+
+# What the second pass (class objects in their spaces) reports: a pointer
+# or reference moved between spaces. Everything else there is clang's C++
+# mode refusing class-object copies, operators and methods that MSL allows.
+_SPACE_MISMATCH = re.compile(
+    r"candidate function.* not viable: cannot (?:pass pointer|bind reference)"
+    r"|no known conversion from '[^']*[*\]]' to '[^']*\*'"
+    r"|cannot initialize a (?:variable|parameter|member subobject) of type '[^']*[*&]' with an? [lr]value of type '[^']*[*\]]'"
+    r"|assigning to '[^']*\*' from .*'[^']*\*'"
+    r"|changes address space"
+)
+
+
+def _space_mismatch(group: list[tuple[str, int, str, str]]) -> bool:
+    for file, _, _, msg in group:
+        msg = _space_names(msg)
+        if "generic address space" in msg and file.startswith(str(INCLUDE)):
+            continue  # a shim operator or method on a class object
+        if _SPACE_MISMATCH.search(msg) and _mentions_space(msg):
+            return True
+    return False
+
+
+def diagnose(stderr: str, mismatch_only: bool = False) -> list[Violation]:
+    """clang errors as violations at the innermost .metal line that led to
+    them (clang prints an error, then its instantiation notes); with
+    `mismatch_only`, only pointers and references moved between spaces."""
+    groups: list[list[tuple[str, int, str, str]]] = []
+    for m in _DIAG.finditer(stderr):
+        d = (m.group("file"), int(m.group("line")), m.group("kind"), m.group("msg"))
+        if d[2] == "error" or not groups:
+            groups.append([d])
+        else:
+            groups[-1].append(d)
+    out = []
+    for g in groups:
+        if g[0][2] != "error" or (mismatch_only and not _space_mismatch(g)):
+            continue
+        sources = [(f, ln) for f, ln, _, _ in g if not f.startswith(str(INCLUDE)) and not f.startswith("/usr/")]
+        where = sources[0] if sources else (g[0][0], g[0][1])
+        rule, text = _rule_of(g[0][3])
+        if mismatch_only or (rule == "compile" and any(_mentions_space(msg) for _, _, _, msg in g[1:])):
+            note = _space_names(next(msg for _, _, _, msg in g[1:] if _mentions_space(msg)))
+            rule, text = "address-space", f"{text} ({note})"
+        v = Violation(_short(where[0]), where[1], rule, text)
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def clang_check(text: str, version: int, cache: Path) -> list[Violation]:
+    """Address spaces (and the shim's static checks) through clang, in two
+    passes: class objects without their spaces (every error counts), then
+    with them (only pointers and references moved between spaces count)."""
+    exe, exe_version = _clang()
+    units = [clang_unit(text), clang_unit(text, class_spaces=True)]
+    key = hashlib.sha256(
+        ("".join(units) + str(version) + exe_version + " ".join(CLANG_FLAGS) + _shim_digest()).encode()
+    ).hexdigest()[:20]
+    stamp = cache / f"strict-{key}.ok"
+    if stamp.exists():
+        return []
+    for second, unit in enumerate(units):
+        res = subprocess.run(
+            [exe, *CLANG_FLAGS, f"-D__METAL_VERSION__={version}", "-"],
+            input=unit, capture_output=True, text=True,
+        )
+        if res.returncode == 0:
+            continue
+        found = diagnose(res.stderr, mismatch_only=bool(second))
+        if not found and not second:
+            found = [Violation("<clang>", 0, "compile", res.stderr[-2000:])]
+        if found:
+            return found
+    stamp.touch()
+    return []
+
+
+def _shim_digest() -> str:
+    h = hashlib.sha256()
+    for p in sorted(INCLUDE.rglob("*")):
+        if p.is_file():
+            h.update(p.read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()
+
+
+def check(path: Path, text: str, version: int, cache: Path) -> None:
+    """Every strict rule on one scanned source; StrictError lists what fails."""
+    found = scan_rules(text, version)
+    if not found:
+        found = clang_check(text, version, cache)
+    if found:
+        lines = "\n".join(f"  {v}" for v in found[:20])
+        more = f"\n  ... and {len(found) - 20} more" if len(found) > 20 else ""
+        raise StrictError(
+            f"{path.name} is not valid {version_text(version)} for Apple's compiler "
+            f"(strict harness rules):\n{lines}{more}"
+        )
