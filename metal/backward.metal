@@ -1,23 +1,15 @@
 // Backward routes: the grouped dense-channel input gradient and the classic
 // weight-gradient kernels. Programs (buffer bindings, dispatch shapes):
-// src/metal/program.cpp.
+// src/metal/backward.cpp.
 //
 // The input gradient is GatherConv over the input-major view with W
 // transposed per offset, so its kernels read x = the output cotangent,
 // w = (K, C_out, C_in) and the input-major neighbour map (N_in, K).
 #include <metal_stdlib>
 
-#include "conv_params.h"
+#include "params.h"
 
 using namespace metal;
-
-// The same layout as WeightGradParams in src/metal/program.h.
-struct WeightGradParams {
-  int k;
-  int a;
-  int b;
-  int pointwise_rows; // rows of a pointwise product; -1 with a relation
-};
 
 constexpr constant int kGroupRows = 4; // rows per thread, grouped kernel
 
@@ -259,14 +251,6 @@ template <typename T, int C>
   }
 }
 
-// The same layout as WeightGradPartsParams in src/metal/program.h.
-struct WeightGradPartsParams {
-  int k;
-  int a;
-  int b;
-  int parts; // partitions per offset
-};
-
 // Second step of the TensorOps weight gradient (tensorops_backward.metal):
 // dw[k, i] = sum over p = 0 .. parts - 1, in order, of the float partials.
 template <typename T>
@@ -291,24 +275,24 @@ template <typename T>
 template [[host_name("wgrad_reduce_float32")]] [[kernel]] decltype(wgrad_reduce<float>) wgrad_reduce<float>;
 template [[host_name("wgrad_reduce_float16")]] [[kernel]] decltype(wgrad_reduce<half>) wgrad_reduce<half>;
 
-template [[host_name("dense_channel_grouped_float32_16x16")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 16>) dense_channel_grouped<float, 16, 16>;
-template [[host_name("dense_channel_grouped_float32_16x32")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 32>) dense_channel_grouped<float, 16, 32>;
-template [[host_name("dense_channel_grouped_float32_16x64")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 64>) dense_channel_grouped<float, 16, 64>;
-template [[host_name("dense_channel_grouped_float32_32x16")]] [[kernel]] decltype(dense_channel_grouped<float, 32, 16>) dense_channel_grouped<float, 32, 16>;
-template [[host_name("dense_channel_grouped_float32_32x32")]] [[kernel]] decltype(dense_channel_grouped<float, 32, 32>) dense_channel_grouped<float, 32, 32>;
-template [[host_name("dense_channel_grouped_float32_32x64")]] [[kernel]] decltype(dense_channel_grouped<float, 32, 64>) dense_channel_grouped<float, 32, 64>;
-template [[host_name("dense_channel_grouped_float32_64x16")]] [[kernel]] decltype(dense_channel_grouped<float, 64, 16>) dense_channel_grouped<float, 64, 16>;
-template [[host_name("dense_channel_grouped_float32_64x32")]] [[kernel]] decltype(dense_channel_grouped<float, 64, 32>) dense_channel_grouped<float, 64, 32>;
-template [[host_name("dense_channel_grouped_float32_64x64")]] [[kernel]] decltype(dense_channel_grouped<float, 64, 64>) dense_channel_grouped<float, 64, 64>;
-template [[host_name("dense_channel_grouped_float16_16x16")]] [[kernel]] decltype(dense_channel_grouped<half, 16, 16>) dense_channel_grouped<half, 16, 16>;
-template [[host_name("dense_channel_grouped_float16_16x32")]] [[kernel]] decltype(dense_channel_grouped<half, 16, 32>) dense_channel_grouped<half, 16, 32>;
-template [[host_name("dense_channel_grouped_float16_16x64")]] [[kernel]] decltype(dense_channel_grouped<half, 16, 64>) dense_channel_grouped<half, 16, 64>;
-template [[host_name("dense_channel_grouped_float16_32x16")]] [[kernel]] decltype(dense_channel_grouped<half, 32, 16>) dense_channel_grouped<half, 32, 16>;
-template [[host_name("dense_channel_grouped_float16_32x32")]] [[kernel]] decltype(dense_channel_grouped<half, 32, 32>) dense_channel_grouped<half, 32, 32>;
-template [[host_name("dense_channel_grouped_float16_32x64")]] [[kernel]] decltype(dense_channel_grouped<half, 32, 64>) dense_channel_grouped<half, 32, 64>;
-template [[host_name("dense_channel_grouped_float16_64x16")]] [[kernel]] decltype(dense_channel_grouped<half, 64, 16>) dense_channel_grouped<half, 64, 16>;
-template [[host_name("dense_channel_grouped_float16_64x32")]] [[kernel]] decltype(dense_channel_grouped<half, 64, 32>) dense_channel_grouped<half, 64, 32>;
-template [[host_name("dense_channel_grouped_float16_64x64")]] [[kernel]] decltype(dense_channel_grouped<half, 64, 64>) dense_channel_grouped<half, 64, 64>;
+template [[host_name("dgrad_dense_grouped_float32_16x16")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 16>) dense_channel_grouped<float, 16, 16>;
+template [[host_name("dgrad_dense_grouped_float32_16x32")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 32>) dense_channel_grouped<float, 16, 32>;
+template [[host_name("dgrad_dense_grouped_float32_16x64")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 64>) dense_channel_grouped<float, 16, 64>;
+template [[host_name("dgrad_dense_grouped_float32_32x16")]] [[kernel]] decltype(dense_channel_grouped<float, 32, 16>) dense_channel_grouped<float, 32, 16>;
+template [[host_name("dgrad_dense_grouped_float32_32x32")]] [[kernel]] decltype(dense_channel_grouped<float, 32, 32>) dense_channel_grouped<float, 32, 32>;
+template [[host_name("dgrad_dense_grouped_float32_32x64")]] [[kernel]] decltype(dense_channel_grouped<float, 32, 64>) dense_channel_grouped<float, 32, 64>;
+template [[host_name("dgrad_dense_grouped_float32_64x16")]] [[kernel]] decltype(dense_channel_grouped<float, 64, 16>) dense_channel_grouped<float, 64, 16>;
+template [[host_name("dgrad_dense_grouped_float32_64x32")]] [[kernel]] decltype(dense_channel_grouped<float, 64, 32>) dense_channel_grouped<float, 64, 32>;
+template [[host_name("dgrad_dense_grouped_float32_64x64")]] [[kernel]] decltype(dense_channel_grouped<float, 64, 64>) dense_channel_grouped<float, 64, 64>;
+template [[host_name("dgrad_dense_grouped_float16_16x16")]] [[kernel]] decltype(dense_channel_grouped<half, 16, 16>) dense_channel_grouped<half, 16, 16>;
+template [[host_name("dgrad_dense_grouped_float16_16x32")]] [[kernel]] decltype(dense_channel_grouped<half, 16, 32>) dense_channel_grouped<half, 16, 32>;
+template [[host_name("dgrad_dense_grouped_float16_16x64")]] [[kernel]] decltype(dense_channel_grouped<half, 16, 64>) dense_channel_grouped<half, 16, 64>;
+template [[host_name("dgrad_dense_grouped_float16_32x16")]] [[kernel]] decltype(dense_channel_grouped<half, 32, 16>) dense_channel_grouped<half, 32, 16>;
+template [[host_name("dgrad_dense_grouped_float16_32x32")]] [[kernel]] decltype(dense_channel_grouped<half, 32, 32>) dense_channel_grouped<half, 32, 32>;
+template [[host_name("dgrad_dense_grouped_float16_32x64")]] [[kernel]] decltype(dense_channel_grouped<half, 32, 64>) dense_channel_grouped<half, 32, 64>;
+template [[host_name("dgrad_dense_grouped_float16_64x16")]] [[kernel]] decltype(dense_channel_grouped<half, 64, 16>) dense_channel_grouped<half, 64, 16>;
+template [[host_name("dgrad_dense_grouped_float16_64x32")]] [[kernel]] decltype(dense_channel_grouped<half, 64, 32>) dense_channel_grouped<half, 64, 32>;
+template [[host_name("dgrad_dense_grouped_float16_64x64")]] [[kernel]] decltype(dense_channel_grouped<half, 64, 64>) dense_channel_grouped<half, 64, 64>;
 
 template [[host_name("wgrad_cout16_float32")]] [[kernel]] decltype(wgrad_cout16<float>) wgrad_cout16<float>;
 template [[host_name("wgrad_cout16_float16")]] [[kernel]] decltype(wgrad_cout16<half>) wgrad_cout16<half>;

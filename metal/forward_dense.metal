@@ -1,9 +1,9 @@
 // Dense-channel routes: channel counts known at compile time, the offset's
 // weights staged in threadgroup memory. Also the pointwise (1x1x1) GEMM.
-// Programs: src/metal/program.cpp.
+// Programs: src/metal/forward_dense.cpp.
 #include <metal_stdlib>
 
-#include "conv_params.h"
+#include "params.h"
 
 using namespace metal;
 
@@ -104,5 +104,5 @@ template [[host_name("dense_channel_float16_64x16")]] [[kernel]] decltype(dense_
 template [[host_name("dense_channel_float16_64x32")]] [[kernel]] decltype(dense_channel<half, 64, 32>) dense_channel<half, 64, 32>;
 template [[host_name("dense_channel_float16_64x64")]] [[kernel]] decltype(dense_channel<half, 64, 64>) dense_channel<half, 64, 64>;
 
-template [[host_name("pointwise_gemm_float32")]] [[kernel]] decltype(pointwise_gemm<float>) pointwise_gemm<float>;
-template [[host_name("pointwise_gemm_float16")]] [[kernel]] decltype(pointwise_gemm<half>) pointwise_gemm<half>;
+template [[host_name("pointwise_float32")]] [[kernel]] decltype(pointwise_gemm<float>) pointwise_gemm<float>;
+template [[host_name("pointwise_float16")]] [[kernel]] decltype(pointwise_gemm<half>) pointwise_gemm<half>;

@@ -1,14 +1,14 @@
 // Forward routes over the CSR edges of a relation (any view): vec4, fp16
-// gather, cout16, and the fp32 atomic route. Programs: src/metal/program.cpp.
+// gather, cout16, and the fp32 atomic route. Programs: src/metal/forward_vector.cpp.
 #include <metal_stdlib>
 
-#include "conv_params.h"
+#include "params.h"
 
 using namespace metal;
 
 // Row r's edge range; a pointwise product has the single edge (r, r, 0).
 inline int2 edge_range(constant ConvParams& p, device const int* offsets, int r) {
-  return p.identity ? int2(r, r + 1) : int2(offsets[r], offsets[r + 1]);
+  return p.pointwise ? int2(r, r + 1) : int2(offsets[r], offsets[r + 1]);
 }
 
 // vec4: one thread per (row, 4 output channels), float4 arithmetic.
@@ -31,8 +31,8 @@ template <typename T>
   const int2 er = edge_range(p, offsets, r);
   float4 acc = float4(0.0f);
   for (int e = er.x; e < er.y; ++e) {
-    const long g = p.identity ? r : gather[e];
-    const long k = p.identity ? 0 : kidx[e];
+    const long g = p.pointwise ? r : gather[e];
+    const long k = p.pointwise ? 0 : kidx[e];
     device const T* xr = x + g * p.a;
     device const T* wk = w + k * long(p.a) * p.b + 4 * c4;
     for (int a = 0; a < p.a; ++a) {
@@ -77,8 +77,8 @@ template <typename T>
   for (int c0 = 0; c0 < p.b; c0 += 32 * kGatherChannels) {
     float acc[kGatherChannels] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int e = er.x; e < er.y; ++e) {
-      const long g = p.identity ? r : gather[e];
-      const long k = p.identity ? 0 : kidx[e];
+      const long g = p.pointwise ? r : gather[e];
+      const long k = p.pointwise ? 0 : kidx[e];
       for (int a0 = 0; a0 < p.a; a0 += kGatherMaxA) {
         const int na = min(kGatherMaxA, p.a - a0);
         simdgroup_barrier(mem_flags::mem_threadgroup);
@@ -126,8 +126,8 @@ template <typename T>
   const int2 er = edge_range(p, offsets, r);
   float4 acc[4] = {float4(0.0f), float4(0.0f), float4(0.0f), float4(0.0f)};
   for (int e = er.x; e < er.y; ++e) {
-    const long g = p.identity ? r : gather[e];
-    const long k = p.identity ? 0 : kidx[e];
+    const long g = p.pointwise ? r : gather[e];
+    const long k = p.pointwise ? 0 : kidx[e];
     device const T* xr = x + g * p.a;
     device const T* wk = w + k * long(p.a) * 16;
     for (int a = 0; a < p.a; ++a) {
@@ -187,8 +187,8 @@ template <typename T>
 #define LATTICE_INSTANTIATE(name, fn, T) \
   template [[host_name(name)]] [[kernel]] decltype(fn<T>) fn<T>;
 
-LATTICE_INSTANTIATE("vec4_conv_float32", vec4_conv, float)
-LATTICE_INSTANTIATE("fp16_gather_conv_float16", fp16_gather_conv, half)
-LATTICE_INSTANTIATE("cout16_conv_float32", cout16_conv, float)
-LATTICE_INSTANTIATE("cout16_conv_float16", cout16_conv, half)
-LATTICE_INSTANTIATE("atomic_conv_float32", atomic_conv, float)
+LATTICE_INSTANTIATE("vec4_float32", vec4_conv, float)
+LATTICE_INSTANTIATE("fp16_gather_float16", fp16_gather_conv, half)
+LATTICE_INSTANTIATE("cout16_float32", cout16_conv, float)
+LATTICE_INSTANTIATE("cout16_float16", cout16_conv, half)
+LATTICE_INSTANTIATE("fp32_atomic_float32", atomic_conv, float)

@@ -1,22 +1,10 @@
-// Parameters of the quantized convolution kernels; the same layout as
-// QuantParams in src/metal/program.h. Codes, scales and biases are
-// (C_out, K, .) as QuantizedWeight.kernel_major() gives them: codes hold
+// Readers of quantized weights for the kernels (QuantParams: params.h).
+// Codes, scales and biases are (C_out, K, .) as QuantizedWeight.kernel_major() gives them: codes hold
 // 32 / bits values per uint32 word along C_in, lowest bits first, and
 // w[c, k, a] = scales[c, k, a / group] * q + biases[c, k, a / group].
 #pragma once
 
-struct QuantParams {
-  int rows;     // output rows of this product
-  int a;        // input channels
-  int b;        // output channels
-  int identity; // 1: pointwise (row r reads row r at offset 0)
-  int k;        // kernel volume
-  int n_in;     // rows of x
-  int n_tiles;  // tiles of the sorted plan
-  int edges;    // edge count
-  int bits;     // 4 or 8
-  int group;    // input channels per scale/bias
-};
+#include "params.h"
 
 // Code of input channel a in one (c, k) row of packed words.
 template <int BITS>

@@ -1,6 +1,6 @@
 // Quantized convolution (int4/int8 affine codes, MLX packing): the direct
 // packed route over any CSR view, and the sorted quantized implicit GEMM
-// over the sorted plan. Programs: src/metal/program.cpp.
+// over the sorted plan. Programs: src/metal/quantized.cpp.
 #include <metal_stdlib>
 
 #include "quant_params.h"
@@ -28,14 +28,14 @@ template <typename T, int BITS>
   if (r >= p.rows || c >= p.b) {
     return;
   }
-  const int e0 = p.identity ? r : offsets[r];
-  const int e1 = p.identity ? r + 1 : offsets[r + 1];
+  const int e0 = p.pointwise ? r : offsets[r];
+  const int e1 = p.pointwise ? r + 1 : offsets[r + 1];
   const int groups = p.a / p.group;
   const int words = p.a * BITS / 32;
   float acc = 0.0f;
   for (int e = e0; e < e1; ++e) {
-    const long g = p.identity ? r : gather[e];
-    const long row = long(c) * p.k + (p.identity ? 0 : kidx[e]);
+    const long g = p.pointwise ? r : gather[e];
+    const long row = long(c) * p.k + (p.pointwise ? 0 : kidx[e]);
     device const T* xr = x + g * p.a;
     device const uint* wr = codes + row * words;
     for (int gi = 0; gi < groups; ++gi) {
@@ -131,10 +131,10 @@ template <int CI, int CO, int BITS>
   }
 }
 
-template [[host_name("quantized_conv_float32_int4")]] [[kernel]] decltype(quantized_conv<float, 4>) quantized_conv<float, 4>;
-template [[host_name("quantized_conv_float32_int8")]] [[kernel]] decltype(quantized_conv<float, 8>) quantized_conv<float, 8>;
-template [[host_name("quantized_conv_float16_int4")]] [[kernel]] decltype(quantized_conv<half, 4>) quantized_conv<half, 4>;
-template [[host_name("quantized_conv_float16_int8")]] [[kernel]] decltype(quantized_conv<half, 8>) quantized_conv<half, 8>;
+template [[host_name("quantized_fetch_on_demand_float32_int4")]] [[kernel]] decltype(quantized_conv<float, 4>) quantized_conv<float, 4>;
+template [[host_name("quantized_fetch_on_demand_float32_int8")]] [[kernel]] decltype(quantized_conv<float, 8>) quantized_conv<float, 8>;
+template [[host_name("quantized_fetch_on_demand_float16_int4")]] [[kernel]] decltype(quantized_conv<half, 4>) quantized_conv<half, 4>;
+template [[host_name("quantized_fetch_on_demand_float16_int8")]] [[kernel]] decltype(quantized_conv<half, 8>) quantized_conv<half, 8>;
 template [[host_name("sorted_quantized_float16_32x32_int4")]] [[kernel]] decltype(sorted_quantized<32, 32, 4>) sorted_quantized<32, 32, 4>;
 template [[host_name("sorted_quantized_float16_32x32_int8")]] [[kernel]] decltype(sorted_quantized<32, 32, 8>) sorted_quantized<32, 32, 8>;
 template [[host_name("sorted_quantized_float16_32x64_int4")]] [[kernel]] decltype(sorted_quantized<32, 64, 4>) sorted_quantized<32, 64, 4>;

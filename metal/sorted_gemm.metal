@@ -3,10 +3,10 @@
 // each offset present in the tile's mask, the gathered input rows and W[k]
 // are staged (as float) 32 input channels at a time and multiplied into
 // accumulators that stay in registers until the tile is written back in
-// public row order. Programs: src/metal/program.cpp.
+// public row order. Programs: src/metal/sorted_gemm.cpp.
 #include <metal_stdlib>
 
-#include "conv_params.h"
+#include "params.h"
 
 using namespace metal;
 

@@ -7,11 +7,11 @@
 //    kernel-major edges into a float partial, and wgrad_reduce
 //    (backward.metal, in mlx_lattice.metallib) adds the P partials of each
 //    offset in order.
-// Programs: src/metal/program.cpp. Compiled only as Metal 4.0, into
+// Programs: src/metal/tensorops_backward.cpp. Compiled only as Metal 4.0, into
 // mlx_lattice_tensorops.metallib (see tensorops_sorted.metal).
 #include <metal_stdlib>
 
-#include "conv_params.h"
+#include "params.h"
 
 #if __METAL_VERSION__ >= 400
 #include <metal_tensor>
@@ -80,14 +80,6 @@ template <int C>
     }
   }
 }
-
-// The same layout as WeightGradPartsParams in src/metal/program.h.
-struct WeightGradPartsParams {
-  int k;
-  int a;
-  int b;
-  int parts; // partitions per offset
-};
 
 constexpr constant int kWgradChunk = 32; // edges per staged chunk
 

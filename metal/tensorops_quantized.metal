@@ -4,7 +4,7 @@
 // a temporary fp16 tile in threadgroup memory and one MetalPerformance-
 // Primitives matmul2d over four simdgroups accumulates into a cooperative
 // tensor; the tile is written once, in public row order.
-// Programs: src/metal/program.cpp. Compiled only as Metal 4.0, into
+// Programs: src/metal/tensorops_quantized.cpp. Compiled only as Metal 4.0, into
 // mlx_lattice_tensorops.metallib (see tensorops_sorted.metal).
 #include <metal_stdlib>
 

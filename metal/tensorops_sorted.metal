@@ -4,14 +4,14 @@
 // the four simdgroups of a threadgroup. Row-stationary: one threadgroup owns
 // 64 sorted output rows; their 64 x C float accumulator stays in a
 // cooperative tensor (registers) across every offset of the tile's mask and
-// is written once, in public row order. Programs: src/metal/program.cpp.
+// is written once, in public row order. Programs: src/metal/tensorops_sorted.cpp.
 //
 // Compiled only as Metal 4.0 (inline tensor ops need it): CMake builds this
 // file into its own mlx_lattice_tensorops.metallib with -std=metal4.0 when
 // the SDK supports it, and for older language versions the file is empty.
 #include <metal_stdlib>
 
-#include "conv_params.h"
+#include "params.h"
 
 #if __METAL_VERSION__ >= 400
 #include <metal_tensor>

@@ -50,8 +50,24 @@ __all__ = [
 ]
 
 # Model-level surface: layers, pooling, point <-> voxel conversion, algebra, networks.
-from . import algebra, convert, models, neighbors, nn, pooling  # noqa: E402
-from .algebra import add, cat, from_dense, prune, sparse_collate, to_dense  # noqa: E402
+from . import algebra, convert, coordsets, decoder, models, neighbors, nn, pooling  # noqa: E402
+from .algebra import (  # noqa: E402
+    add,
+    cat,
+    crop,
+    from_dense,
+    maximum,
+    minimum,
+    mul,
+    prune,
+    sparse_collate,
+    sub,
+    to_dense,
+    top_k,
+)
+from .coordsets import contains, intersection, lookup, union  # noqa: E402
+from .decoder import downsample, expand, prune_by_logits, upsample  # noqa: E402
+from .pooling import pool_transpose3d  # noqa: E402
 from .points import devoxelize, sparse_quantize, voxelize  # noqa: E402
 
 __all__ += [
@@ -65,7 +81,24 @@ __all__ += [
     "from_dense",
     "cat",
     "add",
+    "sub",
+    "mul",
+    "maximum",
+    "minimum",
     "prune",
+    "crop",
+    "top_k",
+    "coordsets",
+    "decoder",
+    "lookup",
+    "contains",
+    "union",
+    "intersection",
+    "expand",
+    "downsample",
+    "prune_by_logits",
+    "upsample",
+    "pool_transpose3d",
     "sparse_collate",
     "sparse_quantize",
     "voxelize",

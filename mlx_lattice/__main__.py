@@ -65,7 +65,7 @@ def main(argv=None) -> int:
             print(json.dumps(routes.list_routes(), indent=2))
         else:
             for r in routes.list_routes():
-                print(f"{r['name']:<28} {r['backend']:<6} {r['priority']:>4}  {r['predicate']}")
+                print(f"{r['name']:<34} {r['backend']:<6} {r['priority']:>4}  {r['predicate']}")
         return 0
     if args.command == "convert":
         import mlx.core as mx

@@ -3,9 +3,11 @@
 - :func:`to_dense` / :func:`from_dense`: to and from dense ``(B, X, Y, Z, C)``
   grids (channels last, the layout of ``mlx.nn.Conv3d``).
 - :func:`cat`: feature concatenation of tensors on identical coordinates.
-- :func:`add`: element-wise sum on the same support, or on the union or the
-  intersection of two supports.
-- :func:`prune`: keep a subset of rows.
+- :func:`add`, :func:`sub`, :func:`mul`, :func:`maximum`, :func:`minimum`:
+  element-wise ops on the same support, or on the union or the intersection
+  of two supports.
+- :func:`prune`, :func:`crop`, :func:`top_k`: keep a subset of rows (by a
+  mask, a box, or the largest scores per batch item).
 - :func:`sparse_collate`: several scenes as the batch items of one tensor.
 
 Coordinates are bookkeeping (NumPy and the coordinate hash table); features
@@ -21,7 +23,21 @@ from ._args import as_coords, as_feats, triple
 from .manager import CoordinateManager
 from .tensor import SparseTensor
 
-__all__ = ["to_dense", "from_dense", "cat", "add", "prune", "sparse_collate"]
+__all__ = [
+    "to_dense",
+    "from_dense",
+    "cat",
+    "add",
+    "sub",
+    "mul",
+    "maximum",
+    "minimum",
+    "prune",
+    "crop",
+    "top_k",
+    "top_k_mask",
+    "sparse_collate",
+]
 
 
 def _check(op, *xs):
@@ -169,6 +185,56 @@ def cat(tensors) -> SparseTensor:
     return SparseTensor._from_set(first.coordinate_set, mx.concatenate(parts, axis=1), first.manager)
 
 
+# Element-wise binary ops: the default support, and the value a voxel absent
+# from one operand takes (None: the other operand's value passes through).
+_BINARY = {
+    "add": ("union", 0.0, mx.add),
+    "sub": ("union", 0.0, mx.subtract),
+    "mul": ("intersection", 0.0, mx.multiply),
+    "maximum": ("union", None, mx.maximum),
+    "minimum": ("union", None, mx.minimum),
+}
+
+
+def _binary(op, a, b, mode):
+    _check(op, a, b)
+    default, absent, fn = _BINARY[op]
+    mode = default if mode is None else mode
+    if mode not in ("union", "intersection"):
+        raise ValueError(f"{op}: mode must be 'union' or 'intersection', got {mode!r}")
+    _same_layout(op, a, b)
+    if a.feats.shape[1] != b.feats.shape[1]:
+        raise ValueError(f"{op}: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
+    if a.feats.dtype != b.feats.dtype:
+        raise TypeError(f"{op}: feature dtypes differ")
+    if a.coordinate_set is b.coordinate_set:
+        return a.replace(fn(a.feats, b.feats))
+    b_rows_of_a = _lookup(b, a.coords)  # where each of a's voxels sits in b
+    on_b = b_rows_of_a >= 0
+    if mode == "intersection":
+        if on_b.all():
+            return a.replace(fn(a.feats, _gather_rows(b.feats, b_rows_of_a)))
+        sel = np.flatnonzero(on_b)
+        feats = fn(a.feats[mx.array(sel.astype(np.int32))], b.feats[mx.array(b_rows_of_a[sel].astype(np.int32))])
+        return _new_tensor(a.manager, _coords_np(a)[sel], feats, a.stride)
+    a_rows_of_b = _lookup(a, b.coords)
+    extra = np.flatnonzero(a_rows_of_b < 0)
+    zeros = lambda n: mx.zeros((n, a.feats.shape[1]), dtype=a.dtype)  # noqa: E731
+    if absent is None:
+        # Only where b holds the voxel does the op apply; elsewhere a passes through.
+        mask = mx.array(on_b)[:, None]
+        on_a = mx.where(mask, fn(a.feats, _gather_rows(b.feats, b_rows_of_a)), a.feats)
+        b_only = b.feats[mx.array(extra.astype(np.int32))]
+    else:
+        on_a = fn(a.feats, _gather_rows(b.feats, b_rows_of_a))
+        b_only = fn(zeros(len(extra)), b.feats[mx.array(extra.astype(np.int32))])
+    if len(extra) == 0:
+        return a.replace(on_a)
+    feats = mx.concatenate([on_a, b_only], axis=0)
+    coords = np.concatenate([_coords_np(a), _coords_np(b)[extra]], axis=0)
+    return _new_tensor(a.manager, coords, feats, a.stride)
+
+
 def add(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
     """Element-wise ``a + b``, missing voxels counting as zero.
 
@@ -182,34 +248,36 @@ def add(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
       order (``a``'s coordinate set when all of them are).
 
     The output belongs to ``a``'s manager. Both tensors need the same stride,
-    channel count and dtype.
+    channel count and dtype. :func:`sub`, :func:`mul`, :func:`maximum` and
+    :func:`minimum` share these rules.
     """
-    _check("add", a, b)
-    if mode not in ("union", "intersection"):
-        raise ValueError(f"mode must be 'union' or 'intersection', got {mode!r}")
-    _same_layout("add", a, b)
-    if a.feats.shape[1] != b.feats.shape[1]:
-        raise ValueError(f"add: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
-    if a.feats.dtype != b.feats.dtype:
-        raise TypeError("add: feature dtypes differ")
-    if a.coordinate_set is b.coordinate_set:
-        return a.replace(a.feats + b.feats)
-    b_rows_of_a = _lookup(b, a.coords)  # where each of a's voxels sits in b
-    if mode == "intersection":
-        keep = b_rows_of_a >= 0
-        if keep.all():
-            return a.replace(a.feats + _gather_rows(b.feats, b_rows_of_a))
-        sel = np.flatnonzero(keep)
-        feats = a.feats[mx.array(sel.astype(np.int32))] + b.feats[mx.array(b_rows_of_a[sel].astype(np.int32))]
-        return _new_tensor(a.manager, _coords_np(a)[sel], feats, a.stride)
-    on_a = a.feats + _gather_rows(b.feats, b_rows_of_a)
-    a_rows_of_b = _lookup(a, b.coords)
-    extra = np.flatnonzero(a_rows_of_b < 0)
-    if len(extra) == 0:
-        return a.replace(on_a)
-    feats = mx.concatenate([on_a, b.feats[mx.array(extra.astype(np.int32))]], axis=0)
-    coords = np.concatenate([_coords_np(a), _coords_np(b)[extra]], axis=0)
-    return _new_tensor(a.manager, coords, feats, a.stride)
+    return _binary("add", a, b, mode)
+
+
+def sub(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
+    """Element-wise ``a - b``, missing voxels counting as zero (so a voxel
+    only in ``b`` gives ``-b``). Supports and row order as :func:`add`."""
+    return _binary("sub", a, b, mode)
+
+
+def mul(a: SparseTensor, b: SparseTensor, mode="intersection") -> SparseTensor:
+    """Element-wise ``a * b``. By default on the intersection of the supports;
+    with ``mode='union'`` the voxels in only one tensor are kept with value
+    zero (a missing voxel counts as zero). Row order as :func:`add`."""
+    return _binary("mul", a, b, mode)
+
+
+def maximum(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
+    """Element-wise maximum. A missing voxel is no value, not a zero (as in
+    max pooling): with ``mode='union'`` a voxel held by one tensor only keeps
+    that tensor's features. Supports and row order as :func:`add`; gradients
+    follow ``mx.maximum``."""
+    return _binary("maximum", a, b, mode)
+
+
+def minimum(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
+    """Element-wise minimum; missing voxels as in :func:`maximum`."""
+    return _binary("minimum", a, b, mode)
 
 
 def prune(x: SparseTensor, keep) -> SparseTensor:
@@ -227,6 +295,82 @@ def prune(x: SparseTensor, keep) -> SparseTensor:
     sel = np.flatnonzero(k)
     feats = x.feats[mx.array(sel.astype(np.int32))]
     return _new_tensor(x.manager, _coords_np(x)[sel], feats, x.stride)
+
+
+def _box(v, name, n_b):
+    a = np.asarray(v)
+    if not np.issubdtype(a.dtype, np.integer) or a.shape not in ((3,), (n_b, 3)):
+        raise ValueError(f"crop: {name} must be 3 ints or a ({n_b}, 3) integer array (one box per batch item), got {a.tolist()!r}")
+    return np.broadcast_to(a.astype(np.int64), (n_b, 3))
+
+
+def crop(x: SparseTensor, start, stop) -> SparseTensor:
+    """The voxels with ``start <= (x, y, z) < stop``, in row order.
+
+    The box is in ``x``'s grid units: ``start`` and ``stop`` are 3 ints (one
+    box for every batch item) or ``(B, 3)`` integer arrays with
+    ``B = x.num_batches`` (a box per batch item). Returns ``x`` itself when
+    nothing is cut; gradients flow to the kept rows.
+    """
+    _check("crop", x)
+    n_b = x.num_batches
+    lo, hi = _box(start, "start", n_b), _box(stop, "stop", n_b)
+    c = _coords_np(x)
+    b = c[:, 0]
+    keep = ((c[:, 1:] >= lo[b]) & (c[:, 1:] < hi[b])).all(axis=1)
+    return prune(x, keep)
+
+
+def _scores(x: SparseTensor, scores, op) -> np.ndarray:
+    if scores is None:
+        if x.feats.shape[1] != 1:
+            raise ValueError(f"{op}: without scores, x must have one channel, got {x.feats.shape[1]}")
+        scores = x.feats
+    if isinstance(scores, SparseTensor):
+        if scores.coordinate_set is not x.coordinate_set:
+            raise ValueError(f"{op}: scores must be a SparseTensor on x's coordinate set")
+        scores = scores.feats
+    if isinstance(scores, mx.array):
+        scores = np.array(mx.stop_gradient(scores).astype(mx.float32))
+    s = np.asarray(scores)
+    if s.ndim == 2 and s.shape[1] == 1:
+        s = s[:, 0]
+    if s.shape != (len(x),) or not (np.issubdtype(s.dtype, np.floating) or np.issubdtype(s.dtype, np.integer)):
+        raise ValueError(f"{op}: scores must be ({len(x)},) or ({len(x)}, 1) numbers, got shape {s.shape}")
+    return s.astype(np.float64)
+
+
+def top_k_mask(x: SparseTensor, k: int, scores=None) -> np.ndarray:
+    """(N,) booleans marking, per batch item, the ``k`` rows with the
+    highest scores (all rows of an item with fewer than ``k``). Ties go to
+    the lower row index; NaN scores rank last."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"top_k: k must be a non-negative int, got {k!r}")
+    s = _scores(x, scores, "top_k")
+    n = len(x)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    b = _coords_np(x)[:, 0]
+    neg = np.where(np.isnan(s), np.inf, -s)
+    order = np.lexsort((np.arange(n), neg, b))  # by batch, score descending, row
+    first = np.searchsorted(b[order], b[order], side="left")
+    rank = np.arange(n) - first
+    keep = np.zeros(n, dtype=bool)
+    keep[order[rank < k]] = True
+    return keep
+
+
+def top_k(x: SparseTensor, k: int, scores=None) -> SparseTensor:
+    """Per batch item, the ``k`` rows with the highest ``scores``, in row order.
+
+    ``scores``: ``(N,)`` or ``(N, 1)`` numbers, or a one-channel SparseTensor
+    on ``x``'s coordinate set; by default ``x``'s own features (one channel).
+    Batch items with fewer than ``k`` rows keep them all. Ties go to the
+    lower row index; NaN scores rank last. The selection is not
+    differentiated; gradients flow to the kept rows' features.
+    """
+    _check("top_k", x)
+    return prune(x, top_k_mask(x, k, scores))
 
 
 # ---------------------------------------------------------------- batching

@@ -216,14 +216,14 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit, com
     mx.eval(x, w, wt, ct)
     cpu = mx.default_stream(mx.cpu)
     passes = {
-        "forward": lambda: mx.eval(_ext.gather_conv(x, w, native, 0, route, cpu)),
-        "dgrad": lambda: mx.eval(_ext.gather_conv(ct, wt, native, 1, route, cpu)),
-        "wgrad": lambda: mx.eval(_ext.weight_grad(x, ct, native, 0, rel.kernel_volume, "cpu.weight_gradient", cpu)),
+        "forward": lambda: mx.eval(_ext.gather_conv(x, w, native, _ext.View.output_major, route, cpu)),
+        "dgrad": lambda: mx.eval(_ext.gather_conv(ct, wt, native, _ext.View.input_major, route, cpu)),
+        "wgrad": lambda: mx.eval(_ext.weight_grad(x, ct, native, _ext.View.output_major, rel.kernel_volume, "cpu.wgrad_gemm", cpu)),
     }
     native.input_major(), native.kernel_major()  # views built once, as in training
     spconv_result = None
     if compare_spconv and dtype_name == "float32" and layer.kind in ("subm", "down"):
-        y_ours = np.array(_ext.gather_conv(x, w, native, 0, route, cpu))
+        y_ours = np.array(_ext.gather_conv(x, w, native, _ext.View.output_major, route, cpu))
         out_coords = np.array(rel_out_coords(m, cset, layer, geom))
         spconv_result = spconv_compare(
             np.asarray(coords), layer, np.array(x), np.array(w5), y_ours, out_coords, repeats
@@ -241,7 +241,7 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit, com
             workload=wl, layer=layer.name, **{"pass": pname}, c_in=layer.c_in, c_out=layer.c_out,
             dtype=dtype_name, n=n_out, edges=edges, ms=t * 1e3, gflops=flops / t / 1e9,
             sgemm_fraction=flops / t / 1e9 / sgemm,
-            route={"forward": route, "dgrad": route, "wgrad": "cpu.weight_gradient"}[pname],
+            route={"forward": route, "dgrad": route, "wgrad": "cpu.wgrad_gemm"}[pname],
             threads=num_threads(), sgemm_gflops=sgemm,
         )
         if baseline:
@@ -386,8 +386,8 @@ def run_gpu(args) -> int:
                 r_d = pick("dgrad", view.flipped(), layer.c_out, layer.c_in)
                 r_w = pick("wgrad", view, layer.c_in, layer.c_out)
                 fns = {
-                    "forward": (r_f, lambda: cuda.PRODUCTS[r_f](x, w, view)),
-                    "dgrad": (r_d, lambda: cuda.PRODUCTS[r_d](ct, wt, view.flipped())),
+                    "forward": (r_f, lambda: cuda.find(r_f, "conv").run(x, w, view)),
+                    "dgrad": (r_d, lambda: cuda.find(r_d, "conv").run(ct, wt, view.flipped())),
                     "wgrad": (r_w, lambda: cuda.weight_grad(r_w, x, ct, view, rel.kernel_volume)),
                 }
                 # same-run references: dense matmul at M = edges, and gather -> matmul -> scatter

@@ -62,12 +62,12 @@ def cpu_isa() -> str:
 
 
 def typical_route(backend: str) -> dict:
-    """Route selection for TYPICAL_LAYER on ``backend`` as the ops would do it."""
+    """Route selection for TYPICAL_LAYER on ``backend`` as the ops would do it
+    (without recording it in the route log)."""
     fallback = diagnostics.backend_fallback(backend)
     effective = "cpu" if fallback else backend
-    tensor_ops = effective == "metal" and diagnostics.tensor_ops_available()[0]
-    ctx = routes.RouteContext(backend=effective, tier=diagnostics.capability_tier(effective),
-                              tensor_ops=tensor_ops, **TYPICAL_LAYER)
+    fields = dict(TYPICAL_LAYER)
+    ctx = routes.context(fields.pop("op"), effective, **fields)
     sel = routes.select(ctx)
     return {"layer": "subm_conv3d 3x3x3, 64->64 channels, float32, 100k voxels",
             "backend": sel.route.backend, "route": sel.route.name,

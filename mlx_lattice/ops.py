@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import _ext, diagnostics, routes
+from . import _ext, routes
 from ._args import as_coords, dtype_name, triple
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
@@ -72,41 +72,38 @@ def _target_set(x: SparseTensor, coordinates, stride):
 
 
 def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False):
-    """Select a route, run it, record diagnostics and wrap the output."""
+    """Select (and record) a route, run it and wrap the output."""
     backend = routes.current_backend()
     # A GPU this install has no kernels for runs the call on the CPU, on record.
     unusable = diagnostics.backend_fallback(backend)
     if unusable:
         backend = "cpu"
-    identity = relation_fn is None
-    relation: Relation | None = None if identity else relation_fn()
+    pointwise = relation_fn is None
+    relation: Relation | None = None if pointwise else relation_fn()
     stats = (
-        {"n_in": len(x), "n_out": len(x), "edges": len(x)} if identity else relation.stats()
+        {"n_in": len(x), "n_out": len(x), "edges": len(x)} if pointwise else relation.stats()
     )
-    ctx = routes.RouteContext(
-        op=op,
+    quantized = isinstance(weight, QuantizedWeight)
+    ctx = routes.context(
+        op,
+        backend,
         map_kind=kind,
         dtype=dtype_name(x.feats.dtype),
-        backend=backend,
         kernel_size=geom.kernel_size,
         stride=geom.stride,
         padding=geom.padding,
         dilation=geom.dilation,
         explicit_target=explicit_target,
         c_in=int(weight.shape[4]),
-        quantized=isinstance(weight, QuantizedWeight),
-        weight_layout="packed" if isinstance(weight, QuantizedWeight) else "dense5d",
-        group_size=weight.group_size if isinstance(weight, QuantizedWeight) else 0,
+        quantized=quantized,
+        weight_layout="packed" if quantized else "dense5d",
+        group_size=weight.group_size if quantized else 0,
         c_out=int(weight.shape[0]),
         n_in=stats["n_in"],
         n_out=stats["n_out"],
         edges=stats["edges"],
-        tier=diagnostics.capability_tier(backend),
-        # the GPU's TensorOps tier, and this build's Metal 4 kernels for it
-        tensor_ops=backend == "metal" and diagnostics.metal_capabilities()["tensor_ops"]
-        and _ext.metal_tensor_ops_kernels(),
     )
-    sel = routes.select(ctx)
+    sel = routes.choose(ctx, fallback=unusable)
     route = sel.route
     native = None
     if route.uses_relation:
@@ -120,24 +117,16 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
 
         view = None if native is None else cuda.view_of(relation)
         y = cuda.conv(route.name, x.feats, mapped_weight(weight), view)
-    elif isinstance(weight, QuantizedWeight):
+    elif quantized:
         codes, scales, biases = weight.kernel_major()
         y = _ext.quantized_conv(
-            x.feats, codes, scales, biases, weight.bits, weight.group_size, native, 0, route.name, stream
+            x.feats, codes, scales, biases, weight.bits, weight.group_size, native,
+            _ext.View.output_major, route.name, stream,
         )
     else:
-        y = _ext.gather_conv(x.feats, mapped_weight(weight), native, 0, route.name, stream)
+        y = _ext.gather_conv(x.feats, mapped_weight(weight), native, _ext.View.output_major, route.name, stream)
     if bias is not None:
         y = y + bias
-    entry = ctx.as_dict()
-    entry.update(
-        route=route.name,
-        backend=route.backend,
-        rejected=sel.rejected,
-        fallback=unusable or sel.fallback,
-        deterministic=route.deterministic,
-    )
-    diagnostics.emit(entry)
     return SparseTensor._from_set(out_set, y, x.manager)
 
 

@@ -18,6 +18,10 @@ Max ties: the winner is the input at the smallest flat kernel offset
 ``k = (dx * Ky + dy) * Kz + dz``, per channel; it alone receives the
 gradient. Global max pooling gives ties to the lowest row index.
 
+:func:`pool_transpose3d` (unpooling) is the adjoint of ``sum_pool3d``: each
+coarse voxel's features go back to the fine voxels of its receptive field,
+on the support :func:`mlx_lattice.ops.conv_transpose3d` would use.
+
 Global pooling reduces each batch item to one row: ``(B, C)`` dense arrays
 with ``B = x.num_batches``; batch items without voxels give zeros.
 
@@ -42,6 +46,7 @@ __all__ = [
     "global_max_pool",
     "global_avg_pool",
     "global_sum_pool",
+    "pool_transpose3d",
 ]
 
 
@@ -122,6 +127,34 @@ def max_pool3d(x: SparseTensor, kernel_size, stride=None, padding=0, dilation=1)
         x.feats[in_idx], rel.out_idx, rel.n_out, nonempty=np.ones(rel.n_out, dtype=bool)
     )
     return SparseTensor._from_set(out_set, y_edges, x.manager)
+
+
+def pool_transpose3d(
+    x: SparseTensor, kernel_size=2, stride=None, padding=0, dilation=1, *, coordinates=None
+) -> SparseTensor:
+    """Unpooling: ``y[s*p - padding + dilation*d] += x[p]`` for every kernel offset d.
+
+    The transpose of :func:`sum_pool3d` with the same geometry (``stride``
+    defaults to ``kernel_size``). With ``kernel_size == stride`` (the default
+    shape) every fine voxel has one coarse parent and receives a copy of its
+    features: nearest-neighbour unpooling. Output support as
+    :func:`mlx_lattice.ops.conv_transpose3d`: ``coordinates`` when given
+    (fine voxels no coarse voxel reaches get zeros), else the finer set a
+    pooling or strided convolution with this geometry came from (so
+    ``pool_transpose3d(max_pool3d(x, 2), 2)`` lands on ``x``'s rows), else
+    ``s * p`` for every input ``p``. Output tensor stride ``x.stride / s``.
+    """
+    _check("pool_transpose3d", x)
+    geom = _geometry(kernel_size, stride, padding, dilation)
+    dst = None
+    if coordinates is not None:
+        from .ops import _target_set
+
+        out_stride = tuple(a // b if a % b == 0 else 1 for a, b in zip(x.stride, geom.stride))
+        dst = _target_set(x, coordinates, out_stride)
+    rel, dst = x.manager.transposed_kernel_relation(x.coordinate_set, geom, dst)
+    y = segment_sum(x.feats[rel.in_idx], rel.out_idx, rel.n_out)
+    return SparseTensor._from_set(dst, y.astype(x.dtype), x.manager)
 
 
 # ---------------------------------------------------------------- global

@@ -1,6 +1,13 @@
 """The route registry: every convolution route with its backend, predicate
-and priority. Dispatch asks :func:`select`; selection is a pure function of a
-:class:`RouteContext`, so any machine can ask which route another would take.
+and priority. Dispatch builds a :class:`RouteContext` with :func:`context` and
+asks :func:`choose`, which selects and records the route; selection itself
+(:func:`select`) is a pure function of the context, so any machine can ask
+which route another would take.
+
+Each route name is a key of its backend's table: ``src/cpu/routes.cpp``,
+``src/metal/<family>.cpp`` (beside ``metal/<family>.metal``) and
+``mlx_lattice/cuda/routes.py``; a test keeps the tables and this registry
+naming the same routes.
 
 ``python -m mlx_lattice routes --markdown`` prints docs/routes.md.
 """
@@ -73,6 +80,15 @@ class Route:
     summary: str = ""
 
     @property
+    def table_file(self) -> str:
+        """Where the route's table entry is: the host code that launches it."""
+        if self.backend == "metal":
+            return "src/metal/" + self.kernel_file.split("/")[-1].replace(".metal", ".cpp")
+        if self.backend == "cpu":
+            return "src/cpu/routes.cpp"
+        return "mlx_lattice/cuda/routes.py"
+
+    @property
     def predicate(self) -> str:
         return " and ".join(c.text for c in self.conditions) or "any valid relation"
 
@@ -122,6 +138,7 @@ def list_routes() -> list[dict]:
             "predicate": r.predicate,
             "deterministic": r.deterministic,
             "kernel_file": r.kernel_file,
+            "table_file": r.table_file,
             "summary": r.summary,
         }
         for r in sorted(_REGISTRY.values(), key=lambda r: (BACKENDS.index(r.backend), -r.priority))
@@ -157,6 +174,36 @@ def select(ctx: RouteContext) -> Selection:
             note = f"no {ctx.backend} route accepts this call; running on the CPU"
             return Selection(chosen, rejected, fallback=note)
     raise ValueError(f"no route accepts {ctx}")
+
+
+def context(op: str, backend: str, **fields) -> RouteContext:
+    """The RouteContext of a call on `backend`: the one place that derives the
+    capability tier and whether TensorOps kernels can run (the GPU's tier and
+    this build's Metal 4 library)."""
+    tensor_ops = (
+        backend == "metal"
+        and diagnostics.metal_capabilities()["tensor_ops"]
+        and _ext.metal_tensor_ops_kernels()
+    )
+    return RouteContext(
+        op=op, backend=backend, tier=diagnostics.capability_tier(backend),
+        tensor_ops=bool(tensor_ops), **fields,
+    )
+
+
+def choose(ctx: RouteContext, fallback: str | None = None) -> Selection:
+    """Select ctx's route and record the choice (with the rejected routes and
+    any fallback) in the diagnostics log. ``fallback``: why the call already
+    left its device (diagnostics.backend_fallback: a GPU without this build's
+    kernels)."""
+    sel = select(ctx)
+    entry = ctx.as_dict()
+    entry.update(
+        route=sel.route.name, backend=sel.route.backend, rejected=sel.rejected,
+        fallback=fallback or sel.fallback, deterministic=sel.route.deterministic,
+    )
+    diagnostics.emit(entry)
+    return sel
 
 
 # ------------------------------------------------------------------ helpers
@@ -204,19 +251,19 @@ register(Route(
     summary="x.feats @ W[0] in the blocked GEMM kernel; keeps the input coordinates; no relation built",
 ))
 register(Route(
-    name="cpu.relation_traversal", backend="cpu", priority=0, conditions=(DENSE,),
+    name="cpu.gather_gemm", backend="cpu", priority=0, conditions=(DENSE,),
     passes=("forward", "dgrad"), kernel_file="src/cpu/gather_conv.cpp",
     summary="blocked gather-GEMM: per block of output rows, edges grouped by offset, "
     "SIMD register tiles, float32 accumulation",
 ))
 register(Route(
-    name="cpu.weight_gradient", backend="cpu", priority=0, conditions=(DENSE,),
+    name="cpu.wgrad_gemm", backend="cpu", priority=0, conditions=(DENSE,),
     passes=("wgrad",), kernel_file="src/cpu/weight_grad.cpp",
     summary="per-offset GEMM over packed panels of gathered rows; fixed chunks reduced in order",
 ))
 
 register(Route(
-    name="cpu.quantized_direct", backend="cpu", priority=0,
+    name="cpu.quantized_gather_gemm", backend="cpu", priority=0,
     conditions=(_cond("quantized weight (QuantizedWeight)", lambda c: c.quantized),),
     kernel_file="src/cpu/gather_conv.cpp",
     summary="int4/int8 codes unpacked (scale * q + bias) into the blocked gather-GEMM's "
@@ -231,7 +278,7 @@ register(Route(
     summary="16x16 tiled GEMM x @ W[0] through threadgroup memory",
 ))
 register(Route(
-    name="metal.sorted_implicit_gemm", backend="metal", priority=90,
+    name="metal.sorted_gemm", backend="metal", priority=90,
     conditions=(DENSE, SORTED_KIND, FP16, K27, SQUARE_32_64),
     kernel_file="metal/sorted_gemm.metal",
     summary="direct sorted route: rows in neighbour-mask order, 64-row tiles, offsets skipped "
@@ -279,15 +326,15 @@ register(Route(
     summary="one thread per (edge, channel), float atomics into a zeroed output",
 ))
 register(Route(
-    name="metal.relation_traversal", backend="metal", priority=0,
+    name="metal.fetch_on_demand", backend="metal", priority=0,
     conditions=(DENSE, METAL_DTYPES), passes=("forward", "dgrad"),
-    kernel_file="metal/gather_conv.metal",
+    kernel_file="metal/fetch_on_demand.metal",
     summary="one thread per (row, output channel) over the CSR edges",
 ))
 register(Route(
-    name="metal.weight_gradient", backend="metal", priority=0,
+    name="metal.wgrad_direct", backend="metal", priority=0,
     conditions=(DENSE, METAL_DTYPES), passes=("wgrad",),
-    kernel_file="metal/gather_conv.metal",
+    kernel_file="metal/fetch_on_demand.metal",
     summary="one thread per weight element over the kernel-major edges",
 ))
 
@@ -392,7 +439,7 @@ register(Route(
     "simdgroups into a float cooperative tensor, rows written back through reorder_rows",
 ))
 register(Route(
-    name="metal.quantized_sorted", backend="metal", priority=90,
+    name="metal.sorted_quantized", backend="metal", priority=90,
     conditions=(QUANTIZED, SORTED_KIND, FP16, K27, CHANNELS_32_64, GROUP_LE_CIN, TIER_KNOWN),
     kernel_file="metal/quantized.metal",
     summary="sorted quantized implicit GEMM: the tiles and masks of the direct sorted route, "
@@ -400,7 +447,7 @@ register(Route(
     "matrices, rows written back through reorder_rows",
 ))
 register(Route(
-    name="metal.quantized_direct", backend="metal", priority=0,
+    name="metal.quantized_fetch_on_demand", backend="metal", priority=0,
     conditions=(QUANTIZED, METAL_DTYPES),
     kernel_file="metal/quantized.metal",
     summary="direct packed convolution, float32/float16 features x int4/int8 codes: one "
@@ -420,63 +467,47 @@ K_LE_64 = _cond("K <= 64", lambda c: c.k <= 64)
 register(Route(
     name="cuda.pointwise", backend="cuda", priority=100,
     conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, HALF),
-    passes=("forward", "dgrad"), uses_relation=False, kernel_file="mlx_lattice/cuda.py",
+    passes=("forward", "dgrad"), uses_relation=False, kernel_file="mlx_lattice/cuda/routes.py",
     summary="x @ W[0] with mx.matmul (cuBLAS); half precision only, since float32 matmul "
     "may run in TF32",
 ))
 register(Route(
     name="cuda.sorted_mma", backend="cuda", priority=80,
     conditions=(DENSE, HALF, MMA_CHANNELS, K_LE_64), passes=("forward", "dgrad"),
-    kernel_file="mlx_lattice/cuda.py",
+    kernel_file="mlx_lattice/cuda/kernels.py",
     summary="output-stationary implicit GEMM on tensor cores (WMMA 16x16x16, fp32 accumulation) "
     "over the sorted plan; offsets absent from a 64-row tile's mask are skipped",
 ))
 register(Route(
     name="cuda.fetch_on_demand", backend="cuda", priority=0, conditions=(DENSE,),
-    passes=("forward", "dgrad"), kernel_file="mlx_lattice/cuda.py",
+    passes=("forward", "dgrad"), kernel_file="mlx_lattice/cuda/kernels.py",
     summary="one thread per (row, output channel) over the CSR edges",
 ))
 register(Route(
     name="cuda.wgrad_mma", backend="cuda", priority=80,
-    conditions=(DENSE, HALF, MMA_CHANNELS), passes=("wgrad",), kernel_file="mlx_lattice/cuda.py",
+    conditions=(DENSE, HALF, MMA_CHANNELS), passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
     summary="per-offset X^T G on tensor cores over 256-edge chunks, partial sums reduced in order",
 ))
 register(Route(
     name="cuda.wgrad_direct", backend="cuda", priority=0, conditions=(DENSE,),
-    passes=("wgrad",), kernel_file="mlx_lattice/cuda.py",
+    passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
     summary="one thread per weight element over the kernel-major edges",
 ))
 
 
 def _autodiff_route(q: dict) -> str:
     """Route of a product created by autodiff (called from the primitives)."""
-    backend = current_backend() if q["gpu"] else "cpu"
     pointwise = q["kind"] == "pointwise"
-    ctx = RouteContext(
-        op=f"{q['direction']} of {q['from_route']}",
+    ctx = context(
+        f"{q['direction']} of {q['from_route']}",
+        current_backend() if q["gpu"] else "cpu",
         map_kind="forward" if pointwise else q["kind"],
         dtype=q["dtype"],
-        backend=backend,
         kernel_size=(1, 1, 1) if pointwise else None,
-        k=q["k"],
-        c_in=q["c_in"],
-        c_out=q["c_out"],
-        n_in=q["n_in"],
-        n_out=q["n_out"],
-        edges=q["edges"],
-        direction=q["direction"],
-        tier=diagnostics.capability_tier(backend),
-        tensor_ops=backend == "metal" and diagnostics.metal_capabilities()["tensor_ops"]
-        and _ext.metal_tensor_ops_kernels(),
+        k=q["k"], c_in=q["c_in"], c_out=q["c_out"], n_in=q["n_in"], n_out=q["n_out"],
+        edges=q["edges"], direction=q["direction"],
     )
-    sel = select(ctx)
-    entry = ctx.as_dict()
-    entry.update(
-        route=sel.route.name, backend=sel.route.backend, rejected=sel.rejected,
-        fallback=sel.fallback, deterministic=sel.route.deterministic,
-    )
-    diagnostics.emit(entry)
-    return sel.route.name
+    return choose(ctx).route.name
 
 
 _ext.set_route_hook(_autodiff_route)
@@ -504,13 +535,14 @@ def markdown() -> str:
         "",
         "Within a backend the highest-priority route whose predicate holds is taken.",
         "",
-        "| route | backend | passes | priority | predicate | deterministic | kernels | what it does |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| route | backend | passes | priority | predicate | deterministic | table entry | kernels | what it does |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in list_routes():
         lines.append(
             f"| `{r['name']}` | {r['backend']} | {', '.join(r['passes'])} | {r['priority']} | {r['predicate']} | "
-            f"{'yes' if r['deterministic'] else 'no (atomics)'} | `{r['kernel_file']}` | {r['summary']} |"
+            f"{'yes' if r['deterministic'] else 'no (atomics)'} | `{r['table_file']}` | `{r['kernel_file']}` | "
+            f"{r['summary']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -6,7 +6,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "metal/program.h"
+#include "cpu/routes.h"
+#include "metal/route.h"
 #include "neighbors.h"
 #include "primitives.h"
 #include "relation.h"
@@ -41,6 +42,16 @@ KernelSpec make_spec(
   return s;
 }
 
+Op op_named(const std::string& primitive) {
+  for (Op op : {Op::Conv, Op::WeightGrad, Op::QuantizedConv}) {
+    if (primitive == op_name(op)) {
+      return op;
+    }
+  }
+  throw std::invalid_argument(
+      "primitive must be 'conv', 'weight_grad' or 'quantized', got '" + primitive + "'");
+}
+
 mx::Stream stream_or_default(std::optional<mx::Stream> s) {
   return s ? *s : mx::to_stream(mx::StreamOrDevice{});
 }
@@ -53,6 +64,10 @@ NB_MODULE(_ext, m) {
   m.attr("BATCH_LIMIT") = kBatchLimit;
   m.attr("COORD_MIN") = kCoordMin;
   m.attr("COORD_MAX") = kCoordMax;
+
+  nb::enum_<View>(m, "View")
+      .value("output_major", View::OutputMajor)
+      .value("input_major", View::InputMajor);
 
   nb::class_<CoordTable>(m, "CoordTable")
       .def(nb::init<const mx::array&>(), "coords"_a)
@@ -129,11 +144,11 @@ NB_MODULE(_ext, m) {
       [](const mx::array& x,
          const mx::array& w,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          const std::string& route,
          std::optional<mx::Stream> s) {
         return gather_conv(
-            x, w, rel, static_cast<View>(view), route, stream_or_default(s));
+            x, w, rel, view, route, stream_or_default(s));
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a,
       "stream"_a = nb::none());
@@ -142,12 +157,12 @@ NB_MODULE(_ext, m) {
       [](const mx::array& x,
          const mx::array& ct,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          int64_t k,
          const std::string& route,
          std::optional<mx::Stream> s) {
         return weight_grad(
-            x, ct, rel, static_cast<View>(view), k, route,
+            x, ct, rel, view, k, route,
             stream_or_default(s));
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
@@ -190,12 +205,12 @@ NB_MODULE(_ext, m) {
          int bits,
          int group,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          const std::string& route,
          std::optional<mx::Stream> s) {
         return quantized_conv(
             x, codes, scales, biases, bits, group, rel,
-            static_cast<View>(view), route, stream_or_default(s));
+            view, route, stream_or_default(s));
       },
       "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
       "relation"_a.none(), "view"_a, "route"_a, "stream"_a = nb::none());
@@ -222,15 +237,28 @@ NB_MODULE(_ext, m) {
   m.def("set_num_threads", &set_num_threads, "n"_a);
 
   m.def("metal_available", &metal::available);
+  m.def(
+      "native_routes",
+      []() {
+        // Every entry of the C++ route tables: (name, primitive).
+        nb::list out;
+        for (const auto& r : cpu::routes()) {
+          out.append(nb::make_tuple(r.name, op_name(r.op)));
+        }
+        for (const auto* r : metal::routes()) {
+          out.append(nb::make_tuple(r->name, op_name(r->op)));
+        }
+        return out;
+      });
   m.def("metal_tensor_ops_kernels", &metal::tensor_ops_kernels);
   m.def(
       "conv_inputs",
       [](const mx::array& x,
          const mx::array& w,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          const std::string& route) {
-        return conv_inputs(x, w, rel, static_cast<View>(view), route);
+        return conv_inputs(x, w, rel, view, route);
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a);
   m.def(
@@ -242,10 +270,10 @@ NB_MODULE(_ext, m) {
          int bits,
          int group,
          std::shared_ptr<Relation> rel,
-         int view,
+         View view,
          const std::string& route) {
         return quantized_conv_inputs(
-            x, codes, scales, biases, bits, group, rel, static_cast<View>(view),
+            x, codes, scales, biases, bits, group, rel, view,
             route);
       },
       "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
@@ -255,8 +283,8 @@ NB_MODULE(_ext, m) {
       [](const mx::array& x,
          const mx::array& ct,
          std::shared_ptr<Relation> rel,
-         int view) {
-        return weight_grad_inputs(x, ct, rel, static_cast<View>(view));
+         View view) {
+        return weight_grad_inputs(x, ct, rel, view);
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a);
   m.def(
@@ -267,11 +295,7 @@ NB_MODULE(_ext, m) {
          std::vector<int> out_shape,
          mx::Dtype out_dtype) {
         mx::Shape shape(out_shape.begin(), out_shape.end());
-        auto prog = primitive == "weight_grad"
-            ? metal::weight_grad_program(route, inputs, shape, out_dtype)
-            : primitive == "quantized"
-            ? metal::quantized_program(route, inputs, shape, out_dtype)
-            : metal::conv_program(route, inputs, shape, out_dtype);
+        auto prog = metal::program(route, op_named(primitive), inputs, shape, out_dtype);
         nb::list temps;
         for (const auto& t : prog.temps) {
           temps.append(nb::make_tuple(metal::type_name(t.dtype), t.size));

@@ -2,8 +2,8 @@
 
 #include <stdexcept>
 
-#include "cpu/kernels.h"
-#include "metal/program.h"
+#include "cpu/routes.h"
+#include "metal/route.h"
 #include "mlx/ops.h"
 
 namespace mlx_lattice {
@@ -38,12 +38,37 @@ mx::array transpose_w(const mx::array& w, mx::StreamOrDevice s) {
 
 // Appends a relation view's index arrays, and the route's extra arrays, to a
 // primitive's inputs after checking that x has the view's gathered rows.
+bool is_metal(const std::string& route) {
+  return route.rfind("metal.", 0) == 0;
+}
+
+// Raises unless route is an entry of the CPU or Metal table for op.
+void check_route(const std::string& route, Op op) {
+  if (is_metal(route)) {
+    metal::find(route, op);
+  } else {
+    cpu::find(route, op);
+  }
+}
+
+// Arrays a route reads besides the view's: from its Metal table entry; CPU
+// routes read none.
+std::vector<mx::array> route_extra_inputs(
+    const std::string& route,
+    Op op,
+    const std::shared_ptr<Relation>& rel,
+    View view) {
+  return is_metal(route) ? metal::extra_inputs(route, op, rel, view)
+                         : std::vector<mx::array>{};
+}
+
 void append_view_inputs(
     std::vector<mx::array>& inputs,
     const mx::array& x,
     const std::shared_ptr<Relation>& rel,
     View view,
     const std::string& route,
+    Op prim,
     const char* op) {
   if (x.shape(0) != view_rows(*rel, flip(view))) {
     throw std::invalid_argument(std::string(op) + ": x rows do not match relation");
@@ -51,7 +76,7 @@ void append_view_inputs(
   for (auto& a : view_arrays(*rel, view)) {
     inputs.push_back(a);
   }
-  for (auto& a : metal::extra_inputs(route, rel, static_cast<int>(view))) {
+  for (auto& a : route_extra_inputs(route, prim, rel, view)) {
     inputs.push_back(a);
   }
 }
@@ -117,11 +142,12 @@ std::vector<mx::array> conv_inputs(
   if (rel && w.shape(0) != rel->kernel_volume()) {
     throw std::invalid_argument("gather_conv: w has the wrong kernel volume");
   }
+  check_route(route, Op::Conv);
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {
       mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
   if (rel) {
-    append_view_inputs(inputs, x, rel, view, route, "gather_conv");
+    append_view_inputs(inputs, x, rel, view, route, Op::Conv, "gather_conv");
   }
   return inputs;
 }
@@ -169,6 +195,7 @@ mx::array weight_grad(
     int64_t k,
     const std::string& route,
     mx::StreamOrDevice s) {
+  check_route(route, Op::WeightGrad);
   auto stream = mx::to_stream(s);
   return mx::array(
       {static_cast<int>(k), x.shape(1), ct.shape(1)},
@@ -177,40 +204,51 @@ mx::array weight_grad(
       weight_grad_inputs(x, ct, rel, view, stream));
 }
 
-// ---------------------------------------------------------------- GatherConv
+// ----------------------------------------------------------- RoutedPrimitive
 
-void GatherConv::eval_cpu(
+void RoutedPrimitive::eval_cpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  cpu::CsrView v;
-  v.rows = out[0].shape(0);
-  if (rel_) {
-    v.offsets = in[2].data<int32_t>();
-    v.gather = in[3].data<int32_t>();
-    v.k = in[4].data<int32_t>();
-    v.edges = in[3].shape(0);
-  } else {
-    v.edges = v.rows;
-  }
-  cpu::gather_conv(in[0], in[1], v, out[0], stream());
+  cpu::Call call{route_, in, out[0], stream(), rel_ != nullptr, bits_, group_};
+  cpu::find(route_, op_).run(call);
 }
 
-void GatherConv::eval_gpu(
+void RoutedPrimitive::eval_gpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  auto program = metal::conv_program(route_, in, out[0].shape(), out[0].dtype());
+  auto program = metal::program(route_, op_, in, out[0].shape(), out[0].dtype());
   metal::run(program, in, out[0], stream());
 }
 
-std::vector<mx::Shape> GatherConv::output_shapes(
-    const std::vector<mx::array>& in) {
-  int64_t rows = rel_ ? view_rows(*rel_, view_) : in[0].shape(0);
-  return {{static_cast<int>(rows), in[1].shape(2)}};
+bool RoutedPrimitive::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const RoutedPrimitive&>(other);
+  return op_ == o.op_ && rel_ == o.rel_ && view_ == o.view_ && route_ == o.route_ &&
+      bits_ == o.bits_ && group_ == o.group_;
 }
 
-bool GatherConv::is_equivalent(const mx::Primitive& other) const {
-  auto& o = static_cast<const GatherConv&>(other);
-  return rel_ == o.rel_ && view_ == o.view_ && route_ == o.route_;
+int64_t RoutedPrimitive::rows(const mx::array& x) const {
+  return rel_ ? view_rows(*rel_, view_) : x.shape(0);
+}
+
+mx::array RoutedPrimitive::sum_terms(
+    const std::vector<int>& argnums,
+    const std::function<std::optional<mx::array>(size_t)>& term,
+    const mx::Shape& shape,
+    mx::Dtype dtype) {
+  std::optional<mx::array> out;
+  for (size_t i = 0; i < argnums.size(); ++i) {
+    if (auto t = term(i)) {
+      out = out ? mx::add(*out, *t, stream()) : *t;
+    }
+  }
+  return out ? *out : mx::zeros(shape, dtype, stream());
+}
+
+// ---------------------------------------------------------------- GatherConv
+
+std::vector<mx::Shape> GatherConv::output_shapes(
+    const std::vector<mx::array>& in) {
+  return {{static_cast<int>(rows(in[0])), in[1].shape(2)}};
 }
 
 std::vector<mx::array> GatherConv::vjp(
@@ -246,63 +284,26 @@ std::vector<mx::array> GatherConv::jvp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& tangents,
     const std::vector<int>& argnums) {
-  std::optional<mx::array> out;
-  for (size_t i = 0; i < argnums.size(); ++i) {
-    std::optional<mx::array> term;
+  auto term = [&](size_t i) -> std::optional<mx::array> {
     if (argnums[i] == 0) {
-      term = gather_conv(tangents[i], primals[1], rel_, view_, route_, stream());
-    } else if (argnums[i] == 1) {
-      term = gather_conv(primals[0], tangents[i], rel_, view_, route_, stream());
+      return gather_conv(tangents[i], primals[1], rel_, view_, route_, stream());
     }
-    if (term) {
-      out = out ? mx::add(*out, *term, stream()) : *term;
+    if (argnums[i] == 1) {
+      return gather_conv(primals[0], tangents[i], rel_, view_, route_, stream());
     }
-  }
-  if (!out) {
-    int64_t rows = rel_ ? view_rows(*rel_, view_) : primals[0].shape(0);
-    out = mx::zeros(
-        {static_cast<int>(rows), primals[1].shape(2)},
-        primals[0].dtype(),
-        stream());
-  }
-  return {*out};
+    return std::nullopt;
+  };
+  return {sum_terms(
+      argnums, term, {static_cast<int>(rows(primals[0])), primals[1].shape(2)},
+      primals[0].dtype())};
 }
 
 // ---------------------------------------------------------------- WeightGrad
-
-void WeightGrad::eval_cpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
-  cpu::PairView v;
-  v.k = out[0].shape(0);
-  if (rel_) {
-    v.offsets = in[2].data<int32_t>();
-    v.g = in[3].data<int32_t>();
-    v.r = in[4].data<int32_t>();
-    v.edges = in[3].shape(0);
-  } else {
-    v.edges = in[0].shape(0);
-  }
-  cpu::weight_grad(in[0], in[1], v, out[0], stream());
-}
-
-void WeightGrad::eval_gpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
-  auto program =
-      metal::weight_grad_program(route_, in, out[0].shape(), out[0].dtype());
-  metal::run(program, in, out[0], stream());
-}
 
 std::vector<mx::Shape> WeightGrad::output_shapes(
     const std::vector<mx::array>& in) {
   int64_t k = rel_ ? rel_->kernel_volume() : 1;
   return {{static_cast<int>(k), in[0].shape(1), in[1].shape(1)}};
-}
-
-bool WeightGrad::is_equivalent(const mx::Primitive& other) const {
-  auto& o = static_cast<const WeightGrad&>(other);
-  return rel_ == o.rel_ && view_ == o.view_ && route_ == o.route_;
 }
 
 std::vector<mx::array> WeightGrad::vjp(
@@ -339,27 +340,18 @@ std::vector<mx::array> WeightGrad::jvp(
     const std::vector<mx::array>& tangents,
     const std::vector<int>& argnums) {
   int64_t k = rel_ ? rel_->kernel_volume() : 1;
-  std::optional<mx::array> out;
-  for (size_t i = 0; i < argnums.size(); ++i) {
-    std::optional<mx::array> term;
+  auto term = [&](size_t i) -> std::optional<mx::array> {
     if (argnums[i] == 0) {
-      term = weight_grad(
-          tangents[i], primals[1], rel_, view_, k, route_, stream());
-    } else if (argnums[i] == 1) {
-      term = weight_grad(
-          primals[0], tangents[i], rel_, view_, k, route_, stream());
+      return weight_grad(tangents[i], primals[1], rel_, view_, k, route_, stream());
     }
-    if (term) {
-      out = out ? mx::add(*out, *term, stream()) : *term;
+    if (argnums[i] == 1) {
+      return weight_grad(primals[0], tangents[i], rel_, view_, k, route_, stream());
     }
-  }
-  if (!out) {
-    out = mx::zeros(
-        {static_cast<int>(k), primals[0].shape(1), primals[1].shape(1)},
-        primals[0].dtype(),
-        stream());
-  }
-  return {*out};
+    return std::nullopt;
+  };
+  return {sum_terms(
+      argnums, term, {static_cast<int>(k), primals[0].shape(1), primals[1].shape(1)},
+      primals[0].dtype())};
 }
 
 } // namespace mlx_lattice
@@ -389,6 +381,7 @@ std::vector<mx::array> quantized_conv_inputs(
     View view,
     const std::string& route,
     mx::StreamOrDevice s) {
+  check_route(route, Op::QuantizedConv);
   auto stream = mx::to_stream(s);
   if (codes.ndim() != 3 || scales.ndim() != 3 || biases.shape() != scales.shape()) {
     throw std::invalid_argument(
@@ -410,7 +403,7 @@ std::vector<mx::array> quantized_conv_inputs(
       mx::contiguous(mx::astype(scales, mx::float32, stream), false, stream),
       mx::contiguous(mx::astype(biases, mx::float32, stream), false, stream)};
   if (rel) {
-    append_view_inputs(inputs, x, rel, view, route, "quantized_conv");
+    append_view_inputs(inputs, x, rel, view, route, Op::QuantizedConv, "quantized_conv");
   }
   return inputs;
 }
@@ -437,42 +430,9 @@ mx::array quantized_conv(
       std::move(inputs));
 }
 
-void QuantizedConv::eval_cpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
-  cpu::CsrView v;
-  v.rows = out[0].shape(0);
-  if (rel_) {
-    v.offsets = in[4].data<int32_t>();
-    v.gather = in[5].data<int32_t>();
-    v.k = in[6].data<int32_t>();
-    v.edges = in[5].shape(0);
-  } else {
-    v.edges = v.rows;
-  }
-  cpu::gather_conv_quantized(
-      in[0], in[1], in[2], in[3], bits_, group_, in[1].shape(1), v, out[0],
-      stream());
-}
-
-void QuantizedConv::eval_gpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
-  auto program =
-      metal::quantized_program(route_, in, out[0].shape(), out[0].dtype());
-  metal::run(program, in, out[0], stream());
-}
-
 std::vector<mx::Shape> QuantizedConv::output_shapes(
     const std::vector<mx::array>& in) {
-  int64_t rows = rel_ ? view_rows(*rel_, view_) : in[0].shape(0);
-  return {{static_cast<int>(rows), in[1].shape(0)}};
-}
-
-bool QuantizedConv::is_equivalent(const mx::Primitive& other) const {
-  auto& o = static_cast<const QuantizedConv&>(other);
-  return rel_ == o.rel_ && view_ == o.view_ && route_ == o.route_ &&
-      bits_ == o.bits_ && group_ == o.group_;
+  return {{static_cast<int>(rows(in[0])), in[1].shape(0)}};
 }
 
 mx::array QuantizedConv::mapped_weight(const std::vector<mx::array>& p) {
@@ -511,24 +471,22 @@ std::vector<mx::array> QuantizedConv::jvp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& tangents,
     const std::vector<int>& argnums) {
-  std::optional<mx::array> out;
-  for (size_t i = 0; i < argnums.size(); ++i) {
-    if (argnums[i] >= 1 && argnums[i] <= 3) {
+  for (int arg : argnums) {
+    if (arg >= 1 && arg <= 3) {
       no_weight_gradient();
     }
+  }
+  auto term = [&](size_t i) -> std::optional<mx::array> {
     if (argnums[i] == 0) {
-      out = quantized_conv(
-          tangents[i], primals[1], primals[2], primals[3], bits_, group_, rel_,
-          view_, route_, stream());
+      return quantized_conv(
+          tangents[i], primals[1], primals[2], primals[3], bits_, group_, rel_, view_, route_,
+          stream());
     }
-  }
-  if (!out) {
-    int64_t rows = rel_ ? view_rows(*rel_, view_) : primals[0].shape(0);
-    out = mx::zeros(
-        {static_cast<int>(rows), primals[1].shape(0)}, primals[0].dtype(),
-        stream());
-  }
-  return {*out};
+    return std::nullopt;
+  };
+  return {sum_terms(
+      argnums, term, {static_cast<int>(rows(primals[0])), primals[1].shape(0)},
+      primals[0].dtype())};
 }
 
 } // namespace mlx_lattice

@@ -11,15 +11,15 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
 #include "relation.h"
+#include "route_op.h"
 
 namespace mlx_lattice {
-
-enum class View : int { OutputMajor = 0, InputMajor = 1 };
 
 // What a backward (or derived) product asks the route registry.
 struct RouteQuery {
@@ -32,22 +32,24 @@ struct RouteQuery {
 };
 using RouteHook = std::function<std::string(const RouteQuery&)>;
 
-// The Python registry answers route queries of autodiff; without a hook the
-// product keeps the differentiated primitive's route family.
+// The Python registry answers route queries of autodiff (mlx_lattice.routes
+// installs the hook on import); without a hook the product keeps the
+// differentiated primitive's route, which must then serve the product.
 void set_route_hook(RouteHook hook);
 
-inline View flip(View v) {
-  return v == View::OutputMajor ? View::InputMajor : View::OutputMajor;
-}
-
-class GatherConv : public mx::Primitive {
+// What the three primitives share: the relation and view they run over, the
+// route that runs them (a key of the CPU table in src/cpu/routes.cpp and of
+// the Metal tables in src/metal/<family>.cpp), and the dispatch to it.
+class RoutedPrimitive : public mx::Primitive {
  public:
-  GatherConv(
+  RoutedPrimitive(
       mx::Stream s,
+      Op op,
       std::shared_ptr<Relation> rel,
       View view,
       std::string route)
       : mx::Primitive(s),
+        op_(op),
         rel_(std::move(rel)),
         view_(view),
         route_(std::move(route)) {}
@@ -56,6 +58,39 @@ class GatherConv : public mx::Primitive {
       override;
   void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
       override;
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+  const std::string& route() const {
+    return route_;
+  }
+
+ protected:
+  // Rows of a product over this primitive's view (or x's rows, pointwise).
+  int64_t rows(const mx::array& x) const;
+  // The sum of term(i) over the tangents; zeros of `shape` when none.
+  mx::array sum_terms(
+      const std::vector<int>& argnums,
+      const std::function<std::optional<mx::array>(size_t)>& term,
+      const mx::Shape& shape,
+      mx::Dtype dtype);
+
+  Op op_;
+  std::shared_ptr<Relation> rel_;
+  View view_;
+  std::string route_;
+  int bits_ = 0; // quantized weights only
+  int group_ = 0;
+};
+
+class GatherConv : public RoutedPrimitive {
+ public:
+  GatherConv(
+      mx::Stream s,
+      std::shared_ptr<Relation> rel,
+      View view,
+      std::string route)
+      : RoutedPrimitive(s, Op::Conv, std::move(rel), view, std::move(route)) {}
+
   std::vector<mx::array> jvp(
       const std::vector<mx::array>& primals,
       const std::vector<mx::array>& tangents,
@@ -70,34 +105,17 @@ class GatherConv : public mx::Primitive {
   const char* name() const override {
     return "SparseGatherConv";
   }
-  bool is_equivalent(const mx::Primitive& other) const override;
-
-  const std::string& route() const {
-    return route_;
-  }
-
- private:
-  std::shared_ptr<Relation> rel_;
-  View view_;
-  std::string route_;
 };
 
-class WeightGrad : public mx::Primitive {
+class WeightGrad : public RoutedPrimitive {
  public:
   WeightGrad(
       mx::Stream s,
       std::shared_ptr<Relation> rel,
       View view,
       std::string route)
-      : mx::Primitive(s),
-        rel_(std::move(rel)),
-        view_(view),
-        route_(std::move(route)) {}
+      : RoutedPrimitive(s, Op::WeightGrad, std::move(rel), view, std::move(route)) {}
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
   std::vector<mx::array> jvp(
       const std::vector<mx::array>& primals,
       const std::vector<mx::array>& tangents,
@@ -112,18 +130,12 @@ class WeightGrad : public mx::Primitive {
   const char* name() const override {
     return "SparseWeightGrad";
   }
-  bool is_equivalent(const mx::Primitive& other) const override;
-
- private:
-  std::shared_ptr<Relation> rel_;
-  View view_;
-  std::string route_;
 };
 
 // Convolution with affine-quantized weights (inference): inputs x, codes
 // (B, K, A * bits / 32) uint32, scales and biases (B, K, A / group), then the
 // CSR view arrays. Gradients flow to x only; through the weights they raise.
-class QuantizedConv : public mx::Primitive {
+class QuantizedConv : public RoutedPrimitive {
  public:
   QuantizedConv(
       mx::Stream s,
@@ -132,17 +144,11 @@ class QuantizedConv : public mx::Primitive {
       std::string route,
       int bits,
       int group)
-      : mx::Primitive(s),
-        rel_(std::move(rel)),
-        view_(view),
-        route_(std::move(route)),
-        bits_(bits),
-        group_(group) {}
+      : RoutedPrimitive(s, Op::QuantizedConv, std::move(rel), view, std::move(route)) {
+    bits_ = bits;
+    group_ = group;
+  }
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
   std::vector<mx::array> jvp(
       const std::vector<mx::array>& primals,
       const std::vector<mx::array>& tangents,
@@ -157,17 +163,10 @@ class QuantizedConv : public mx::Primitive {
   const char* name() const override {
     return "SparseQuantizedConv";
   }
-  bool is_equivalent(const mx::Primitive& other) const override;
 
  private:
   // The float weight (K, A, B) the codes stand for.
   mx::array mapped_weight(const std::vector<mx::array>& primals);
-
-  std::shared_ptr<Relation> rel_;
-  View view_;
-  std::string route_;
-  int bits_;
-  int group_;
 };
 
 mx::array quantized_conv(

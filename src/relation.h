@@ -1,4 +1,6 @@
-// Coordinate hashing and relation (kernel map) building.
+// Coordinates, kernel maps and relations: the coordinate table
+// (coord_table.cpp), kernel-map building (kernel_map.cpp) and a relation's
+// derived views (relation.cpp).
 //
 // A relation holds the edges (out, in, k) of a sparse convolution as CSR
 // arrays sorted by (output row, kernel offset). Input-major and kernel-major
@@ -29,6 +31,14 @@ constexpr uint64_t kEmptyKey = ~uint64_t(0);
 inline bool in_range(int64_t b, int64_t x, int64_t y, int64_t z) {
   return b >= 0 && b < kBatchLimit && x >= kCoordMin && x <= kCoordMax &&
       y >= kCoordMin && y <= kCoordMax && z >= kCoordMin && z <= kCoordMax;
+}
+
+// The two CSR views of a relation: rows are its outputs (the convolution)
+// or its inputs (the input gradient, with W transposed per offset).
+enum class View : int { OutputMajor = 0, InputMajor = 1 };
+
+inline View flip(View v) {
+  return v == View::OutputMajor ? View::InputMajor : View::OutputMajor;
 }
 
 // Packs (b, x, y, z) so that key order equals lexicographic coordinate order.

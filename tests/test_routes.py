@@ -25,8 +25,8 @@ def ctx(**kw):
 def test_list_routes_and_docs_in_sync():
     rows = routes.list_routes()
     names = [r["name"] for r in rows]
-    assert {"cpu.pointwise", "cpu.relation_traversal", "cpu.weight_gradient", "metal.pointwise",
-            "metal.relation_traversal", "metal.weight_gradient"} <= set(names)
+    assert {"cpu.pointwise", "cpu.gather_gemm", "cpu.wgrad_gemm", "metal.pointwise",
+            "metal.fetch_on_demand", "metal.wgrad_direct"} <= set(names)
     for r in rows:
         assert r["backend"] in routes.BACKENDS and r["predicate"]
     assert (ROOT / "docs" / "routes.md").read_text() == routes.markdown(), (
@@ -34,24 +34,73 @@ def test_list_routes_and_docs_in_sync():
     )
 
 
+def _primitive(route) -> str:
+    """The primitive a registry route runs under, from its passes and predicate."""
+    if route.passes == ("wgrad",):
+        return "weight_grad"
+    if any(c.text.startswith("quantized weight") for c in route.conditions):
+        return "quantized"
+    return "conv"
+
+
+def test_route_tables_name_exactly_the_registry_routes():
+    # Each route is defined once per backend: the C++ tables (CPU, Metal) and
+    # the CUDA table hold one entry per registry route and nothing else, under
+    # the primitive the registry implies, in the file the registry names.
+    from mlx_lattice import _ext, cuda
+
+    native = dict(_ext.native_routes())
+    assert len(native) == len(_ext.native_routes()), "a route is defined twice"
+    tables = {**native, **{name: r.op for name, r in cuda.ROUTES.items()}}
+    registry = {r.name: r for r in routes._REGISTRY.values()}
+    assert set(tables) == set(registry)
+    for name, route in registry.items():
+        assert tables[name] == _primitive(route), name
+        entry = (ROOT / route.table_file).read_text()
+        assert f'"{name}"' in entry, f"{name}: no entry in {route.table_file}"
+        assert (ROOT / route.kernel_file).is_file(), route.kernel_file
+
+
+def test_route_tables_refuse_unknown_routes_and_wrong_primitives():
+    from mlx_lattice import _ext, cuda
+
+    with pytest.raises(ValueError, match="no CUDA route named 'cuda.nonexistent'"):
+        cuda.find("cuda.nonexistent", "conv")
+    with pytest.raises(ValueError, match="'cuda.wgrad_mma' computes a weight_grad product, not conv"):
+        cuda.find("cuda.wgrad_mma", "conv")
+    assert cuda.find("cuda.fetch_on_demand", "conv").run is cuda.routes.fetch_on_demand
+
+    x = mx.ones((4, 8))
+    w = mx.ones((1, 8, 8))
+    with pytest.raises(ValueError, match="no CPU route named cpu.nonexistent"):
+        _ext.gather_conv(x, w, None, _ext.View.output_major, "cpu.nonexistent")
+    with pytest.raises(ValueError, match="cpu.wgrad_gemm runs under the weight_grad primitive"):
+        _ext.gather_conv(x, w, None, _ext.View.output_major, "cpu.wgrad_gemm")
+    inputs = _ext.conv_inputs(x, w, None, _ext.View.output_major, "metal.pointwise")
+    with pytest.raises(ValueError, match="no Metal route named metal.nonexistent"):
+        _ext.metal_program("conv", "metal.nonexistent", inputs, [4, 8], mx.float32)
+    with pytest.raises(ValueError, match="metal.wgrad_fp16 runs under the weight_grad primitive"):
+        _ext.metal_program("conv", "metal.wgrad_fp16", inputs, [4, 8], mx.float32)
+
+
 def test_selection_is_pure_and_explains_rejections():
     c = ctx(kernel_size=(1, 1, 1))
     s = routes.select(c)
     assert s.route.name == "cpu.pointwise" and s.fallback is None
     reasons = {r["route"]: r["reason"] for r in s.rejected}
-    assert reasons["cpu.relation_traversal"].startswith("lower priority")
+    assert reasons["cpu.gather_gemm"].startswith("lower priority")
     assert "backend is cpu" in reasons["metal.pointwise"]
     s2 = routes.select(ctx(kernel_size=(1, 1, 1), padding=(1, 0, 0)))
-    assert s2.route.name == "cpu.relation_traversal"
+    assert s2.route.name == "cpu.gather_gemm"
     assert {r["route"]: r["reason"] for r in s2.rejected}["cpu.pointwise"] == "no padding/dilation"
-    assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target")).route.name == "cpu.relation_traversal"
+    assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target")).route.name == "cpu.gather_gemm"
     # a Mac would take the Metal routes for the same shapes
     assert routes.select(ctx(backend="metal", kernel_size=(1, 1, 1))).route.name == "metal.pointwise"
     assert routes.select(ctx(backend="metal", c_in=8, c_out=8)).route.name == "metal.vec4"
     # bfloat16 has no Metal kernel yet: the CPU route, said out loud
     s3 = routes.select(ctx(backend="metal", dtype="bfloat16"))
     assert s3.route.backend == "cpu" and "no metal route" in s3.fallback
-    assert {r["route"]: r["reason"] for r in s3.rejected}["metal.relation_traversal"] == "features float32 or float16"
+    assert {r["route"]: r["reason"] for r in s3.rejected}["metal.fetch_on_demand"] == "features float32 or float16"
 
 
 def test_register_rejects_duplicates():
@@ -70,7 +119,7 @@ def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch, on_cpu):
     with ml.diagnostics.record() as log:
         y = ops.subm_conv3d(x, mx.zeros((4, 3, 3, 3, 3)))
         ops.conv3d(y, mx.zeros((2, 1, 1, 1, 4)))
-    assert [r["route"] for r in log] == ["cpu.relation_traversal", "cpu.pointwise"]
+    assert [r["route"] for r in log] == ["cpu.gather_gemm", "cpu.pointwise"]
     rec = log[0]
     assert REQUIRED <= set(rec)
     assert rec["map_kind"] == "submanifold" and rec["k"] == 27 and rec["c_in"] == 3 and rec["c_out"] == 4
@@ -78,7 +127,7 @@ def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch, on_cpu):
     assert rec["quantized"] is False and rec["tier"] == "cpu" and rec["coord_dtype"] == "int32"
     assert all({"route", "reason"} <= set(r) for r in rec["rejected"])
     lines = [json.loads(line) for line in log_path.read_text().splitlines()]
-    assert [l["route"] for l in lines] == ["cpu.relation_traversal", "cpu.pointwise"]
+    assert [l["route"] for l in lines] == ["cpu.gather_gemm", "cpu.pointwise"]
     assert json.loads(log.to_json())[1]["op"] == "conv3d"
     assert "cpu.pointwise" in log.table()
 
@@ -92,16 +141,16 @@ def test_backward_routes_go_through_registry(rng, on_cpu):
         mx.grad(lambda f, w: ops.subm_conv3d(x.replace(f), w).feats.sum(), argnums=(0, 1))(x.feats, w)
         mx.grad(lambda f, w: ops.conv3d(x.replace(f), w).feats.sum(), argnums=(0, 1))(x.feats, wp)
     by_dir = {(r["direction"], r["route"]) for r in log}
-    assert ("forward", "cpu.relation_traversal") in by_dir
-    assert ("dgrad", "cpu.relation_traversal") in by_dir
-    assert ("wgrad", "cpu.weight_gradient") in by_dir
+    assert ("forward", "cpu.gather_gemm") in by_dir
+    assert ("dgrad", "cpu.gather_gemm") in by_dir
+    assert ("wgrad", "cpu.wgrad_gemm") in by_dir
     assert ("dgrad", "cpu.pointwise") in by_dir
     dgrad = next(r for r in log if r["direction"] == "dgrad" and r["map_kind"] == "submanifold")
     assert dgrad["c_in"] == 4 and dgrad["c_out"] == 3 and dgrad["k"] == 27
     assert REQUIRED <= set(dgrad)
     # a Mac would run the same backward passes on its Metal routes
-    assert routes.select(ctx(backend="metal", direction="wgrad")).route.name == "metal.weight_gradient"
-    assert routes.select(ctx(backend="metal", direction="dgrad")).route.name == "metal.relation_traversal"
+    assert routes.select(ctx(backend="metal", direction="wgrad")).route.name == "metal.wgrad_direct"
+    assert routes.select(ctx(backend="metal", direction="dgrad")).route.name == "metal.fetch_on_demand"
 
 
 def test_metal_capability_tiers():

@@ -11,6 +11,7 @@ from mlx.nn import Identity, Module, Sequential
 from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Softplus, Tanh
 from .attention import MLP, ConditionalPositionalEncoding, SerializedAttention, TransformerBlock
 from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d
+from .decoder import Downsample, Expand, PoolTranspose3d, Prune, Upsample
 from .group_norm import GroupNorm
 from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm
 from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
@@ -18,6 +19,7 @@ from .quantized import (
     QuantizedConv3d,
     QuantizedConvTranspose3d,
     QuantizedGenerativeConvTranspose3d,
+    QuantizedLinear,
     QuantizedSubmConv3d,
     from_module,
     quantize,
@@ -52,6 +54,11 @@ __all__ = [
     "GlobalMaxPool",
     "GlobalAvgPool",
     "GlobalSumPool",
+    "PoolTranspose3d",
+    "Upsample",
+    "Expand",
+    "Downsample",
+    "Prune",
     "SerializedAttention",
     "TransformerBlock",
     "ConditionalPositionalEncoding",
@@ -60,6 +67,7 @@ __all__ = [
     "QuantizedSubmConv3d",
     "QuantizedConvTranspose3d",
     "QuantizedGenerativeConvTranspose3d",
+    "QuantizedLinear",
     "from_module",
     "quantize",
 ]

@@ -3,7 +3,8 @@
 (``weight`` uint32, ``scales``, ``biases``) and the layer is frozen.
 
 ``mlx_lattice.nn.quantize(model, bits, group_size)`` swaps every sparse
-convolution whose input channels divide into groups for its quantized form;
+convolution and :class:`Linear` whose input channels divide into groups for
+its quantized form;
 ``mlx.nn.quantize`` works as well, through each layer's ``to_quantized``.
 """
 
@@ -14,7 +15,8 @@ import mlx.nn as mnn
 
 from .. import ops
 from ..quantized import QuantizedWeight
-from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, SubmConv3d, _ConvBase
+from ..tensor import SparseTensor
+from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d, _ConvBase
 
 
 class _QuantizedConvBase(mnn.Module):
@@ -82,6 +84,56 @@ class QuantizedGenerativeConvTranspose3d(_QuantizedConvBase):
         )
 
 
+class QuantizedLinear(mnn.Module):
+    """:class:`Linear` with int4/int8 weights: ``weight`` uint32 codes
+    ``(C_out, C_in * bits / 32)``, ``scales`` and ``biases``
+    ``(C_out, C_in / group_size)``, exactly ``mx.quantize`` of the float
+    ``(C_out, C_in)`` weight (the layout of ``mlx.nn.QuantizedLinear``, so
+    its parameters load unchanged). On a SparseTensor it runs the quantized
+    pointwise convolution (rows and coordinate set kept); a plain
+    ``(..., C_in)`` array gets ``mx.quantized_matmul``. Frozen: inference.
+    """
+
+    def __init__(self, linear: Linear, bits: int = 4, group_size: int = 64):
+        super().__init__()
+        if not isinstance(linear, Linear):
+            raise TypeError(f"QuantizedLinear needs a Linear, got {type(linear).__name__}")
+        c_out, c_in = linear.weight.shape
+        q = QuantizedWeight.from_float(linear.weight.reshape(c_out, 1, 1, 1, c_in), bits=bits, group_size=group_size)
+        self.weight = q.codes.reshape(c_out, -1)
+        self.scales = q.scales.reshape(c_out, -1)
+        self.biases = q.biases.reshape(c_out, -1)
+        if "bias" in linear:
+            self.bias = linear.bias
+        self.bits, self.group_size = bits, group_size
+        self.freeze()
+
+    @classmethod
+    def from_float(cls, linear: Linear, bits: int = 4, group_size: int = 64) -> "QuantizedLinear":
+        return cls(linear, bits, group_size)
+
+    def quantized_weight(self) -> QuantizedWeight:
+        """The codes as a 1x1x1 convolution weight ``(C_out, 1, 1, 1, C_in)``."""
+        c_out = self.weight.shape[0]
+        return QuantizedWeight(
+            self.weight.reshape(c_out, 1, 1, 1, -1), self.scales.reshape(c_out, 1, 1, 1, -1),
+            self.biases.reshape(c_out, 1, 1, 1, -1), bits=self.bits, group_size=self.group_size,
+        )
+
+    def _extra_repr(self):
+        c_out = self.weight.shape[0]
+        c_in = self.weight.shape[1] * 32 // self.bits
+        return f"input_dims={c_in}, output_dims={c_out}, bias={'bias' in self}, bits={self.bits}, group_size={self.group_size}"
+
+    def __call__(self, x):
+        if isinstance(x, SparseTensor):
+            return ops.conv3d(x, self.quantized_weight(), self.get("bias"))
+        y = mx.quantized_matmul(
+            x, self.weight, self.scales, self.biases, transpose=True, group_size=self.group_size, bits=self.bits
+        )
+        return y + self.bias if "bias" in self else y
+
+
 # Most specific classes first (SubmConv3d etc. are not subclasses of Conv3d,
 # but keep the order meaningful if that changes).
 _QUANTIZED = (
@@ -89,11 +141,12 @@ _QUANTIZED = (
     (GenerativeConvTranspose3d, QuantizedGenerativeConvTranspose3d),
     (ConvTranspose3d, QuantizedConvTranspose3d),
     (Conv3d, QuantizedConv3d),
+    (Linear, QuantizedLinear),
 )
 
 
-def from_module(conv: _ConvBase, bits: int = 4, group_size: int = 64) -> _QuantizedConvBase:
-    """The quantized layer for any sparse convolution layer."""
+def from_module(conv, bits: int = 4, group_size: int = 64):
+    """The quantized layer for any sparse convolution layer or :class:`Linear`."""
     for float_cls, q_cls in _QUANTIZED:
         if isinstance(conv, float_cls):
             return q_cls(conv, bits, group_size)
@@ -107,15 +160,16 @@ def _to_quantized(self, group_size: int = None, bits: int = None, mode: str = "a
 
 
 _ConvBase.to_quantized = _to_quantized
+Linear.to_quantized = _to_quantized
 
 
 def quantize(model: mnn.Module, bits: int = 4, group_size: int = 64) -> mnn.Module:
-    """Quantize, in place, every sparse convolution of ``model`` whose input
+    """Quantize, in place, every sparse convolution and Linear of ``model`` whose input
     channels are a multiple of ``group_size`` (others, e.g. a stem reading a
     handful of point features, stay float). Returns the model."""
 
     def predicate(_, m):
-        return isinstance(m, _ConvBase) and m.weight.shape[-1] % group_size == 0
+        return isinstance(m, (_ConvBase, Linear)) and m.weight.shape[-1] % group_size == 0
 
     mnn.quantize(model, group_size=group_size, bits=bits, class_predicate=predicate)
     return model

@@ -1,66 +1,29 @@
 // Metal programs: the kernels, dispatch shapes and buffer bindings that
 // eval_gpu encodes for a route. The test harness reads the same programs
 // (through _ext.metal_program) and runs them on the CPU, so it exercises
-// exactly what a Mac runs.
+// exactly what a Mac runs. Routes build them in src/metal/<family>.cpp
+// (see route.h).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
-#include <memory>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "mlx/array.h"
 #include "mlx/stream.h"
 
-namespace mlx_lattice {
-class Relation;
-}
+// The kernel parameter structs, shared with the kernels (no copies).
+#include "../../metal/params.h"
+
+static_assert(sizeof(ConvParams) == 8 * 4, "ConvParams: 32-bit fields");
+static_assert(sizeof(QuantParams) == 10 * 4, "QuantParams: 32-bit fields");
 
 namespace mlx_lattice::metal {
 
 namespace mx = mlx::core;
-
-// Parameters of every convolution kernel (layout shared with metal/*.metal).
-struct ConvParams {
-  int32_t rows;     // output rows of this product
-  int32_t a;        // input channels
-  int32_t b;        // output channels
-  int32_t identity; // 1: pointwise (row r reads row r, offset 0)
-  int32_t k;        // kernel volume
-  int32_t n_in;     // rows of x
-  int32_t n_tiles;  // sorted plan tiles
-  int32_t edges;    // edge count
-};
-
-struct WeightGradParams {
-  int32_t k;
-  int32_t a;
-  int32_t b;
-  int32_t pointwise_rows; // rows of a pointwise product; -1 with a relation
-};
-
-// Parameters of the quantized kernels (metal/quant_params.h).
-struct QuantParams {
-  int32_t rows;
-  int32_t a;
-  int32_t b;
-  int32_t identity;
-  int32_t k;
-  int32_t n_in;
-  int32_t n_tiles;
-  int32_t edges;
-  int32_t bits;
-  int32_t group;
-};
-
-// Partitioned weight gradient (TensorOps): partitions per offset.
-struct WeightGradPartsParams {
-  int32_t k;
-  int32_t a;
-  int32_t b;
-  int32_t parts;
-};
 
 struct Binding {
   enum class Kind { Input, Output, Temp, Bytes };
@@ -87,33 +50,45 @@ struct Program {
   std::vector<Step> steps;
 };
 
-// Route-specific arrays a route needs besides (x, w, offsets, gather, k).
-std::vector<mx::array> extra_inputs(
-    const std::string& route,
-    const std::shared_ptr<Relation>& rel,
-    int view);
+// ------------------------------------------------- helpers for route tables
 
-// Programs for the GatherConv and WeightGrad primitives, given exactly the
-// primitive's inputs and output.
-Program conv_program(
-    const std::string& route,
-    const std::vector<mx::array>& inputs,
-    const mx::Shape& out_shape,
-    mx::Dtype out_dtype);
-Program weight_grad_program(
-    const std::string& route,
-    const std::vector<mx::array>& inputs,
-    const mx::Shape& out_shape,
-    mx::Dtype out_dtype);
+inline uint64_t ceil_div(int64_t a, int64_t b) {
+  return static_cast<uint64_t>((std::max<int64_t>(a, 1) + b - 1) / b);
+}
 
-// Program for QuantizedConv: inputs (x, codes, scales, biases as float32
-// [, offsets, gather, k, extra inputs]); bits and group size follow from
-// the shapes.
-Program quantized_program(
-    const std::string& route,
-    const std::vector<mx::array>& inputs,
-    const mx::Shape& out_shape,
-    mx::Dtype out_dtype);
+// Grid extent over kernel offsets (at least one group).
+inline uint64_t offsets_grid(int64_t k) {
+  return static_cast<uint64_t>(std::max<int64_t>(k, 1));
+}
+
+template <typename P>
+Binding bytes(const P& p, const char* name = "params") {
+  Binding b{Binding::Kind::Bytes};
+  b.bytes.resize(sizeof(P));
+  std::memcpy(b.bytes.data(), &p, sizeof(P));
+  b.name = name;
+  return b;
+}
+
+inline Binding input(int i, const char* name) {
+  Binding b{Binding::Kind::Input};
+  b.index = i;
+  b.name = name;
+  return b;
+}
+
+inline Binding output(const char* name = "y") {
+  Binding b{Binding::Kind::Output};
+  b.name = name;
+  return b;
+}
+
+inline Binding temp(int i, const char* name) {
+  Binding b{Binding::Kind::Temp};
+  b.index = i;
+  b.name = name;
+  return b;
+}
 
 std::string type_name(mx::Dtype dt);
 

@@ -1,20 +1,12 @@
-// Relation traversal: output-stationary sparse convolution and its weight
+// Fetch-on-demand: output-stationary sparse convolution and its weight
 // gradient. Buffer bindings and dispatch shapes: the programs of the
-// metal.relation_traversal and metal.weight_gradient routes in
-// src/metal/program.cpp.
+// metal.fetch_on_demand and metal.wgrad_direct routes in
+// src/metal/fetch_on_demand.cpp.
 #include <metal_stdlib>
 
-#include "conv_params.h"
+#include "params.h"
 
 using namespace metal;
-
-// The same layout as WeightGradParams in src/metal/program.h.
-struct WeightGradParams {
-  int k;
-  int a;
-  int b;
-  int pointwise_rows;
-};
 
 // y[r, c] = sum over the edges e of row r of x[gather[e], :] . w[k[e], :, c].
 // One thread per (row, output channel); each output written once.
@@ -33,12 +25,12 @@ template <typename T>
   if (r >= p.rows || c >= p.b) {
     return;
   }
-  const int e0 = p.identity ? r : offsets[r];
-  const int e1 = p.identity ? r + 1 : offsets[r + 1];
+  const int e0 = p.pointwise ? r : offsets[r];
+  const int e1 = p.pointwise ? r + 1 : offsets[r + 1];
   float acc = 0.0f;
   for (int e = e0; e < e1; ++e) {
-    const long g = p.identity ? r : gather[e];
-    const long k = p.identity ? 0 : kidx[e];
+    const long g = p.pointwise ? r : gather[e];
+    const long k = p.pointwise ? 0 : kidx[e];
     device const T* xr = x + g * p.a;
     device const T* wk = w + k * long(p.a) * p.b + c;
     for (int a = 0; a < p.a; ++a) {
@@ -81,7 +73,7 @@ template <typename T>
 #define LATTICE_INSTANTIATE(name, fn, T) \
   template [[host_name(name)]] [[kernel]] decltype(fn<T>) fn<T>;
 
-LATTICE_INSTANTIATE("gather_conv_float32", gather_conv, float)
-LATTICE_INSTANTIATE("gather_conv_float16", gather_conv, half)
-LATTICE_INSTANTIATE("weight_grad_float32", weight_grad, float)
-LATTICE_INSTANTIATE("weight_grad_float16", weight_grad, half)
+LATTICE_INSTANTIATE("fetch_on_demand_float32", gather_conv, float)
+LATTICE_INSTANTIATE("fetch_on_demand_float16", gather_conv, half)
+LATTICE_INSTANTIATE("wgrad_direct_float32", weight_grad, float)
+LATTICE_INSTANTIATE("wgrad_direct_float16", weight_grad, half)

@@ -1,8 +1,8 @@
-"""metal/gather_conv.metal against per-edge NumPy sums.
+"""metal/fetch_on_demand.metal against per-edge NumPy sums.
 
-gather_conv_{float32,float16} and weight_grad_{float32,float16} run as the
-programs of the metal.relation_traversal and metal.weight_gradient routes
-(src/metal/program.cpp, read through _ext.metal_program) on the primitives'
+fetch_on_demand_{float32,float16} and wgrad_direct_{float32,float16} run as the
+programs of the metal.fetch_on_demand and metal.wgrad_direct routes
+(src/metal/fetch_on_demand.cpp, read through _ext.metal_program) on the primitives'
 own inputs (_ext.conv_inputs, _ext.weight_grad_inputs), for relations built
 by the project. On Linux the programs run through the CPU harness
 (tests/metal_harness, via tests/metal_programs.py); on a Mac with a Metal
@@ -11,7 +11,6 @@ build of mlx_lattice the primitives encode the same programs on the GPU.
 
 from __future__ import annotations
 
-import sys
 
 import mlx.core as mx
 import numpy as np
@@ -19,31 +18,19 @@ import pytest
 
 from mlx_lattice import _ext
 
-try:
-    import metal_harness as mh
-    import metal_programs
-except ImportError:  # tests/ imported as a package
-    from tests import metal_harness as mh
-    from tests import metal_programs
+import metal_harness as mh
+import metal_programs
+from conftest import METAL_KERNEL_TOLERANCES
 
-KERNELS = ("gather_conv_float32", "gather_conv_float16", "weight_grad_float32", "weight_grad_float16")
+KERNELS = ("fetch_on_demand_float32", "fetch_on_demand_float16", "wgrad_direct_float32", "wgrad_direct_float16")
 DTYPES = {"float32": np.float32, "float16": np.float16}
-TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "float16": dict(rtol=2e-3, atol=2e-2)}
-CONV_ROUTE = "metal.relation_traversal"
-GRAD_ROUTE = "metal.weight_gradient"
+TOL = {"float32": METAL_KERNEL_TOLERANCES[mx.float32], "float16": METAL_KERNEL_TOLERANCES[mx.float16]}
+CONV_ROUTE = "metal.fetch_on_demand"
+GRAD_ROUTE = "metal.wgrad_direct"
 
 
-def _backend() -> tuple[str | None, str]:
-    if sys.platform == "darwin":
-        if mx.metal.is_available() and _ext.metal_available():
-            return "mlx-gpu", ""
-        return None, "macOS without Metal or without a Metal build of mlx_lattice"
-    ok, why = mh.available()
-    return ("harness", "") if ok else (None, why)
-
-
-BACKEND, WHY = _backend()
-pytestmark = [pytest.mark.metal, pytest.mark.skipif(BACKEND is None, reason=WHY)]
+BACKEND = metal_programs.BACKEND
+pytestmark = metal_programs.MARKS
 
 
 # ---------------------------------------------------------------- relations
@@ -99,39 +86,21 @@ def ref_weight_grad(x, ct, src, dst, k, kvol):
 
 def csr_arrays(rel, view):
     """The index buffers of a CSR view (see src/primitives.cpp)."""
-    if view == 0:
+    if view == metal_programs.OUTPUT_MAJOR:
         return rel.n_out, np.array(rel.out_offsets), np.array(rel.in_idx), np.array(rel.k_idx)
     off, _, out_idx, k = rel.input_major()
     return rel.n_in, np.array(off), np.array(out_idx), np.array(k)
 
 
-def _ran_on_gpu(program):
-    for step in program["steps"]:
-        mh.record_ran(step["kernel"], "mlx-gpu")
+def gather_conv(x, w, rel, view=metal_programs.OUTPUT_MAJOR, schedule="forward", seed=0):
+    """y of the GatherConv primitive through the fetch-on-demand program."""
+    return metal_programs.conv(CONV_ROUTE, mx.array(x), mx.array(w), rel, view, schedule=schedule, seed=seed)
 
 
-def gather_conv(x, w, rel, view=0, schedule="forward", seed=0):
-    """y of the GatherConv primitive through the relation-traversal program."""
-    xm, wm = mx.array(x), mx.array(w)
-    if BACKEND == "mlx-gpu":
-        inputs = _ext.conv_inputs(xm, wm, rel, view, CONV_ROUTE)
-        rows = x.shape[0] if rel is None else (rel.n_out if view == 0 else rel.n_in)
-        _ran_on_gpu(_ext.metal_program("conv", CONV_ROUTE, inputs, [rows, w.shape[2]], xm.dtype))
-        y = _ext.gather_conv(xm, wm, rel, view, CONV_ROUTE, stream=mx.default_stream(mx.gpu))
-        return np.array(y)
-    return metal_programs.conv(CONV_ROUTE, xm, wm, rel, view, schedule=schedule, seed=seed)
-
-
-def weight_grad(x, ct, rel, kvol, view=0, schedule="forward", seed=0):
-    """dw of the WeightGrad primitive through the weight-gradient program."""
-    xm, ctm = mx.array(x), mx.array(ct)
-    if BACKEND == "mlx-gpu":
-        inputs = _ext.weight_grad_inputs(xm, ctm, rel, view)
-        shape = [kvol, x.shape[1], ct.shape[1]]
-        _ran_on_gpu(_ext.metal_program("weight_grad", GRAD_ROUTE, inputs, shape, xm.dtype))
-        dw = _ext.weight_grad(xm, ctm, rel, view, kvol, GRAD_ROUTE, stream=mx.default_stream(mx.gpu))
-        return np.array(dw)
-    return metal_programs.weight_grad(GRAD_ROUTE, xm, ctm, rel, kvol, view, schedule=schedule, seed=seed)
+def weight_grad(x, ct, rel, kvol, view=metal_programs.OUTPUT_MAJOR, schedule="forward", seed=0):
+    """dw of the WeightGrad primitive through the direct weight-gradient program."""
+    return metal_programs.weight_grad(
+        GRAD_ROUTE, mx.array(x), mx.array(ct), rel, kvol, view, schedule=schedule, seed=seed)
 
 
 def check(got, ref, dt):
@@ -169,7 +138,7 @@ def test_rows_not_a_multiple_of_eight_and_cpu_agreement():
     y = gather_conv(x, w, rel, schedule="random", seed=11)
     out, inp, k = edges(rel)
     check(y, ref_conv(x, w, out, inp, k, rel.n_out), "float32")
-    cpu = _ext.gather_conv(mx.array(x), mx.array(w), rel, 0, CONV_ROUTE, stream=mx.default_stream(mx.cpu))
+    cpu = _ext.gather_conv(mx.array(x), mx.array(w), rel, metal_programs.OUTPUT_MAJOR, "cpu.gather_gemm", stream=mx.default_stream(mx.cpu))
     np.testing.assert_allclose(y, np.array(cpu), rtol=1e-5, atol=1e-5)
 
 
@@ -182,7 +151,7 @@ def test_gather_conv_input_major_view(dt):
     assert rel.n_in != rel.n_out
     x = rng.standard_normal((rel.n_out, 9)).astype(DTYPES[dt])
     w = rng.standard_normal((rel.kernel_volume, 9, 34)).astype(DTYPES[dt])
-    y = gather_conv(x, w, rel, view=1, schedule="reverse")
+    y = gather_conv(x, w, rel, view=metal_programs.INPUT_MAJOR, schedule="reverse")
     out, inp, k = edges(rel)
     check(y, ref_conv(x, w, inp, out, k, rel.n_in), dt)
 
@@ -252,7 +221,7 @@ def test_weight_grad_input_major_view():
     rel = strided(make_coords(rng, 150))
     x = rng.standard_normal((rel.n_out, 6)).astype(np.float32)
     ct = rng.standard_normal((rel.n_in, 35)).astype(np.float32)
-    dw = weight_grad(x, ct, rel, rel.kernel_volume, view=1, schedule="random")
+    dw = weight_grad(x, ct, rel, rel.kernel_volume, view=metal_programs.INPUT_MAJOR, schedule="random")
     out, inp, k = edges(rel)
     check(dw, ref_weight_grad(x, ct, out, inp, k, rel.kernel_volume), "float32")
 
@@ -271,51 +240,51 @@ def test_weight_grad_pointwise(dt):
 
 def test_programs_bind_the_views_and_params_the_kernels_read():
     """What the runs above execute: the relation-traversal and weight-gradient
-    programs, with the buffers, dispatch shapes and params of gather_conv.metal."""
+    programs, with the buffers, dispatch shapes and params of fetch_on_demand.metal."""
     rng = np.random.default_rng(14)
     rel = submanifold(make_coords(rng, 50))
     for dt, mdt in (("float32", mx.float32), ("float16", mx.float16)):
         x = mx.array(rng.standard_normal((rel.n_out, 7))).astype(mdt)
         w = mx.array(rng.standard_normal((27, 7, 33))).astype(mdt)
-        inputs = _ext.conv_inputs(x, w, rel, 0, CONV_ROUTE)
-        _, offsets, gather, kidx = csr_arrays(rel, 0)
+        inputs = _ext.conv_inputs(x, w, rel, metal_programs.OUTPUT_MAJOR, CONV_ROUTE)
+        _, offsets, gather, kidx = csr_arrays(rel, metal_programs.OUTPUT_MAJOR)
         for got, want in zip(inputs[2:5], (offsets, gather, kidx)):
             np.testing.assert_array_equal(np.array(got), want)
         prog = _ext.metal_program("conv", CONV_ROUTE, inputs, [rel.n_out, 33], mdt)
         assert prog["temps"] == []
         (step,) = prog["steps"]
         # one thread per (row, output channel): 32 channels x 8 rows per group
-        assert step["kernel"] == f"gather_conv_{dt}"
+        assert step["kernel"] == f"fetch_on_demand_{dt}"
         assert tuple(step["threads"]) == (32, 8, 1)
         assert tuple(step["groups"]) == (2, -(-rel.n_out // 8), 1)
         kinds = [(kind, payload if kind != "bytes" else None) for kind, payload, _ in step["buffers"]]
         assert kinds == [("input", 0), ("input", 1), ("input", 2), ("input", 3), ("input", 4),
                          ("output", 0), ("bytes", None)]
         assert [nm for _, _, nm in step["buffers"]] == ["x", "w", "offsets", "gather", "k", "y", "params"]
-        # ConvParams (metal/conv_params.h): rows, a, b, identity, k, n_in, n_tiles, edges
+        # ConvParams (metal/params.h): rows, a, b, pointwise, k, n_in, n_tiles, edges
         params = np.frombuffer(step["buffers"][-1][1], np.int32).tolist()
         assert params == [rel.n_out, 7, 33, 0, 27, rel.n_out, 0, rel.edges]
 
         # pointwise: x stands in for the index buffers, which are never read
         xp = x[:20]
-        pinputs = _ext.conv_inputs(xp, w[:1], None, 0, CONV_ROUTE)
+        pinputs = _ext.conv_inputs(xp, w[:1], None, metal_programs.OUTPUT_MAJOR, CONV_ROUTE)
         (pstep,) = _ext.metal_program("conv", CONV_ROUTE, pinputs, [20, 33], mdt)["steps"]
         assert [(k, v) for k, v, _ in pstep["buffers"][:5]] == [("input", 0), ("input", 1)] + [("input", 0)] * 3
         assert np.frombuffer(pstep["buffers"][-1][1], np.int32).tolist()[:4] == [20, 7, 33, 1]
 
         ct = mx.array(rng.standard_normal((rel.n_out, 33))).astype(mdt)
-        ginputs = _ext.weight_grad_inputs(x, ct, rel, 0)
+        ginputs = _ext.weight_grad_inputs(x, ct, rel, metal_programs.OUTPUT_MAJOR)
         prog = _ext.metal_program("weight_grad", GRAD_ROUTE, ginputs, [27, 7, 33], mdt)
         (step,) = prog["steps"]
         # one thread per (offset, input channel, output channel)
-        assert step["kernel"] == f"weight_grad_{dt}"
+        assert step["kernel"] == f"wgrad_direct_{dt}"
         assert (tuple(step["groups"]), tuple(step["threads"])) == ((2, 1, 27), (32, 8, 1))
         assert [nm for _, _, nm in step["buffers"]] == ["x", "ct", "offsets", "g", "r", "dw", "params"]
         assert np.frombuffer(step["buffers"][-1][1], np.int32).tolist() == [27, 7, 33, -1]
 
 
-def test_this_file_covers_every_kernel_of_gather_conv_metal():
-    if BACKEND != "harness":
+def test_this_file_covers_every_kernel_of_fetch_on_demand_metal():
+    if BACKEND != "metal-harness":
         pytest.skip("lists kernels with the harness's source scanner")
-    defined = {k for k, path in mh.defined_kernels().items() if path.name == "gather_conv.metal"}
+    defined = {k for k, path in mh.defined_kernels().items() if path.name == "fetch_on_demand.metal"}
     assert defined == set(KERNELS), f"kernels without a test here: {sorted(defined - set(KERNELS))}"

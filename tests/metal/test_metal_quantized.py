@@ -6,19 +6,16 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
-import mlx_lattice as ml
 from mlx_lattice import QuantizedWeight, routes
 from mlx_lattice.ops import mapped_weight
-from mlx_lattice.relation import KernelGeometry
 from mlx_lattice.routes import RouteContext
 
 import oracle
-import metal_harness
 import metal_programs
+from conftest import METAL_TOLERANCES as TOL
 
-pytestmark = [pytest.mark.metal, pytest.mark.skipif(metal_programs.BACKEND is None, reason=metal_programs.WHY)]
+pytestmark = metal_programs.MARKS
 
-TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2)}
 SCHEDULES = ("forward", "reverse", "random")
 
 
@@ -30,31 +27,14 @@ def qctx(**kw):
     return RouteContext(**base)
 
 
-def case(rng, n, c_in, c_out, dtype, kind="submanifold", bits=4, group=32, batches=2):
-    extent = max(6, int(round((n / batches * 3) ** (1 / 3))))
-    coords = oracle.random_coords(rng, n, extent, batches)
-    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
-    m, s = x.manager, x.coordinate_set
-    ks = 1 if kind == "pointwise" else 3
-    if kind in ("submanifold", "pointwise"):
-        pad = (ks - 1) // 2
-        rel = m.submanifold_kernel_relation(s, KernelGeometry((ks,) * 3, (1,) * 3, (pad,) * 3, (1,) * 3))
-        out = coords
-        edges = oracle.conv_edges(coords, coords, ks, 1, pad)
-    elif kind == "forward":
-        rel, out_set = m.kernel_relation(s, KernelGeometry((3, 3, 3), (2,) * 3, (1,) * 3, (1,) * 3))
-        out = np.array(out_set.coords)
-        edges = oracle.conv_edges(coords, out, 3, 2, 1)
-    else:  # target: some output rows have no edge
-        out = np.concatenate([oracle.random_coords(rng, n // 2, extent, batches),
-                              np.array([[0, 1000, 1000, 1000]], np.int32)])
-        dst = m.register(mx.array(out))
-        rel = m.target_kernel_relation(s, dst, KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3))
-        edges = oracle.conv_edges(coords, out, 3, 1, 1)
-    feats = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)).astype(dtype)
-    w5 = mx.array((rng.standard_normal((c_out, ks, ks, ks, c_in)) / np.sqrt(27 * c_in)).astype(np.float32))
-    q = QuantizedWeight.from_float(w5, bits=bits, group_size=group)
-    return feats, q, rel, edges, len(out)
+
+
+def case(rng, n, c_in, c_out, dtype, kind="submanifold", bits=4, group=32):
+    """metal_programs.case with the weight quantized (and a target with no
+    edge): features, QuantizedWeight, relation, oracle edges, output count."""
+    feats, w5, rel, edges, n_out = metal_programs.case(
+        rng, n, c_in, c_out, dtype, kind, unreachable_target=True, weight_dtype=mx.float32)
+    return feats, QuantizedWeight.from_float(w5, bits=bits, group_size=group), rel, edges, n_out
 
 
 def check(route, feats, q, rel, edges, n_out, dtype, schedule="forward"):
@@ -66,7 +46,7 @@ def check(route, feats, q, rel, edges, n_out, dtype, schedule="forward"):
     expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(deq), n_out)
     y64 = y.astype(np.float64)
     np.testing.assert_allclose(y64, expected, **TOL[dtype])
-    yf = metal_programs.conv("metal.relation_traversal", feats, mapped_weight(deq.astype(dtype)), rel._native)
+    yf = metal_programs.conv("metal.fetch_on_demand", feats, mapped_weight(deq.astype(dtype)), rel._native)
     np.testing.assert_allclose(y64, yf.astype(np.float64), **TOL[dtype])
     return float(np.max(np.abs(y64 - expected)))
 
@@ -75,21 +55,21 @@ def check(route, feats, q, rel, edges, n_out, dtype, schedule="forward"):
 @pytest.mark.parametrize(
     "kw,route",
     [
-        (dict(), "metal.quantized_sorted"),
-        (dict(c_in=64, c_out=32, group_size=64, map_kind="target"), "metal.quantized_sorted"),
-        (dict(c_in=64, c_out=64, group_size=32, map_kind="forward"), "metal.quantized_sorted"),
-        (dict(c_in=64, c_out=64, group_size=32, tensor_ops=True), "metal.quantized_sorted"),
+        (dict(), "metal.sorted_quantized"),
+        (dict(c_in=64, c_out=32, group_size=64, map_kind="target"), "metal.sorted_quantized"),
+        (dict(c_in=64, c_out=64, group_size=32, map_kind="forward"), "metal.sorted_quantized"),
+        (dict(c_in=64, c_out=64, group_size=32, tensor_ops=True), "metal.sorted_quantized"),
         (dict(c_in=32, c_out=64, group_size=32, tensor_ops=True), "metal.tensorops_quantized"),
         (dict(c_in=64, c_out=64, group_size=64, tensor_ops=True), "metal.tensorops_quantized"),
-        (dict(c_in=32, c_out=32, group_size=64), "metal.quantized_direct"),  # group > C_in
-        (dict(c_in=32, c_out=32, group_size=64, tensor_ops=True), "metal.quantized_direct"),
-        (dict(dtype="float32"), "metal.quantized_direct"),
-        (dict(kernel_size=(2, 2, 2)), "metal.quantized_direct"),
-        (dict(map_kind="transposed"), "metal.quantized_direct"),
-        (dict(c_in=128, c_out=32, group_size=32), "metal.quantized_direct"),
-        (dict(c_in=32, c_out=16), "metal.quantized_direct"),
-        (dict(tier="metal:unknown:macos-unknown:tensorops=no"), "metal.quantized_direct"),
-        (dict(dtype="float32", c_in=7, c_out=5), "metal.quantized_direct"),
+        (dict(c_in=32, c_out=32, group_size=64), "metal.quantized_fetch_on_demand"),  # group > C_in
+        (dict(c_in=32, c_out=32, group_size=64, tensor_ops=True), "metal.quantized_fetch_on_demand"),
+        (dict(dtype="float32"), "metal.quantized_fetch_on_demand"),
+        (dict(kernel_size=(2, 2, 2)), "metal.quantized_fetch_on_demand"),
+        (dict(map_kind="transposed"), "metal.quantized_fetch_on_demand"),
+        (dict(c_in=128, c_out=32, group_size=32), "metal.quantized_fetch_on_demand"),
+        (dict(c_in=32, c_out=16), "metal.quantized_fetch_on_demand"),
+        (dict(tier="metal:unknown:macos-unknown:tensorops=no"), "metal.quantized_fetch_on_demand"),
+        (dict(dtype="float32", c_in=7, c_out=5), "metal.quantized_fetch_on_demand"),
     ],
 )
 def test_quantized_selection(kw, route):
@@ -98,45 +78,45 @@ def test_quantized_selection(kw, route):
 
 
 def test_quantized_selection_other_backends():
-    assert routes.select(qctx(backend="cpu", tier="cpu")).route.name == "cpu.quantized_direct"
+    assert routes.select(qctx(backend="cpu", tier="cpu")).route.name == "cpu.quantized_gather_gemm"
     sel = routes.select(qctx(dtype="bfloat16"))  # no bfloat16 Metal kernels: CPU, said so
-    assert sel.route.name == "cpu.quantized_direct" and "CPU" in sel.fallback
+    assert sel.route.name == "cpu.quantized_gather_gemm" and "CPU" in sel.fallback
     # float routes never take a quantized call and vice versa
-    assert routes.select(qctx(quantized=False, weight_layout="dense5d")).route.name == "metal.sorted_implicit_gemm"
+    assert routes.select(qctx(quantized=False, weight_layout="dense5d")).route.name == "metal.sorted_gemm"
 
 
 # ------------------------------------------------------------------ execution
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
 @pytest.mark.parametrize("kind", ["submanifold", "forward", "target", "pointwise"])
-def test_quantized_direct(rng, bits, dtype, kind):
+def test_quantized_fetch_on_demand(rng, bits, dtype, kind):
     c_in, c_out, group = (64, 7, 32) if bits == 4 else (128, 33, 64)
     feats, q, rel, edges, n_out = case(rng, 90, c_in, c_out, dtype, kind, bits, group)
     ctx = qctx(map_kind=rel.kind, dtype=str(dtype).replace("mlx.core.", ""), c_in=c_in, c_out=c_out,
                group_size=group, kernel_size=(1, 1, 1) if kind == "pointwise" else (3, 3, 3))
-    assert routes.select(ctx).route.name == "metal.quantized_direct"
-    check("metal.quantized_direct", feats, q, rel, edges, n_out, dtype, SCHEDULES[bits % 3])
+    assert routes.select(ctx).route.name == "metal.quantized_fetch_on_demand"
+    check("metal.quantized_fetch_on_demand", feats, q, rel, edges, n_out, dtype, SCHEDULES[bits % 3])
 
 
-def test_quantized_direct_without_relation(rng):
+def test_quantized_fetch_on_demand_without_relation(rng):
     """Pointwise product (no relation): row r reads row r at offset 0."""
     feats = mx.array(rng.standard_normal((50, 32)).astype(np.float32))
     q = QuantizedWeight.from_float(mx.array(rng.standard_normal((9, 1, 1, 1, 32)).astype(np.float32)), 8, 32)
-    y = metal_programs.quantized("metal.quantized_direct", feats, q, None)
+    y = metal_programs.quantized("metal.quantized_fetch_on_demand", feats, q, None)
     expected = np.array(feats) @ np.array(q.dequantize())[:, 0, 0, 0, :].T
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("c_in,c_out", [(32, 32), (32, 64), (64, 32), (64, 64)])
-def test_quantized_sorted(rng, bits, c_in, c_out):
+def test_sorted_quantized(rng, bits, c_in, c_out):
     kind = ("submanifold", "forward", "target")[(c_in // 32 + c_out // 32 + bits) % 3]
     group = 64 if (c_in == 64 and bits == 8) else 32
     feats, q, rel, edges, n_out = case(rng, 260, c_in, c_out, mx.float16, kind, bits, group)
     ctx = qctx(map_kind=rel.kind, c_in=c_in, c_out=c_out, group_size=group)
-    assert routes.select(ctx).route.name == "metal.quantized_sorted"
+    assert routes.select(ctx).route.name == "metal.sorted_quantized"
     assert rel.n_out % 64 != 0
-    check("metal.quantized_sorted", feats, q, rel, edges, n_out, mx.float16, SCHEDULES[(bits // 4 + c_in // 64) % 3])
+    check("metal.sorted_quantized", feats, q, rel, edges, n_out, mx.float16, SCHEDULES[(bits // 4 + c_in // 64) % 3])
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -149,7 +129,7 @@ def test_tensorops_quantized(rng, bits, c_in, c_out):
     schedule = SCHEDULES[(bits // 4 + c_out // 32) % 3]
     check("metal.tensorops_quantized", feats, q, rel, edges, n_out, mx.float16, schedule)
     # and equal (to fp16 rounding) to the sorted quantized route
-    y0 = metal_programs.quantized("metal.quantized_sorted", feats, q, rel._native)
+    y0 = metal_programs.quantized("metal.sorted_quantized", feats, q, rel._native)
     y1 = metal_programs.quantized("metal.tensorops_quantized", feats, q, rel._native)
     np.testing.assert_allclose(y0.astype(np.float64), y1.astype(np.float64), rtol=1e-2, atol=1e-2)
 
@@ -160,4 +140,4 @@ def test_quantized_programs_refuse_other_shapes(rng):
         metal_programs.quantized("metal.tensorops_quantized", feats, q, rel._native)
     f32 = feats.astype(mx.float32)
     with pytest.raises(ValueError, match="float16"):
-        metal_programs.quantized("metal.quantized_sorted", f32, q, rel._native)
+        metal_programs.quantized("metal.sorted_quantized", f32, q, rel._native)

@@ -13,12 +13,12 @@ from mlx_lattice.relation import KernelGeometry
 from mlx_lattice.routes import RouteContext
 
 import oracle
-import metal_harness
 import metal_programs
+from conftest import METAL_TOLERANCES as TOL
+from metal_programs import case
 
-pytestmark = [pytest.mark.metal, pytest.mark.skipif(metal_programs.BACKEND is None, reason=metal_programs.WHY)]
+pytestmark = metal_programs.MARKS
 
-TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2)}
 
 
 def metal_ctx(**kw):
@@ -28,31 +28,6 @@ def metal_ctx(**kw):
     return RouteContext(**base)
 
 
-def case(rng, n, c_in, c_out, dtype, kind="submanifold", extent=None, batches=2):
-    """A relation of the given kind, features and weights, and oracle edges."""
-    extent = extent or max(6, int(round((n / batches * 3) ** (1 / 3))))
-    coords = oracle.random_coords(rng, n, extent, batches)
-    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
-    m, s = x.manager, x.coordinate_set
-    if kind == "submanifold":
-        geom = KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3)
-        rel = m.submanifold_kernel_relation(s, geom)
-        out = coords
-        edges = oracle.conv_edges(coords, coords, 3, 1, 1)
-    elif kind == "forward":
-        geom = KernelGeometry((3, 3, 3), (2,) * 3, (1,) * 3, (1,) * 3)
-        rel, out_set = m.kernel_relation(s, geom)
-        out = np.array(out_set.coords)
-        edges = oracle.conv_edges(coords, out, 3, 2, 1)
-    else:  # target
-        out = oracle.random_coords(rng, n // 2, extent, batches)
-        dst = m.register(mx.array(out))
-        geom = KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3)
-        rel = m.target_kernel_relation(s, dst, geom)
-        edges = oracle.conv_edges(coords, out, 3, 1, 1)
-    feats = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)).astype(dtype)
-    w5 = mx.array((rng.standard_normal((c_out, 3, 3, 3, c_in)) / np.sqrt(27 * c_in)).astype(np.float32)).astype(dtype)
-    return feats, w5, rel, edges, len(out)
 
 
 def select(rel, dtype, c_in, c_out, **kw):
@@ -65,7 +40,7 @@ def check_route(route, feats, w5, rel, edges, n_out, dtype, schedule="forward", 
     record = None
     if log is not None:
         record = {"op": "conv3d", "map_kind": rel.kind, "dtype": str(dtype), "n_out": n_out}
-    y = metal_programs.conv(route, feats, mapped_weight(w5), rel._native, 0, schedule=schedule, record=record)
+    y = metal_programs.conv(route, feats, mapped_weight(w5), rel._native, metal_programs.OUTPUT_MAJOR, schedule=schedule, record=record)
     expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(w5.astype(mx.float32)), n_out)
     np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[dtype])
 
@@ -75,8 +50,8 @@ def check_route(route, feats, w5, rel, edges, n_out, dtype, schedule="forward", 
     "kw,route",
     [
         (dict(kernel_size=(1, 1, 1), map_kind="forward"), "metal.pointwise"),
-        (dict(dtype="float16", c_in=32, c_out=32), "metal.sorted_implicit_gemm"),
-        (dict(dtype="float16", c_in=64, c_out=64, map_kind="target"), "metal.sorted_implicit_gemm"),
+        (dict(dtype="float16", c_in=32, c_out=32), "metal.sorted_gemm"),
+        (dict(dtype="float16", c_in=64, c_out=64, map_kind="target"), "metal.sorted_gemm"),
         (dict(dtype="float16", c_in=64, c_out=64, map_kind="transposed", n_out=5000), "metal.dense_channel"),
         (dict(dtype="float16", c_in=32, c_out=64, n_out=4096), "metal.dense_channel"),
         (dict(dtype="float16", c_in=32, c_out=64, n_out=4095), "metal.fp16_gather"),
@@ -99,16 +74,16 @@ def test_route_selection(kw, route):
 
 def test_atomic_route_is_marked_nondeterministic():
     assert not routes.get("metal.fp32_atomic").deterministic
-    assert all(routes.get(n).deterministic for n in ("metal.vec4", "metal.sorted_implicit_gemm", "metal.dense_channel"))
+    assert all(routes.get(n).deterministic for n in ("metal.vec4", "metal.sorted_gemm", "metal.dense_channel"))
 
 
 # ------------------------------------------------------------------ execution
 @pytest.mark.parametrize("kind", ["submanifold", "forward", "target"])
 @pytest.mark.parametrize("c", [32, 64])
-def test_sorted_implicit_gemm(rng, kind, c):
+def test_sorted_gemm(rng, kind, c):
     feats, w5, rel, edges, n_out = case(rng, 300, c, c, mx.float16, kind)
     route, _ = select(rel, mx.float16, c, c)
-    assert route == "metal.sorted_implicit_gemm"
+    assert route == "metal.sorted_gemm"
     assert n_out % 64 != 0  # a partly filled last tile
     check_route(route, feats, w5, rel, edges, n_out, mx.float16)
 
@@ -117,7 +92,7 @@ def test_sorted_plan_tiles_skip_offsets(rng):
     feats, w5, rel, edges, n_out = case(rng, 200, 32, 32, mx.float16)
     masks = np.array(rel.sorted_plan().tile_masks)
     assert np.any(masks != (1 << 27) - 1)  # some tiles skip offsets
-    check_route("metal.sorted_implicit_gemm", feats, w5, rel, edges, n_out, mx.float16, schedule="reverse")
+    check_route("metal.sorted_gemm", feats, w5, rel, edges, n_out, mx.float16, schedule="reverse")
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
@@ -163,23 +138,23 @@ def test_fp32_atomic(rng, c_in, c_out):
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
-def test_relation_traversal_and_pointwise(rng, dtype):
+def test_fetch_on_demand_and_pointwise(rng, dtype):
     feats, w5, rel, edges, n_out = case(rng, 100, 6, 7, dtype, "forward")
-    check_route("metal.relation_traversal", feats, w5, rel, edges, n_out, dtype)
+    check_route("metal.fetch_on_demand", feats, w5, rel, edges, n_out, dtype)
     w1 = mx.array(rng.standard_normal((9, 1, 1, 1, 6)).astype(np.float32)).astype(dtype)
     y = metal_programs.conv("metal.pointwise", feats, mapped_weight(w1), None)
     expected = np.array(feats.astype(mx.float32)) @ np.array(w1.astype(mx.float32))[:, 0, 0, 0, :].T
     np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[dtype])
 
 
-@pytest.mark.parametrize("route", ["metal.vec4", "metal.cout16", "metal.relation_traversal"])
+@pytest.mark.parametrize("route", ["metal.vec4", "metal.cout16", "metal.fetch_on_demand"])
 def test_input_gradient_routes(rng, route):
     """CSR routes also serve the input gradient (input-major view, W^T)."""
     c_out = 12  # the input gradient has C_in = 16 output channels
     feats, w5, rel, edges, n_out = case(rng, 150, 16, c_out, mx.float32, "forward")
     ct = rng.standard_normal((n_out, c_out)).astype(np.float32)
     wt = mx.swapaxes(mapped_weight(w5), 1, 2)
-    dx = metal_programs.conv(route, mx.array(ct), wt, rel._native, view=1)
+    dx = metal_programs.conv(route, mx.array(ct), wt, rel._native, view=metal_programs.INPUT_MAJOR)
     ex, _, _ = oracle.grads(edges, np.array(feats), np.array(w5), ct)
     np.testing.assert_allclose(dx, ex, rtol=1e-4, atol=1e-4)
 
@@ -193,10 +168,10 @@ def test_programs_reject_shapes_their_kernels_cannot_run(rng):
         metal_programs.conv("metal.vec4", feats, w, rel._native)
 
 
-def test_weight_gradient_route(rng):
+def test_wgrad_direct_route(rng):
     feats, w5, rel, edges, n_out = case(rng, 120, 5, 6, mx.float32, "forward")
     ct = rng.standard_normal((n_out, 6)).astype(np.float32)
-    dw = metal_programs.weight_grad("metal.weight_gradient", feats, mx.array(ct), rel._native, 27)
+    dw = metal_programs.weight_grad("metal.wgrad_direct", feats, mx.array(ct), rel._native, 27)
     _, ew, _ = oracle.grads(edges, np.array(feats), np.array(w5), ct)
     # kernel-major (K, C_in, C_out) against the oracle's 5D layout
     np.testing.assert_allclose(dw, np.array(mapped_weight(mx.array(ew.astype(np.float32)))), rtol=1e-4, atol=1e-4)
@@ -209,8 +184,14 @@ def test_harness_runs_are_logged(rng, tmp_path, monkeypatch):
     with ml.diagnostics.record() as log:
         check_route("metal.vec4", feats, w5, rel, edges, n_out, mx.float32, log=True)
     assert log[0]["backend"] == metal_programs.BACKEND and log[0]["route"] == "metal.vec4"
-    assert log[0]["kernels"] == ["vec4_conv_float32"]
+    assert log[0]["kernels"] == ["vec4_float32"]
     assert metal_programs.BACKEND in path.read_text()
+    # weight gradients are recorded too, with their pass
+    ct = mx.zeros((n_out, 8))
+    with ml.diagnostics.record() as log:
+        metal_programs.weight_grad("metal.wgrad_direct", feats, ct, rel._native, 27)
+    assert [(r["route"], r["direction"], r["kernels"]) for r in log] == [
+        ("metal.wgrad_direct", "wgrad", ["wgrad_direct_float32"])]
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
@@ -224,7 +205,7 @@ def test_dense_channel_every_instantiation(rng, dtype, c_in, c_out):
 
 
 # ------------------------------------------------------------------ TensorOps sorted route
-@pytest.mark.parametrize("tensor_ops,route", [(True, "metal.tensorops_sorted"), (False, "metal.sorted_implicit_gemm")])
+@pytest.mark.parametrize("tensor_ops,route", [(True, "metal.tensorops_sorted"), (False, "metal.sorted_gemm")])
 @pytest.mark.parametrize("kw", [dict(c_in=32, c_out=32), dict(c_in=64, c_out=64, map_kind="target"),
                                 dict(c_in=64, c_out=64, map_kind="forward")])
 def test_tensorops_selection_follows_the_capability(tensor_ops, route, kw):
@@ -239,7 +220,7 @@ def test_tensorops_selection_follows_the_capability(tensor_ops, route, kw):
         (dict(dtype="float16", c_in=48, c_out=48, n_out=100), "metal.fp16_gather"),
         (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100), "metal.fp16_gather"),
         (dict(dtype="float16", c_in=64, c_out=64, map_kind="transposed", n_out=5000), "metal.dense_channel"),
-        (dict(dtype="float16", c_in=32, c_out=32, quantized=True), "metal.quantized_direct"),
+        (dict(dtype="float16", c_in=32, c_out=32, quantized=True), "metal.quantized_fetch_on_demand"),
     ],
 )
 def test_tensorops_route_keeps_the_sorted_shape_predicate(kw, route):
@@ -253,7 +234,7 @@ def test_tensorops_program_binds_what_the_direct_route_binds():
     rng = np.random.default_rng(404)
     feats, w5, rel, edges, n_out = case(rng, 120, 32, 32, mx.float16)
     w = mapped_weight(w5)
-    inputs = {r: _ext_inputs(r, feats, w, rel) for r in ("metal.sorted_implicit_gemm", "metal.tensorops_sorted")}
+    inputs = {r: _ext_inputs(r, feats, w, rel) for r in ("metal.sorted_gemm", "metal.tensorops_sorted")}
     for a, b in zip(*inputs.values()):
         np.testing.assert_array_equal(np.array(a), np.array(b))
     direct, tops = (ml._ext.metal_program("conv", r, inputs[r], [n_out, 32], mx.float16)["steps"]
@@ -265,7 +246,7 @@ def test_tensorops_program_binds_what_the_direct_route_binds():
 
 
 def _ext_inputs(route, feats, w, rel):
-    return ml._ext.conv_inputs(feats, w, rel._native, 0, route)
+    return ml._ext.conv_inputs(feats, w, rel._native, metal_programs.OUTPUT_MAJOR, route)
 
 
 @pytest.mark.parametrize("kind", ["submanifold", "forward", "target"])
@@ -278,8 +259,8 @@ def test_tensorops_sorted_against_direct_route_and_oracle(kind, c):
     assert route == "metal.tensorops_sorted"
     assert n_out % 64 != 0  # a partly filled last tile
     w = mapped_weight(w5)
-    y = metal_programs.conv(route, feats, w, rel._native, 0, schedule="random", seed=c)
-    direct = metal_programs.conv("metal.sorted_implicit_gemm", feats, w, rel._native, 0)
+    y = metal_programs.conv(route, feats, w, rel._native, metal_programs.OUTPUT_MAJOR, schedule="random", seed=c)
+    direct = metal_programs.conv("metal.sorted_gemm", feats, w, rel._native, metal_programs.OUTPUT_MAJOR)
     expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(w5.astype(mx.float32)), n_out)
     np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[mx.float16])
     # Both accumulate in float and round once: at most an fp16 rounding apart.
@@ -302,7 +283,7 @@ def test_tensorops_sorted_skips_offsets_and_writes_empty_rows():
     masks = np.array(rel.sorted_plan().tile_masks)
     assert np.any(masks != (1 << 27) - 1)  # some tiles skip offsets
     assert (np.diff(np.array(rel._native.out_offsets))[-3:] == 0).all()
-    y = metal_programs.conv("metal.tensorops_sorted", feats, mapped_weight(w5), rel._native, 0, schedule="reverse")
+    y = metal_programs.conv("metal.tensorops_sorted", feats, mapped_weight(w5), rel._native, metal_programs.OUTPUT_MAJOR, schedule="reverse")
     expected = oracle.apply(edges, np.array(feats.astype(mx.float32)), np.array(w5.astype(mx.float32)), len(out))
     np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[mx.float16])
     np.testing.assert_array_equal(y[-3:], 0)

@@ -11,10 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-try:
-    import metal_harness as mh
-except ImportError:  # tests/ imported as a package
-    from tests import metal_harness as mh
+import metal_harness as mh
 
 _ok, _why = mh.available()
 pytestmark = [pytest.mark.metal, pytest.mark.skipif(not _ok, reason=_why)]

@@ -1,0 +1,48 @@
+// Kernel parameters, defined once for both sides: the kernels in metal/
+// include this file, and so does the host code in src/metal/ that fills
+// them (src/metal/program.h). Plain 32-bit ints only, so the layout is the
+// same in MSL and C++.
+#pragma once
+
+// Convolution products (GatherConv and its routes).
+struct ConvParams {
+  int rows;      // output rows of this product
+  int a;         // input channels
+  int b;         // output channels
+  int pointwise; // 1: row r reads row r at offset 0 (no relation)
+  int k;         // kernel volume
+  int n_in;      // rows of x
+  int n_tiles;   // tiles of the sorted plan
+  int edges;     // edge count
+};
+
+// Weight gradients (WeightGrad).
+struct WeightGradParams {
+  int k;
+  int a;
+  int b;
+  int pointwise_rows; // rows of a pointwise product; -1 with a relation
+};
+
+// Partitioned weight gradient (TensorOps): partitions per offset.
+struct WeightGradPartsParams {
+  int k;
+  int a;
+  int b;
+  int parts; // partitions per offset
+};
+
+// Quantized convolution (QuantizedConv); metal/quant_params.h has the
+// kernels' code and weight readers.
+struct QuantParams {
+  int rows;      // output rows of this product
+  int a;         // input channels
+  int b;         // output channels
+  int pointwise; // 1: row r reads row r at offset 0 (no relation)
+  int k;         // kernel volume
+  int n_in;      // rows of x
+  int n_tiles;   // tiles of the sorted plan
+  int edges;     // edge count
+  int bits;      // 4 or 8
+  int group;     // input channels per scale/bias
+};

@@ -1,0 +1,93 @@
+"""Autodiff of the CUDA products: each derived product (input gradient,
+weight gradient, their own derivatives) asks the route registry again,
+which records it, and runs the chosen entry of the CUDA route table."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .. import routes as registry
+from . import routes as table
+from .view import View
+
+
+def _route(direction, view: View | None, k, a, b, rows_in, dtype, from_route):
+    ctx = registry.context(
+        f"{direction} of {from_route}",
+        "cuda",
+        map_kind="forward" if view is None else view.rel.kind,
+        dtype=str(dtype).replace("mlx.core.", ""),
+        kernel_size=(1, 1, 1) if view is None else None,
+        k=k, c_in=a, c_out=b, n_in=rows_in,
+        n_out=rows_in if view is None else view.rows,
+        edges=rows_in if view is None else view.rel.edges,
+        direction=direction, weight_layout="mapped",
+    )
+    return registry.choose(ctx).route.name
+
+
+def conv(route: str, x: mx.array, w: mx.array, view: View | None) -> mx.array:
+    """y = sum over edges of x[g] @ w[k] on `view` (None: pointwise), with VJP/JVP."""
+
+    @mx.custom_function
+    def f(x, w):
+        # stop_gradient keeps forward-mode tracing out of the kernel itself
+        # (its JVP is f_jvp below); reverse mode goes through f_vjp anyway.
+        return table.find(route, "conv").run(mx.stop_gradient(x), mx.stop_gradient(w), view)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        x, w = primals
+        k, a, b = w.shape
+        back = None if view is None else view.flipped()
+        r_d = _route("dgrad", back, k, b, a, cotangent.shape[0], x.dtype, route)
+        dx = conv(r_d, cotangent, mx.swapaxes(w, 1, 2), back)
+        r_w = _route("wgrad", view, k, a, b, x.shape[0], x.dtype, route)
+        dw = weight_grad(r_w, x, cotangent, view, k)
+        return dx, dw
+
+    @f.jvp
+    def f_jvp(primals, tangents):
+        x, w = primals
+        tx, tw = tangents
+        terms = []
+        if tx is not None:
+            terms.append(conv(route, tx, w, view))
+        if tw is not None:
+            terms.append(conv(route, x, tw, view))
+        return sum(terms[1:], terms[0]) if terms else mx.zeros((x.shape[0] if view is None else view.rows, w.shape[2]), x.dtype)
+
+    return f(x, w)
+
+
+def weight_grad(route: str, x: mx.array, ct: mx.array, view: View | None, k: int) -> mx.array:
+    """dW[k] = sum over the edges of offset k of x[g]^T ct[r], with VJP/JVP."""
+
+    @mx.custom_function
+    def f(x, ct):
+        x, ct = mx.stop_gradient(x), mx.stop_gradient(ct)
+        return table.find(route, "weight_grad").run(x, ct, view, k)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        x, ct = primals
+        back = None if view is None else view.flipped()
+        a, b = x.shape[1], ct.shape[1]
+        r_x = _route("dgrad", back, k, b, a, ct.shape[0], x.dtype, route)
+        gx = conv(r_x, ct, mx.swapaxes(cotangent, 1, 2), back)
+        r_c = _route("forward", view, k, a, b, x.shape[0], x.dtype, route)
+        gct = conv(r_c, x, cotangent, view)
+        return gx, gct
+
+    @f.jvp
+    def f_jvp(primals, tangents):
+        x, ct = primals
+        tx, tct = tangents
+        terms = []
+        if tx is not None:
+            terms.append(weight_grad(route, tx, ct, view, k))
+        if tct is not None:
+            terms.append(weight_grad(route, x, tct, view, k))
+        return sum(terms[1:], terms[0]) if terms else mx.zeros((k, x.shape[1], ct.shape[1]), x.dtype)
+
+    return f(x, ct)

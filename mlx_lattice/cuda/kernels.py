@@ -1,0 +1,217 @@
+"""CUDA kernel sources, written for ``mx.fast.cuda_kernel`` (MLX compiles
+them at run time: no private MLX C++ ABI is needed). Each kernel is named
+for the route that launches it (mlx_lattice/cuda/routes.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+
+
+# ------------------------------------------------------------------ sources
+HEADER = """
+#include <mma.h>
+"""
+
+# Fetch-on-demand: one thread per (row, output channel) over the CSR edges.
+FETCH_ON_DEMAND_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int rows = params[0];
+  if (idx >= (long)rows * B) return;
+  const int r = (int)(idx / B);
+  const int c = (int)(idx % B);
+  const int e0 = POINTWISE ? r : offsets[r];
+  const int e1 = POINTWISE ? r + 1 : offsets[r + 1];
+  float acc = 0.0f;
+  for (int e = e0; e < e1; ++e) {
+    const long g = POINTWISE ? r : gather[e];
+    const long k = POINTWISE ? 0 : kidx[e];
+    const T* xr = x + g * A;
+    const T* wk = w + k * A * B + c;
+    for (int a = 0; a < A; ++a) {
+      acc += static_cast<float>(xr[a]) * static_cast<float>(wk[(long)a * B]);
+    }
+  }
+  y[(long)r * B + c] = static_cast<T>(acc);
+"""
+
+# Sorted implicit GEMM on tensor cores: 64 rows (in neighbour-mask order) per
+# block, four warps of 16 rows each holding B/16 accumulator fragments for
+# the whole tile. For each offset present in the tile's mask, the 64 gathered
+# input rows and W[k] are staged in shared memory with 16-byte loads, then
+# contracted over all A input channels. Dynamic shared memory: the staged
+# operands during the loop, the float output tile after it.
+SORTED_MMA_SOURCE = """
+  using namespace nvcuda;
+  constexpr int TM = 64;
+  constexpr int LDX = A + 8;
+  constexpr int LDW = B + 8;
+  constexpr int LDO = B + 4;
+  constexpr int VA = A / 8;
+  constexpr int VB = B / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* xs = reinterpret_cast<T*>(smem);
+  T* ws = xs + TM * LDX;
+  float* os = reinterpret_cast<float*>(smem);
+  const int rows = params[0];
+  const int tile = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const unsigned long long mask = tile_masks[tile];
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[B / 16];
+  for (int j = 0; j < B / 16; ++j) wmma::fill_fragment(acc[j], 0.0f);
+  for (int k = 0; k < K; ++k) {
+    if (((mask >> k) & 1ull) == 0) continue;
+    __syncthreads();
+    for (int i = tid; i < TM * VA; i += 128) {
+      const int rr = i / VA, v = i % VA;
+      const int row = tile * TM + rr;
+      const int in = row < rows ? sorted_map[(long)row * K + k] : -1;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (in >= 0) val = reinterpret_cast<const uint4*>(x + (long)in * A)[v];
+      *reinterpret_cast<uint4*>(xs + rr * LDX + v * 8) = val;
+    }
+    for (int i = tid; i < A * VB; i += 128) {
+      const int ar = i / VB, v = i % VB;
+      *reinterpret_cast<uint4*>(ws + ar * LDW + v * 8) =
+          reinterpret_cast<const uint4*>(w + ((long)k * A + ar) * B)[v];
+    }
+    __syncthreads();
+    for (int a0 = 0; a0 < A; a0 += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+      wmma::load_matrix_sync(fa, xs + warp * 16 * LDX + a0, LDX);
+      for (int j = 0; j < B / 16; ++j) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fb, ws + a0 * LDW + j * 16, LDW);
+        wmma::mma_sync(acc[j], fa, fb, acc[j]);
+      }
+    }
+  }
+  __syncthreads();
+  for (int j = 0; j < B / 16; ++j) {
+    wmma::store_matrix_sync(os + warp * 16 * LDO + j * 16, acc[j], LDO, wmma::mem_row_major);
+  }
+  __syncthreads();
+  for (int i = tid; i < TM * B; i += 128) {
+    const int row = tile * TM + i / B;
+    if (row < rows) {
+      y[(long)reorder[row] * B + i % B] = static_cast<T>(os[(i / B) * LDO + i % B]);
+    }
+  }
+"""
+
+
+def sorted_mma_shared_bytes(a: int, b: int) -> int:
+    staged = 64 * (a + 8) * 2 + a * (b + 8) * 2
+    return max(staged, 64 * (b + 4) * 4)
+
+
+# Weight gradient, direct: one thread per (offset, a, b) over kernel-major edges.
+WGRAD_DIRECT_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long)K * A * B) return;
+  const int k = (int)(idx / ((long)A * B));
+  const int a = (int)((idx / B) % A);
+  const int b = (int)(idx % B);
+  const int e0 = POINTWISE ? 0 : koffsets[k];
+  const int e1 = POINTWISE ? params[0] : koffsets[k + 1];
+  float acc = 0.0f;
+  for (int e = e0; e < e1; ++e) {
+    const long g = POINTWISE ? e : gidx[e];
+    const long r = POINTWISE ? e : ridx[e];
+    acc += static_cast<float>(x[g * A + a]) * static_cast<float>(ct[r * B + b]);
+  }
+  dw[idx] = static_cast<T>(acc);
+"""
+
+# Weight gradient on tensor cores: one block per chunk of up to 256 edges of
+# one offset; gathered rows of x and ct go through shared memory 32 edges at
+# a time (16-byte loads), dW_chunk = X^T G accumulates in fragments spread
+# over four warps. Partial sums are reduced per offset, in chunk order, by
+# WGRAD_REDUCE.
+WGRAD_MMA_SOURCE = """
+  using namespace nvcuda;
+  constexpr int SE = 32;
+  constexpr int LDX = A + 8;
+  constexpr int LDG = B + 8;
+  constexpr int VA = A / 8;
+  constexpr int VB = B / 8;
+  constexpr int TILES = (A / 16) * (B / 16);
+  constexpr int PER_WARP = (TILES + 3) / 4;
+  __shared__ __align__(32) T xs[SE * LDX];
+  __shared__ __align__(32) T gs[SE * LDG];
+  const int chunk = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int e0 = chunks[3 * chunk + 1];
+  const int e1 = chunks[3 * chunk + 2];
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[PER_WARP];
+  for (int t = 0; t < PER_WARP; ++t) wmma::fill_fragment(acc[t], 0.0f);
+  for (int s = e0; s < e1; s += SE) {
+    __syncthreads();
+    for (int i = tid; i < SE * VA; i += 128) {
+      const int e = s + i / VA, v = i % VA;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (e < e1) val = reinterpret_cast<const uint4*>(x + (long)gidx[e] * A)[v];
+      *reinterpret_cast<uint4*>(xs + (i / VA) * LDX + v * 8) = val;
+    }
+    for (int i = tid; i < SE * VB; i += 128) {
+      const int e = s + i / VB, v = i % VB;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (e < e1) val = reinterpret_cast<const uint4*>(ct + (long)ridx[e] * B)[v];
+      *reinterpret_cast<uint4*>(gs + (i / VB) * LDG + v * 8) = val;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < SE; kk += 16) {
+      for (int t = 0; t < PER_WARP; ++t) {
+        const int tile = warp * PER_WARP + t;
+        if (tile >= TILES) break;
+        const int ta = tile / (B / 16), tb = tile % (B / 16);
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fa, xs + kk * LDX + ta * 16, LDX);
+        wmma::load_matrix_sync(fb, gs + kk * LDG + tb * 16, LDG);
+        wmma::mma_sync(acc[t], fa, fb, acc[t]);
+      }
+    }
+  }
+  float* out = partial + (long)chunk * A * B;
+  for (int t = 0; t < PER_WARP; ++t) {
+    const int tile = warp * PER_WARP + t;
+    if (tile >= TILES) break;
+    const int ta = tile / (B / 16), tb = tile % (B / 16);
+    wmma::store_matrix_sync(out + ta * 16 * B + tb * 16, acc[t], B, wmma::mem_row_major);
+  }
+"""
+
+WGRAD_REDUCE_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long)K * A * B) return;
+  const int k = (int)(idx / ((long)A * B));
+  const long ab = idx % ((long)A * B);
+  float acc = 0.0f;
+  for (int c = first[k]; c < first[k + 1]; ++c) acc += partial[(long)c * A * B + ab];
+  dw[idx] = static_cast<T>(acc);
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str, shared_memory: int = 0):
+    spec = {
+        "fetch_on_demand": (["x", "w", "offsets", "gather", "kidx", "params"], ["y"], FETCH_ON_DEMAND_SOURCE),
+        "sorted_mma": (["x", "w", "reorder", "sorted_map", "tile_masks", "params"], ["y"], SORTED_MMA_SOURCE),
+        "wgrad_direct": (["x", "ct", "koffsets", "gidx", "ridx", "params"], ["dw"], WGRAD_DIRECT_SOURCE),
+        "wgrad_mma": (["x", "ct", "gidx", "ridx", "chunks"], ["partial"], WGRAD_MMA_SOURCE),
+        "wgrad_reduce": (["partial", "first"], ["dw"], WGRAD_REDUCE_SOURCE),
+    }[name]
+    return mx.fast.cuda_kernel(
+        name=f"mlx_lattice_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],
+        header=HEADER, shared_memory=shared_memory,
+    )
+
+
+def available() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    return cuda is not None and cuda.is_available()

@@ -1,0 +1,120 @@
+"""The CUDA route table: one entry per CUDA route of mlx_lattice/routes.py,
+with the function that computes its product."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import mlx.core as mx
+
+from .kernels import _kernel, sorted_mma_shared_bytes
+from .view import View
+
+
+def _params(*vals):
+    return mx.array(np.array(vals, dtype=np.int32))
+
+
+def pointwise(x, w, view: None):
+    """x @ W[0] with mx.matmul (cuBLAS); the registry admits half precision only."""
+    return mx.matmul(x, w[0])
+
+
+def fetch_on_demand(x, w, view: View | None):
+    """One thread per (row, output channel) over the CSR edges (any view)."""
+    k, a, b = w.shape
+    rows = x.shape[0] if view is None else view.rows
+    if view is None:
+        offsets = gather = kidx = mx.zeros((1,), mx.int32)
+    else:
+        offsets, gather, kidx = view.csr()
+    return _kernel("fetch_on_demand")(
+        inputs=[x, w, offsets, gather, kidx, _params(rows)],
+        template=[("T", x.dtype), ("A", a), ("B", b), ("POINTWISE", view is None)],
+        grid=(max(rows * b, 1), 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(rows, b)], output_dtypes=[x.dtype],
+    )[0]
+
+
+def sorted_mma(x, w, view: View):
+    """Output-stationary implicit GEMM on tensor cores over the sorted plan."""
+    k, a, b = w.shape
+    plan = view.plan()
+    rows = view.rows
+    tiles = -(-rows // 64)
+    return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b))(
+        inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, _params(rows)],
+        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k)],
+        grid=(max(tiles, 1) * 128, 1, 1), threadgroup=(128, 1, 1),
+        output_shapes=[(rows, b)], output_dtypes=[x.dtype],
+    )[0]
+
+
+def wgrad_direct(x, ct, view: View | None, k):
+    """One thread per weight element over the kernel-major edges."""
+    a, b = x.shape[1], ct.shape[1]
+    if view is None:
+        ko = gi = ri = mx.zeros((1,), mx.int32)
+        n = x.shape[0]
+    else:
+        km = view.rel.kernel_major()
+        ko, gi, ri = km.offsets, km.in_idx, km.out_idx
+        n = 0
+    return _kernel("wgrad_direct")(
+        inputs=[x, ct, ko, gi, ri, _params(n)],
+        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k), ("POINTWISE", view is None)],
+        grid=(max(k * a * b, 1), 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(k, a, b)], output_dtypes=[x.dtype],
+    )[0]
+
+
+def wgrad_mma(x, ct, view: View | None, k):
+    """Per-offset x^T ct on tensor cores over 256-edge chunks, reduced in order."""
+    if view is None:
+        # A pointwise product has no kernel-major chunks: its single offset
+        # is the direct kernel's x^T ct.
+        return wgrad_direct(x, ct, view, k)
+    a, b = x.shape[1], ct.shape[1]
+    chunks, first, km = view.wgrad_chunks()
+    n_chunks = chunks.shape[0]
+    if n_chunks == 0:
+        return mx.zeros((k, a, b), dtype=x.dtype)
+    partial = _kernel("wgrad_mma")(
+        inputs=[x, ct, km.in_idx, km.out_idx, chunks],
+        template=[("T", x.dtype), ("A", a), ("B", b)],
+        grid=(n_chunks * 128, 1, 1), threadgroup=(128, 1, 1),
+        output_shapes=[(n_chunks, a, b)], output_dtypes=[mx.float32],
+    )[0]
+    return _kernel("wgrad_reduce")(
+        inputs=[partial, first],
+        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k)],
+        grid=(k * a * b, 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(k, a, b)], output_dtypes=[x.dtype],
+    )[0]
+
+
+@dataclass(frozen=True)
+class Route:
+    op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k)
+    run: Callable
+
+
+ROUTES = {
+    "cuda.pointwise": Route("conv", pointwise),
+    "cuda.sorted_mma": Route("conv", sorted_mma),
+    "cuda.fetch_on_demand": Route("conv", fetch_on_demand),
+    "cuda.wgrad_mma": Route("weight_grad", wgrad_mma),
+    "cuda.wgrad_direct": Route("weight_grad", wgrad_direct),
+}
+
+
+def find(name: str, op: str) -> Route:
+    """The entry of `name`, which must be a CUDA route of `op`."""
+    route = ROUTES.get(name)
+    if route is None:
+        raise ValueError(f"no CUDA route named {name!r}")
+    if route.op != op:
+        raise ValueError(f"route {name!r} computes a {route.op} product, not {op}")
+    return route

@@ -1,0 +1,90 @@
+// The CPU routes: which kernel of src/cpu/ each route name runs, over which
+// arrays of the primitive's inputs.
+#include "cpu/routes.h"
+
+#include <stdexcept>
+
+#include "cpu/kernels.h"
+
+namespace mlx_lattice::cpu {
+
+namespace {
+
+// The CSR view arrays at inputs [first, first + 3) (offsets, gather, k).
+CsrView csr_view(const Call& c, size_t first) {
+  CsrView v;
+  v.rows = c.out.shape(0);
+  if (c.relation) {
+    v.offsets = c.in[first].data<int32_t>();
+    v.gather = c.in[first + 1].data<int32_t>();
+    v.k = c.in[first + 2].data<int32_t>();
+    v.edges = c.in[first + 1].shape(0);
+  } else {
+    v.edges = v.rows;
+  }
+  return v;
+}
+
+// x @ W[0] in the blocked GEMM kernel; no relation.
+void pointwise(const Call& c) {
+  if (c.relation) {
+    throw std::invalid_argument(c.route + " needs a pointwise product (no relation)");
+  }
+  gather_conv(c.in[0], c.in[1], csr_view(c, 2), c.out, c.stream);
+}
+
+// Blocked gather-GEMM over the CSR view (x, w, offsets, gather, k).
+void gather_gemm(const Call& c) {
+  gather_conv(c.in[0], c.in[1], csr_view(c, 2), c.out, c.stream);
+}
+
+// The gather-GEMM with int4/int8 codes unpacked into float32 weight panels
+// (x, codes, scales, biases, offsets, gather, k).
+void quantized_gather_gemm(const Call& c) {
+  gather_conv_quantized(
+      c.in[0], c.in[1], c.in[2], c.in[3], c.bits, c.group, c.in[1].shape(1), csr_view(c, 4),
+      c.out, c.stream);
+}
+
+// Per-offset GEMM over packed panels (x, ct, offsets, g, r).
+void wgrad_gemm(const Call& c) {
+  PairView v;
+  v.k = c.out.shape(0);
+  if (c.relation) {
+    v.offsets = c.in[2].data<int32_t>();
+    v.g = c.in[3].data<int32_t>();
+    v.r = c.in[4].data<int32_t>();
+    v.edges = c.in[3].shape(0);
+  } else {
+    v.edges = c.in[0].shape(0);
+  }
+  weight_grad(c.in[0], c.in[1], v, c.out, c.stream);
+}
+
+} // namespace
+
+const std::vector<Route>& routes() {
+  static const std::vector<Route> table = {
+      {"cpu.pointwise", Op::Conv, pointwise},
+      {"cpu.gather_gemm", Op::Conv, gather_gemm},
+      {"cpu.wgrad_gemm", Op::WeightGrad, wgrad_gemm},
+      {"cpu.quantized_gather_gemm", Op::QuantizedConv, quantized_gather_gemm},
+  };
+  return table;
+}
+
+const Route& find(const std::string& name, Op op) {
+  for (const Route& r : routes()) {
+    if (name == r.name) {
+      if (r.op != op) {
+        throw std::invalid_argument(
+            "route " + name + " runs under the " + op_name(r.op) + " primitive, not " +
+            op_name(op));
+      }
+      return r;
+    }
+  }
+  throw std::invalid_argument("no CPU route named " + name);
+}
+
+} // namespace mlx_lattice::cpu

@@ -1,0 +1,327 @@
+// Kernel-map building: the output support of a convolution and the
+// relation (edges out <- in through offset k) between two coordinate sets.
+#include <algorithm>
+#include <atomic>
+#include <numeric>
+#include <stdexcept>
+
+#include "coords.h"
+#include "mlx/allocator.h"
+#include "relation.h"
+#include "sort.h"
+#include "threadpool.h"
+
+namespace mlx_lattice {
+
+namespace {
+
+int64_t floor_mod(int64_t a, int64_t b) {
+  int64_t r = a % b;
+  return r < 0 ? r + b : r;
+}
+
+// Per-axis candidate coordinates of one row for every kernel offset, and
+// their contribution to the packed key (packing is additive per field).
+struct AxisCandidates {
+  int n = 0;
+  bool valid[64];    // an integer coordinate inside the range
+  bool overflow[64]; // an integer coordinate outside the range
+  uint64_t part[64];
+};
+
+constexpr int kShift[3] = {34, 17, 0};
+
+// conv form: v = s*c - p + dil*d; transposed form: v = (c + p - dil*d) / s
+// when divisible; generative form: v = s*c - p + dil*d (inputs to outputs).
+enum class Form { Conv, Transposed };
+
+inline void axis_candidates(
+    int64_t c,
+    int a,
+    const KernelSpec& spec,
+    Form form,
+    AxisCandidates& out) {
+  out.n = spec.size[a];
+  for (int d = 0; d < spec.size[a]; ++d) {
+    int64_t v;
+    bool ok = true;
+    if (form == Form::Conv) {
+      v = int64_t(spec.stride[a]) * c - spec.padding[a] +
+          int64_t(spec.dilation[a]) * d;
+    } else {
+      int64_t t = c + spec.padding[a] - int64_t(spec.dilation[a]) * d;
+      ok = floor_mod(t, spec.stride[a]) == 0;
+      v = ok ? t / spec.stride[a] : 0;
+    }
+    const bool inside = v >= kCoordMin && v <= kCoordMax;
+    out.valid[d] = ok && inside;
+    out.overflow[d] = ok && !inside;
+    out.part[d] = out.valid[d] ? uint64_t(v - kCoordMin) << kShift[a] : 0;
+  }
+}
+
+void check_kernel(const KernelSpec& spec) {
+  for (int a = 0; a < 3; ++a) {
+    if (spec.size[a] > 64) {
+      throw std::invalid_argument("kernel sizes above 64 are not supported");
+    }
+  }
+}
+
+// Keys of every offset of one row (kEmptyKey where the candidate is invalid),
+// in weight order (dx outer, dz inner). Returns whether some candidate was an
+// integer coordinate outside the range.
+inline bool row_keys(
+    const int32_t* row,
+    const KernelSpec& spec,
+    Form form,
+    uint64_t* keys,
+    AxisCandidates ax[3]) {
+  bool overflow = false;
+  for (int a = 0; a < 3; ++a) {
+    axis_candidates(row[a + 1], a, spec, form, ax[a]);
+    for (int d = 0; d < ax[a].n; ++d) {
+      overflow |= ax[a].overflow[d];
+    }
+  }
+  const uint64_t bpart = uint64_t(row[0]) << 51;
+  int k = 0;
+  for (int dx = 0; dx < ax[0].n; ++dx) {
+    for (int dy = 0; dy < ax[1].n; ++dy) {
+      const bool vxy = ax[0].valid[dx] && ax[1].valid[dy];
+      const uint64_t pxy = bpart + ax[0].part[dx] + ax[1].part[dy];
+      for (int dz = 0; dz < ax[2].n; ++dz) {
+        keys[k++] = vxy && ax[2].valid[dz] ? pxy + ax[2].part[dz] : kEmptyKey;
+      }
+    }
+  }
+  return overflow;
+}
+
+// Every output reached from the inputs, sorted and unique. Generative
+// outputs are q = s*p - pad + dil*d (the conv form applied to inputs);
+// forward outputs are q = (p + pad - dil*d) / s where divisible. A reachable
+// output outside the coordinate range is an error.
+mx::array support(const CoordTable& in, const KernelSpec& spec, bool generative) {
+  check_kernel(spec);
+  const int kv = spec.volume();
+  const int64_t n = in.size();
+  std::vector<uint64_t> keys(n * kv);
+  const int32_t* c = in.coord_data();
+  const Form form = generative ? Form::Conv : Form::Transposed;
+  std::atomic<int64_t> bad_row{n};
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    AxisCandidates ax[3];
+    for (int64_t i = b; i < e; ++i) {
+      if (row_keys(c + 4 * i, spec, form, keys.data() + i * kv, ax)) {
+        int64_t cur = bad_row.load();
+        while (i < cur && !bad_row.compare_exchange_weak(cur, i)) {
+        }
+      }
+    }
+  });
+  if (bad_row.load() < n) {
+    const int32_t* p = c + 4 * bad_row.load();
+    throw std::invalid_argument(
+        "output coordinate reached from input " + tuple4(p) +
+        " leaves the supported range: x/y/z in [" + std::to_string(kCoordMin) +
+        ", " + std::to_string(kCoordMax) + "]");
+  }
+  // Drop invalid candidates before sorting (strided maps reach few outputs).
+  keys.erase(std::remove(keys.begin(), keys.end(), kEmptyKey), keys.end());
+  sort_unique(keys);
+  return coords_from_keys(keys);
+}
+
+} // namespace
+
+mx::array forward_support(const CoordTable& in, const KernelSpec& spec) {
+  return support(in, spec, false);
+}
+
+mx::array generative_support(const CoordTable& in, const KernelSpec& spec) {
+  return support(in, spec, true);
+}
+
+namespace {
+
+// A centred odd kernel at stride 1 mapping a set onto itself: q reaches p
+// through offset k exactly when p reaches q through K - 1 - k.
+bool symmetric(const CoordTable& in, const mx::array& out, const KernelSpec& spec, bool transposed) {
+  if (transposed || out.shape(0) != in.size() ||
+      (in.size() > 0 && out.data<int32_t>() != in.coord_data())) {
+    return false;
+  }
+  for (int a = 0; a < 3; ++a) {
+    if (spec.stride[a] != 1 || spec.size[a] % 2 == 0 ||
+        spec.padding[a] != spec.dilation[a] * (spec.size[a] - 1) / 2) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Symmetric relations look up only the first half of the offsets and mirror
+// each hit into the neighbour map (distinct slots: no two rows write the same
+// one), then compact the map into CSR in offset order.
+std::shared_ptr<Relation> build_symmetric(
+    const CoordTable& in,
+    const KernelSpec& spec,
+    const std::string& kind) {
+  const int64_t n = in.size();
+  const int kv = spec.volume();
+  const int center = kv / 2;
+  const int32_t* c = in.coord_data();
+  mx::array nmap(
+      mx::allocator::malloc(std::max<int64_t>(n * kv, 1) * sizeof(int32_t)),
+      {static_cast<int>(n), kv},
+      mx::int32);
+  int32_t* nm = nmap.data<int32_t>();
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    std::fill(nm + b * kv, nm + e * kv, -1);
+  });
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    // Several rows per batch of lookups: more misses in flight at once.
+    const int group = std::max(1, 64 / std::max(center, 1));
+    std::vector<uint64_t> keys(int64_t(group) * kv);
+    std::vector<int32_t> found(int64_t(group) * kv);
+    AxisCandidates ax[3];
+    for (int64_t q0 = b; q0 < e; q0 += group) {
+      const int rows = static_cast<int>(std::min<int64_t>(group, e - q0));
+      for (int i = 0; i < rows; ++i) {
+        // Rows are packed `center` apart: each writes all kv keys, and the
+        // next row overwrites only the mirrored half, which is not queried.
+        row_keys(c + 4 * (q0 + i), spec, Form::Conv, keys.data() + int64_t(i) * center, ax);
+      }
+      in.find_many(keys.data(), rows * center, found.data());
+      for (int i = 0; i < rows; ++i) {
+        const int64_t q = q0 + i;
+        for (int k = 0; k < center; ++k) {
+          const int32_t p = found[int64_t(i) * center + k];
+          if (p >= 0) {
+            nm[q * kv + k] = p;
+            nm[int64_t(p) * kv + (kv - 1 - k)] = static_cast<int32_t>(q);
+          }
+        }
+        nm[q * kv + center] = static_cast<int32_t>(q);
+      }
+    }
+  });
+  mx::array offsets = make_int32(n + 1);
+  int32_t* off = offsets.data<int32_t>();
+  off[0] = 0;
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      int32_t count = 0;
+      for (int k = 0; k < kv; ++k) {
+        count += nm[q * kv + k] >= 0;
+      }
+      off[q + 1] = count;
+    }
+  });
+  for (int64_t q = 0; q < n; ++q) {
+    off[q + 1] += off[q];
+  }
+  mx::array in_idx = make_int32(off[n]);
+  mx::array k_idx = make_int32(off[n]);
+  int32_t* ip = in_idx.data<int32_t>();
+  int32_t* kp = k_idx.data<int32_t>();
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      int32_t j = off[q];
+      for (int k = 0; k < kv; ++k) {
+        const int32_t p = nm[q * kv + k];
+        if (p >= 0) {
+          ip[j] = p;
+          kp[j++] = k;
+        }
+      }
+    }
+  });
+  auto rel = std::make_shared<Relation>(kind, n, n, kv, offsets, in_idx, k_idx);
+  rel->set_neighbor_map(nmap);
+  return rel;
+}
+
+} // namespace
+
+std::shared_ptr<Relation> build_relation(
+    const CoordTable& in,
+    const mx::array& out_coords_in,
+    const KernelSpec& spec,
+    bool transposed,
+    const std::string& kind) {
+  check_kernel(spec);
+  mx::array out_coords = evaluated(out_coords_in);
+  check_coords(out_coords, "output coordinates");
+  if (symmetric(in, out_coords, spec, transposed)) {
+    return build_symmetric(in, spec, kind);
+  }
+  const int64_t m = out_coords.shape(0);
+  const int kv = spec.volume();
+  const int32_t* oc = m > 0 ? out_coords.data<int32_t>() : nullptr;
+  const Form form = transposed ? Form::Transposed : Form::Conv;
+
+  // Pass 1: per chunk of output rows, collect (in, k) pairs in edge order.
+  const int64_t n_chunks = (m + kRowGrain - 1) / kRowGrain;
+  std::vector<std::vector<int32_t>> chunk_in(n_chunks), chunk_k(n_chunks);
+  mx::array offsets = make_int32(m + 1);
+  int32_t* off = offsets.data<int32_t>();
+  parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
+    auto& ins = chunk_in[b / kRowGrain];
+    auto& ks = chunk_k[b / kRowGrain];
+    ins.resize((e - b) * kv);
+    ks.resize((e - b) * kv);
+    int64_t n = 0;
+    // Several rows per batch of lookups: more misses in flight at once.
+    const int group = std::max(1, 64 / kv);
+    std::vector<uint64_t> keys(int64_t(group) * kv);
+    std::vector<int32_t> found(int64_t(group) * kv);
+    AxisCandidates ax[3];
+    for (int64_t r0 = b; r0 < e; r0 += group) {
+      const int rows = static_cast<int>(std::min<int64_t>(group, e - r0));
+      for (int i = 0; i < rows; ++i) {
+        const int32_t* q = oc + 4 * (r0 + i);
+        uint64_t* kr = keys.data() + int64_t(i) * kv;
+        if (q[0] >= 0 && q[0] < kBatchLimit) {
+          row_keys(q, spec, form, kr, ax);
+        } else {
+          std::fill(kr, kr + kv, kEmptyKey);
+        }
+      }
+      in.find_many(keys.data(), rows * kv, found.data());
+      for (int i = 0; i < rows; ++i) {
+        const int64_t before = n;
+        const int32_t* f = found.data() + int64_t(i) * kv;
+        for (int k = 0; k < kv; ++k) {
+          ins[n] = f[k];
+          ks[n] = k;
+          n += f[k] >= 0;
+        }
+        off[r0 + i + 1] = static_cast<int32_t>(n - before);
+      }
+    }
+    ins.resize(n);
+    ks.resize(n);
+  });
+  off[0] = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    off[r + 1] += off[r];
+  }
+  const int64_t e_total = off[m];
+  mx::array in_idx = make_int32(e_total);
+  mx::array k_idx = make_int32(e_total);
+  int32_t* ip = in_idx.data<int32_t>();
+  int32_t* kp = k_idx.data<int32_t>();
+  parallel_for(n_chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      int64_t start = off[c * kRowGrain];
+      std::copy(chunk_in[c].begin(), chunk_in[c].end(), ip + start);
+      std::copy(chunk_k[c].begin(), chunk_k[c].end(), kp + start);
+    }
+  });
+  return std::make_shared<Relation>(
+      kind, in.size(), m, kv, offsets, in_idx, k_idx);
+}
+
+} // namespace mlx_lattice

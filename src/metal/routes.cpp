@@ -1,0 +1,156 @@
+// The Metal route tables joined, and what their entries share.
+#include <stdexcept>
+
+#include "metal/route.h"
+
+namespace mlx_lattice::metal {
+
+std::string Call::stem() const {
+  return route.substr(route.find('.') + 1);
+}
+
+void Call::require(bool ok, const char* what) const {
+  if (!ok) {
+    throw std::invalid_argument(route + " needs " + what);
+  }
+}
+
+const std::vector<const Route*>& routes() {
+  static const std::vector<const Route*> all = [] {
+    std::vector<const Route*> v;
+    for (const auto* table :
+         {&fetch_on_demand_routes(), &forward_vector_routes(), &forward_dense_routes(),
+          &sorted_gemm_routes(), &tensorops_sorted_routes(), &backward_routes(),
+          &tensorops_backward_routes(), &quantized_routes(), &tensorops_quantized_routes()}) {
+      for (const auto& r : *table) {
+        v.push_back(&r);
+      }
+    }
+    return v;
+  }();
+  return all;
+}
+
+const Route& find(const std::string& name, Op op) {
+  for (const Route* r : routes()) {
+    if (name == r->name) {
+      if (r->op != op) {
+        throw std::invalid_argument(
+            "route " + name + " runs under the " + op_name(r->op) + " primitive, not " +
+            op_name(op));
+      }
+      return *r;
+    }
+  }
+  throw std::invalid_argument("no Metal route named " + name);
+}
+
+std::vector<mx::array> extra_inputs(
+    const std::string& name,
+    Op op,
+    const std::shared_ptr<Relation>& rel,
+    View view) {
+  const Route& r = find(name, op);
+  if (!rel || r.extra_inputs == nullptr) {
+    return {};
+  }
+  return r.extra_inputs(*rel, view);
+}
+
+Program program(
+    const std::string& name,
+    Op op,
+    const std::vector<mx::array>& inputs,
+    const mx::Shape& out_shape,
+    mx::Dtype out_dtype) {
+  const Route& r = find(name, op);
+  return r.program(Call{name, inputs, out_shape, out_dtype, type_name(out_dtype)});
+}
+
+// ------------------------------------------------------------------ shared
+
+bool conv_pointwise(const Call& c) {
+  return c.in.size() < 5;
+}
+
+ConvParams conv_params(const Call& c) {
+  const bool pw = conv_pointwise(c);
+  ConvParams p{};
+  p.rows = c.out_shape[0];
+  p.a = c.in[0].shape(1);
+  p.b = c.out_shape[1];
+  p.pointwise = pw ? 1 : 0;
+  p.k = c.in[1].shape(0);
+  p.n_in = c.in[0].shape(0);
+  p.edges = pw ? p.rows : c.in[3].shape(0);
+  return p;
+}
+
+std::vector<Binding> csr_bindings(bool pointwise) {
+  std::vector<Binding> b = {input(0, "x"), input(1, "w")};
+  const char* names[3] = {"offsets", "gather", "k"};
+  for (int i = 0; i < 3; ++i) {
+    b.push_back(input(pointwise ? 0 : 2 + i, names[i]));
+  }
+  b.push_back(output());
+  return b;
+}
+
+bool weight_grad_pointwise(const Call& c) {
+  return c.in.size() < 5;
+}
+
+WeightGradParams weight_grad_params(const Call& c) {
+  return {
+      c.out_shape[0], c.out_shape[1], c.out_shape[2],
+      weight_grad_pointwise(c) ? static_cast<int32_t>(c.in[0].shape(0)) : -1};
+}
+
+std::vector<Binding> pair_bindings(bool pointwise) {
+  std::vector<Binding> b = {input(0, "x"), input(1, "ct")};
+  const char* names[3] = {"offsets", "g", "r"};
+  for (int i = 0; i < 3; ++i) {
+    b.push_back(input(pointwise ? 0 : 2 + i, names[i]));
+  }
+  return b;
+}
+
+bool quantized_pointwise(const Call& c) {
+  return c.in.size() < 7;
+}
+
+QuantParams quant_params(const Call& c) {
+  const bool pw = quantized_pointwise(c);
+  QuantParams p{};
+  p.rows = c.out_shape[0];
+  p.a = c.in[0].shape(1);
+  p.b = c.out_shape[1];
+  p.pointwise = pw ? 1 : 0;
+  p.k = c.in[1].shape(1);
+  p.n_in = c.in[0].shape(0);
+  p.edges = pw ? p.rows : c.in[5].shape(0);
+  p.bits = static_cast<int32_t>(c.in[1].shape(2) * 32 / std::max(p.a, 1));
+  p.group = static_cast<int32_t>(p.a / std::max(c.in[2].shape(2), 1));
+  c.require(p.bits == 4 || p.bits == 8, "4- or 8-bit codes");
+  c.require(
+      c.in[2].dtype() == mx::float32 && c.in[3].dtype() == mx::float32,
+      "float32 scales and biases");
+  return p;
+}
+
+std::vector<mx::array> sorted_plan_inputs(Relation& rel, View view) {
+  if (view != View::OutputMajor) {
+    return {};
+  }
+  const auto& p = rel.sorted_plan();
+  return {p.reorder_rows, p.out_in_map, p.tile_masks};
+}
+
+std::vector<mx::array> input_neighbor_map_inputs(Relation& rel, View view) {
+  if (view != View::InputMajor) {
+    return {};
+  }
+  return {rel.input_neighbor_map()};
+}
+
+} // namespace mlx_lattice::metal

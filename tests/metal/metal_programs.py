@@ -1,0 +1,189 @@
+"""What the Metal tests share: the backend probe, the test case builder,
+and running a route's Metal program (the kernels, shapes and bindings
+eval_gpu encodes) on the primitive's own inputs: on Linux through the CPU
+harness, on a Mac with Metal through the primitive itself on the GPU.
+
+The program comes from ``_ext.metal_program`` and the inputs from
+``_ext.conv_inputs``/``_ext.weight_grad_inputs``: the same C++ code paths a
+Mac runs. Every run writes a route-log record (route, backend
+``metal-harness`` or ``metal``, kernels), so ``MLX_LATTICE_ROUTE_LOG`` over
+the suite lists every Metal route taken.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import mlx.core as mx
+
+import mlx_lattice as ml
+from mlx_lattice import _ext, diagnostics
+from mlx_lattice.relation import KernelGeometry
+
+import metal_harness
+import oracle
+
+
+def _backend() -> tuple[str | None, str]:
+    if sys.platform == "darwin":
+        if mx.metal.is_available() and _ext.metal_available():
+            return "metal", ""
+        return None, "macOS without Metal or without a Metal build of mlx_lattice"
+    ok, why = metal_harness.available()
+    return ("metal-harness", "") if ok else (None, why)
+
+
+# The one backend probe: "metal" (a Mac's GPU), "metal-harness" (CPU
+# emulation) or None (WHY says why); MARKS skips a module without one.
+BACKEND, WHY = _backend()
+MARKS = [pytest.mark.metal, pytest.mark.skipif(BACKEND is None, reason=WHY)]
+
+OUTPUT_MAJOR = _ext.View.output_major
+INPUT_MAJOR = _ext.View.input_major
+
+
+def case(rng, n, c_in, c_out, dtype, kind="submanifold", extent=None, batches=2, targets=None,
+         unreachable_target=False, weight_dtype=None):
+    """Features, 5D weight, relation, oracle edges and output count.
+
+    kind: submanifold or pointwise (output rows = input rows), forward
+    (stride 2) or target (`targets` random outputs, n // 2 by default; with
+    `unreachable_target` one more output far from every input). The weight
+    has `weight_dtype` (default: dtype).
+    """
+    extent = extent or max(6, int(round((n / batches * 3) ** (1 / 3))))
+    coords = oracle.random_coords(rng, n, extent, batches)
+    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    m, s = x.manager, x.coordinate_set
+    ks = 1 if kind == "pointwise" else 3
+    if kind in ("submanifold", "pointwise"):
+        pad = (ks - 1) // 2
+        rel = m.submanifold_kernel_relation(s, KernelGeometry((ks,) * 3, (1,) * 3, (pad,) * 3, (1,) * 3))
+        out = coords
+        edges = oracle.conv_edges(coords, coords, ks, 1, pad)
+    elif kind == "forward":
+        rel, out_set = m.kernel_relation(s, KernelGeometry((3, 3, 3), (2,) * 3, (1,) * 3, (1,) * 3))
+        out = np.array(out_set.coords)
+        edges = oracle.conv_edges(coords, out, 3, 2, 1)
+    elif kind == "target":
+        out = oracle.random_coords(rng, n // 2 if targets is None else targets, extent, batches)
+        if unreachable_target:
+            out = np.concatenate([out, np.array([[0, 1000, 1000, 1000]], np.int32)])
+        dst = m.register(mx.array(out))
+        rel = m.target_kernel_relation(s, dst, KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3))
+        edges = oracle.conv_edges(coords, out, 3, 1, 1)
+    else:
+        raise ValueError(f"unknown case kind {kind!r}")
+    feats = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)).astype(dtype)
+    w5 = mx.array((rng.standard_normal((c_out, ks, ks, ks, c_in)) / np.sqrt(27 * c_in)).astype(np.float32))
+    return feats, w5.astype(weight_dtype or dtype), rel, edges, len(out)
+
+
+def _rows(x, relation, view) -> int:
+    if relation is None:
+        return x.shape[0]
+    return relation.n_out if view == OUTPUT_MAJOR else relation.n_in
+
+
+def _record(route: str, program: dict, backend: str, fields: dict | None) -> None:
+    entry = dict(fields or {})
+    entry.update(route=route, backend=backend, kernels=[s["kernel"] for s in program["steps"]])
+    diagnostics.emit(entry)
+
+NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def _np(a: mx.array) -> np.ndarray:
+    if a.dtype == mx.bfloat16:
+        raise TypeError("the harness has no bfloat16 buffers")
+    return np.array(a)
+
+
+def run_program(program: dict, inputs: list, out_shape, out_dtype: str, schedule="forward", seed=0):
+    """Execute every step of a program; returns the output array."""
+    ins = [_np(a) for a in inputs]
+    # Metal leaves new buffers uninitialised: NaN catches unwritten outputs.
+    out = np.full(out_shape, np.nan, dtype=NP_DTYPES[out_dtype])
+    temps = [np.full(n, np.nan, dtype=NP_DTYPES[d]) for d, n in program["temps"]]
+    for step in program["steps"]:
+        buffers, names, params, pidx = [], [], None, None
+        for i, (kind, payload, name) in enumerate(step["buffers"]):
+            names.append(name)
+            if kind == "input":
+                buffers.append(ins[payload])
+            elif kind == "output":
+                buffers.append(out)
+            elif kind == "temp":
+                buffers.append(temps[payload])
+            else:
+                params, pidx = bytes(payload), i
+                buffers.append(None)
+        kernel = step["kernel"]
+        source = metal_harness.defined_kernels()[kernel]
+        result = metal_harness.run_kernel(
+            source, kernel, buffers, params, groups=step["groups"], threads=step["threads"],
+            params_index=pidx, names=names, schedule=schedule, seed=seed,
+        )
+        # outputs and temporaries come back as new arrays: carry them on
+        for i, (kind, payload, _) in enumerate(step["buffers"]):
+            if kind == "output":
+                out = result[i]
+            elif kind == "temp":
+                temps[payload] = result[i]
+    return out
+
+
+def conv(route: str, x: mx.array, w: mx.array, relation, view=OUTPUT_MAJOR, schedule="forward", seed=0,
+         record=None):
+    """The GatherConv primitive's output computed by `route`'s Metal program;
+    `record`: more fields for its route-log record."""
+    inputs = _ext.conv_inputs(x, w, relation, view, route)
+    shape = [_rows(x, relation, view), w.shape[2]]
+    dtype = str(x.dtype).replace("mlx.core.", "")
+    program = _ext.metal_program("conv", route, inputs, shape, x.dtype)
+    if BACKEND == "metal":
+        gpu = mx.default_stream(mx.gpu)
+        y = np.array(_ext.gather_conv(x, w, relation, view, route, gpu))
+        for step in program["steps"]:
+            metal_harness.record_ran(step["kernel"], "metal")
+    else:
+        y = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
+    direction = "forward" if view == OUTPUT_MAJOR else "dgrad"
+    _record(route, program, BACKEND, {"direction": direction, **(record or {})})
+    return y
+
+
+def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=OUTPUT_MAJOR, schedule="forward",
+                seed=0, record=None):
+    """The WeightGrad primitive's output (K, A, B) computed by `route`'s Metal program."""
+    inputs = _ext.weight_grad_inputs(x, ct, relation, view)
+    shape = [k, x.shape[1], ct.shape[1]]
+    dtype = str(x.dtype).replace("mlx.core.", "")
+    program = _ext.metal_program("weight_grad", route, inputs, shape, x.dtype)
+    if BACKEND == "metal":
+        gpu = mx.default_stream(mx.gpu)
+        for step in program["steps"]:
+            metal_harness.record_ran(step["kernel"], "metal")
+        dw = np.array(_ext.weight_grad(x, ct, relation, view, k, route, gpu))
+    else:
+        dw = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
+    _record(route, program, BACKEND, {"direction": "wgrad", **(record or {})})
+    return dw
+
+
+def quantized(route: str, x: mx.array, q, relation, view=OUTPUT_MAJOR, schedule="forward", seed=0, record=None):
+    """The QuantizedConv primitive's output computed by `route`'s Metal program.
+
+    q: a QuantizedWeight (its kernel-major codes, scales and biases are the
+    primitive's inputs, as ops pass them).
+    """
+    codes, scales, biases = q.kernel_major()
+    inputs = _ext.quantized_conv_inputs(x, codes, scales, biases, q.bits, q.group_size, relation, view, route)
+    shape = [_rows(x, relation, view), codes.shape[0]]
+    dtype = str(x.dtype).replace("mlx.core.", "")
+    program = _ext.metal_program("quantized", route, inputs, shape, x.dtype)
+    y = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
+    _record(route, program, "metal-harness", {"direction": "forward", "quantized": True, **(record or {})})
+    return y
