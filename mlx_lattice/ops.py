@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import _ext, routes
+from . import _ext, diagnostics, routes
 from ._args import as_coords, dtype_name, triple
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
