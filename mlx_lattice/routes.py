@@ -193,14 +193,16 @@ def context(op: str, backend: str, **fields) -> RouteContext:
     )
 
 
-def choose(ctx: RouteContext) -> Selection:
+def choose(ctx: RouteContext, fallback: str | None = None) -> Selection:
     """Select ctx's route and record the choice (with the rejected routes and
-    any fallback) in the diagnostics log."""
+    any fallback) in the diagnostics log. ``fallback``: why the call already
+    left its device (diagnostics.backend_fallback: a GPU without this build's
+    kernels)."""
     sel = select(ctx)
     entry = ctx.as_dict()
     entry.update(
         route=sel.route.name, backend=sel.route.backend, rejected=sel.rejected,
-        fallback=sel.fallback, deterministic=sel.route.deterministic,
+        fallback=fallback or sel.fallback, deterministic=sel.route.deterministic,
     )
     diagnostics.emit(entry)
     return sel
