@@ -1,7 +1,8 @@
 """The GitHub workflows and the wheel configuration. They cannot run here
 (no macOS runner, no GitHub); these tests lint them with actionlint when it
-is installed (`pip install -e ".[lint]"`, which downloads the actionlint
-binary from GitHub; the Linux workflow job requires it) and check what they
+is installed (the `test` extra brings a prebuilt actionlint on Linux x86_64;
+elsewhere `pip install -e ".[lint]"`, which downloads the binary from GitHub;
+CI requires it) and check what they
 promise: the Linux job is .ci/run, the macOS job builds an arm64 wheel with
 both metallibs and runs the Metal tests, Linux wheels for x86_64 and
 aarch64, and an MLX backend chosen by extras."""
