@@ -146,12 +146,13 @@ NB_MODULE(_ext, m) {
          std::shared_ptr<Relation> rel,
          View view,
          const std::string& route,
-         std::optional<mx::Stream> s) {
+         std::optional<mx::Stream> s,
+         int groups) {
         return gather_conv(
-            x, w, rel, view, route, stream_or_default(s));
+            x, w, rel, view, route, stream_or_default(s), groups);
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a,
-      "stream"_a = nb::none());
+      "stream"_a = nb::none(), "groups"_a = 1);
   m.def(
       "weight_grad",
       [](const mx::array& x,
@@ -160,13 +161,14 @@ NB_MODULE(_ext, m) {
          View view,
          int64_t k,
          const std::string& route,
-         std::optional<mx::Stream> s) {
+         std::optional<mx::Stream> s,
+         int groups) {
         return weight_grad(
             x, ct, rel, view, k, route,
-            stream_or_default(s));
+            stream_or_default(s), groups);
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
-      "stream"_a = nb::none());
+      "stream"_a = nb::none(), "groups"_a = 1);
 
   m.def(
       "set_route_hook",
@@ -191,6 +193,7 @@ NB_MODULE(_ext, m) {
           d["dtype"] = q.dtype;
           d["gpu"] = q.gpu;
           d["from_route"] = q.from_route;
+          d["groups"] = q.groups;
           return nb::cast<std::string>((*held)(d));
         });
       },
