@@ -139,7 +139,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         from . import cuda
 
         view = None if native is None else cuda.view_of(relation)
-        y = cuda.conv(route.name, x.feats, mapped_weight(weight), view)
+        y = cuda.conv(route.name, x.feats, mapped_weight(weight), view, groups)
     elif quantized:
         codes, scales, biases = weight.kernel_major()
         y = _ext.quantized_conv(

@@ -480,6 +480,34 @@ register(Route(
     summary="per-offset 2048-edge chunks of per-group outer products into float32 partials, "
     "added in chunk order",
 ))
+register(Route(
+    name="metal.grouped_fetch_on_demand", backend="metal", priority=0,
+    conditions=(DENSE, METAL_DTYPES), grouped=True, passes=("forward", "dgrad"),
+    kernel_file="metal/grouped.metal",
+    summary="one thread per (row, output channel) over the CSR edges, reading the C_in / groups "
+    "input channels of its group",
+))
+register(Route(
+    name="metal.grouped_wgrad", backend="metal", priority=0,
+    conditions=(DENSE, METAL_DTYPES), grouped=True, passes=("wgrad",),
+    kernel_file="metal/grouped.metal",
+    summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over the "
+    "kernel-major edges",
+))
+
+
+register(Route(
+    name="cuda.grouped_fetch_on_demand", backend="cuda", priority=0, conditions=(DENSE,),
+    grouped=True, passes=("forward", "dgrad"), kernel_file="mlx_lattice/cuda/kernels.py",
+    summary="one thread per (row, output channel) over the CSR edges, reading the C_in / groups "
+    "input channels of its group",
+))
+register(Route(
+    name="cuda.grouped_wgrad", backend="cuda", priority=0, conditions=(DENSE,),
+    grouped=True, passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
+    summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over the "
+    "kernel-major edges",
+))
 
 
 # ------------------------------------------------------------------ CUDA routes

@@ -260,10 +260,11 @@ NB_MODULE(_ext, m) {
          const mx::array& w,
          std::shared_ptr<Relation> rel,
          View view,
-         const std::string& route) {
-        return conv_inputs(x, w, rel, view, route);
+         const std::string& route,
+         int groups) {
+        return conv_inputs(x, w, rel, view, route, {}, groups);
       },
-      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a);
+      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a, "groups"_a = 1);
   m.def(
       "quantized_conv_inputs",
       [](const mx::array& x,
