@@ -12,7 +12,12 @@ from conftest import TOLERANCES, to_np
 
 # (C_in, C_out, groups): grouped, depthwise, depthwise with a channel
 # multiplier, awkward counts.
-CHANNELS = [(12, 8, 4), (3, 3, 3), (3, 6, 3), (17, 17, 17), (6, 9, 3), (130, 130, 130), (4, 2, 2)]
+# (34, 34, 2) and (40, 80, 2): groups of at least one SIMD vector of outputs,
+# with a tail.
+CHANNELS = [
+    (12, 8, 4), (3, 3, 3), (3, 6, 3), (17, 17, 17), (6, 9, 3), (130, 130, 130), (4, 2, 2),
+    (34, 34, 2), (40, 80, 2),
+]
 
 
 def make(rng, c_in, n=50, extent=6, batches=2, dtype=mx.float32):
@@ -101,7 +106,7 @@ def test_generative_conv_transpose3d(rng, c_in, c_out, groups, ks, stride, paddi
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("c_in,c_out,groups", [(12, 8, 4), (17, 34, 17), (130, 130, 130)])
+@pytest.mark.parametrize("c_in,c_out,groups", [(12, 8, 4), (17, 34, 17), (130, 130, 130), (40, 80, 2)])
 def test_dtypes(rng, dtype, c_in, c_out, groups):
     x, coords, _ = make(rng, c_in, dtype=dtype)
     w = grouped_weight(rng, c_out, 3, c_in, groups, dtype)
@@ -159,7 +164,7 @@ def grad_case(rng, op, c_in, c_out, groups, dtype=mx.float32):
 
 
 GRAD_OPS = ["pointwise", "conv3d", "subm", "transpose", "generative"]
-GRAD_CHANNELS = [(12, 8, 4), (17, 17, 17), (3, 6, 3)]
+GRAD_CHANNELS = [(12, 8, 4), (17, 17, 17), (3, 6, 3), (34, 34, 2), (40, 80, 2)]
 
 
 @pytest.mark.parametrize("op", GRAD_OPS)
@@ -234,13 +239,19 @@ def test_thread_count_determinism(rng):
     coords = oracle.random_coords(rng, 3000, 24, 2)
     x = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), 130)).astype(np.float32)))
     w = grouped_weight(rng, 260, 3, 130, 130)
-    loss = lambda f, w: (ops.subm_conv3d(x.replace(f), w, groups=130).feats ** 2).sum()
+    run_determinism(x, w, 130)
+    w = grouped_weight(rng, 96, 3, 130, 2)
+    run_determinism(x, w, 2)
+
+
+def run_determinism(x, w, groups):
+    loss = lambda f, w: (ops.subm_conv3d(x.replace(f), w, groups=groups).feats ** 2).sum()
     n = ml.num_threads()
     results = []
     try:
         for t in (1, 2, 5):
             ml.set_num_threads(t)
-            y = ops.subm_conv3d(x, w, groups=130).feats
+            y = ops.subm_conv3d(x, w, groups=groups).feats
             dx, dw = mx.grad(loss, argnums=(0, 1))(x.feats, w)
             mx.eval(y, dx, dw)
             results.append([np.array(a) for a in (y, dx, dw)])

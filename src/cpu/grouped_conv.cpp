@@ -2,10 +2,12 @@
 // (K, A / G, B): output channel c reads the input channels of its group,
 // [(c / (B / G)) * (A / G), ...), through column c of W[k].
 //
-// For each input channel a of a group, the product over all output channels
-// is one elementwise multiply-add of length B: acc[c] += xs[c] * W[k][a, c],
-// where xs[c] = x[(c / Bg) * Ag + a] (the row itself when depthwise with
-// multiplier 1). Each output row (or weight-gradient chunk) is summed by one
+// Groups of at least one SIMD vector of outputs keep a register tile of
+// output channels while their Ag inputs are broadcast against rows of W[k]
+// (a small GEMM per group). Narrower groups (depthwise) run, per input
+// channel a of a group, one elementwise multiply-add across all B outputs:
+// acc[c] += xs[c] * W[k][a, c] with xs[c] = x[(c / Bg) * Ag + a] (the row
+// itself when depthwise with multiplier 1). Each output row (or weight-gradient chunk) is summed by one
 // task in edge order, so results do not depend on the thread count.
 #include <algorithm>
 #include <vector>
@@ -34,6 +36,49 @@ inline void fma_row(float* acc, const float* a, const float* b, int64_t n) {
   }
 }
 
+// acc[0:n] += s * b[0:n]
+inline void axpy(float* acc, float s, const float* b, int64_t n) {
+  const vec sv = simd::broadcast(s);
+  int64_t i = 0;
+  for (; i + simd::kWidth <= n; i += simd::kWidth) {
+    simd::store(acc + i, simd::load(acc + i) + sv * simd::load(b + i));
+  }
+  for (; i < n; ++i) {
+    acc[i] += s * b[i];
+  }
+}
+
+// acc[0:n] += sum over a < m of x[a] * w[a * ldw + 0:n], up to 4 vectors of
+// acc held in registers across the m inputs.
+inline void group_product(float* acc, const float* x, const float* w, int64_t ldw, int m, int n) {
+  int c0 = 0;
+  while (c0 + simd::kWidth <= n) {
+    const int nv = std::min(4, (n - c0) / simd::kWidth);
+    vec r[4];
+    for (int v = 0; v < nv; ++v) {
+      r[v] = simd::load(acc + c0 + v * simd::kWidth);
+    }
+    for (int a = 0; a < m; ++a) {
+      const vec xb = simd::broadcast(x[a]);
+      const float* wr = w + a * ldw + c0;
+      for (int v = 0; v < nv; ++v) {
+        r[v] += xb * simd::load(wr + v * simd::kWidth);
+      }
+    }
+    for (int v = 0; v < nv; ++v) {
+      simd::store(acc + c0 + v * simd::kWidth, r[v]);
+    }
+    c0 += nv * simd::kWidth;
+  }
+  for (int c = c0; c < n; ++c) {
+    float t = acc[c];
+    for (int a = 0; a < m; ++a) {
+      t += x[a] * w[a * ldw + c];
+    }
+    acc[c] = t;
+  }
+}
+
 template <typename T>
 std::vector<float> widen(const T* p, int64_t n) {
   std::vector<float> f(n);
@@ -48,6 +93,10 @@ struct Groups {
   // Whether xs of channel a is the input row itself (no spreading needed).
   bool direct() const {
     return Ag == 1 && Bg == 1;
+  }
+  // Whether each group's outputs fill at least one vector (a GEMM per group).
+  bool blocked() const {
+    return !direct() && Bg >= simd::kWidth;
   }
   // xs[c] = x[(c / Bg) * Ag + a] for c in [0, B).
   void spread(const float* x, int a, float* xs) const {
@@ -72,6 +121,13 @@ void run_conv(const T* x, const T* w, CsrView v, int64_t n_x, int64_t K, Groups 
       for (int64_t e = e0; e < e1; ++e) {
         const float* xr = xf.data() + int64_t(v.offsets ? v.gather[e] : r) * gr.A;
         const float* wk = wf.data() + int64_t(v.offsets ? v.k[e] : 0) * gr.Ag * B;
+        if (gr.blocked()) {
+          for (int j = 0; j < gr.G; ++j) {
+            group_product(
+                acc.data() + j * gr.Bg, xr + j * gr.Ag, wk + j * gr.Bg, B, gr.Ag, gr.Bg);
+          }
+          continue;
+        }
         for (int a = 0; a < gr.Ag; ++a) {
           const float* s = xr;
           if (!gr.direct()) {
@@ -118,6 +174,14 @@ void run_wgrad(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, G
       for (int64_t e = chunks[c].e0; e < chunks[c].e1; ++e) {
         const float* xr = xf.data() + int64_t(v.offsets ? v.g[e] : e) * gr.A;
         const float* cr = cf.data() + int64_t(v.offsets ? v.r[e] : e) * B;
+        if (gr.blocked()) {
+          for (int j = 0; j < gr.G; ++j) {
+            for (int a = 0; a < gr.Ag; ++a) {
+              axpy(p + int64_t(a) * B + j * gr.Bg, xr[j * gr.Ag + a], cr + j * gr.Bg, gr.Bg);
+            }
+          }
+          continue;
+        }
         for (int a = 0; a < gr.Ag; ++a) {
           const float* s = xr;
           if (!gr.direct()) {
