@@ -86,6 +86,8 @@ class Route:
         """Where the route's table entry is: the host code that launches it."""
         if self.backend == "metal":
             return "src/metal/" + self.kernel_file.split("/")[-1].replace(".metal", ".cpp")
+        if self.passes == ("map",) and self.backend == "cpu":
+            return "mlx_lattice/manager.py"
         if self.backend == "cpu":
             return "src/cpu/routes.cpp"
         return "mlx_lattice/cuda/routes.py"
@@ -546,6 +548,22 @@ register(Route(
     name="cuda.wgrad_direct", backend="cuda", priority=0, conditions=(DENSE,),
     passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
     summary="one thread per weight element over the kernel-major edges",
+))
+
+
+# ------------------------------------------------------------------ map building
+# Relations (hash table, output support, CSR edges, neighbour map) are built
+# where the coordinates are hashed: CUDA when the default device is a CUDA GPU.
+register(Route(
+    name="cpu.hash_map", backend="cpu", priority=0, conditions=(), passes=("map",),
+    kernel_file="src/kernel_map.cpp",
+    summary="open-addressing table on packed keys; relations by batched lookups, count then fill",
+))
+register(Route(
+    name="cuda.hash_map", backend="cuda", priority=0, conditions=(), passes=("map",),
+    kernel_file="mlx_lattice/cuda/maps.py",
+    summary="atomicCAS table on packed keys; one thread per (row, offset), symmetric half lookup; "
+    "count then fill with one host sync per map; arrays equal to cpu.hash_map's",
 ))
 
 

@@ -38,6 +38,8 @@ def _primitive(route) -> str:
     """The primitive a registry route runs under, from its passes and predicate."""
     if route.passes == ("wgrad",):
         return "weight_grad"
+    if route.passes == ("map",):
+        return "map"
     if any(c.text.startswith("quantized weight") for c in route.conditions):
         return "quantized"
     return "conv"
@@ -51,7 +53,9 @@ def test_route_tables_name_exactly_the_registry_routes():
 
     native = dict(_ext.native_routes())
     assert len(native) == len(_ext.native_routes()), "a route is defined twice"
-    tables = {**native, **{name: r.op for name, r in cuda.ROUTES.items()}}
+    from mlx_lattice.manager import MAP_ROUTES
+
+    tables = {**native, **MAP_ROUTES, **{name: r.op for name, r in cuda.ROUTES.items()}}
     registry = {r.name: r for r in routes._REGISTRY.values()}
     assert set(tables) == set(registry)
     for name, route in registry.items():

@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 import mlx.core as mx
 
+from . import maps
 from .kernels import _kernel, sorted_mma_shared_bytes
 from .view import View
 
@@ -135,7 +136,8 @@ def grouped_wgrad(x, ct, view: View | None, k, groups: int):
 
 @dataclass(frozen=True)
 class Route:
-    op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k)
+    op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k);
+    # "map": run(table, out_coords, geometry, transposed, kind) -> native relation
     run: Callable
     grouped: bool = False  # run takes groups as its last argument
 
@@ -148,6 +150,7 @@ ROUTES = {
     "cuda.wgrad_direct": Route("weight_grad", wgrad_direct),
     "cuda.grouped_fetch_on_demand": Route("conv", grouped_fetch_on_demand, grouped=True),
     "cuda.grouped_wgrad": Route("weight_grad", grouped_wgrad, grouped=True),
+    "cuda.hash_map": Route("map", maps.build_relation),
 }
 
 
