@@ -24,6 +24,17 @@ struct WeightGradParams {
   int pointwise_rows; // rows of a pointwise product; -1 with a relation
 };
 
+// Grouped products (metal/grouped.metal): W is (K, ag, b); output channel c
+// reads input channels [(c / bg) * ag, ...) of x's a.
+struct GroupedParams {
+  int rows;           // output rows (convolution) or kernel volume (gradient)
+  int a;              // input channels (all groups)
+  int b;              // output channels (all groups)
+  int ag;             // input channels per group
+  int bg;             // output channels per group
+  int pointwise_rows; // rows of a pointwise product; -1 with a relation
+};
+
 // Partitioned weight gradient (TensorOps): partitions per offset.
 struct WeightGradPartsParams {
   int k;

@@ -154,12 +154,13 @@ NB_MODULE(_ext, m) {
          std::shared_ptr<Relation> rel,
          View view,
          const std::string& route,
-         std::optional<mx::Stream> s) {
+         std::optional<mx::Stream> s,
+         int groups) {
         return gather_conv(
-            x, w, rel, view, route, stream_or_default(s));
+            x, w, rel, view, route, stream_or_default(s), groups);
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a,
-      "stream"_a = nb::none());
+      "stream"_a = nb::none(), "groups"_a = 1);
   m.def(
       "weight_grad",
       [](const mx::array& x,
@@ -168,13 +169,14 @@ NB_MODULE(_ext, m) {
          View view,
          int64_t k,
          const std::string& route,
-         std::optional<mx::Stream> s) {
+         std::optional<mx::Stream> s,
+         int groups) {
         return weight_grad(
             x, ct, rel, view, k, route,
-            stream_or_default(s));
+            stream_or_default(s), groups);
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
-      "stream"_a = nb::none());
+      "stream"_a = nb::none(), "groups"_a = 1);
 
   m.def(
       "norm_act",
@@ -214,6 +216,7 @@ NB_MODULE(_ext, m) {
           d["dtype"] = q.dtype;
           d["gpu"] = q.gpu;
           d["from_route"] = q.from_route;
+          d["groups"] = q.groups;
           return nb::cast<std::string>((*held)(d));
         });
       },
@@ -292,10 +295,11 @@ NB_MODULE(_ext, m) {
          const mx::array& w,
          std::shared_ptr<Relation> rel,
          View view,
-         const std::string& route) {
-        return conv_inputs(x, w, rel, view, route);
+         const std::string& route,
+         int groups) {
+        return conv_inputs(x, w, rel, view, route, {}, groups);
       },
-      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a);
+      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a, "groups"_a = 1);
   m.def(
       "quantized_conv_inputs",
       [](const mx::array& x,
