@@ -11,6 +11,7 @@ from mlx.nn import Identity, Module, Sequential
 from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d
 from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm
+from .sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm
 from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
 from .quantized import (
     QuantizedConv3d,
@@ -31,6 +32,8 @@ __all__ = [
     "GenerativeConvTranspose3d",
     "Linear",
     "BatchNorm",
+    "SyncBatchNorm",
+    "convert_sync_batchnorm",
     "InstanceNorm",
     "LayerNorm",
     "RMSNorm",
