@@ -112,6 +112,9 @@ def worker(out_dir):
         for case, (x, ct) in enumerate(bn_rows(rank, dtype)):
             bn = nn.SyncBatchNorm(6, momentum=0.3)
             r = bn_run(bn, x, ct, 1.0)
+            # one eval for all: every rank runs the same exchanges in the same order
+            # (converting an empty array alone would not evaluate its inputs)
+            mx.eval(r)
             for k, v in r.items():
                 res[f"bn/{dtype_name(dtype)}/{case}/{k}"] = np.array(v.astype(mx.float32))
 
@@ -154,17 +157,21 @@ def free_ports(n):
             s.close()
 
 
-def run_ranks(tmp_path, mode, timeout=60.0):
-    """Start SIZE ranks of this file in ``mode``; return their exit codes.
+class RanksStalled(AssertionError):
+    pass
 
-    Raises AssertionError (with the failed rank's stderr) as soon as a rank
-    exits with an error or the deadline passes; every rank still running is
-    killed first."""
+
+def run_ranks_once(tmp_path, mode, timeout):
+    """Start SIZE ranks of this file in ``mode`` and wait for them.
+
+    Raises AssertionError (with the failed rank's output) as soon as a rank
+    exits with an error, RanksStalled when the deadline passes; every rank
+    still running is killed first."""
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(SIZE)]))
     procs, logs = [], []
     for rank in range(SIZE):
-        env = dict(os.environ, MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile))
+        env = dict(os.environ, MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile), RANK_TIMEOUT=str(timeout - 2))
         log = open(tmp_path / f"rank{rank}.log", "w+")
         logs.append(log)
         procs.append(subprocess.Popen([sys.executable, __file__, mode, str(tmp_path)], env=env,
@@ -174,14 +181,14 @@ def run_ranks(tmp_path, mode, timeout=60.0):
         while True:
             codes = [p.poll() for p in procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
+            if failed and not any("Timeout (" in open(log.name).read() for log in logs):
                 r = failed[0]
                 logs[r].seek(0)
                 raise AssertionError(f"rank {r} exited with {codes[r]}:\n{logs[r].read()[-3000:]}")
+            if failed or time.monotonic() > deadline:
+                raise RanksStalled(f"ranks stalled after {timeout} s (exit codes {codes})")
             if all(c == 0 for c in codes):
                 return codes
-            if time.monotonic() > deadline:
-                raise AssertionError(f"ranks still running after {timeout} s (exit codes {codes})")
             time.sleep(0.05)
     finally:
         for p in procs:
@@ -190,6 +197,20 @@ def run_ranks(tmp_path, mode, timeout=60.0):
             p.wait(timeout=10)
         for log in logs:
             log.close()
+
+
+def run_ranks(tmp_path, mode, timeout=25.0, attempts=4):
+    """``run_ranks_once`` again (fresh ports) when the ranks stall: MLX's ring
+    backend (0.32) now and then stalls a small all-reduce over loopback
+    (ml-explore/mlx#4475). A rank that fails ends the test at once; ranks
+    that stall on every attempt fail it too."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return run_ranks_once(tmp_path, mode, timeout)
+        except RanksStalled:
+            if attempt == attempts:
+                raise
+            print(f"\nranks stalled (attempt {attempt} of {attempts}), starting them again")
 
 
 def max_err(a, b):
@@ -276,7 +297,7 @@ def test_two_ranks_match_one_process(tmp_path):
 def test_failing_rank_fails_fast(tmp_path):
     t0 = time.perf_counter()
     with pytest.raises(AssertionError, match="rank 1 exited"):
-        run_ranks(tmp_path, "fail", timeout=60.0)
+        run_ranks(tmp_path, "fail")
     assert time.perf_counter() - t0 < 30
 
 
@@ -395,7 +416,11 @@ def test_convert_sync_batchnorm_keeps_state():
 
 
 if __name__ == "__main__":
+    import faulthandler
+
     mode, out = sys.argv[1], sys.argv[2]
+    # a rank stuck in a collective shows where, before the test's deadline
+    faulthandler.dump_traceback_later(float(os.environ.get("RANK_TIMEOUT", "50")), exit=True)
     if mode == "worker":
         worker(out)
     elif mode == "fail":

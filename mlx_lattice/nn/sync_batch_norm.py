@@ -36,7 +36,10 @@ def _global_stats(x: mx.array, group):
     n = head[0]
     mean = head[1:] / mx.maximum(n, 1)
     centred = x - mean
-    sq = _all_sum((centred * centred).sum(axis=0), group)
+    # the second exchange waits for the first on every rank: with no rows
+    # the local sum would not depend on it, and two exchanges in flight at
+    # once can pair up wrongly across ranks
+    sq = _all_sum(mx.depends((centred * centred).sum(axis=0), head), group)
     return n, mean, sq
 
 
