@@ -183,7 +183,10 @@ def global_mean(values: mx.array, group=None) -> mx.array:
     """
     g = _group(group)
     n = _all_sum(mx.array([values.size], dtype=mx.float32), g)[0]
-    return values.astype(mx.float32).sum() * (g.size() / mx.maximum(n, 1))
+    # an empty slice sums to a constant: on MLX 0.32's CPU backend a reduction
+    # over an empty array can leave a later all-reduce waiting forever
+    total = values.astype(mx.float32).sum() if values.size else mx.array(0.0)
+    return total * (g.size() / mx.maximum(n, 1))
 
 
 def mean_over_ranks(x, group=None):

@@ -89,7 +89,8 @@ def bn_run(bn, x, ct, scale):
     bn(x)
     def f(params, x):
         bn.update(params)
-        return scale * (bn(x).astype(mx.float32) * ct).sum()
+        # padded with a zero: no reduction over an empty array (see _column_sums)
+        return scale * mx.concatenate([(bn(x).astype(mx.float32) * ct).reshape(-1), mx.zeros(1)]).sum()
     params = bn.trainable_parameters()
     (dparams, dx) = mx.grad(f, argnums=(0, 1))(params, x)
     bn.update(params)
@@ -157,16 +158,13 @@ def free_ports(n):
             s.close()
 
 
-class RanksStalled(AssertionError):
-    pass
-
-
-def run_ranks_once(tmp_path, mode, timeout):
+def run_ranks(tmp_path, mode, timeout=60.0):
     """Start SIZE ranks of this file in ``mode`` and wait for them.
 
     Raises AssertionError (with the failed rank's output) as soon as a rank
-    exits with an error, RanksStalled when the deadline passes; every rank
-    still running is killed first."""
+    exits with an error or the deadline passes; every rank still running is
+    killed first. A rank stuck in a collective dumps its stack (faulthandler)
+    and exits shortly before the deadline."""
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(SIZE)]))
     procs, logs = [], []
@@ -181,12 +179,12 @@ def run_ranks_once(tmp_path, mode, timeout):
         while True:
             codes = [p.poll() for p in procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed and not any("Timeout (" in open(log.name).read() for log in logs):
+            if failed:
                 r = failed[0]
                 logs[r].seek(0)
                 raise AssertionError(f"rank {r} exited with {codes[r]}:\n{logs[r].read()[-3000:]}")
-            if failed or time.monotonic() > deadline:
-                raise RanksStalled(f"ranks stalled after {timeout} s (exit codes {codes})")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"ranks still running after {timeout} s (exit codes {codes})")
             if all(c == 0 for c in codes):
                 return codes
             time.sleep(0.05)
@@ -197,20 +195,6 @@ def run_ranks_once(tmp_path, mode, timeout):
             p.wait(timeout=10)
         for log in logs:
             log.close()
-
-
-def run_ranks(tmp_path, mode, timeout=25.0, attempts=4):
-    """``run_ranks_once`` again (fresh ports) when the ranks stall: MLX's ring
-    backend (0.32) now and then stalls a small all-reduce over loopback
-    (ml-explore/mlx#4475). A rank that fails ends the test at once; ranks
-    that stall on every attempt fail it too."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return run_ranks_once(tmp_path, mode, timeout)
-        except RanksStalled:
-            if attempt == attempts:
-                raise
-            print(f"\nranks stalled (attempt {attempt} of {attempts}), starting them again")
 
 
 def max_err(a, b):

@@ -23,6 +23,12 @@ def _all_sum(x: mx.array, group) -> mx.array:
     return x if group.size() == 1 else mx.distributed.all_sum(x, group=group)
 
 
+def _column_sums(x: mx.array) -> mx.array:
+    # no reduction over an empty array: on MLX 0.32's CPU backend one can
+    # leave a later all-reduce waiting forever
+    return x.sum(axis=0) if x.shape[0] else mx.zeros((x.shape[1],), x.dtype)
+
+
 def _global_stats(x: mx.array, group):
     """Global voxel count, mean and biased variance of ``x`` (n, C) over the group.
 
@@ -31,7 +37,7 @@ def _global_stats(x: mx.array, group):
     float32 accurate when the mean is large against the spread, and it is the
     same arithmetic as :class:`BatchNorm` on one process.
     """
-    head = mx.concatenate([mx.array([x.shape[0]], dtype=x.dtype), x.sum(axis=0)])
+    head = mx.concatenate([mx.array([x.shape[0]], dtype=x.dtype), _column_sums(x)])
     head = _all_sum(head, group)
     n = head[0]
     mean = head[1:] / mx.maximum(n, 1)
@@ -39,7 +45,7 @@ def _global_stats(x: mx.array, group):
     # the second exchange waits for the first on every rank: with no rows
     # the local sum would not depend on it, and two exchanges in flight at
     # once can pair up wrongly across ranks
-    sq = _all_sum(mx.depends((centred * centred).sum(axis=0), head), group)
+    sq = _all_sum(mx.depends(_column_sums(centred * centred), head), group)
     return n, mean, sq
 
 
@@ -59,8 +65,8 @@ def _normalise_fn(group):
         x, scale, shift, mean, inv_std, n = primals
         xhat = (x - mean) * inv_std
         g = cotangent
-        d_shift = g.sum(axis=0)
-        d_scale = (g * xhat).sum(axis=0)
+        d_shift = _column_sums(g)
+        d_scale = _column_sums(g * xhat)
         sums = _all_sum(mx.concatenate([d_shift, d_scale]), group)
         c = x.shape[1]
         mean_g = sums[:c] / n
