@@ -378,6 +378,18 @@ def test_sync_batch_norm_edge_cases():
     np.testing.assert_allclose(y, [[-1, -1], [1, 1]], atol=1e-4)
 
 
+def test_sync_batch_norm_residual_and_activation():
+    rng = np.random.default_rng(3)
+    f = mx.array(rng.standard_normal((9, 4)).astype(np.float32) * 2 + 1)
+    r = mx.array(rng.standard_normal((9, 4)).astype(np.float32))
+    for training in (True, False):
+        bn = nn.SyncBatchNorm(4)
+        bn.train(training)
+        plain = np.array(bn(f))
+        got = np.array(bn(f, act=nn.ReLU(), residual=r))
+        np.testing.assert_allclose(got, np.maximum(plain + np.array(r), 0), rtol=1e-6, atol=1e-6)
+
+
 def test_convert_sync_batchnorm_keeps_state():
     from mlx_lattice.models import MinkUNet
     model = MinkUNet(in_channels=3, num_classes=4, width=0.25)

@@ -112,11 +112,19 @@ class SyncBatchNorm(BatchNorm):
     def _group(self):
         return self.group if self.group is not None else mx.distributed.init()
 
-    def _normalise(self, f: mx.array) -> mx.array:
+    def _normalise(self, f: mx.array, act=None, residual=None) -> mx.array:
         if f.ndim != 2 or f.shape[1] != self.num_features:
             raise ValueError(f"SyncBatchNorm({self.num_features}) got features of shape {tuple(f.shape)}")
-        if not (self.training or not self.track_running_stats):
-            return super()._normalise(f)
+        if self.training or not self.track_running_stats:
+            y = self._synced(f)
+        else:
+            y = super()._normalise(f)
+        # residual add and activation as separate ops (``act(norm(x) + residual)``)
+        if residual is not None:
+            y = y + residual
+        return y if act is None else act(y)
+
+    def _synced(self, f: mx.array) -> mx.array:
         group = self._group()
         x = f.astype(accumulation_dtype(f.dtype))
         n, mean, sq = _global_stats(mx.stop_gradient(x), group)
@@ -138,8 +146,10 @@ class SyncBatchNorm(BatchNorm):
         y = _normalise_fn(group)(x, scale, shift, mean, inv_std, n)
         return y.astype(f.dtype)
 
-    def __call__(self, x):
-        return on_features(x, self._normalise)
+    def __call__(self, x, act=None, residual=None):
+        """Normalise x, then add ``residual`` (features of x's shape) and
+        apply ``act`` (an activation module), each when given."""
+        return on_features(x, lambda f: self._normalise(f, act, residual))
 
     @classmethod
     def from_batch_norm(cls, bn: BatchNorm, group=None) -> "SyncBatchNorm":
