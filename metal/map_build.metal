@@ -226,3 +226,124 @@ inline int map_neighbor(
     }
   }
 }
+
+// ------------------------------------------------------------------ views
+// The views follow src/relation.cpp: the neighbour map (n_out, K) of input
+// rows, and the kernel-major view (edges stably sorted by offset), built
+// column by column from the edge map (n_out, K) of CSR edge indices.
+
+// Per output row: the edge map's row (edge index or -1); with `rows_of_in`
+// the input rows instead (the neighbour map).
+inline void map_row_scatter(
+    device const int* offsets,
+    device const int* in_idx,
+    device const int* k_idx,
+    device int* dst,
+    constant MapParams& p,
+    int r,
+    bool rows_of_in) {
+  device int* row = dst + long(r) * p.kv;
+  for (int k = 0; k < p.kv; ++k) {
+    row[k] = -1;
+  }
+  for (int j = offsets[r]; j < offsets[r + 1]; ++j) {
+    row[k_idx[j]] = rows_of_in ? in_idx[j] : j;
+  }
+}
+
+[[kernel]] void map_neighbor_map(
+    device const int* offsets [[buffer(0)]],
+    device const int* in_idx [[buffer(1)]],
+    device const int* k_idx [[buffer(2)]],
+    device int* nmap [[buffer(3)]],
+    constant MapParams& p [[buffer(4)]],
+    uint tid [[thread_position_in_grid]]) {
+  if (int(tid) < p.n_out) {
+    map_row_scatter(offsets, in_idx, k_idx, nmap, p, int(tid), true);
+  }
+}
+
+[[kernel]] void map_edge_map(
+    device const int* offsets [[buffer(0)]],
+    device const int* in_idx [[buffer(1)]],
+    device const int* k_idx [[buffer(2)]],
+    device int* emap [[buffer(3)]],
+    constant MapParams& p [[buffer(4)]],
+    uint tid [[thread_position_in_grid]]) {
+  if (int(tid) < p.n_out) {
+    map_row_scatter(offsets, in_idx, k_idx, emap, p, int(tid), false);
+  }
+}
+
+// Column k of the edge map (one threadgroup of MAP_SCAN_THREADS per
+// offset), each thread over a contiguous chunk of rows. Counting pass:
+// view[k + 1] = edges at offset k (view[0] = 0; map_scan makes offsets).
+// Writing pass: the column's edges in row order at view[k] + their rank:
+// perm (the CSR edge), then in and out, each E long after the K + 1
+// offsets.
+[[kernel]] void map_column_count(
+    device const int* emap [[buffer(0)]],
+    device int* view [[buffer(1)]],
+    constant MapParams& p [[buffer(2)]],
+    uint3 group [[threadgroup_position_in_grid]],
+    uint t [[thread_index_in_threadgroup]]) {
+  threadgroup int sums[MAP_SCAN_THREADS];
+  const int k = int(group.x);
+  const int per = (p.n_out + MAP_SCAN_THREADS - 1) / MAP_SCAN_THREADS;
+  const int b = int(t) * per;
+  const int e = min(b + per, p.n_out);
+  int s = 0;
+  for (int r = b; r < e; ++r) {
+    s += emap[long(r) * p.kv + k] >= 0;
+  }
+  sums[t] = s;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (t == 0) {
+    int total = 0;
+    for (int i = 0; i < MAP_SCAN_THREADS; ++i) {
+      total += sums[i];
+    }
+    view[k + 1] = total;
+    if (k == 0) {
+      view[0] = 0;
+    }
+  }
+}
+
+[[kernel]] void map_column_fill(
+    device const int* emap [[buffer(0)]],
+    device const int* in_idx [[buffer(1)]],
+    device int* view [[buffer(2)]],
+    constant MapParams& p [[buffer(3)]],
+    uint3 group [[threadgroup_position_in_grid]],
+    uint t [[thread_index_in_threadgroup]]) {
+  threadgroup int sums[MAP_SCAN_THREADS];
+  const int k = int(group.x);
+  const int per = (p.n_out + MAP_SCAN_THREADS - 1) / MAP_SCAN_THREADS;
+  const int b = int(t) * per;
+  const int e = min(b + per, p.n_out);
+  int s = 0;
+  for (int r = b; r < e; ++r) {
+    s += emap[long(r) * p.kv + k] >= 0;
+  }
+  sums[t] = s;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (int step = 1; step < MAP_SCAN_THREADS; step <<= 1) {
+    const int add = int(t) >= step ? sums[t - step] : 0;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    sums[t] += add;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  const long edges = p.edges;
+  device int* perm = view + p.kv + 1;
+  long at = view[k] + sums[t] - s;
+  for (int r = b; r < e; ++r) {
+    const int j = emap[long(r) * p.kv + k];
+    if (j >= 0) {
+      perm[at] = j;
+      perm[edges + at] = in_idx[j];
+      perm[2 * edges + at] = r;
+      ++at;
+    }
+  }
+}

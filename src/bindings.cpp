@@ -58,7 +58,10 @@ Op op_named(const std::string& primitive) {
 nb::dict program_dict(const metal::Program& prog) {
   nb::list temps;
   for (const auto& t : prog.temps) {
-    temps.append(nb::make_tuple(metal::type_name(t.dtype), t.size));
+    // int32: index temporaries of map building (no kernel dtype suffix).
+    temps.append(nb::make_tuple(
+        t.dtype == mx::int32 ? std::string("int32") : metal::type_name(t.dtype),
+        t.size));
   }
   nb::list steps;
   for (const auto& st : prog.steps) {

@@ -108,6 +108,40 @@ Program map_fill_program(const MapParams& p) {
   return {{}, {fill}};
 }
 
+Program map_neighbor_map_program(const MapParams& p) {
+  Step s = rows_step(
+      "map_neighbor_map",
+      p.n_out,
+      {input(0, "offsets"), input(1, "in_idx"), input(2, "k_idx"),
+       output("nmap"), bytes(p)});
+  return {{}, {s}};
+}
+
+Program map_kernel_major_program(const MapParams& p) {
+  Temp emap{mx::int32, std::max<int64_t>(int64_t(p.n_out) * p.kv, 1)};
+  Step edge_map = rows_step(
+      "map_edge_map",
+      p.n_out,
+      {input(0, "offsets"), input(1, "in_idx"), input(2, "k_idx"),
+       temp(0, "emap"), bytes(p)});
+  Step count;
+  count.kernel = "map_column_count";
+  count.threads = {MAP_SCAN_THREADS, 1, 1};
+  count.groups = {static_cast<uint64_t>(p.kv), 1, 1};
+  count.buffers = {temp(0, "emap"), output("view"), bytes(p)};
+  // The offsets are a scan of K counts: map_scan over "rows" = offsets.
+  MapParams over_k = p;
+  over_k.n_out = p.kv;
+  Step scan;
+  scan.kernel = "map_scan";
+  scan.threads = {MAP_SCAN_THREADS, 1, 1};
+  scan.buffers = {output("view"), bytes(over_k)};
+  Step fill = count;
+  fill.kernel = "map_column_fill";
+  fill.buffers = {temp(0, "emap"), input(1, "in_idx"), output("view"), bytes(p)};
+  return {{emap}, {edge_map, count, scan, fill}};
+}
+
 Program map_program(const std::string& step, const MapParams& p) {
   if (step == "table") {
     return map_table_program(p);
@@ -118,8 +152,15 @@ Program map_program(const std::string& step, const MapParams& p) {
   if (step == "fill") {
     return map_fill_program(p);
   }
+  if (step == "neighbor_map") {
+    return map_neighbor_map_program(p);
+  }
+  if (step == "kernel_major") {
+    return map_kernel_major_program(p);
+  }
   throw std::invalid_argument(
-      "map step must be 'table', 'count' or 'fill', got '" + step + "'");
+      "map step must be 'table', 'count', 'fill', 'neighbor_map' or "
+      "'kernel_major', got '" + step + "'");
 }
 
 } // namespace mlx_lattice::metal

@@ -34,7 +34,15 @@ Program map_count_program(const MapParams& p);
 // then kernel offsets, output-major in offset order.
 Program map_fill_program(const MapParams& p);
 
-// "table", "count" or "fill".
+// Views of a built relation (out_offsets, in_idx, k_idx; p.edges = E):
+// -> the neighbour map (n_out, K) of input rows, -1 where none.
+Program map_neighbor_map_program(const MapParams& p);
+// -> the kernel-major view as one int32 buffer (K + 1 + 3E): offsets per
+// kernel offset, then perm (CSR edge), in and out rows, edges stably
+// sorted by offset (src/relation.cpp).
+Program map_kernel_major_program(const MapParams& p);
+
+// "table", "count", "fill", "neighbor_map" or "kernel_major".
 Program map_program(const std::string& step, const MapParams& p);
 
 } // namespace mlx_lattice::metal

@@ -25,12 +25,17 @@ pytestmark = metal_programs.MARKS
 if metal_programs.BACKEND == "metal":
     pytestmark = pytestmark + [pytest.mark.skip(reason="map programs run through the CPU harness only")]
 
-KERNELS = ("map_table_clear", "map_table_insert", "map_count", "map_scan", "map_fill")
+KERNELS = (
+    "map_table_clear", "map_table_insert", "map_count", "map_scan", "map_fill",
+    "map_neighbor_map", "map_edge_map", "map_column_count", "map_column_fill",
+)
 NONE = np.iinfo(np.int32).max
 
 
 def run_step(program: dict, inputs: list, out: np.ndarray, schedule: str, seed: int) -> np.ndarray:
     """Every step of `program` on int32 inputs; returns the output buffer."""
+    assert all(d == "int32" for d, _ in program["temps"])
+    temps = [garbage(n) for _, n in program["temps"]]
     for step in program["steps"]:
         buffers, names, params, pidx = [], [], None, None
         for i, (kind, payload, name) in enumerate(step["buffers"]):
@@ -39,6 +44,8 @@ def run_step(program: dict, inputs: list, out: np.ndarray, schedule: str, seed: 
                 buffers.append(inputs[payload])
             elif kind == "output":
                 buffers.append(out)
+            elif kind == "temp":
+                buffers.append(temps[payload])
             else:
                 assert kind == "bytes", kind
                 params, pidx = bytes(payload), i
@@ -49,7 +56,11 @@ def run_step(program: dict, inputs: list, out: np.ndarray, schedule: str, seed: 
             groups=step["groups"], threads=step["threads"], params_index=pidx,
             names=names, schedule=schedule, seed=seed,
         )
-        out = result[[k for k, _, _ in step["buffers"]].index("output")]
+        for i, (kind, payload, _) in enumerate(step["buffers"]):
+            if kind == "output":
+                out = result[i]
+            elif kind == "temp":
+                temps[payload] = result[i]
     return out
 
 
@@ -80,6 +91,19 @@ def metal_relation(in_coords, out_coords, spec, transposed, schedule="forward", 
     return offsets, edges[:e], edges[e : 2 * e]
 
 
+def metal_views(rel, n_out, spec):
+    """(neighbour map, kernel-major (offsets, perm, in, out)) of the Metal
+    view programs over the relation arrays `rel`."""
+    off, i, k = rel
+    e, kv = len(i), int(np.prod(spec[0]))
+    prog = lambda step: _ext.metal_map_program(step, 0, n_out, *spec, False, e)
+    ins = [off, garbage(0) if e == 0 else i, garbage(0) if e == 0 else k]
+    nmap = run_step(prog("neighbor_map"), ins, garbage(n_out * kv), "random", 1)[: n_out * kv]
+    view = run_step(prog("kernel_major"), ins, garbage(kv + 1 + 3 * e), "random", 2)
+    km = (view[: kv + 1],) + tuple(view[kv + 1 + j * e : kv + 1 + (j + 1) * e] for j in range(3))
+    return nmap.reshape(n_out, kv), km
+
+
 def table_flags(in_coords, schedule="forward"):
     """The table's two flag words (duplicate row, out-of-range row)."""
     in_c = np.ascontiguousarray(in_coords, np.int32).reshape(-1, 4)
@@ -93,7 +117,7 @@ def cpu_relation(in_coords, out_coords, spec, transposed, kind):
     t = _ext.CoordTable(mx.array(np.ascontiguousarray(in_coords, np.int32).reshape(-1, 4)))
     out = t.coords if kind == "submanifold" else mx.array(np.ascontiguousarray(out_coords, np.int32).reshape(-1, 4))
     rel = _ext.build_relation(t, out, *spec, transposed, kind)
-    return np.array(rel.out_offsets), np.array(rel.in_idx), np.array(rel.k_idx)
+    return (np.array(rel.out_offsets), np.array(rel.in_idx), np.array(rel.k_idx)), rel
 
 
 def oracle_csr(in_coords, out_coords, spec, transposed):
@@ -110,12 +134,30 @@ def oracle_csr(in_coords, out_coords, spec, transposed):
 
 def check(in_coords, out_coords, spec, transposed, kind, schedule="forward", seed=0):
     got = metal_relation(in_coords, out_coords, spec, transposed, schedule, seed)
-    want = cpu_relation(in_coords, out_coords, spec, transposed, kind)
+    want, rel = cpu_relation(in_coords, out_coords, spec, transposed, kind)
     ref = oracle_csr(in_coords, out_coords, spec, transposed)
     for name, g, w, r in zip(("out_offsets", "in_idx", "k_idx"), got, want, ref):
         np.testing.assert_array_equal(g, w, err_msg=f"{kind} {name}: Metal vs CPU builder")
         np.testing.assert_array_equal(g, r, err_msg=f"{kind} {name}: Metal vs brute force")
+    check_views(got, len(out_coords), spec, rel)
     return got
+
+
+def check_views(got, n_out, spec, rel):
+    """The Metal views of `got` against the CPU relation's and brute force."""
+    off, i, k = got
+    kv = int(np.prod(spec[0]))
+    nmap, km = metal_views(got, n_out, spec)
+    out = np.repeat(np.arange(n_out), np.diff(off))
+    ref_nmap = np.full((n_out, kv), -1, np.int32)
+    ref_nmap[out, k] = i
+    np.testing.assert_array_equal(nmap, np.array(rel.neighbor_map).reshape(n_out, kv))
+    np.testing.assert_array_equal(nmap, ref_nmap)
+    order = np.lexsort((out, k))  # by offset, then output row: a stable sort by offset
+    ref_km = (np.concatenate([[0], np.cumsum(np.bincount(k, minlength=kv))]), order, i[order], out[order])
+    for name, g, w, r in zip(("offsets", "perm", "in_idx", "out_idx"), km, rel.kernel_major(), ref_km):
+        np.testing.assert_array_equal(g, np.array(w), err_msg=f"kernel-major {name}: Metal vs CPU")
+        np.testing.assert_array_equal(g, r, err_msg=f"kernel-major {name}: Metal vs brute force")
 
 
 def t3(v):
