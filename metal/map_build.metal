@@ -347,3 +347,81 @@ inline void map_row_scatter(
     }
   }
 }
+
+// Input-major view: edges stably sorted by input row of the kernel-major
+// order, i.e. by (in, k). An (in, k) pair has at most one edge (the output
+// row is determined by both, for unique output coordinates), so the view is
+// built like the relation itself from an (n_in, K) map of edge indices.
+// Per output row: its edges into the input edge map (cleared first), and
+// each edge's output row.
+[[kernel]] void map_input_edge_map(
+    device const int* offsets [[buffer(0)]],
+    device const int* in_idx [[buffer(1)]],
+    device const int* k_idx [[buffer(2)]],
+    device int* imap [[buffer(3)]],
+    device int* edge_out [[buffer(4)]],
+    constant MapParams& p [[buffer(5)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int r = int(tid);
+  if (r >= p.n_out) {
+    return;
+  }
+  for (int j = offsets[r]; j < offsets[r + 1]; ++j) {
+    imap[long(in_idx[j]) * p.kv + k_idx[j]] = j;
+    edge_out[j] = r;
+  }
+}
+
+[[kernel]] void map_fill_minus_one(
+    device int* a [[buffer(0)]],
+    constant MapParams& p [[buffer(1)]],
+    uint tid [[thread_position_in_grid]]) {
+  if (long(tid) < long(p.n_in) * p.kv) {
+    a[tid] = -1;
+  }
+}
+
+// view: offsets (n_in + 1), then perm, out and k rows, each E long.
+[[kernel]] void map_input_count(
+    device const int* imap [[buffer(0)]],
+    device int* view [[buffer(1)]],
+    constant MapParams& p [[buffer(2)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int i = int(tid);
+  if (i == 0) {
+    view[0] = 0;
+  }
+  if (i >= p.n_in) {
+    return;
+  }
+  int count = 0;
+  for (int k = 0; k < p.kv; ++k) {
+    count += imap[long(i) * p.kv + k] >= 0;
+  }
+  view[i + 1] = count;
+}
+
+[[kernel]] void map_input_fill(
+    device const int* imap [[buffer(0)]],
+    device const int* edge_out [[buffer(1)]],
+    device const int* k_idx [[buffer(2)]],
+    device int* view [[buffer(3)]],
+    constant MapParams& p [[buffer(4)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int i = int(tid);
+  if (i >= p.n_in) {
+    return;
+  }
+  const long edges = p.edges;
+  device int* perm = view + p.n_in + 1;
+  long at = view[i];
+  for (int k = 0; k < p.kv; ++k) {
+    const int j = imap[long(i) * p.kv + k];
+    if (j >= 0) {
+      perm[at] = j;
+      perm[edges + at] = edge_out[j];
+      perm[2 * edges + at] = k_idx[j];
+      ++at;
+    }
+  }
+}

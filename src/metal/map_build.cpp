@@ -142,6 +142,32 @@ Program map_kernel_major_program(const MapParams& p) {
   return {{emap}, {edge_map, count, scan, fill}};
 }
 
+Program map_input_major_program(const MapParams& p) {
+  Temp imap{mx::int32, std::max<int64_t>(int64_t(p.n_in) * p.kv, 1)};
+  Temp edge_out{mx::int32, std::max<int64_t>(p.edges, 1)};
+  Step clear = rows_step(
+      "map_fill_minus_one", int64_t(p.n_in) * p.kv, {temp(0, "imap"), bytes(p)});
+  Step scatter = rows_step(
+      "map_input_edge_map",
+      p.n_out,
+      {input(0, "offsets"), input(1, "in_idx"), input(2, "k_idx"),
+       temp(0, "imap"), temp(1, "edge_out"), bytes(p)});
+  Step count = rows_step(
+      "map_input_count", p.n_in, {temp(0, "imap"), output("view"), bytes(p)});
+  MapParams over_in = p; // map_scan over the n_in counts
+  over_in.n_out = p.n_in;
+  Step scan;
+  scan.kernel = "map_scan";
+  scan.threads = {MAP_SCAN_THREADS, 1, 1};
+  scan.buffers = {output("view"), bytes(over_in)};
+  Step fill = rows_step(
+      "map_input_fill",
+      p.n_in,
+      {temp(0, "imap"), temp(1, "edge_out"), input(2, "k_idx"), output("view"),
+       bytes(p)});
+  return {{imap, edge_out}, {clear, scatter, count, scan, fill}};
+}
+
 Program map_program(const std::string& step, const MapParams& p) {
   if (step == "table") {
     return map_table_program(p);
@@ -158,9 +184,12 @@ Program map_program(const std::string& step, const MapParams& p) {
   if (step == "kernel_major") {
     return map_kernel_major_program(p);
   }
+  if (step == "input_major") {
+    return map_input_major_program(p);
+  }
   throw std::invalid_argument(
-      "map step must be 'table', 'count', 'fill', 'neighbor_map' or "
-      "'kernel_major', got '" + step + "'");
+      "map step must be 'table', 'count', 'fill', 'neighbor_map', "
+      "'kernel_major' or 'input_major', got '" + step + "'");
 }
 
 } // namespace mlx_lattice::metal

@@ -42,7 +42,13 @@ Program map_neighbor_map_program(const MapParams& p);
 // sorted by offset (src/relation.cpp).
 Program map_kernel_major_program(const MapParams& p);
 
-// "table", "count", "fill", "neighbor_map" or "kernel_major".
+// -> the input-major view as one int32 buffer (n_in + 1 + 3E): offsets per
+// input row, then perm, out rows and kernel offsets, edges ordered by
+// (in, k) (src/relation.cpp); output coordinates must be unique.
+Program map_input_major_program(const MapParams& p);
+
+// "table", "count", "fill", "neighbor_map", "kernel_major" or
+// "input_major".
 Program map_program(const std::string& step, const MapParams& p);
 
 } // namespace mlx_lattice::metal

@@ -28,6 +28,7 @@ if metal_programs.BACKEND == "metal":
 KERNELS = (
     "map_table_clear", "map_table_insert", "map_count", "map_scan", "map_fill",
     "map_neighbor_map", "map_edge_map", "map_column_count", "map_column_fill",
+    "map_fill_minus_one", "map_input_edge_map", "map_input_count", "map_input_fill",
 )
 NONE = np.iinfo(np.int32).max
 
@@ -91,17 +92,20 @@ def metal_relation(in_coords, out_coords, spec, transposed, schedule="forward", 
     return offsets, edges[:e], edges[e : 2 * e]
 
 
-def metal_views(rel, n_out, spec):
-    """(neighbour map, kernel-major (offsets, perm, in, out)) of the Metal
-    view programs over the relation arrays `rel`."""
+def metal_views(rel, n_in, n_out, spec):
+    """(neighbour map, kernel-major (offsets, perm, in, out), input-major
+    (offsets, perm, out, k)) of the Metal view programs over the relation
+    arrays `rel`."""
     off, i, k = rel
     e, kv = len(i), int(np.prod(spec[0]))
-    prog = lambda step: _ext.metal_map_program(step, 0, n_out, *spec, False, e)
+    prog = lambda step: _ext.metal_map_program(step, n_in, n_out, *spec, False, e)
     ins = [off, garbage(0) if e == 0 else i, garbage(0) if e == 0 else k]
     nmap = run_step(prog("neighbor_map"), ins, garbage(n_out * kv), "random", 1)[: n_out * kv]
     view = run_step(prog("kernel_major"), ins, garbage(kv + 1 + 3 * e), "random", 2)
     km = (view[: kv + 1],) + tuple(view[kv + 1 + j * e : kv + 1 + (j + 1) * e] for j in range(3))
-    return nmap.reshape(n_out, kv), km
+    view = run_step(prog("input_major"), ins, garbage(n_in + 1 + 3 * e), "reverse", 3)
+    im = (view[: n_in + 1],) + tuple(view[n_in + 1 + j * e : n_in + 1 + (j + 1) * e] for j in range(3))
+    return nmap.reshape(n_out, kv), km, im
 
 
 def table_flags(in_coords, schedule="forward"):
@@ -139,15 +143,15 @@ def check(in_coords, out_coords, spec, transposed, kind, schedule="forward", see
     for name, g, w, r in zip(("out_offsets", "in_idx", "k_idx"), got, want, ref):
         np.testing.assert_array_equal(g, w, err_msg=f"{kind} {name}: Metal vs CPU builder")
         np.testing.assert_array_equal(g, r, err_msg=f"{kind} {name}: Metal vs brute force")
-    check_views(got, len(out_coords), spec, rel)
+    check_views(got, len(in_coords), len(out_coords), spec, rel)
     return got
 
 
-def check_views(got, n_out, spec, rel):
+def check_views(got, n_in, n_out, spec, rel):
     """The Metal views of `got` against the CPU relation's and brute force."""
     off, i, k = got
     kv = int(np.prod(spec[0]))
-    nmap, km = metal_views(got, n_out, spec)
+    nmap, km, im = metal_views(got, n_in, n_out, spec)
     out = np.repeat(np.arange(n_out), np.diff(off))
     ref_nmap = np.full((n_out, kv), -1, np.int32)
     ref_nmap[out, k] = i
@@ -158,6 +162,11 @@ def check_views(got, n_out, spec, rel):
     for name, g, w, r in zip(("offsets", "perm", "in_idx", "out_idx"), km, rel.kernel_major(), ref_km):
         np.testing.assert_array_equal(g, np.array(w), err_msg=f"kernel-major {name}: Metal vs CPU")
         np.testing.assert_array_equal(g, r, err_msg=f"kernel-major {name}: Metal vs brute force")
+    order = np.lexsort((out, k, i))  # by (in, k, out)
+    ref_im = (np.concatenate([[0], np.cumsum(np.bincount(i, minlength=n_in))]), order, out[order], k[order])
+    for name, g, w, r in zip(("offsets", "perm", "out_idx", "k_idx"), im, rel.input_major(), ref_im):
+        np.testing.assert_array_equal(g, np.array(w), err_msg=f"input-major {name}: Metal vs CPU")
+        np.testing.assert_array_equal(g, r, err_msg=f"input-major {name}: Metal vs brute force")
 
 
 def t3(v):
