@@ -69,7 +69,10 @@ inline bool map_in_range(long v) {
     return;
   }
   ulong h = map_hash(map_key(c[0], c[1], c[2], c[3])) & ulong(p.mask);
-  for (int probe = 0; probe <= p.mask; ++probe) {
+  // At most n_in of the >= 2 n_in slots are ever taken: a free one is
+  // reached. Only advancing counts as a probe: a spurious failure of the
+  // weak exchange (expected still -1) retries the same slot.
+  for (int probe = 0; probe <= p.mask;) {
     int expected = -1;
     if (atomic_compare_exchange_weak_explicit(
             table + h, &expected, i, memory_order_relaxed, memory_order_relaxed)) {
@@ -82,8 +85,8 @@ inline bool map_in_range(long v) {
         return;
       }
       h = (h + 1) & ulong(p.mask);
+      ++probe;
     }
-    // expected == -1: a spurious failure of the weak exchange; retry the slot.
   }
 }
 

@@ -75,6 +75,15 @@ MapParams map_params(
     p.dilation[a] = dilation[a];
     p.kv *= size[a];
   }
+  // Edge counts, offsets and the (rows, K) maps are int32: the most edges a
+  // map can have, rows * K, must fit (checked here, not truncated later).
+  const int64_t most = std::max(n_in, n_out) * int64_t(p.kv);
+  if (most > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument(
+        "map building: rows * kernel volume must be below 2^31 (int32 edge "
+        "indices); got " + std::to_string(std::max(n_in, n_out)) + " rows * " +
+        std::to_string(p.kv));
+  }
   return p;
 }
 

@@ -272,6 +272,8 @@ def test_program_arguments():
         _ext.metal_map_program("count", 4, 4, (0, 3, 3), *spec[1:], False)
     with pytest.raises(ValueError, match="row counts"):
         _ext.metal_map_program("count", -1, 4, *spec, False)
+    with pytest.raises(ValueError, match="rows \\* kernel volume must be below 2\\^31"):
+        _ext.metal_map_program("count", 2**30, 4, *spec, False)
     with pytest.raises(ValueError, match="edge count"):
         _ext.metal_map_program("fill", 4, 4, *spec, False, 2**31)
 
