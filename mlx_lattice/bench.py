@@ -268,28 +268,18 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit, com
 
 
 def run_unet(wl, coords, dtype_name, sgemm, repeats, emit, width=0.5):
-    """A whole MinkUNet (TorchSparse layout) forward+backward, maps built inside."""
-    import mlx.nn as nn
+    """A whole MinkUNet (TorchSparse layout) training step with maps built
+    inside: forward, loss, backward and an Adam update. Its useful FLOPs are
+    those of every convolution pass (``network_bench.useful_flops``)."""
+    from .network_bench import TrainingStep, useful_flops
 
-    from .models import MinkUNet
-
-    dtype = DTYPES[dtype_name]
-    model = MinkUNet(4, 4, width=width)
-    if dtype != mx.float32:
-        model.set_dtype(dtype)
-    feats = mx.array(np.random.default_rng(2).standard_normal((len(coords), 4)).astype(np.float32)).astype(dtype)
-    loss_grad = nn.value_and_grad(model, lambda m, x: (m(x).feats.astype(mx.float32) ** 2).mean())
-
-    def step():
-        x = SparseTensor(coords, feats)  # fresh manager: maps built inside
-        loss, grads = loss_grad(model, x)
-        mx.eval(loss, grads)
-
+    step = TrainingStep(coords, width=width, dtype=DTYPES[dtype_name])
+    flops = useful_flops(step)
     t = best_time(step, repeats)
     emit(dict(
-        workload=wl, layer=f"MinkUNet {width}x", **{"pass": "forward+backward"}, c_in=4, c_out=4,
-        dtype=dtype_name, n=len(coords), edges=0, ms=t * 1e3, gflops=0.0, sgemm_fraction=0.0,
-        route="registry",
+        workload=wl, layer=f"MinkUNet {width}x", **{"pass": "train step"}, c_in=4, c_out=4,
+        dtype=dtype_name, n=len(coords), edges=0, ms=t * 1e3, gflops=flops / t / 1e9,
+        sgemm_fraction=flops / t / 1e9 / sgemm, useful_gflop=flops / 1e9, route="network",
     ))
 
 
@@ -307,7 +297,7 @@ def format_row(case) -> str:
     cells = []
     for (key, fmt), head in zip(COLUMNS, HEADER):
         v = case.get(key)
-        if v is None or (key in ("gflops", "sgemm_fraction") and case["pass"] in ("map", "forward+backward")):
+        if v is None or (key in ("gflops", "sgemm_fraction") and case["pass"] == "map"):
             extra = ""
             if key == "gflops" and "mqueries_per_s" in case:
                 extra = f"{case['mqueries_per_s']:.0f}Mq/s"
@@ -319,6 +309,44 @@ def format_row(case) -> str:
 
 
 # ------------------------------------------------------------------ GPU (CUDA)
+def map_rows(wl, coords, repeats) -> list[dict]:
+    """Map building on the CPU builder and on CUDA (hash table + relation
+    CSR + neighbour map; forward maps include the output support), same run."""
+    from .cuda import maps
+
+    c = mx.array(np.ascontiguousarray(coords, dtype=np.int32))
+    mx.eval(c)
+    rows = []
+    for name, ks, stride, pad in (("subm k3", 3, 1, 1), ("down k2s2", 2, 2, 0), ("down k3s2", 3, 2, 1)):
+        geom = ((ks,) * 3, (stride,) * 3, (pad,) * 3, (1, 1, 1))
+
+        def cpu():
+            t = _ext.CoordTable(c)
+            out = c if stride == 1 else _ext.forward_support(t, *geom)
+            kind = "submanifold" if stride == 1 else "forward"
+            return _ext.build_relation(t, out, *geom, False, kind)
+
+        def gpu():
+            t = maps.CudaTable(c)
+            out = c if stride == 1 else maps.forward_support(t, geom)
+            kind = "submanifold" if stride == 1 else "forward"
+            return maps.build_relation(t, out, geom, False, kind)
+
+        with mx.stream(mx.cpu):
+            t_cpu = best_time(lambda: mx.eval(cpu().neighbor_map), max(2, repeats // 3))
+        t_gpu = best_time(lambda: mx.eval(gpu().neighbor_map), repeats)
+        edges = gpu().edges
+        rows.append(dict(
+            workload=wl, layer=f"map {name}", **{"pass": "map"}, n=len(coords), edges=edges,
+            ms=t_gpu * 1e3, cpu_ms=t_cpu * 1e3, speedup_vs_cpu=t_cpu / t_gpu, route="cuda.hash_map",
+            device=str(mx.default_device()),
+        ))
+        print(f"{wl:<7} {'map ' + name:<18} {'map':<8} {'int32':<9} {len(coords):>9,} {edges:>10,} "
+              f"{t_gpu*1e3:>8.3f} {'':>8} {'':>6} {t_cpu/t_gpu:>8.1f}x  cuda.hash_map (CPU builder {t_cpu*1e3:.1f} ms)",
+              flush=True)
+    return rows
+
+
 def run_gpu(args) -> int:
     """CUDA routes on the same workloads: useful TFLOP/s, the fraction of MLX's
     own dense matmul at a comparable size (M = edges, same channels and dtype)
@@ -343,6 +371,7 @@ def run_gpu(args) -> int:
     for wl in wls:
         coords, desc = workload(wl, args.quick)
         print(f"-- {wl}: {desc}: {len(coords):,} voxels", flush=True)
+        cases += map_rows(wl, coords, repeats)
         lyrs = [Layer(f"subm3 C{c}", "subm", 3, c, c) for c in chans]
         lyrs += [Layer("down k2s2 32->64", "down", 2, 32, 64), Layer("up k2s2 64->32", "up", 2, 64, 32)]
         for layer in lyrs:
@@ -422,7 +451,56 @@ def run_gpu(args) -> int:
                     vs = f"{case['speedup_vs_gather_matmul']:.1f}x" if pname == "forward" else ""
                     print(f"{wl:<7} {layer.name:<18} {pname:<8} {dt:<9} {n_out:>9,} {edges:>10,} {t*1e3:>8.3f} "
                           f"{flops/t/1e12:>8.1f} {flops/t/dense:>6.0%} {vs:>9}  {route}", flush=True)
-            print(f"   map building (CPU) for {layer.name}: {t_map*1e3:.1f} ms (relation, swapped view, sorted plans)", flush=True)
+            print(f"   map building for {layer.name}: {t_map*1e3:.1f} ms (relation on {'CUDA' if cset.gpu_table is not None else 'the CPU'}; "
+                  "swapped view, sorted plans and wgrad chunks on the CPU)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(cases, f, indent=1)
+        print(f"wrote {len(cases)} cases to {args.json}")
+    return 0
+
+
+# ------------------------------------------------------------------ attention
+def run_attention(args) -> int:
+    """Serialized-patch attention on the CPU (the native patch kernel): PTv3's
+    layout of the LiDAR sweep (z-order, patch 1024), 4 heads of C = 64.
+    Useful FLOPs count only valid (query, key) pairs: 4 L^2 D per patch and
+    head forward, 2.5 times that backward (recomputed scores, dV, dP, dK, dQ).
+    The backward time is forward+backward minus forward."""
+    from .nn.attention import patch_layout
+    from .serialization import serialization_order
+
+    channels, heads, patch = 64, 4, 1024
+    d = channels // heads
+    repeats = args.repeats or 3
+    coords, desc = workload("lidar", False)
+    order, _ = serialization_order(coords, "z")
+    _, _, valid, p = patch_layout(order, coords[:, 0].astype(np.int64), patch)
+    lengths = valid.reshape(-1, p).sum(1).astype(np.int32)
+    flops = 4.0 * heads * d * float((lengths.astype(np.float64) ** 2).sum())
+    sgemm = sgemm_gflops()
+    print(f"mlx_lattice bench --attention: {num_threads()} threads, NumPy sgemm {sgemm:.1f} GFLOP/s (2048^3, same run)")
+    print(f"-- {desc}: {len(coords):,} voxels, {len(lengths)} patches of {p}, {heads} heads x {d}")
+    print(f"{'dtype':<9} {'pass':<9} {'ms':>9} {'GFLOP/s':>8} {'sgemm':>6}")
+    cases = []
+    lens = mx.array(lengths)
+    for dt in (args.dtypes or "float32,float16").split(","):
+        rng = np.random.default_rng(0)
+        q, k, v, ct = (mx.array(rng.standard_normal((len(lengths), heads, p, d)).astype(np.float32)).astype(DTYPES[dt])
+                       for _ in range(4))
+        mx.eval(q, k, v, ct)
+        fwd = lambda: mx.eval(_ext.patch_attention(q, k, v, lens, d ** -0.5))  # noqa: E731
+        both = lambda: mx.eval(mx.vjp(  # noqa: E731
+            lambda a, b, c: _ext.patch_attention(a, b, c, lens, d ** -0.5)[0], [q, k, v], [ct]))
+        t_f = best_time(fwd, repeats)
+        t_fb = best_time(both, repeats)
+        sgemm = max(sgemm, sgemm_gflops())  # conservative: the best sgemm seen in this run
+        for pname, t, fl in (("forward", t_f, flops), ("backward", t_fb - t_f, 2.5 * flops)):
+            gf = fl / t / 1e9
+            cases.append(dict(workload="lidar", layer=f"attention C{channels} H{heads} P{p}", **{"pass": pname},
+                              dtype=dt, n=len(coords), ms=t * 1e3, gflops=gf, sgemm_fraction=gf / sgemm,
+                              sgemm_gflops=sgemm, threads=num_threads()))
+            print(f"{dt:<9} {pname:<9} {t * 1e3:>9.1f} {gf:>8.1f} {gf / sgemm:>6.0%}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(cases, f, indent=1)
@@ -452,7 +530,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="skip the NumPy gather-matmul baseline")
     p.add_argument("--no-spconv", action="store_true", help="skip spconv even when it is installed")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="gpu: the CUDA routes")
+    p.add_argument("--attention", action="store_true", help="only the CPU serialized-patch attention case")
     args = p.parse_args(argv)
+    if args.attention:
+        return run_attention(args)
     if args.device == "gpu":
         return run_gpu(args)
     quick = args.quick
@@ -495,6 +576,10 @@ def main(argv=None) -> int:
         if case.get("gflops"):
             case["sgemm_gflops"], case["sgemm_fraction"] = best, case["gflops"] / best
     print(f"best NumPy sgemm in this run: {best:.1f} GFLOP/s (JSON fractions use it)")
+    for case in cases:
+        if case["route"] == "network":
+            print(f"network fraction ({case['workload']}, {case['layer']} training step, maps built inside): "
+                  f"{case['sgemm_fraction']:.0%} of sgemm on {case['useful_gflop']:.1f} useful GFLOP")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(cases, f, indent=1)

@@ -18,6 +18,20 @@ from . import _ext
 from .relation import KernelGeometry, Relation
 
 
+# Map-building routes of the registry (mlx_lattice/routes.py), by where the
+# coordinates are hashed; "cuda.hash_map" is in mlx_lattice/cuda/routes.py.
+MAP_ROUTES = {"cpu.hash_map": "map"}
+
+
+def _cuda_maps() -> bool:
+    """Whether map building runs on CUDA: the default device is a CUDA GPU."""
+    if mx.default_device().type != mx.gpu:
+        return False
+    from .cuda import available
+
+    return available()
+
+
 class CoordinateSet:
     """One registered coordinate set (row order is the tensor's row order)."""
 
@@ -28,13 +42,29 @@ class CoordinateSet:
         self.coords = coords
         self.source = source  # the array the user registered, if copied
         self.stride = stride
-        # Hashing validates range and uniqueness up front.
-        self.table = _ext.CoordTable(coords)
+        # Hashing validates range and uniqueness up front: on the GPU when the
+        # default device is a CUDA GPU (relations are then built there too).
+        self.gpu_table = None
+        self._table = None
+        if _cuda_maps():
+            from .cuda import maps
+
+            self.gpu_table = maps.CudaTable(coords)
+        else:
+            self._table = _ext.CoordTable(coords)
         self._batch_counts = None
 
     @property
+    def table(self):
+        """The CPU table (lookups outside map building); built on first use
+        for sets hashed on the GPU."""
+        if self._table is None:
+            self._table = _ext.CoordTable(self.coords)
+        return self._table
+
+    @property
     def size(self) -> int:
-        return self.table.size
+        return self.coords.shape[0]
 
     def batch_counts(self) -> np.ndarray:
         if self._batch_counts is None:
@@ -90,15 +120,31 @@ class CoordinateManager:
             return value
 
     def _build(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind):
-        native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
+        if src.gpu_table is not None:
+            from . import cuda
+
+            build = cuda.find("cuda.hash_map", "map").run
+            native = build(src.gpu_table, out_coords, geom.args(), transposed, kind)
+        else:
+            native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
         return Relation(native, geom)
+
+    @staticmethod
+    def _support(src: CoordinateSet, geom: KernelGeometry, generative: bool):
+        if src.gpu_table is not None:
+            from .cuda import maps
+
+            fn = maps.generative_support if generative else maps.forward_support
+            return fn(src.gpu_table, geom.args())
+        fn = _ext.generative_support if generative else _ext.forward_support
+        return fn(src.table, *geom.args())
 
     def kernel_relation(self, src: CoordinateSet, geom: KernelGeometry):
         """Strided/padded convolution; output = every reachable grid point."""
         key = ("forward", src.id, geom)
 
         def build():
-            out = _ext.forward_support(src.table, *geom.args())
+            out = self._support(src, geom, generative=False)
             out_set = self._new_set(out, tuple(a * b for a, b in zip(src.stride, geom.stride)))
             self._parents.setdefault((out_set.id, geom.stride), (src, geom))
             return self._build(src, out, geom, False, "forward"), out_set
@@ -153,7 +199,7 @@ class CoordinateManager:
         key = ("generative", src.id, geom)
 
         def build():
-            out = _ext.generative_support(src.table, *geom.args())
+            out = self._support(src, geom, generative=True)
             stride = tuple(a // b if a % b == 0 else 1 for a, b in zip(src.stride, geom.stride))
             out_set = self._new_set(out, stride)
             return self._build(src, out, geom, True, "generative"), out_set

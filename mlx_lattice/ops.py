@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import _ext, routes
+from . import _ext, diagnostics, routes
 from ._args import as_coords, dtype_name, triple
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
@@ -74,6 +74,10 @@ def _target_set(x: SparseTensor, coordinates, stride):
 def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False):
     """Select (and record) a route, run it and wrap the output."""
     backend = routes.current_backend()
+    # A GPU this install has no kernels for runs the call on the CPU, on record.
+    unusable = diagnostics.backend_fallback(backend)
+    if unusable:
+        backend = "cpu"
     pointwise = relation_fn is None
     relation: Relation | None = None if pointwise else relation_fn()
     stats = (
@@ -99,7 +103,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         n_out=stats["n_out"],
         edges=stats["edges"],
     )
-    sel = routes.choose(ctx)
+    sel = routes.choose(ctx, fallback=unusable)
     route = sel.route
     native = None
     if route.uses_relation:

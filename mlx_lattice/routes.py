@@ -84,6 +84,8 @@ class Route:
         """Where the route's table entry is: the host code that launches it."""
         if self.backend == "metal":
             return "src/metal/" + self.kernel_file.split("/")[-1].replace(".metal", ".cpp")
+        if self.passes == ("map",) and self.backend == "cpu":
+            return "mlx_lattice/manager.py"
         if self.backend == "cpu":
             return "src/cpu/routes.cpp"
         return "mlx_lattice/cuda/routes.py"
@@ -191,14 +193,16 @@ def context(op: str, backend: str, **fields) -> RouteContext:
     )
 
 
-def choose(ctx: RouteContext) -> Selection:
+def choose(ctx: RouteContext, fallback: str | None = None) -> Selection:
     """Select ctx's route and record the choice (with the rejected routes and
-    any fallback) in the diagnostics log."""
+    any fallback) in the diagnostics log. ``fallback``: why the call already
+    left its device (diagnostics.backend_fallback: a GPU without this build's
+    kernels)."""
     sel = select(ctx)
     entry = ctx.as_dict()
     entry.update(
         route=sel.route.name, backend=sel.route.backend, rejected=sel.rejected,
-        fallback=sel.fallback, deterministic=sel.route.deterministic,
+        fallback=fallback or sel.fallback, deterministic=sel.route.deterministic,
     )
     diagnostics.emit(entry)
     return sel
@@ -490,6 +494,22 @@ register(Route(
     name="cuda.wgrad_direct", backend="cuda", priority=0, conditions=(DENSE,),
     passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
     summary="one thread per weight element over the kernel-major edges",
+))
+
+
+# ------------------------------------------------------------------ map building
+# Relations (hash table, output support, CSR edges, neighbour map) are built
+# where the coordinates are hashed: CUDA when the default device is a CUDA GPU.
+register(Route(
+    name="cpu.hash_map", backend="cpu", priority=0, conditions=(), passes=("map",),
+    kernel_file="src/kernel_map.cpp",
+    summary="open-addressing table on packed keys; relations by batched lookups, count then fill",
+))
+register(Route(
+    name="cuda.hash_map", backend="cuda", priority=0, conditions=(), passes=("map",),
+    kernel_file="mlx_lattice/cuda/maps.py",
+    summary="atomicCAS table on packed keys; one thread per (row, offset), symmetric half lookup; "
+    "count then fill with one host sync per map; arrays equal to cpu.hash_map's",
 ))
 
 

@@ -7,10 +7,12 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "attention.h"
 #include "cpu/routes.h"
 #include "metal/map_build.h"
 #include "metal/route.h"
 #include "neighbors.h"
+#include "norm.h"
 #include "primitives.h"
 #include "relation.h"
 #include "threadpool.h"
@@ -114,6 +116,12 @@ NB_MODULE(_ext, m) {
       .def("lookup", &CoordTable::lookup, "queries"_a);
 
   nb::class_<Relation>(m, "Relation")
+      // A relation from CSR arrays built elsewhere (the GPU map builders);
+      // the arrays must be evaluated, in the CPU builder's edge order.
+      .def(
+          nb::init<std::string, int64_t, int64_t, int64_t, mx::array, mx::array, mx::array>(),
+          "kind"_a, "n_in"_a, "n_out"_a, "k"_a, "out_offsets"_a, "in_idx"_a, "k_idx"_a)
+      .def("set_neighbor_map", &Relation::set_neighbor_map, "neighbor_map"_a)
       .def_prop_ro("kind", &Relation::kind)
       .def_prop_ro("n_in", &Relation::n_in)
       .def_prop_ro("n_out", &Relation::n_out)
@@ -207,6 +215,21 @@ NB_MODULE(_ext, m) {
       "stream"_a = nb::none());
 
   m.def(
+      "norm_act",
+      [](const mx::array& x, const mx::array& weight, const mx::array& bias,
+         std::optional<mx::array> residual, std::optional<mx::array> segments,
+         int n_segments, std::optional<mx::array> mean,
+         std::optional<mx::array> var, float eps, int act, float slope,
+         std::optional<mx::Stream> s) {
+        return norm_act(
+            x, weight, bias, residual, segments, n_segments, mean, var, eps,
+            act, slope, stream_or_default(s));
+      },
+      "x"_a, "weight"_a, "bias"_a, "residual"_a.none(), "segments"_a.none(),
+      "n_segments"_a, "mean"_a.none(), "var"_a.none(), "eps"_a, "act"_a,
+      "slope"_a, "stream"_a = nb::none());
+
+  m.def(
       "set_route_hook",
       [](nb::object fn) {
         if (fn.is_none()) {
@@ -252,6 +275,18 @@ NB_MODULE(_ext, m) {
       },
       "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
       "relation"_a.none(), "view"_a, "route"_a, "stream"_a = nb::none());
+
+  m.def(
+      "patch_attention",
+      [](const mx::array& q,
+         const mx::array& k,
+         const mx::array& v,
+         const mx::array& lengths,
+         float scale,
+         std::optional<mx::Stream> s) {
+        return patch_attention(q, k, v, lengths, scale, stream_or_default(s));
+      },
+      "q"_a, "k"_a, "v"_a, "lengths"_a, "scale"_a, "stream"_a = nb::none());
 
   m.def(
       "knn_query",

@@ -1,3 +1,4 @@
+import os
 import zlib
 
 import numpy as np
@@ -45,7 +46,30 @@ METAL_KERNEL_TOLERANCES = {
 }
 
 
+def float32_matmul_tolerance() -> dict:
+    """Tolerance of float32 products computed by MLX ops (mx.matmul, nn.Linear).
+
+    Those follow MLX's precision: on a CUDA GPU float32 matmuls run in TF32
+    unless MLX_ENABLE_TF32=0 (docs/semantics.md). mlx_lattice's own routes
+    accumulate in float32 everywhere and keep the tight bound.
+    """
+    tf32 = (
+        mx.default_device().type == mx.gpu
+        and getattr(mx, "cuda", None) is not None
+        and mx.cuda.is_available()
+        and os.environ.get("MLX_ENABLE_TF32", "1") != "0"
+    )
+    return dict(rtol=3e-3, atol=3e-3) if tf32 else dict(rtol=1e-5, atol=1e-5)
+
+
 def pytest_configure(config):
+    # MLX_LATTICE_TEST_DEVICE=gpu runs the whole suite with the GPU as the
+    # default device (tests that need the CPU backend ask for it themselves).
+    device = os.environ.get("MLX_LATTICE_TEST_DEVICE", "")
+    if device not in ("", "cpu", "gpu"):
+        raise ValueError(f"MLX_LATTICE_TEST_DEVICE must be 'cpu' or 'gpu', got {device!r}")
+    if device:
+        mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
     # Kernel coverage of the Metal harness (MLX_LATTICE_KERNEL_COVERAGE=<path>).
     from metal_harness import plugin
 

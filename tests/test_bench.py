@@ -1,6 +1,7 @@
 """The benchmark's case records (smoke test on a tiny workload)."""
 
 import numpy as np
+import pytest
 
 from mlx_lattice import bench, scenes
 
@@ -27,4 +28,30 @@ def test_bench_unet_case():
     coords = scenes.uniform_random(1500, 20)
     cases = []
     bench.run_unet("random", coords, "float32", 100.0, 1, cases.append, width=0.25)
-    assert cases[0]["pass"] == "forward+backward" and cases[0]["ms"] > 0
+    case = cases[0]
+    assert case["pass"] == "train step" and case["route"] == "network" and case["ms"] > 0
+    # useful FLOPs: every convolution's forward, weight gradient and (past
+    # the input layer) input gradient, 2 * edges * C_in * C_out each
+    assert case["useful_gflop"] > 0
+    assert case["gflops"] == pytest.approx(case["useful_gflop"] / case["ms"] * 1e3)
+    assert case["sgemm_fraction"] == pytest.approx(case["gflops"] / 100.0)
+    assert bench.format_row(case)
+
+
+def test_network_profile_stages():
+    from mlx_lattice import network_bench
+
+    coords = scenes.uniform_random(1500, 20)
+    for fused in (True, False):
+        with network_bench.fused_norms(fused):
+            step = network_bench.TrainingStep(coords, width=0.25)
+            prof = network_bench.profile(step, repeats=1)
+        stages = prof["stages"]
+        assert prof["total"] > 0 and all(v >= 0 for v in stages.values())
+        assert stages["conv forward"] > 0 and stages["conv weight gradient"] > 0
+        assert ("norm + act + add (fused) forward" in stages) == fused
+        assert ("activation forward" in stages) != fused
+        f, d, w = prof["flops"]
+        assert f == w and 0 < d < f  # no input gradient for the input layer
+        assert sum(prof["flops"]) == network_bench.useful_flops(step)
+        assert "| conv forward |" in network_bench.format_profile(prof, 100.0, "t")

@@ -101,3 +101,17 @@ def test_cuda_jvp_and_compile(rng):
     np.testing.assert_allclose(to64(ty), ref, **TOL[mx.float16])
     comp = mx.compile(lambda f: fn(x.replace(f), w).feats)
     np.testing.assert_allclose(to64(comp(x.feats)), to64(fn(x, w).feats), rtol=1e-3, atol=1e-3)
+
+
+def test_float32_routes_accumulate_in_float32(rng):
+    # The precision contract (docs/semantics.md): mlx_lattice's CUDA routes
+    # keep float32 products in float32 even while MLX runs its own float32
+    # matmuls in TF32; TF32 rounding (~5e-4 per product) would miss this bound.
+    x, w, fn, edges, sup = case(rng, "subm", 64, 64, mx.float32)
+    with ml.diagnostics.record() as log:
+        y = fn(x, w)
+        mx.eval(y.feats)
+    assert log[0]["backend"] == "cuda"
+    perm = oracle.match_rows(np.array(y.coords), sup)
+    expected = oracle.apply(edges, to64(x.feats), to64(w), len(sup))
+    np.testing.assert_allclose(to64(y.feats)[perm], expected, rtol=1e-5, atol=1e-5)

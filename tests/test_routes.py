@@ -38,6 +38,8 @@ def _primitive(route) -> str:
     """The primitive a registry route runs under, from its passes and predicate."""
     if route.passes == ("wgrad",):
         return "weight_grad"
+    if route.passes == ("map",):
+        return "map"
     if any(c.text.startswith("quantized weight") for c in route.conditions):
         return "quantized"
     return "conv"
@@ -51,7 +53,9 @@ def test_route_tables_name_exactly_the_registry_routes():
 
     native = dict(_ext.native_routes())
     assert len(native) == len(_ext.native_routes()), "a route is defined twice"
-    tables = {**native, **{name: r.op for name, r in cuda.ROUTES.items()}}
+    from mlx_lattice.manager import MAP_ROUTES
+
+    tables = {**native, **MAP_ROUTES, **{name: r.op for name, r in cuda.ROUTES.items()}}
     registry = {r.name: r for r in routes._REGISTRY.values()}
     assert set(tables) == set(registry)
     for name, route in registry.items():
@@ -154,7 +158,9 @@ def test_backward_routes_go_through_registry(rng, on_cpu):
 
 
 def test_metal_capability_tiers():
-    caps = ml.diagnostics.metal_capabilities("applegpu_g17s", "26.1")
+    caps = ml.diagnostics.metal_capabilities("applegpu_g17s", "26.2")
     assert caps["generation"] == 17 and caps["tensor_ops"] and "tensorops=yes" in caps["tier"]
+    # MLX gates its neural-accelerator kernels at 26.2; so do we
+    assert not ml.diagnostics.metal_capabilities("applegpu_g17s", "26.1")["tensor_ops"]
     assert not ml.diagnostics.metal_capabilities("applegpu_g15p", "26.0")["tensor_ops"]
     assert not ml.diagnostics.metal_capabilities("applegpu_g17s", "15.5")["tensor_ops"]

@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 import mlx.core as mx
 
+from . import maps
 from .kernels import _kernel, sorted_mma_shared_bytes
 from .view import View
 
@@ -97,7 +98,8 @@ def wgrad_mma(x, ct, view: View | None, k):
 
 @dataclass(frozen=True)
 class Route:
-    op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k)
+    op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k);
+    # "map": run(table, out_coords, geometry, transposed, kind) -> native relation
     run: Callable
 
 
@@ -107,6 +109,7 @@ ROUTES = {
     "cuda.fetch_on_demand": Route("conv", fetch_on_demand),
     "cuda.wgrad_mma": Route("weight_grad", wgrad_mma),
     "cuda.wgrad_direct": Route("weight_grad", wgrad_direct),
+    "cuda.hash_map": Route("map", maps.build_relation),
 }
 
 

@@ -13,7 +13,7 @@ from .attention import MLP, ConditionalPositionalEncoding, SerializedAttention, 
 from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d
 from .decoder import Downsample, Expand, PoolTranspose3d, Prune, Upsample
 from .group_norm import GroupNorm
-from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm
+from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm, norm_act
 from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
 from .quantized import (
     QuantizedConv3d,
@@ -39,6 +39,7 @@ __all__ = [
     "LayerNorm",
     "RMSNorm",
     "GroupNorm",
+    "norm_act",
     "ReLU",
     "LeakyReLU",
     "GELU",

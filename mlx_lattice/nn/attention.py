@@ -3,8 +3,9 @@
 The voxels of each batch item are laid out along a space-filling curve
 (:mod:`mlx_lattice.serialization`) and cut into consecutive patches of
 ``patch_size`` voxels; multi-head self-attention runs inside each patch
-through ``mx.fast.scaled_dot_product_attention``. A batch item whose voxel
-count is not a multiple of the patch size gets a shorter last patch: its
+(:func:`patch_attention`: the native kernel on the CPU,
+``mx.fast.scaled_dot_product_attention`` on the GPU). A batch item whose
+voxel count is not a multiple of the patch size gets a shorter last patch: its
 empty slots are masked out as keys (no voxel attends to them) and their
 outputs are dropped. When every batch item is smaller than ``patch_size``,
 the patch shrinks to the largest item, so small inputs do not pay for
@@ -17,6 +18,7 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as mnn
 
+from .. import _ext
 from ..serialization import CURVES, serialization_order
 from ..tensor import SparseTensor
 from .activations import GELU
@@ -53,6 +55,26 @@ def patch_layout(order: np.ndarray, batch: np.ndarray, patch_size: int):
     valid = np.zeros(s, dtype=bool)
     valid[sorted_slot] = True
     return slots, rows, valid, p
+
+
+def patch_attention(q: mx.array, k: mx.array, v: mx.array, valid: np.ndarray, scale: float) -> mx.array:
+    """``softmax(q k^T * scale) v`` per patch and head; q, k, v
+    ``(patches, heads, p, head_dim)``, ``valid`` ``(patches, p)`` bool with
+    each patch's valid slots first. Padding slots are never attended to;
+    their outputs are zero on the CPU and unspecified on the GPU.
+
+    On a CPU default device this is the native kernel (flash-style tiling,
+    float32 accumulation, deterministic across thread counts, with its own
+    backward); on the GPU, ``mx.fast.scaled_dot_product_attention`` with a
+    key mask.
+    """
+    if mx.default_device() == mx.cpu:
+        lengths = valid.sum(axis=1).astype(np.int32)
+        if (valid != (np.arange(valid.shape[1]) < lengths[:, None])).any():
+            raise ValueError("valid must hold each patch's valid slots first")
+        return _ext.patch_attention(q, k, v, mx.array(lengths), float(scale))[0]
+    mask = None if valid.all() else mx.array(valid[:, None, None, :])
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
 def _as_order(order, n: int) -> np.ndarray:
@@ -123,10 +145,7 @@ class SerializedAttention(mnn.Module):
         h, d = self.num_heads, c // self.num_heads
         qkv = self.qkv(x).feats[mx.array(rows.astype(np.int32))]
         qkv = qkv.reshape(-1, p, 3, h, d).transpose(2, 0, 3, 1, 4)  # (3, patches, H, P, D)
-        mask = None
-        if not valid.all():
-            mask = mx.array(valid.reshape(-1, 1, 1, p))
-        y = mx.fast.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], scale=self.scale, mask=mask)
+        y = patch_attention(qkv[0], qkv[1], qkv[2], valid.reshape(-1, p), self.scale)
         y = y.transpose(0, 2, 1, 3).reshape(-1, c)[mx.array(slots.astype(np.int32))]
         return self.proj(x.replace(y))
 
@@ -209,4 +228,5 @@ class TransformerBlock(mnn.Module):
         return self._residual(x, self.mlp, self.norm2)
 
 
-__all__ = ["SerializedAttention", "TransformerBlock", "ConditionalPositionalEncoding", "MLP", "patch_layout"]
+__all__ = ["SerializedAttention", "TransformerBlock", "ConditionalPositionalEncoding", "MLP", "patch_layout",
+           "patch_attention"]

@@ -4,6 +4,10 @@
 TorchSparse / MinkowskiEngine batch norms do); ``InstanceNorm`` over the
 voxels of each batch item separately; ``LayerNorm`` and ``RMSNorm`` normalise
 each voxel's channels. All accept SparseTensors and plain arrays.
+
+On the CPU, ``BatchNorm`` and ``InstanceNorm`` run as one fused primitive
+(statistics, normalisation, an optional residual add and a ReLU / LeakyReLU:
+see :func:`norm_act`), with its own backward pass; on a GPU they are MLX ops.
 """
 
 from __future__ import annotations
@@ -12,9 +16,65 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as mnn
 
+from .. import _ext, routes
 from .._segment import accumulation_dtype, segment_sum
 from ..tensor import SparseTensor
 from ._feature import on_features
+from .activations import LeakyReLU, ReLU
+
+_FUSED_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+# False runs the MLX-op path on the CPU too (benchmarks compare the two).
+FUSED_ON_CPU = True
+
+
+def _fused_activation(act):
+    """(code, slope) of the fused kernel for ``act``, or None if it has none."""
+    if act is None or isinstance(act, mnn.Identity):
+        return 0, 0.0
+    if isinstance(act, ReLU):
+        return 1, 0.0
+    if isinstance(act, LeakyReLU) and act.negative_slope >= 0:
+        return 2, float(act.negative_slope)
+    return None
+
+
+def _fusable(f: mx.array, act) -> bool:
+    return (
+        FUSED_ON_CPU
+        and routes.current_backend() == "cpu"
+        and f.dtype in _FUSED_DTYPES
+        and _fused_activation(act) is not None
+    )
+
+
+def _affine(norm, c):
+    if "weight" in norm:
+        return norm.weight, norm.bias
+    return mx.ones((c,), dtype=mx.float32), mx.zeros((c,), dtype=mx.float32)
+
+
+def norm_act(norm, x, act=None, residual=None):
+    """``act(norm(x) + residual)`` for a :class:`BatchNorm` or
+    :class:`InstanceNorm` ``norm``, an activation module ``act`` (None for
+    none) and an optional ``residual`` (same voxels and shape as x).
+
+    On the CPU, with a ReLU, a LeakyReLU of slope >= 0 or no activation, the
+    whole expression is one multithreaded primitive (forward and backward,
+    bitwise identical across thread counts); otherwise the modules run one
+    after another. Both give the same values up to rounding.
+    """
+    if not isinstance(norm, (BatchNorm, InstanceNorm)):
+        raise TypeError(f"norm_act: norm must be a BatchNorm or InstanceNorm, got {type(norm).__name__}")
+    r = None
+    if residual is not None:
+        r = residual.feats if isinstance(residual, SparseTensor) else residual
+        f = x.feats if isinstance(x, SparseTensor) else x
+        if not isinstance(r, mx.array) or tuple(r.shape) != tuple(f.shape) or r.dtype != f.dtype:
+            raise ValueError(
+                f"norm_act: residual must match the features' shape {tuple(f.shape)} and dtype"
+            )
+    return norm(x, act=act, residual=r)
 
 
 class BatchNorm(mnn.Module):
@@ -60,12 +120,39 @@ class BatchNorm(mnn.Module):
             f"affine={'weight' in self}, track_running_stats={self.track_running_stats}"
         )
 
-    def _normalise(self, f: mx.array) -> mx.array:
+    def _normalise(self, f: mx.array, act=None, residual=None) -> mx.array:
         n = f.shape[0]
         if f.ndim != 2 or f.shape[1] != self.num_features:
             raise ValueError(f"BatchNorm({self.num_features}) got features of shape {tuple(f.shape)}")
         if n == 0:
             return f
+        if _fusable(f, act):
+            return self._fused(f, act, residual)
+        y = self._reference(f)
+        if residual is not None:
+            y = y + residual
+        return y if act is None else act(y)
+
+    def _fused(self, f, act, residual):
+        code, slope = _fused_activation(act)
+        w, b = _affine(self, f.shape[1])
+        n = f.shape[0]
+        if self.training or not self.track_running_stats:
+            y, mean, var = _ext.norm_act(f, w, b, residual, None, 1, None, None, self.eps, code, slope)
+            if self.training and self.track_running_stats and n > 1:
+                mu = self.momentum
+                mean, var = mx.stop_gradient(mean[0]), mx.stop_gradient(var[0])
+                self.running_mean = (1 - mu) * self.running_mean + mu * mean
+                self.running_var = (1 - mu) * self.running_var + mu * (var * (n / (n - 1)))
+            return y
+        (y,) = _ext.norm_act(
+            f, w, b, residual, None, 1, self.running_mean, self.running_var, self.eps, code, slope
+        )
+        return y
+
+    def _reference(self, f: mx.array) -> mx.array:
+        """The MLX-op path (GPUs, and activations the fused kernel lacks)."""
+        n = f.shape[0]
         acc = accumulation_dtype(f.dtype)
         x = f.astype(acc)
         if self.training or not self.track_running_stats:
@@ -85,8 +172,9 @@ class BatchNorm(mnn.Module):
             y = y * self.weight + self.bias
         return y.astype(f.dtype)
 
-    def __call__(self, x):
-        return on_features(x, self._normalise)
+    def __call__(self, x, act=None, residual=None):
+        """Normalise x; ``act`` and ``residual`` as in :func:`norm_act`."""
+        return on_features(x, lambda f: self._normalise(f, act, residual))
 
 
 class InstanceNorm(mnn.Module):
@@ -108,15 +196,31 @@ class InstanceNorm(mnn.Module):
     def _extra_repr(self):
         return f"{self.num_features}, eps={self.eps}, affine={'weight' in self}"
 
-    def __call__(self, x: SparseTensor) -> SparseTensor:
+    def __call__(self, x: SparseTensor, act=None, residual=None) -> SparseTensor:
+        """Normalise x; ``act`` and ``residual`` as in :func:`norm_act`."""
         if not isinstance(x, SparseTensor):
             raise TypeError("InstanceNorm needs a SparseTensor (its batch column groups the voxels)")
         f = x.feats
+        if f.ndim != 2 or f.shape[1] != self.num_features:
+            raise ValueError(f"InstanceNorm({self.num_features}) got features of shape {tuple(f.shape)}")
         if f.shape[0] == 0:
             return x
-        counts = x.batch_counts
-        n_b = len(counts)
+        n_b = len(x.batch_counts)
         b = x.coords[:, 0]
+        if _fusable(f, act):
+            code, slope = _fused_activation(act)
+            w, bias = _affine(self, f.shape[1])
+            y, _, _ = _ext.norm_act(f, w, bias, residual, b, n_b, None, None, self.eps, code, slope)
+            return x.replace(y)
+        y = self._reference(f, b, x.batch_counts)
+        if residual is not None:
+            y = y + residual
+        y = x.replace(y)
+        return y if act is None else act(y)
+
+    def _reference(self, f, b, counts):
+        """The MLX-op path (GPUs, and activations the fused kernel lacks)."""
+        n_b = len(counts)
         inv_n = mx.array((1.0 / np.maximum(counts, 1)).astype(np.float32))[:, None]
         acc = accumulation_dtype(f.dtype)
         xf = f.astype(acc)
@@ -126,7 +230,7 @@ class InstanceNorm(mnn.Module):
         y = centred * mx.rsqrt(var + self.eps)[b]
         if "weight" in self:
             y = y * self.weight + self.bias
-        return x.replace(y.astype(f.dtype))
+        return y.astype(f.dtype)
 
 
 class LayerNorm(mnn.LayerNorm):

@@ -1,0 +1,362 @@
+"""Map building on CUDA: coordinate hash tables, output supports and
+relations, as ``mx.fast.cuda_kernel`` sources.
+
+The arrays equal the CPU builder's (src/coord_table.cpp, src/kernel_map.cpp)
+element for element: edges in (output row, offset) order, supports sorted by
+packed key. Sizes are unknown before building, so each map is count-then-fill
+with one host synchronisation (the edge or support count, read together with
+the error flags); a coordinate set costs one synchronisation (its error
+flags). There are no capacities to overflow: the table has twice as many
+slots as rows. On an error the CPU builder is run on the same input to raise
+its exact message.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import mlx.core as mx
+
+from .. import _ext
+
+# The packing of src/relation.h: batch << 51 | (x - MIN) << 34 | (y - MIN) << 17 | (z - MIN).
+COMMON = """
+constexpr long long kCoordMin = -65536;
+constexpr long long kCoordMax = 65535;
+constexpr long long kBatchLimit = 4096;
+constexpr unsigned long long kEmpty = ~0ull;
+
+__device__ inline unsigned long long lattice_hash(unsigned long long key) {
+  unsigned long long x = key >> 2;
+  x ^= x >> 31;
+  x *= 0x7fb5d329728ea185ull;
+  x ^= x >> 27;
+  x *= 0x81dadef4bc2dd44dull;
+  x ^= x >> 33;
+  return (x << 2) | (key & 3ull);
+}
+
+// Slots hold key + 1 so that a zero-filled table is empty.
+__device__ inline int lattice_find(
+    const unsigned long long* keys, const int* vals, unsigned long long mask,
+    unsigned long long key) {
+  if (key == kEmpty) return -1;
+  unsigned long long h = lattice_hash(key) & mask;
+  for (;;) {
+    const unsigned long long s = keys[h];
+    if (s == key + 1ull) return vals[h];
+    if (s == 0ull) return -1;
+    h = (h + 1ull) & mask;
+  }
+}
+
+// Candidate of axis value c through kernel tap d: the conv form
+// s*c - p + dil*d, or the transposed form (c + p - dil*d) / s when divisible.
+// Returns 0 (invalid), 1 (valid, *v set) or 2 (an integer outside the range).
+__device__ inline int lattice_axis(
+    long long c, int d, int s, int p, int dil, bool transposed, long long* v) {
+  long long t;
+  if (!transposed) {
+    t = (long long)s * c - p + (long long)dil * d;
+  } else {
+    long long u = c + p - (long long)dil * d;
+    long long r = u % s;
+    if (r < 0) r += s;
+    if (r != 0) return 0;
+    t = u / s;
+  }
+  *v = t;
+  return (t >= kCoordMin && t <= kCoordMax) ? 1 : 2;
+}
+
+// Packed key of row q through offset k (dx outer, dz inner), kEmpty when a
+// candidate is invalid; *overflow set when one lies outside the range.
+__device__ inline unsigned long long lattice_key(
+    const int* q, int k, const int* spec, bool transposed, bool* overflow) {
+  const int kz = spec[2], ky = spec[1];
+  const int d[3] = {k / (ky * kz), (k / kz) % ky, k % kz};
+  unsigned long long key = (unsigned long long)q[0] << 51;
+  bool valid = true;
+  const int shift[3] = {34, 17, 0};
+  for (int a = 0; a < 3; ++a) {
+    long long v = 0;
+    const int st = lattice_axis(q[a + 1], d[a], spec[3 + a], spec[6 + a], spec[9 + a], transposed, &v);
+    if (st == 2) *overflow = true;
+    if (st != 1) {
+      valid = false;
+    } else {
+      key += (unsigned long long)(v - kCoordMin) << shift[a];
+    }
+  }
+  return valid ? key : kEmpty;
+}
+"""
+
+# One thread per row: insert key + 1 with atomicCAS; flags[0] on a row
+# outside the range, flags[1] on a duplicate.
+INSERT_SOURCE = """
+  const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  if (i >= n) return;
+  const unsigned long long mask = (unsigned long long)params[1];
+  const int* r = coords + 4 * i;
+  if (r[0] < 0 || r[0] >= kBatchLimit) { atomicExch(&flags[0], 1); return; }
+  for (int a = 1; a < 4; ++a) {
+    if (r[a] < kCoordMin || r[a] > kCoordMax) { atomicExch(&flags[0], 1); return; }
+  }
+  const unsigned long long key = ((unsigned long long)r[0] << 51) |
+      ((unsigned long long)(r[1] - kCoordMin) << 34) |
+      ((unsigned long long)(r[2] - kCoordMin) << 17) |
+      (unsigned long long)(r[3] - kCoordMin);
+  unsigned long long* ks = reinterpret_cast<unsigned long long*>(keys);
+  unsigned long long h = lattice_hash(key) & mask;
+  for (;;) {
+    const unsigned long long prev = atomicCAS(ks + h, 0ull, key + 1ull);
+    if (prev == 0ull) { vals[h] = (int)i; return; }
+    if (prev == key + 1ull) { atomicExch(&flags[1], 1); return; }
+    h = (h + 1ull) & mask;
+  }
+"""
+
+# One thread per (output row, offset): the dense neighbour map. Output rows
+# outside the batch range reach nothing (as on the CPU).
+LOOKUP_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int m = params[0];
+  const int kv = params[1];
+  if (idx >= (long)m * kv) return;
+  const int r = (int)(idx / kv);
+  const int k = (int)(idx % kv);
+  const int* q = out_coords + 4 * (long)r;
+  int found = -1;
+  if (q[0] >= 0 && q[0] < kBatchLimit) {
+    bool overflow = false;
+    const unsigned long long key = lattice_key(q, k, params + 3, TRANSPOSED, &overflow);
+    found = lattice_find(
+        reinterpret_cast<const unsigned long long*>(keys), vals,
+        (unsigned long long)params[2], key);
+  }
+  nmap[idx] = found;
+"""
+
+# Symmetric relations (a centred odd kernel at stride 1 onto the same set):
+# look up the first half of the offsets and mirror each hit; distinct
+# threads write distinct slots. nmap starts at -1.
+SYMMETRIC_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  const int kv = params[1];
+  const int center = kv / 2;
+  if (idx >= (long)n * (center + 1)) return;
+  const int q = (int)(idx / (center + 1));
+  const int k = (int)(idx % (center + 1));
+  if (k == center) { nmap[(long)q * kv + center] = q; return; }
+  bool overflow = false;
+  const unsigned long long key = lattice_key(coords + 4 * (long)q, k, params + 3, false, &overflow);
+  const int p = lattice_find(
+      reinterpret_cast<const unsigned long long*>(keys), vals,
+      (unsigned long long)params[2], key);
+  if (p >= 0) {
+    nmap[(long)q * kv + k] = p;
+    nmap[(long)p * kv + (kv - 1 - k)] = q;
+  }
+"""
+
+# One thread per output row: the row's hits in offset order at its offset.
+COMPACT_SOURCE = """
+  const long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int m = params[0];
+  const int kv = params[1];
+  if (r >= m) return;
+  int j = offsets[r];
+  for (int k = 0; k < kv; ++k) {
+    const int p = nmap[r * kv + k];
+    if (p >= 0) {
+      in_idx[j] = p;
+      k_idx[j] = k;
+      ++j;
+    }
+  }
+"""
+
+# One thread per (input row, offset): the packed output reached (kEmpty when
+# none); flags[0] when one lies outside the range.
+CANDIDATES_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  const int kv = params[1];
+  if (idx >= (long)n * kv) return;
+  bool overflow = false;
+  const unsigned long long key = lattice_key(
+      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
+  if (overflow) atomicExch(&flags[0], 1);
+  reinterpret_cast<unsigned long long*>(cand)[idx] = key;
+"""
+
+# One thread per sorted candidate: first of its run (and not empty).
+FIRST_SOURCE = """
+  const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  if (i >= n) return;
+  const unsigned long long* s = reinterpret_cast<const unsigned long long*>(sorted);
+  first[i] = (s[i] != kEmpty && (i == 0 || s[i] != s[i - 1])) ? 1 : 0;
+"""
+
+# One thread per sorted candidate: unpack the firsts at their rank.
+UNPACK_SOURCE = """
+  const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  if (i >= n) return;
+  const unsigned long long* s = reinterpret_cast<const unsigned long long*>(sorted);
+  if (!(s[i] != kEmpty && (i == 0 || s[i] != s[i - 1]))) return;
+  const unsigned long long k = s[i];
+  const unsigned long long m17 = (1ull << 17) - 1ull;
+  int* o = out + 4 * (long)(rank[i] - 1);
+  o[0] = (int)(k >> 51);
+  o[1] = (int)((long long)((k >> 34) & m17) + kCoordMin);
+  o[2] = (int)((long long)((k >> 17) & m17) + kCoordMin);
+  o[3] = (int)((long long)(k & m17) + kCoordMin);
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str):
+    spec = {
+        "insert": (["coords", "params"], ["keys", "vals", "flags"], INSERT_SOURCE),
+        "lookup": (["keys", "vals", "out_coords", "params"], ["nmap"], LOOKUP_SOURCE),
+        "symmetric": (["keys", "vals", "coords", "params"], ["nmap"], SYMMETRIC_SOURCE),
+        "compact": (["nmap", "offsets", "params"], ["in_idx", "k_idx"], COMPACT_SOURCE),
+        "candidates": (["coords", "params"], ["cand", "flags"], CANDIDATES_SOURCE),
+        "first": (["sorted", "params"], ["first"], FIRST_SOURCE),
+        "unpack": (["sorted", "rank", "params"], ["out"], UNPACK_SOURCE),
+    }[name]
+    return mx.fast.cuda_kernel(
+        name=f"mlx_lattice_map_{name}", input_names=spec[0], output_names=spec[1],
+        source=spec[2], header=COMMON,
+    )
+
+
+def _params(*vals):
+    return mx.array(np.array(vals, dtype=np.int32))
+
+
+def _geometry_params(kernel_size, stride, padding, dilation):
+    return [*kernel_size, *stride, *padding, *dilation]
+
+
+def _launch(name, n, inputs, shapes, dtypes, template=(), init_value=None):
+    kw = {} if init_value is None else {"init_value": init_value}
+    return _kernel(name)(
+        inputs=inputs, template=list(template), grid=(max(n, 1), 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=shapes, output_dtypes=dtypes, **kw,
+    )
+
+
+class CudaTable:
+    """Open-addressing table on the GPU from packed coordinates to rows:
+    2 * max(N, 8) slots rounded up to a power of two (as on the CPU)."""
+
+    def __init__(self, coords: mx.array):
+        if coords.ndim != 2 or coords.shape[1] != 4 or coords.dtype != mx.int32:
+            raise ValueError("coords must be an (N, 4) int32 array")
+        self.coords = coords
+        self.size = n = coords.shape[0]
+        cap = 16
+        while cap < 2 * max(n, 8):
+            cap *= 2
+        if cap > 2**31:
+            raise ValueError(f"coords has {n} rows; the GPU table holds at most 2**30")
+        self.mask = cap - 1
+        keys, vals, flags = _launch(
+            "insert", n, [coords, _params(n, self.mask)],
+            [(cap,), (cap,), (2,)], [mx.uint64, mx.int32, mx.int32], init_value=0,
+        )
+        if n and np.array(flags).any():  # the one synchronisation of a set
+            _ext.CoordTable(coords)  # raises the CPU builder's message
+            raise AssertionError("GPU table flagged coordinates the CPU table accepts")
+        self.keys, self.vals = keys, vals
+
+
+def _support(table: CudaTable, geometry, generative: bool) -> mx.array:
+    n, kv = table.size, int(np.prod(geometry[0]))
+    if n == 0:
+        return mx.zeros((0, 4), mx.int32)
+    params = _params(n, kv, 0, *_geometry_params(*geometry))
+    cand, flags = _launch(
+        "candidates", n * kv, [table.coords, params], [(n * kv,), (1,)], [mx.uint64, mx.int32],
+        template=[("TRANSPOSED", not generative)], init_value=0,
+    )
+    srt = mx.sort(cand)
+    total = n * kv
+    first = _launch("first", total, [srt, _params(total)], [(total,)], [mx.int32])[0]
+    rank = mx.cumsum(first)
+    count, bad = rank[-1], flags[0]
+    mx.eval(count, bad)  # the one synchronisation of a support
+    if bad.item():
+        fn = _ext.generative_support if generative else _ext.forward_support
+        fn(_ext.CoordTable(table.coords), *geometry)  # raises the CPU builder's message
+        raise AssertionError("GPU support flagged a range error the CPU builder accepts")
+    m = count.item()
+    if m == 0:
+        return mx.zeros((0, 4), mx.int32)
+    return _launch("unpack", total, [srt, rank, _params(total)], [(m, 4)], [mx.int32])[0]
+
+
+def forward_support(table: CudaTable, geometry) -> mx.array:
+    """Every output a strided convolution reaches, sorted by packed key."""
+    return _support(table, geometry, generative=False)
+
+
+def generative_support(table: CudaTable, geometry) -> mx.array:
+    """Every output a generative transposed convolution reaches, sorted."""
+    return _support(table, geometry, generative=True)
+
+
+def _symmetric(table: CudaTable, out_coords, geometry, transposed: bool) -> bool:
+    if transposed or out_coords is not table.coords:
+        return False
+    kernel_size, stride, padding, dilation = geometry
+    return all(
+        s == 1 and k % 2 == 1 and p == d * (k - 1) // 2
+        for k, s, p, d in zip(kernel_size, stride, padding, dilation)
+    )
+
+
+def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
+    """The native relation of ``_ext.build_relation``, built on the GPU."""
+    for k in geometry[0]:
+        if k > 64:
+            raise ValueError("kernel sizes above 64 are not supported")
+    if out_coords.ndim != 2 or out_coords.shape[1] != 4 or out_coords.dtype != mx.int32:
+        raise ValueError("output coordinates must be an (N, 4) int32 array")
+    m, kv = out_coords.shape[0], int(np.prod(geometry[0]))
+    gp = _geometry_params(*geometry)
+    if m == 0:
+        nmap = mx.zeros((0, kv), mx.int32)
+    elif _symmetric(table, out_coords, geometry, transposed):
+        nmap = _launch(
+            "symmetric", m * (kv // 2 + 1),
+            [table.keys, table.vals, table.coords, _params(m, kv, table.mask, *gp)],
+            [(m, kv)], [mx.int32], init_value=-1,
+        )[0]
+    else:
+        nmap = _launch(
+            "lookup", m * kv,
+            [table.keys, table.vals, mx.contiguous(out_coords), _params(m, kv, table.mask, *gp)],
+            [(m, kv)], [mx.int32], template=[("TRANSPOSED", transposed)],
+        )[0]
+    counts = (nmap >= 0).astype(mx.int32).sum(axis=1)
+    offsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(counts)])
+    mx.eval(offsets, nmap)  # the one synchronisation of a relation: its edge count
+    edges = offsets[-1].item()
+    if edges:
+        in_idx, k_idx = _launch(
+            "compact", m, [nmap, offsets, _params(m, kv)], [(edges,), (edges,)], [mx.int32, mx.int32]
+        )
+    else:
+        in_idx = k_idx = mx.zeros((0,), mx.int32)
+    mx.eval(in_idx, k_idx)
+    native = _ext.Relation(kind, table.size, m, kv, offsets, in_idx, k_idx)
+    native.set_neighbor_map(nmap)
+    return native

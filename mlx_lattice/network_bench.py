@@ -1,0 +1,312 @@
+"""Whole-network training step on the CPU: useful FLOPs and a per-stage profile.
+
+``python -m mlx_lattice.network_bench [--workload lidar] [--width 0.5]`` times a
+MinkUNet training step (maps built inside, forward, loss, backward, Adam
+update) and replays each of its stages in isolation on the same arrays:
+map building, convolutions by pass (forward / input gradient / weight
+gradient), normalisation, activations, residual adds, concatenations, loss
+and optimizer. Times are reported next to the same run's NumPy sgemm.
+``--compare`` also profiles the MLX-op normalisation path (no fused
+norm + activation primitive) in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import mlx.core as mx
+import mlx.nn as mnn
+import mlx.optimizers as optim
+
+from . import _ext, algebra, num_threads
+from .nn import normalization
+from .tensor import SparseTensor
+
+
+def best_time(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@contextmanager
+def fused_norms(enabled: bool):
+    """Run BatchNorm / InstanceNorm fused (the default on the CPU) or as MLX ops."""
+    old = normalization.FUSED_ON_CPU
+    normalization.FUSED_ON_CPU = enabled
+    try:
+        yield
+    finally:
+        normalization.FUSED_ON_CPU = old
+
+
+def loss_fn(model, x):
+    return (model(x).feats.astype(mx.float32) ** 2).mean()
+
+
+class TrainingStep:
+    """One MinkUNet training step on fixed coordinates; every call builds the
+    coordinate manager and all maps afresh (as a data loader's new sample)."""
+
+    def __init__(self, coords, width=0.5, dtype=mx.float32, in_channels=4, num_classes=4, seed=2):
+        from .models import MinkUNet
+
+        mx.random.seed(seed)
+        self.coords = np.asarray(coords)
+        self.model = MinkUNet(in_channels, num_classes, width=width)
+        if dtype != mx.float32:
+            self.model.set_dtype(dtype)
+        feats = np.random.default_rng(seed).standard_normal((len(coords), in_channels))
+        self.feats = mx.array(feats.astype(np.float32)).astype(dtype)
+        self.optimizer = optim.Adam(learning_rate=1e-3)
+        self.loss_grad = mnn.value_and_grad(self.model, loss_fn)
+        mx.eval(self.model.parameters(), self.feats)
+
+    def tensor(self) -> SparseTensor:
+        return SparseTensor(self.coords, self.feats)
+
+    def __call__(self):
+        loss, grads = self.loss_grad(self.model, self.tensor())
+        self.optimizer.update(self.model, grads)
+        mx.eval(loss, self.model.state, self.optimizer.state)
+        return loss
+
+
+@contextmanager
+def _recording():
+    """Record the convolution products, batch norms and concatenations of a forward pass."""
+    rec = {"conv": [], "norm": [], "cat": []}
+    orig_conv = _ext.gather_conv
+    orig_cat = algebra.cat
+    orig_bn = normalization.BatchNorm.__call__
+
+    def conv(x, w, native, view, route, stream=None):
+        rec["conv"].append((x, w, native, view, route, stream))
+        return orig_conv(x, w, native, view, route, stream)
+
+    def cat(tensors):
+        tensors = list(tensors)
+        rec["cat"].append([t.feats for t in tensors])
+        return orig_cat(tensors)
+
+    def norm(self, x, act=None, residual=None):
+        rec["norm"].append((self, x.feats if isinstance(x, SparseTensor) else x, act, residual))
+        return orig_bn(self, x, act=act, residual=residual)
+
+    _ext.gather_conv = conv
+    algebra.cat = cat
+    normalization.BatchNorm.__call__ = norm
+    try:
+        yield rec
+    finally:
+        _ext.gather_conv = orig_conv
+        algebra.cat = orig_cat
+        normalization.BatchNorm.__call__ = orig_bn
+
+
+def conv_flops(rec, input_feats) -> tuple[float, float, float]:
+    """Useful FLOPs (forward, input gradient, weight gradient) of the recorded
+    products: 2 * edges * C_in * C_out per pass, no input gradient for the
+    network's input features."""
+    f = d = w = 0.0
+    for x, wt, native, _, _, _ in rec["conv"]:
+        edges = native.edges if native is not None else x.shape[0]
+        fl = 2.0 * edges * wt.shape[1] * wt.shape[2]
+        f += fl
+        w += fl
+        if x is not input_feats:
+            d += fl
+    return f, d, w
+
+
+def useful_flops(step: TrainingStep) -> float:
+    """Useful FLOPs of one training step (all convolution passes)."""
+    with _recording() as rec:
+        step.model(step.tensor())
+    return sum(conv_flops(rec, step.feats))
+
+
+def _vjp_time(fn, primals, argnums, repeats):
+    """Seconds of fn's backward pass for the given primals (the forward
+    products it needs included), with a fixed random cotangent."""
+    out = fn(*primals)
+    ct = mx.random.normal(out.shape).astype(out.dtype)
+    mx.eval(ct)
+
+    def run():
+        def part(*sel):
+            args = list(primals)
+            for i, a in zip(argnums, sel):
+                args[i] = a
+            return fn(*args)
+
+        _, grads = mx.vjp(part, [primals[i] for i in argnums], [ct])
+        mx.eval(grads)
+
+    return best_time(run, repeats)
+
+
+def profile(step: TrainingStep, repeats: int = 3) -> dict:
+    """Per-stage milliseconds of one training step (see the module doc)."""
+    model = step.model
+    stages = {}
+    total = best_time(step, repeats)
+
+    # Map building: the graph of a forward pass on a fresh manager, minus the
+    # same graph on a manager that already holds every map.
+    x0 = step.tensor()
+    model(x0)
+    t_fresh = best_time(lambda: model(step.tensor()), repeats)
+    t_cached = best_time(lambda: model(x0), repeats)
+    stages["maps (coordinate hashing, relations)"] = max(t_fresh - t_cached, 0.0)
+    stages["graph building (Python)"] = t_cached
+
+    with _recording() as rec:
+        y = model(step.tensor())
+    mx.eval(y.feats, [r[:2] for r in rec["conv"]], [r[1] for r in rec["norm"]],
+            [r[3] for r in rec["norm"] if r[3] is not None], rec["cat"])
+
+    fwd = dgrad = wgrad = 0.0
+    for x, w, native, view, route, stream in rec["conv"]:
+        def conv(a, b, native=native, view=view, route=route, stream=stream):
+            return _ext.gather_conv(a, b, native, view, route, stream)
+        fwd += best_time(lambda: mx.eval(conv(x, w)), repeats)
+        if x is not step.feats:
+            dgrad += _vjp_time(conv, [x, w], [0], repeats)
+        wgrad += _vjp_time(conv, [x, w], [1], repeats)
+    stages["conv forward"] = fwd
+    stages["conv input gradient"] = dgrad
+    stages["conv weight gradient"] = wgrad
+
+    # Norms replayed on fresh modules of the same kind (the model's running
+    # statistics stay untouched), forward and forward + backward.
+    fused = normalization.FUSED_ON_CPU
+    keys = ("norm + act + add (fused) forward", "norm + act + add (fused) backward") if fused else (
+        "norm forward", "norm backward")
+    n_f = n_b = a_f = a_b = r_f = r_b = 0.0
+    for mod, f, act, res in rec["norm"]:
+        fresh = normalization.BatchNorm(f.shape[1], eps=mod.eps, momentum=mod.momentum)
+        fresh.train(mod.training)
+        w, b = mx.array(mod.weight), mx.array(mod.bias)
+
+        def fn(a, w, b, r=None, fresh=fresh, act=act if fused else None):
+            fresh.weight, fresh.bias = w, b
+            return fresh(a, act=act, residual=r)
+
+        primals = [f, w, b] + ([res] if fused and res is not None else [])
+        t = best_time(lambda: mx.eval(fn(*primals)), repeats)
+        n_f += t
+        n_b += _vjp_time(fn, primals, list(range(len(primals))), repeats) - t
+        if not fused:
+            if act is not None:
+                t = best_time(lambda: mx.eval(act(f)), repeats)
+                a_f += t
+                a_b += _vjp_time(lambda a, act=act: act(a), [f], [0], repeats) - t
+            if res is not None:
+                t = best_time(lambda: mx.eval(f + res), repeats)
+                r_f += t
+                r_b += _vjp_time(lambda a, b: a + b, [f, res], [0, 1], repeats) - t
+    stages[keys[0]] = n_f
+    stages[keys[1]] = max(n_b, 0.0)
+    if not fused:
+        stages["activation forward"] = a_f
+        stages["activation backward"] = max(a_b, 0.0)
+        stages["residual add forward"] = r_f
+        stages["residual add backward"] = max(r_b, 0.0)
+
+    c_f = c_b = 0.0
+    for parts in rec["cat"]:
+        fn = lambda *a: mx.concatenate(a, axis=1)
+        t = best_time(lambda: mx.eval(fn(*parts)), repeats)
+        c_f += t
+        c_b += _vjp_time(fn, parts, list(range(len(parts))), repeats) - t
+    stages["concatenation forward"] = c_f
+    stages["concatenation backward"] = max(c_b, 0.0)
+
+    logits = y.feats
+    stages["loss forward + backward"] = best_time(
+        lambda: mx.eval(mx.grad(lambda a: (a.astype(mx.float32) ** 2).mean())(logits)), repeats)
+
+    _, grads = step.loss_grad(model, step.tensor())
+    mx.eval(grads)
+    opt = optim.Adam(learning_rate=1e-3)
+    params = model.trainable_parameters()
+    opt.init(params)
+
+    def update():
+        mx.eval(opt.apply_gradients(grads, params), opt.state)
+
+    stages["optimizer (Adam)"] = best_time(update, repeats)
+    staged = sum(stages.values())
+    stages["other (scheduling, gathers, casts)"] = max(total - staged, 0.0)
+    return {"total": total, "stages": stages, "flops": conv_flops(rec, step.feats)}
+
+
+def format_profile(prof: dict, sgemm: float, title: str) -> str:
+    total = prof["total"]
+    flops = sum(prof["flops"])
+    lines = [
+        f"{title}: {total * 1e3:.0f} ms per step, {flops / 1e9:.1f} useful GFLOP, "
+        f"{flops / total / 1e9:.1f} GFLOP/s = {flops / total / 1e9 / sgemm:.0%} of sgemm ({sgemm:.0f} GFLOP/s)",
+        "",
+        "| stage | ms | share of step |",
+        "|---|---:|---:|",
+    ]
+    for k, v in prof["stages"].items():
+        lines.append(f"| {k} | {v * 1e3:.1f} | {v / total:.0%} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from . import scenes
+    from .bench import sgemm_gflops, workload
+
+    p = argparse.ArgumentParser(prog="python -m mlx_lattice.network_bench", description=__doc__.splitlines()[0])
+    p.add_argument("--workload", default="lidar", help="lidar, mesh or random (as the bench)")
+    p.add_argument("--width", type=float, default=0.5)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--compare", action="store_true", help="also profile the MLX-op norm path")
+    args = p.parse_args(argv)
+    coords, desc = workload(args.workload, quick=False)
+    sgemm = sgemm_gflops()
+    print(f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels "
+          f"({scenes.neighbour_stats(coords):.2f} neighbours of 26), {num_threads()} threads, float32")
+    if args.compare:
+        # Steps of the two paths interleaved (best of each), so that a load
+        # change on a shared machine hits both alike.
+        step = TrainingStep(coords, width=args.width)
+        best = {True: float("inf"), False: float("inf")}
+        for _ in range(args.repeats + 1):
+            for fused in (True, False):
+                with fused_norms(fused):
+                    t0 = time.perf_counter()
+                    step()
+                    best[fused] = min(best[fused], time.perf_counter() - t0)
+        sgemm = max(sgemm, sgemm_gflops())
+        flops = useful_flops(step)
+        for fused in (True, False):
+            name = "fused norm + activation" if fused else "MLX-op norms and activations"
+            print(f"interleaved step, {name}: {best[fused] * 1e3:.0f} ms = "
+                  f"{flops / best[fused] / 1e9 / sgemm:.0%} of sgemm ({sgemm:.0f} GFLOP/s)")
+        print(f"speed-up of the step from the fused norms: {best[False] / best[True]:.2f}x\n", flush=True)
+    modes = [True, False] if args.compare else [True]
+    for fused in modes:
+        with fused_norms(fused):
+            step = TrainingStep(coords, width=args.width)
+            prof = profile(step, args.repeats)
+        sgemm = max(sgemm, sgemm_gflops())
+        title = "fused norm + activation" if fused else "MLX-op norms and activations"
+        print(format_profile(prof, sgemm, title), "\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+#include "attention.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "mlx/ops.h"
+
+namespace mlx_lattice {
+
+namespace {
+
+bool is_float(mx::Dtype t) {
+  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
+}
+
+mx::array contiguous(const mx::array& a, const mx::Stream& s) {
+  return mx::contiguous(a, false, s);
+}
+
+} // namespace
+
+std::vector<mx::array> patch_attention(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& lengths,
+    float scale,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    throw std::invalid_argument(
+        "patch_attention: runs on a CPU stream (use "
+        "mx.fast.scaled_dot_product_attention on the GPU)");
+  }
+  if (q.ndim() != 4 || k.shape() != q.shape() || v.shape() != q.shape()) {
+    throw std::invalid_argument(
+        "patch_attention: q, k and v must share one shape (patches, heads, P, D)");
+  }
+  if (!is_float(q.dtype()) || k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
+    throw std::invalid_argument(
+        "patch_attention: q, k and v must share a float32, float16 or bfloat16 dtype");
+  }
+  if (lengths.ndim() != 1 || lengths.shape(0) != q.shape(0)) {
+    throw std::invalid_argument("patch_attention: lengths must have shape (patches,)");
+  }
+  const mx::Shape lse_shape{q.shape(0), q.shape(1), q.shape(2)};
+  return mx::array::make_arrays(
+      {q.shape(), lse_shape},
+      {q.dtype(), mx::float32},
+      std::make_shared<PatchAttention>(stream, scale),
+      {q, k, v, contiguous(mx::astype(lengths, mx::int32, stream), stream)});
+}
+
+void PatchAttention::eval_cpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  cpu::patch_attention_forward(
+      in[0], in[1], in[2], in[3], scale_, out[0], out[1], stream());
+}
+
+void PatchAttention::eval_gpu(
+    const std::vector<mx::array>&,
+    std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "PatchAttention runs on the CPU only; use "
+      "mx.fast.scaled_dot_product_attention on the GPU");
+}
+
+std::vector<mx::array> PatchAttention::jvp(
+    const std::vector<mx::array>&,
+    const std::vector<mx::array>&,
+    const std::vector<int>&) {
+  throw std::invalid_argument(
+      "PatchAttention has no forward-mode derivative (jvp); use mx.grad / mx.vjp");
+}
+
+std::vector<mx::array> PatchAttention::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>& outputs) {
+  auto s = stream();
+  const auto& q = primals[0];
+  std::vector<mx::array> in(primals.begin(), primals.begin() + 4);
+  in.push_back(outputs[0]);
+  in.push_back(outputs[1]);
+  in.push_back(mx::astype(cotangents[0], q.dtype(), s));
+  in.push_back(
+      cotangents.size() > 1
+          ? contiguous(mx::astype(cotangents[1], mx::float32, s), s)
+          : mx::zeros_like(outputs[1], s));
+  auto grads = mx::array::make_arrays(
+      {q.shape(), q.shape(), q.shape()},
+      {q.dtype(), q.dtype(), q.dtype()},
+      std::make_shared<PatchAttentionGrad>(s, scale_),
+      in);
+  std::vector<mx::array> result;
+  for (int arg : argnums) {
+    if (arg < 3) {
+      result.push_back(grads[arg]);
+    } else {
+      result.push_back(mx::zeros_like(primals[arg], s));
+    }
+  }
+  return result;
+}
+
+std::vector<mx::Shape> PatchAttention::output_shapes(
+    const std::vector<mx::array>& in) {
+  const auto& q = in[0];
+  return {q.shape(), {q.shape(0), q.shape(1), q.shape(2)}};
+}
+
+bool PatchAttention::is_equivalent(const mx::Primitive& other) const {
+  return scale_ == static_cast<const PatchAttention&>(other).scale_;
+}
+
+void PatchAttentionGrad::eval_cpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  cpu::patch_attention_backward(in, scale_, out, stream());
+}
+
+void PatchAttentionGrad::eval_gpu(
+    const std::vector<mx::array>&,
+    std::vector<mx::array>&) {
+  throw std::runtime_error("PatchAttentionGrad runs on the CPU only");
+}
+
+std::vector<mx::array> PatchAttentionGrad::jvp(
+    const std::vector<mx::array>&,
+    const std::vector<mx::array>&,
+    const std::vector<int>&) {
+  throw std::invalid_argument(
+      "PatchAttentionGrad has no forward-mode derivative (jvp)");
+}
+
+std::vector<mx::array> PatchAttentionGrad::vjp(
+    const std::vector<mx::array>&,
+    const std::vector<mx::array>&,
+    const std::vector<int>&,
+    const std::vector<mx::array>&) {
+  throw std::invalid_argument(
+      "PatchAttention supports first derivatives only (no gradient of its gradient)");
+}
+
+std::vector<mx::Shape> PatchAttentionGrad::output_shapes(
+    const std::vector<mx::array>& in) {
+  return {in[0].shape(), in[0].shape(), in[0].shape()};
+}
+
+bool PatchAttentionGrad::is_equivalent(const mx::Primitive& other) const {
+  return scale_ == static_cast<const PatchAttentionGrad&>(other).scale_;
+}
+
+} // namespace mlx_lattice

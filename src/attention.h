@@ -1,0 +1,109 @@
+// Patch attention: softmax(scale * q k^T) v inside each patch, keys past the
+// patch's valid length masked out.
+//
+// PatchAttention: q, k, v (patches, heads, P, D) and lengths (patches,)
+// int32 -> o (patches, heads, P, D) and the per-query log-sum-exp of the
+// scaled scores (patches, heads, P) float32 (kept for the backward). Rows at
+// or past a patch's length (padding) get o = 0 and lse = 0.
+// PatchAttentionGrad: q, k, v, lengths, o, lse, do, dlse -> dq, dk, dv.
+// CPU only; on the GPU the Python layer calls
+// mx.fast.scaled_dot_product_attention.
+#pragma once
+
+#include <vector>
+
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+namespace mlx_lattice {
+
+namespace mx = mlx::core;
+
+class PatchAttention : public mx::Primitive {
+ public:
+  PatchAttention(mx::Stream s, float scale) : mx::Primitive(s), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>& argnums) override;
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "PatchAttention";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float scale_;
+};
+
+class PatchAttentionGrad : public mx::Primitive {
+ public:
+  PatchAttentionGrad(mx::Stream s, float scale)
+      : mx::Primitive(s), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>& argnums) override;
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "PatchAttentionGrad";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float scale_;
+};
+
+// [o, lse] of patch attention; the stream must be a CPU stream.
+std::vector<mx::array> patch_attention(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& lengths,
+    float scale,
+    mx::StreamOrDevice s = {});
+
+namespace cpu {
+
+void patch_attention_forward(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& lengths,
+    float scale,
+    mx::array& o,
+    mx::array& lse,
+    mx::Stream s);
+
+// in: q, k, v, lengths, o, lse, do, dlse; out: dq, dk, dv.
+void patch_attention_backward(
+    const std::vector<mx::array>& in,
+    float scale,
+    std::vector<mx::array>& out,
+    mx::Stream s);
+
+} // namespace cpu
+
+} // namespace mlx_lattice

@@ -1,0 +1,106 @@
+// Fused normalisation + activation on voxel features (CPU primitives).
+//
+// NormAct computes, per channel c and row i of segment s(i),
+//     y = act(weight * (x - mean_s) / sqrt(var_s + eps) + bias [+ residual])
+// Training mode takes mean_s / var_s (biased) from the rows of each segment
+// (one segment: batch norm; one per batch item: instance norm) and returns
+// them as extra outputs; eval mode reads them from inputs (running stats).
+// Statistics and affine parameters are float32; x, residual and y share one
+// floating dtype (float16 / bfloat16 accumulate in float32). Rows are reduced
+// in fixed chunks, combined in chunk order, so results do not depend on the
+// thread count.
+#pragma once
+
+#include <optional>
+
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+namespace mlx_lattice {
+
+namespace mx = mlx::core;
+
+enum class Activation : int { Identity = 0, ReLU = 1, LeakyReLU = 2 };
+
+struct NormSpec {
+  int segments = 1;        // S; > 1 (or segment ids given) groups rows
+  bool segmented = false;  // a segment-id input follows
+  bool training = true;    // statistics from the batch (else given)
+  bool residual = false;   // a residual input is added before act
+  Activation act = Activation::Identity;
+  float slope = 0.0f;      // LeakyReLU's negative slope (>= 0)
+  float eps = 1e-5f;
+};
+
+// Inputs: x, weight, bias, [residual], [segment ids in [0, S): the layers
+// pass batch columns, validated when the tensor was built] (training) or
+//         x, weight, bias, mean, var, [residual] (eval).
+// Outputs: y, and in training mode mean (S, C) and biased var (S, C).
+class NormAct : public mx::Primitive {
+ public:
+  NormAct(mx::Stream s, NormSpec spec) : mx::Primitive(s), spec_(spec) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>& outputs) override;
+  // Forward mode from MLX ops (tangents are rare; no kernel of its own).
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>& argnums) override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "SparseNormAct";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  NormSpec spec_;
+};
+
+// The backward pass of NormAct. Inputs: x, y, ct_y, weight, mean, var,
+// [segment ids], and in training mode ct_mean, ct_var. Outputs: dx,
+// dweight = sum g * xhat, dbias = sum g (float32, (C,)), where
+// g = ct_y * act'(y) is also the residual's gradient.
+class NormActGrad : public mx::Primitive {
+ public:
+  NormActGrad(mx::Stream s, NormSpec spec) : mx::Primitive(s), spec_(spec) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "SparseNormActGrad";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  NormSpec spec_;
+};
+
+// Builds NormAct's graph; returns {y} (eval) or {y, mean, var} (training).
+std::vector<mx::array> norm_act(
+    const mx::array& x,
+    const mx::array& weight,
+    const mx::array& bias,
+    const std::optional<mx::array>& residual,
+    const std::optional<mx::array>& segments,
+    int n_segments,
+    const std::optional<mx::array>& mean,
+    const std::optional<mx::array>& var,
+    float eps,
+    int act,
+    float slope,
+    mx::StreamOrDevice s = {});
+
+} // namespace mlx_lattice

@@ -1,0 +1,337 @@
+"""Fused normalisation + activation (+ residual) against a NumPy oracle.
+
+The oracle below computes batch / instance norm, the activation and the
+residual add in float64 from first principles; gradients are checked against
+central differences of that oracle (small sizes) and against the MLX-op path
+of the same layers (larger sizes, all dtypes).
+"""
+
+import numpy as np
+import pytest
+import mlx.core as mx
+import mlx.nn as mnn
+from mlx.utils import tree_flatten
+
+import mlx_lattice
+from mlx_lattice import SparseTensor, nn
+from mlx_lattice.models import MinkUNet
+from mlx_lattice.network_bench import fused_norms
+
+from conftest import TOLERANCES, to_np
+
+ACTS = {"none": None, "relu": nn.ReLU(), "leaky": nn.LeakyReLU(0.2)}
+
+
+def oracle(x, w, b, groups, act, residual=None, eps=1e-5, stats=None):
+    """act(weight * (x - mean_g) / sqrt(var_g + eps) + bias + residual), float64;
+    ``groups`` gives each row's statistics group; ``stats`` (mean, var) fixed."""
+    x = np.asarray(x, np.float64)
+    z = np.empty_like(x)
+    for g in np.unique(groups):
+        sel = groups == g
+        if stats is None:
+            mean, var = x[sel].mean(0), x[sel].var(0)
+        else:
+            mean, var = stats
+        z[sel] = (x[sel] - mean) / np.sqrt(var + eps) * w + b
+    if residual is not None:
+        z = z + residual
+    if act == "relu":
+        return np.maximum(z, 0)
+    if act == "leaky":
+        return np.where(z > 0, z, 0.2 * z)
+    return z
+
+
+def tensor(rng, n, c, batch=1, dtype=mx.float32, scale=3.0):
+    coords = np.zeros((n, 4), np.int32)
+    coords[:, 0] = np.sort(rng.integers(0, batch, n)) if batch > 1 else 0
+    coords[:, 1:] = rng.permutation(40**3)[:n, None] // np.array([1600, 40, 1]) % 40
+    feats = (rng.standard_normal((n, c)) * scale + rng.standard_normal(c)).astype(np.float32)
+    return SparseTensor(coords, mx.array(feats).astype(dtype))
+
+
+def affine(rng, norm):
+    c = norm.num_features
+    norm.weight = mx.array(rng.uniform(0.5, 1.5, c).astype(np.float32))
+    norm.bias = mx.array(rng.standard_normal(c).astype(np.float32))
+    return to_np(norm.weight), to_np(norm.bias)
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("n,c", [(1, 3), (7, 1), (600, 5), (1000, 67)])
+def test_batch_norm_act_values(rng, act, residual, n, c):
+    x = tensor(rng, n, c)
+    bn = nn.BatchNorm(c, momentum=0.3)
+    w, b = affine(rng, bn)
+    r = rng.standard_normal((n, c)).astype(np.float32) if residual else None
+    y = nn.norm_act(bn, x, ACTS[act], None if r is None else mx.array(r))
+    xf = to_np(x.feats)
+    np.testing.assert_allclose(to_np(y.feats), oracle(xf, w, b, np.zeros(n), act, r), rtol=1e-4, atol=1e-4)
+    # running statistics: momentum update with the unbiased variance
+    if n > 1:
+        np.testing.assert_allclose(to_np(bn.running_mean), 0.3 * xf.mean(0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(to_np(bn.running_var), 0.7 + 0.3 * xf.var(0, ddof=1), rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(to_np(bn.running_mean), 0.0)
+    # eval mode: the running statistics
+    bn.eval()
+    y = nn.norm_act(bn, x, ACTS[act], None if r is None else mx.array(r))
+    stats = (to_np(bn.running_mean), to_np(bn.running_var))
+    np.testing.assert_allclose(
+        to_np(y.feats), oracle(xf, w, b, np.zeros(n), act, r, stats=stats), rtol=1e-4, atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("residual", [False, True])
+def test_instance_norm_act_values(rng, act, residual):
+    x = tensor(rng, 900, 6, batch=3)
+    # rows of a batch item need not be contiguous
+    perm = rng.permutation(len(x))
+    x = SparseTensor(np.array(x.coords)[perm], x.feats[mx.array(perm)])
+    inorm = nn.InstanceNorm(6)
+    w, b = affine(rng, inorm)
+    r = rng.standard_normal((900, 6)).astype(np.float32) if residual else None
+    y = nn.norm_act(inorm, x, ACTS[act], None if r is None else mx.array(r))
+    groups = np.array(x.coords)[:, 0]
+    np.testing.assert_allclose(
+        to_np(y.feats), oracle(to_np(x.feats), w, b, groups, act, r), rtol=1e-4, atol=1e-4
+    )
+
+
+def numeric_grad(f, args, i, h=1e-6):
+    g = np.zeros_like(args[i])
+    for idx in np.ndindex(*args[i].shape):
+        a = [np.array(v, copy=True) for v in args]
+        a[i][idx] += h
+        up = f(*a)
+        a[i][idx] -= 2 * h
+        g[idx] = (up - f(*a)) / (2 * h)
+    return g
+
+
+@pytest.mark.parametrize("kind", ["batch", "batch-eval", "instance"])
+@pytest.mark.parametrize("act", ["relu", "leaky", "none"])
+def test_gradients_against_finite_differences(rng, kind, act):
+    n, c = 9, 3
+    x = tensor(rng, n, c, batch=2 if kind == "instance" else 1)
+    norm = nn.InstanceNorm(c) if kind == "instance" else nn.BatchNorm(c)
+    affine(rng, norm)
+    groups = np.array(x.coords)[:, 0] if kind == "instance" else np.zeros(n)
+    stats = None
+    if kind == "batch-eval":
+        norm.running_mean = mx.array(rng.standard_normal(c).astype(np.float32))
+        norm.running_var = mx.array(rng.uniform(0.5, 2, c).astype(np.float32))
+        stats = (to_np(norm.running_mean), to_np(norm.running_var))
+        norm.eval()
+    ct = rng.standard_normal((n, c))
+    xf = to_np(x.feats)
+    r = rng.standard_normal((n, c)).astype(np.float32)
+
+    def f_np(xv, wv, bv, rv):
+        return (oracle(xv, wv, bv, groups, act, rv, stats=stats) * ct).sum()
+
+    def f_mx(xv, wv, bv, rv):
+        norm.weight, norm.bias = wv, bv
+        return (nn.norm_act(norm, x.replace(xv), ACTS[act], rv).feats * mx.array(ct.astype(np.float32))).sum()
+
+    args = [xf, to_np(norm.weight), to_np(norm.bias), r.astype(np.float64)]
+    grads = mx.grad(f_mx, argnums=[0, 1, 2, 3])(*[mx.array(a.astype(np.float32)) for a in args])
+    for i, g in enumerate(grads):
+        np.testing.assert_allclose(to_np(g), numeric_grad(f_np, args, i), rtol=2e-3, atol=2e-3)
+
+
+def test_gradients_through_statistics_outputs(rng):
+    """The batch mean / variance outputs carry gradients too (the raw op)."""
+    n, c = 11, 2
+    x = rng.standard_normal((n, c))
+    w, b = rng.uniform(0.5, 1.5, c), rng.standard_normal(c)
+
+    def f_np(xv):
+        return (xv.mean(0) ** 2).sum() + (xv.var(0) * w).sum()
+
+    def f_mx(xv):
+        _, mean, var = mlx_lattice._ext.norm_act(
+            xv, mx.array(w.astype(np.float32)), mx.array(b.astype(np.float32)),
+            None, None, 1, None, None, 1e-5, 1, 0.0)
+        return (mean**2).sum() + (var * mx.array(w.astype(np.float32))).sum()
+
+    g = mx.grad(f_mx)(mx.array(x.astype(np.float32)))
+    np.testing.assert_allclose(to_np(g), numeric_grad(f_np, [x], 0), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("kind", ["batch", "instance"])
+def test_fused_matches_op_path_with_gradients(rng, dtype, kind):
+    """Values and all gradients (x, weight, bias, residual) of the fused
+    primitive against the MLX-op path, across dtypes (float32 accumulation)."""
+    n, c = 3000, 19
+    x = tensor(rng, n, c, batch=3 if kind == "instance" else 1, dtype=dtype)
+    norm = nn.InstanceNorm(c) if kind == "instance" else nn.BatchNorm(c)
+    affine(rng, norm)
+    if dtype != mx.float32:
+        norm.set_dtype(dtype)
+    r = mx.array(rng.standard_normal((n, c)).astype(np.float32)).astype(dtype)
+    ct = mx.array(rng.standard_normal((n, c)).astype(np.float32)).astype(dtype)
+
+    def loss(f, w, b, res):
+        norm.weight, norm.bias = w, b
+        y = nn.norm_act(norm, x.replace(f), nn.ReLU(), res).feats
+        return (y.astype(mx.float32) * ct.astype(mx.float32)).sum()
+
+    args = [x.feats, norm.weight, norm.bias, r]
+    vg = mx.value_and_grad(loss, argnums=[0, 1, 2, 3])
+    v1, g1 = vg(*args)
+    # reference: the op path in float32 on the same (rounded) inputs
+    ct = ct.astype(mx.float32)
+    with fused_norms(False):
+        v2, g2 = vg(*[a.astype(mx.float32) for a in args])
+    tol = TOLERANCES[dtype]
+    np.testing.assert_allclose(to_np(v1), to_np(v2), rtol=tol["rtol"], atol=tol["atol"] * n)
+    for i, (a, b) in enumerate(zip(g1, g2)):
+        assert a.dtype == dtype
+        scale = max(1.0, np.abs(to_np(b)).max())
+        a, b = to_np(a) / scale, to_np(b) / scale
+        if dtype == mx.float32 or i in (1, 2):
+            np.testing.assert_allclose(a, b, **tol)
+        else:
+            # Half-precision outputs round the pre-activation: a few values
+            # next to 0 land on the other side of the ReLU.
+            assert np.isclose(a, b, **tol).mean() > 0.999
+
+
+def test_bitwise_identical_across_thread_counts(rng):
+    x = tensor(rng, 5000, 37, batch=2)
+    r = mx.array(rng.standard_normal((5000, 37)).astype(np.float32))
+
+    def run():
+        bn, inorm = nn.BatchNorm(37), nn.InstanceNorm(37)
+
+        def loss(f, res):
+            y = nn.norm_act(bn, x.replace(f), nn.ReLU(), res)
+            z = nn.norm_act(inorm, y, nn.LeakyReLU(0.1))
+            return (z.feats * z.feats).sum(), (y.feats, z.feats)
+
+        (_, outs), grads = mx.value_and_grad(loss, argnums=[0, 1])(x.feats, r)
+        return [np.array(a) for a in (*outs, *grads, bn.running_mean, bn.running_var)]
+
+    before = mlx_lattice.num_threads()
+    try:
+        mlx_lattice.set_num_threads(1)
+        one = run()
+        mlx_lattice.set_num_threads(2)
+        two = run()
+    finally:
+        mlx_lattice.set_num_threads(before)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_empty_input_passes_through():
+    x = SparseTensor(np.zeros((0, 4), np.int32), np.zeros((0, 5), np.float32))
+    bn = nn.BatchNorm(5)
+    assert nn.norm_act(bn, x, nn.ReLU()).feats.shape == (0, 5)
+    assert nn.norm_act(nn.InstanceNorm(5), x, nn.ReLU()).feats.shape == (0, 5)
+    np.testing.assert_array_equal(np.array(bn.running_mean), 0.0)
+
+
+def test_unfusable_activation_and_no_affine(rng):
+    x = tensor(rng, 200, 4)
+    bn = nn.BatchNorm(4, affine=False)
+    y = nn.norm_act(bn, x, nn.GELU())  # no fused GELU: modules in turn
+    z = oracle(to_np(x.feats), 1.0, 0.0, np.zeros(200), "none")
+    np.testing.assert_allclose(to_np(y.feats), to_np(nn.GELU()(mx.array(z.astype(np.float32)))), rtol=1e-4, atol=1e-4)
+    y = nn.norm_act(nn.BatchNorm(4, affine=False), x, nn.ReLU())
+    np.testing.assert_allclose(to_np(y.feats), np.maximum(z, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_arguments(rng):
+    x = tensor(rng, 10, 3)
+    with pytest.raises(TypeError, match="norm must be a BatchNorm or InstanceNorm"):
+        nn.norm_act(nn.LayerNorm(3), x, nn.ReLU())
+    with pytest.raises(ValueError, match="residual must match"):
+        nn.norm_act(nn.BatchNorm(3), x, nn.ReLU(), mx.zeros((10, 4)))
+    with pytest.raises(ValueError, match="features of shape"):
+        nn.norm_act(nn.BatchNorm(4), x, nn.ReLU())
+    f, w = mx.zeros((10, 3)), mx.ones((3,))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        mlx_lattice._ext.norm_act(f, mx.ones((2,)), w, None, None, 1, None, None, 1e-5, 1, 0.0)
+    with pytest.raises(ValueError, match="slope must be >= 0"):
+        mlx_lattice._ext.norm_act(f, w, w, None, None, 1, None, None, 1e-5, 2, -0.5)
+    with pytest.raises(ValueError, match="n_segments > 1 needs segment ids"):
+        mlx_lattice._ext.norm_act(f, w, w, None, None, 2, None, None, 1e-5, 1, 0.0)
+
+
+def test_minkunet_step_fused_matches_op_path(rng):
+    coords = np.unique(rng.integers(0, 24, (1500, 3)), axis=0)
+    coords = np.concatenate([np.zeros((len(coords), 1), np.int64), coords], 1).astype(np.int32)
+    feats = mx.array(rng.standard_normal((len(coords), 4)).astype(np.float32))
+    mx.random.seed(0)
+    model = MinkUNet(4, 3, width=0.25)
+
+    def loss(m, x):
+        return (m(x).feats ** 2).mean()
+
+    f = mnn.value_and_grad(model, loss)
+    v1, g1 = f(model, SparseTensor(coords, feats))
+    state1 = [np.array(v) for _, v in sorted(_running(model))]
+    with fused_norms(False):
+        v2, g2 = f(model, SparseTensor(coords, feats))
+    np.testing.assert_allclose(to_np(v1), to_np(v2), rtol=1e-4)
+    for (k, a), (_, b) in zip(tree_flatten(g1), tree_flatten(g2)):
+        scale = max(1e-3, np.abs(to_np(b)).max())
+        np.testing.assert_allclose(to_np(a) / scale, to_np(b) / scale, rtol=1e-3, atol=1e-3, err_msg=k)
+    assert len(state1) > 20
+
+
+def _running(model):
+    return [(k, v) for k, v in tree_flatten(model.state) if "running" in k]
+
+
+@pytest.mark.parametrize("kind", ["batch", "batch-eval", "instance"])
+def test_jvp_against_finite_differences(rng, kind):
+    n, c = 40, 3
+    x = tensor(rng, n, c, batch=3 if kind == "instance" else 1)
+    norm = nn.InstanceNorm(c) if kind == "instance" else nn.BatchNorm(c)
+    w, b = affine(rng, norm)
+    groups = np.array(x.coords)[:, 0] if kind == "instance" else np.zeros(n)
+    stats = None
+    if kind == "batch-eval":
+        norm.running_mean = mx.array(rng.standard_normal(c).astype(np.float32))
+        norm.running_var = mx.array(rng.uniform(0.5, 2, c).astype(np.float32))
+        stats = (to_np(norm.running_mean), to_np(norm.running_var))
+        norm.eval()
+    r = rng.standard_normal((n, c))
+    tx, tw, tb, tr = (rng.standard_normal(s) for s in ((n, c), (c,), (c,), (n, c)))
+    xf = to_np(x.feats)
+
+    def f_mx(xv, wv, bv, rv):
+        norm.weight, norm.bias = wv, bv
+        return nn.norm_act(norm, x.replace(xv), nn.LeakyReLU(0.3), rv).feats
+
+    prim = [mx.array(a.astype(np.float32)) for a in (xf, w, b, r)]
+    tans = [mx.array(a.astype(np.float32)) for a in (tx, tw, tb, tr)]
+    (_,), (ty,) = mx.jvp(lambda *a: [f_mx(*a)], prim, tans)
+    h = 1e-6
+
+    def leaky(t):  # the oracle along the tangent, LeakyReLU slope 0.3
+        z = oracle(xf + t * tx, w + t * tw, b + t * tb, groups, "none", r + t * tr, stats=stats)
+        return np.where(z > 0, z, 0.3 * z)
+
+    fd = (leaky(h) - leaky(-h)) / (2 * h)
+    np.testing.assert_allclose(to_np(ty), fd, rtol=2e-3, atol=2e-3)
+
+
+def test_compiled_training_step_matches_eager(rng):
+    x = tensor(rng, 400, 6)
+    bn1, bn2 = nn.BatchNorm(6), nn.BatchNorm(6)
+
+    def step(bn, a):
+        return (nn.norm_act(bn, x.replace(a), nn.ReLU()).feats ** 2).sum()
+
+    eager = mx.grad(lambda a: step(bn1, a))(x.feats)
+    compiled = mx.compile(mx.grad(lambda a: step(bn2, a)), inputs=bn2.state, outputs=bn2.state)(x.feats)
+    np.testing.assert_allclose(np.array(compiled), np.array(eager), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(bn2.running_mean), np.array(bn1.running_mean), rtol=1e-6)
