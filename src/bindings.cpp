@@ -1,5 +1,6 @@
 // Python module mlx_lattice._ext: relation building and the primitives.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -8,6 +9,7 @@
 
 #include "attention.h"
 #include "cpu/routes.h"
+#include "metal/map_build.h"
 #include "metal/route.h"
 #include "neighbors.h"
 #include "norm.h"
@@ -52,6 +54,42 @@ Op op_named(const std::string& primitive) {
   }
   throw std::invalid_argument(
       "primitive must be 'conv', 'weight_grad' or 'quantized', got '" + primitive + "'");
+}
+
+// A Metal program as the harness reads it (tests/metal/metal_programs.py).
+nb::dict program_dict(const metal::Program& prog) {
+  nb::list temps;
+  for (const auto& t : prog.temps) {
+    // int32: index temporaries of map building (no kernel dtype suffix).
+    temps.append(nb::make_tuple(
+        t.dtype == mx::int32 ? std::string("int32") : metal::type_name(t.dtype),
+        t.size));
+  }
+  nb::list steps;
+  for (const auto& st : prog.steps) {
+    nb::dict d;
+    d["kernel"] = st.kernel;
+    d["groups"] = nb::make_tuple(st.groups[0], st.groups[1], st.groups[2]);
+    d["threads"] =
+        nb::make_tuple(st.threads[0], st.threads[1], st.threads[2]);
+    nb::list bufs;
+    for (const auto& b : st.buffers) {
+      const char* kinds[4] = {"input", "output", "temp", "bytes"};
+      nb::object payload = b.kind == metal::Binding::Kind::Bytes
+          ? nb::object(nb::bytes(
+                reinterpret_cast<const char*>(b.bytes.data()),
+                b.bytes.size()))
+          : nb::object(nb::int_(b.index));
+      bufs.append(nb::make_tuple(
+          kinds[static_cast<int>(b.kind)], payload, b.name));
+    }
+    d["buffers"] = bufs;
+    steps.append(d);
+  }
+  nb::dict out;
+  out["temps"] = temps;
+  out["steps"] = steps;
+  return out;
 }
 
 mx::Stream stream_or_default(std::optional<mx::Stream> s) {
@@ -334,36 +372,20 @@ NB_MODULE(_ext, m) {
          std::vector<int> out_shape,
          mx::Dtype out_dtype) {
         mx::Shape shape(out_shape.begin(), out_shape.end());
-        auto prog = metal::program(route, op_named(primitive), inputs, shape, out_dtype);
-        nb::list temps;
-        for (const auto& t : prog.temps) {
-          temps.append(nb::make_tuple(metal::type_name(t.dtype), t.size));
-        }
-        nb::list steps;
-        for (const auto& st : prog.steps) {
-          nb::dict d;
-          d["kernel"] = st.kernel;
-          d["groups"] = nb::make_tuple(st.groups[0], st.groups[1], st.groups[2]);
-          d["threads"] =
-              nb::make_tuple(st.threads[0], st.threads[1], st.threads[2]);
-          nb::list bufs;
-          for (const auto& b : st.buffers) {
-            const char* kinds[4] = {"input", "output", "temp", "bytes"};
-            nb::object payload = b.kind == metal::Binding::Kind::Bytes
-                ? nb::object(nb::bytes(
-                      reinterpret_cast<const char*>(b.bytes.data()),
-                      b.bytes.size()))
-                : nb::object(nb::int_(b.index));
-            bufs.append(nb::make_tuple(
-                kinds[static_cast<int>(b.kind)], payload, b.name));
-          }
-          d["buffers"] = bufs;
-          steps.append(d);
-        }
-        nb::dict out;
-        out["temps"] = temps;
-        out["steps"] = steps;
-        return out;
+        return program_dict(
+            metal::program(route, op_named(primitive), inputs, shape, out_dtype));
       },
       "primitive"_a, "route"_a, "inputs"_a, "out_shape"_a, "out_dtype"_a);
+  m.def(
+      "metal_map_program",
+      [](const std::string& step, int64_t n_in, int64_t n_out,
+         std::array<int, 3> size, std::array<int, 3> stride,
+         std::array<int, 3> padding, std::array<int, 3> dilation,
+         bool transposed, int64_t edges) {
+        return program_dict(metal::map_program(
+            step, metal::map_params(n_in, n_out, size, stride, padding,
+                                    dilation, transposed, edges)));
+      },
+      "step"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a, "padding"_a,
+      "dilation"_a, "transposed"_a, "edges"_a = 0);
 }
