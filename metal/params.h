@@ -24,6 +24,17 @@ struct WeightGradParams {
   int pointwise_rows; // rows of a pointwise product; -1 with a relation
 };
 
+// Grouped products (metal/grouped.metal): W is (K, ag, b); output channel c
+// reads input channels [(c / bg) * ag, ...) of x's a.
+struct GroupedParams {
+  int rows;           // output rows (convolution) or kernel volume (gradient)
+  int a;              // input channels (all groups)
+  int b;              // output channels (all groups)
+  int ag;             // input channels per group
+  int bg;             // output channels per group
+  int pointwise_rows; // rows of a pointwise product; -1 with a relation
+};
+
 // Partitioned weight gradient (TensorOps): partitions per offset.
 struct WeightGradPartsParams {
   int k;
@@ -45,4 +56,28 @@ struct QuantParams {
   int edges;     // edge count
   int bits;      // 4 or 8
   int group;     // input channels per scale/bias
+};
+
+// Map building (metal/map_build.metal): the coordinate range of
+// src/relation.h and the scan step's threadgroup size.
+enum MapLimits : int {
+  MAP_BATCH_LIMIT = 4096,
+  MAP_COORD_MIN = -65536,
+  MAP_COORD_MAX = 65535,
+  MAP_SCAN_THREADS = 1024, // threads of the scan step
+};
+
+// Map building: a relation between input and output coordinates through a
+// kernel (conv form q*s - p + dil*d, or the transposed form).
+struct MapParams {
+  int n_in;       // input coordinates (rows of the table)
+  int n_out;      // output coordinates (rows of the relation)
+  int mask;       // table slots - 1 (a power of two minus one)
+  int kv;         // kernel volume
+  int transposed; // 1: v = (q + p - dil*d) / s where divisible
+  int edges;      // edge count (the fill step; 0 before it is known)
+  int size[3];
+  int stride[3];
+  int padding[3];
+  int dilation[3];
 };

@@ -1,6 +1,14 @@
 """mlx_lattice: spatially sparse 3D convolution for MLX."""
 
-import mlx.core  # noqa: F401  (loads libmlx first, so the extension links to it wherever it lives)
+try:
+    import mlx.core  # noqa: F401  (loads libmlx first, so the extension links to it wherever it lives)
+except ImportError as e:  # on Linux the mlx wheel alone has no backend (no libmlx.so)
+    raise ImportError(
+        "mlx_lattice needs MLX with a backend, and `import mlx.core` failed "
+        f"({e}). On Linux install one: `pip install \"mlx_lattice[cpu]\"` (MLX's CPU "
+        "backend) or `pip install \"mlx_lattice[cuda]\"` (NVIDIA GPUs, CUDA 13); from a "
+        "clone, `pip install -e \".[cpu]\"`. On macOS `pip install mlx` brings Metal."
+    ) from e
 
 from . import _ext, diagnostics, ops, routes
 from .manager import CoordinateManager, CoordinateSet

@@ -1,4 +1,4 @@
-"""Command line: ``python -m mlx_lattice {demo,bench,routes,convert} ...``."""
+"""Command line: ``python -m mlx_lattice {demo,bench,routes,convert,doctor} ...``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def main(argv=None) -> int:
     conv.add_argument("input", help=".pth checkpoint (needs torch) or safetensors file")
     conv.add_argument("output", help="converted .safetensors")
 
+    doctor = sub.add_parser("doctor", help="what this install can run here: versions, backends, "
+                            "Metal libraries, capability tier, the route a typical layer takes")
+    doctor.add_argument("--json", action="store_true")
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
         from .bench import main as bench_main
@@ -48,6 +52,10 @@ def main(argv=None) -> int:
         from .demo import run
 
         return run(args)
+    if args.command == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main(args)
     if args.command == "routes":
         from . import routes
 

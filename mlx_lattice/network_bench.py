@@ -88,9 +88,9 @@ def _recording():
     orig_cat = algebra.cat
     orig_bn = normalization.BatchNorm.__call__
 
-    def conv(x, w, native, view, route, stream=None):
+    def conv(x, w, native, view, route, stream=None, groups=1):
         rec["conv"].append((x, w, native, view, route, stream))
-        return orig_conv(x, w, native, view, route, stream)
+        return orig_conv(x, w, native, view, route, stream, groups=groups)
 
     def cat(tensors):
         tensors = list(tensors)

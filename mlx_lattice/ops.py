@@ -2,14 +2,16 @@
 
 Each op equals the dense operation on the voxel grid (features zero where no
 voxel is active) read out at the op's output support; see docs/semantics.md.
-Weights are dense 5D ``(C_out, Kx, Ky, Kz, C_in)`` as in ``mlx.nn.Conv3d``.
+Weights are dense 5D ``(C_out, Kx, Ky, Kz, C_in // groups)`` as in
+``mlx.nn.Conv3d``; ``groups`` splits the channels into groups convolved
+separately (``groups == C_in``: depthwise).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from . import _ext, routes
+from . import _ext, diagnostics, routes
 from ._args import as_coords, dtype_name, triple
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
@@ -18,7 +20,19 @@ from .tensor import SparseTensor
 __all__ = ["conv3d", "subm_conv3d", "conv_transpose3d", "generative_conv_transpose3d"]
 
 
-def _check(op: str, x, weight, bias):
+def _check_groups(op: str, groups, c_in: int, c_out: int) -> int:
+    if isinstance(groups, bool) or not isinstance(groups, int):
+        raise TypeError(f"{op}: groups must be an int, got {type(groups).__name__}")
+    if groups < 1:
+        raise ValueError(f"{op}: groups must be >= 1, got {groups}")
+    if c_in % groups or c_out % groups:
+        raise ValueError(
+            f"{op}: groups={groups} must divide both C_in={c_in} and C_out={c_out}"
+        )
+    return groups
+
+
+def _check(op: str, x, weight, bias, groups=1):
     if not isinstance(x, SparseTensor):
         raise TypeError(f"{op}: x must be a SparseTensor, got {type(x).__name__}")
     if not isinstance(weight, (mx.array, QuantizedWeight)):
@@ -28,12 +42,24 @@ def _check(op: str, x, weight, bias):
     c_in = x.feats.shape[1]
     if weight.ndim != 5:
         raise ValueError(
-            f"{op}: weight must have shape (C_out, Kx, Ky, Kz, C_in), got {tuple(weight.shape)}"
+            f"{op}: weight must have shape (C_out, Kx, Ky, Kz, C_in) (last axis "
+            f"C_in // groups when grouped), got {tuple(weight.shape)}"
         )
-    if weight.shape[4] != c_in:
+    _check_groups(op, groups, c_in, int(weight.shape[0]))
+    if groups > 1 and isinstance(weight, QuantizedWeight):
         raise ValueError(
-            f"{op}: weight has C_in={weight.shape[4]} (last axis of (C_out, Kx, Ky, Kz, C_in)) "
-            f"but x has {c_in} channels"
+            f"{op}: groups={groups} takes a float weight, not a QuantizedWeight; "
+            "call .dequantize()"
+        )
+    if weight.shape[4] * groups != c_in:
+        if groups == 1:
+            raise ValueError(
+                f"{op}: weight has C_in={weight.shape[4]} (last axis of (C_out, Kx, Ky, Kz, C_in)) "
+                f"but x has {c_in} channels"
+            )
+        raise ValueError(
+            f"{op}: weight's last axis is {weight.shape[4]}, expected C_in // groups = "
+            f"{c_in} // {groups} = {c_in // groups}"
         )
     if isinstance(weight, QuantizedWeight) and x.feats.dtype not in (mx.float32, mx.float16, mx.bfloat16):
         raise TypeError(f"{op}: features must be floating for a quantized weight")
@@ -71,9 +97,13 @@ def _target_set(x: SparseTensor, coordinates, stride):
     return x.manager.register(as_coords(coordinates, "coordinates"), stride)
 
 
-def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False):
+def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False, groups=1):
     """Select (and record) a route, run it and wrap the output."""
     backend = routes.current_backend()
+    # A GPU this install has no kernels for runs the call on the CPU, on record.
+    unusable = diagnostics.backend_fallback(backend)
+    if unusable:
+        backend = "cpu"
     pointwise = relation_fn is None
     relation: Relation | None = None if pointwise else relation_fn()
     stats = (
@@ -90,7 +120,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         padding=geom.padding,
         dilation=geom.dilation,
         explicit_target=explicit_target,
-        c_in=int(weight.shape[4]),
+        c_in=int(weight.shape[4]) * groups,
         quantized=quantized,
         weight_layout="packed" if quantized else "dense5d",
         group_size=weight.group_size if quantized else 0,
@@ -98,8 +128,9 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         n_in=stats["n_in"],
         n_out=stats["n_out"],
         edges=stats["edges"],
+        groups=groups,
     )
-    sel = routes.choose(ctx)
+    sel = routes.choose(ctx, fallback=unusable)
     route = sel.route
     native = None
     if route.uses_relation:
@@ -112,7 +143,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         from . import cuda
 
         view = None if native is None else cuda.view_of(relation)
-        y = cuda.conv(route.name, x.feats, mapped_weight(weight), view)
+        y = cuda.conv(route.name, x.feats, mapped_weight(weight), view, groups)
     elif quantized:
         codes, scales, biases = weight.kernel_major()
         y = _ext.quantized_conv(
@@ -120,21 +151,26 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
             _ext.View.output_major, route.name, stream,
         )
     else:
-        y = _ext.gather_conv(x.feats, mapped_weight(weight), native, _ext.View.output_major, route.name, stream)
+        y = _ext.gather_conv(
+            x.feats, mapped_weight(weight), native, _ext.View.output_major, route.name, stream,
+            groups=groups,
+        )
     if bias is not None:
         y = y + bias
     return SparseTensor._from_set(out_set, y, x.manager)
 
 
-def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates=None):
+def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates=None, groups=1):
     """Sparse 3D convolution ``y[q] = sum_d W[d] x[s*q - padding + dilation*d]``.
 
     Output support: ``coordinates`` when given (kind ``target``), else every q
     whose receptive field holds an active input (kind ``forward``), sorted by
     (batch, x, y, z). A 1x1x1, stride-1, unpadded convolution keeps the input
-    rows. The output tensor stride is ``x.stride * stride``.
+    rows. The output tensor stride is ``x.stride * stride``. With ``groups``
+    the channels split into groups convolved separately (weight
+    ``(C_out, Kx, Ky, Kz, C_in // groups)``; ``groups == C_in``: depthwise).
     """
-    ks = _check("conv3d", x, weight, bias)
+    ks = _check("conv3d", x, weight, bias, groups)
     geom = KernelGeometry(
         ks,
         triple(stride, "stride", minimum=1),
@@ -148,15 +184,16 @@ def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates
         return _execute(
             "conv3d", x, weight, bias, geom, "target", dst,
             lambda: x.manager.target_kernel_relation(src, dst, geom), explicit_target=True,
+            groups=groups,
         )
     if ks == (1, 1, 1) and geom.stride == (1, 1, 1) and geom.padding == (0, 0, 0):
         # Every input maps onto itself: keep the rows (and the coordinate set).
-        return _execute("conv3d", x, weight, bias, geom, "forward", src, None)
+        return _execute("conv3d", x, weight, bias, geom, "forward", src, None, groups=groups)
     rel, dst = x.manager.kernel_relation(src, geom)
-    return _execute("conv3d", x, weight, bias, geom, "forward", dst, lambda: rel)
+    return _execute("conv3d", x, weight, bias, geom, "forward", dst, lambda: rel, groups=groups)
 
 
-def subm_conv3d(x, weight, bias=None, *, dilation=1):
+def subm_conv3d(x, weight, bias=None, *, dilation=1, groups=1):
     """Submanifold convolution: stride 1, output rows = input rows (same order).
 
     The kernel is centred at offset ``(k - 1) // 2`` per axis, so odd kernels
@@ -164,20 +201,22 @@ def subm_conv3d(x, weight, bias=None, *, dilation=1):
     the positive direction and ``(k - 1) // 2`` in the negative one. Equals
     ``conv3d(x, w, padding=dilation * ((k - 1) // 2), coordinates=x)``.
     """
-    ks = _check("subm_conv3d", x, weight, bias)
+    ks = _check("subm_conv3d", x, weight, bias, groups)
     dil = triple(dilation, "dilation", minimum=1)
     pad = tuple(d * ((k - 1) // 2) for d, k in zip(dil, ks))
     geom = KernelGeometry(ks, (1, 1, 1), pad, dil)
     src = x.coordinate_set
     if ks == (1, 1, 1):
-        return _execute("subm_conv3d", x, weight, bias, geom, "submanifold", src, None)
+        return _execute("subm_conv3d", x, weight, bias, geom, "submanifold", src, None, groups=groups)
     return _execute(
         "subm_conv3d", x, weight, bias, geom, "submanifold", src,
-        lambda: x.manager.submanifold_kernel_relation(src, geom),
+        lambda: x.manager.submanifold_kernel_relation(src, geom), groups=groups,
     )
 
 
-def conv_transpose3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates=None):
+def conv_transpose3d(
+    x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates=None, groups=1
+):
     """Sparse transposed convolution ``y[s*p - padding + dilation*d] += W[d] x[p]``.
 
     Output support: ``coordinates`` when given; else the finer coordinate set
@@ -185,7 +224,7 @@ def conv_transpose3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, c
     decoder lands on its encoder's voxels, reusing that layer's relation when
     the geometry matches); else ``s * p`` for every input p.
     """
-    ks = _check("conv_transpose3d", x, weight, bias)
+    ks = _check("conv_transpose3d", x, weight, bias, groups)
     geom = KernelGeometry(
         ks,
         triple(stride, "stride", minimum=1),
@@ -200,14 +239,14 @@ def conv_transpose3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, c
     rel, dst = x.manager.transposed_kernel_relation(src, geom, dst)
     return _execute(
         "conv_transpose3d", x, weight, bias, geom, "transposed", dst, lambda: rel,
-        explicit_target=coordinates is not None,
+        explicit_target=coordinates is not None, groups=groups,
     )
 
 
-def generative_conv_transpose3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1):
+def generative_conv_transpose3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1):
     """Transposed convolution onto every reachable voxel ``s*p - padding + dilation*d``
     (deduplicated, sorted): the support grows, as in sparse generative decoders."""
-    ks = _check("generative_conv_transpose3d", x, weight, bias)
+    ks = _check("generative_conv_transpose3d", x, weight, bias, groups)
     geom = KernelGeometry(
         ks,
         triple(stride, "stride", minimum=1),
@@ -215,7 +254,10 @@ def generative_conv_transpose3d(x, weight, bias=None, *, stride=1, padding=0, di
         triple(dilation, "dilation", minimum=1),
     )
     rel, dst = x.manager.generative_relation(x.coordinate_set, geom)
-    return _execute("generative_conv_transpose3d", x, weight, bias, geom, "generative", dst, lambda: rel)
+    return _execute(
+        "generative_conv_transpose3d", x, weight, bias, geom, "generative", dst, lambda: rel,
+        groups=groups,
+    )
 
 
 # Pooling and point <-> voxel conversion, also reachable from here.

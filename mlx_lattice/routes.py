@@ -51,6 +51,7 @@ class RouteContext:
     direction: str = "forward"  # forward, dgrad (input gradient) or wgrad
     k: int = 0  # kernel volume; derived from kernel_size when 0
     group_size: int = 0  # quantized weights: input channels per scale/bias
+    groups: int = 1  # channel groups (grouped / depthwise convolution)
 
     def __post_init__(self):
         if self.k == 0 and self.kernel_size is not None:
@@ -76,6 +77,7 @@ class Route:
     passes: tuple[str, ...] = ("forward",)
     uses_relation: bool = True
     deterministic: bool = True
+    grouped: bool = False  # serves groups > 1 (and only those)
     kernel_file: str = ""
     summary: str = ""
 
@@ -92,7 +94,9 @@ class Route:
 
     @property
     def predicate(self) -> str:
-        return " and ".join(c.text for c in self.conditions) or "any valid relation"
+        texts = [GROUPED_TEXT] if self.grouped else []
+        texts += [c.text for c in self.conditions]
+        return " and ".join(texts) or "any valid relation"
 
     def failed(self, ctx: RouteContext) -> str | None:
         """The first condition ctx fails, or None when the route applies."""
@@ -100,10 +104,17 @@ class Route:
             return f"backend is {ctx.backend}, route needs {self.backend}"
         if ctx.direction not in self.passes:
             return f"route serves {'/'.join(self.passes)}, not {ctx.direction}"
+        if (ctx.groups > 1) != self.grouped:
+            return GROUPED_TEXT if self.grouped else "groups == 1 (grouped products take a grouped route)"
         for c in self.conditions:
             if not c.test(ctx):
                 return c.text
         return None
+
+
+# Grouped routes serve exactly the calls with groups > 1; every other route
+# exactly those with groups == 1 (checked in Route.failed, before conditions).
+GROUPED_TEXT = "groups > 1 (grouped or depthwise)"
 
 
 @dataclass
@@ -193,14 +204,16 @@ def context(op: str, backend: str, **fields) -> RouteContext:
     )
 
 
-def choose(ctx: RouteContext) -> Selection:
+def choose(ctx: RouteContext, fallback: str | None = None) -> Selection:
     """Select ctx's route and record the choice (with the rejected routes and
-    any fallback) in the diagnostics log."""
+    any fallback) in the diagnostics log. ``fallback``: why the call already
+    left its device (diagnostics.backend_fallback: a GPU without this build's
+    kernels)."""
     sel = select(ctx)
     entry = ctx.as_dict()
     entry.update(
         route=sel.route.name, backend=sel.route.backend, rejected=sel.rejected,
-        fallback=sel.fallback, deterministic=sel.route.deterministic,
+        fallback=fallback or sel.fallback, deterministic=sel.route.deterministic,
     )
     diagnostics.emit(entry)
     return sel
@@ -456,6 +469,51 @@ register(Route(
 ))
 
 
+# ------------------------------------------------------------------ grouped routes
+# Grouped / depthwise convolution (groups > 1): weight (K, C_in / groups, C_out).
+register(Route(
+    name="cpu.grouped_gather", backend="cpu", priority=0, conditions=(DENSE,), grouped=True,
+    passes=("forward", "dgrad"), kernel_file="src/cpu/grouped_conv.cpp",
+    summary="per row, per edge and per input channel of a group, one SIMD multiply-add across "
+    "all output channels (the group's input spread over its outputs; the row itself when "
+    "depthwise); float32 accumulation in edge order",
+))
+register(Route(
+    name="cpu.grouped_wgrad", backend="cpu", priority=0, conditions=(DENSE,), grouped=True,
+    passes=("wgrad",), kernel_file="src/cpu/grouped_conv.cpp",
+    summary="per-offset 2048-edge chunks of per-group outer products into float32 partials, "
+    "added in chunk order",
+))
+register(Route(
+    name="metal.grouped_fetch_on_demand", backend="metal", priority=0,
+    conditions=(DENSE, METAL_DTYPES), grouped=True, passes=("forward", "dgrad"),
+    kernel_file="metal/grouped.metal",
+    summary="one thread per (row, output channel) over the CSR edges, reading the C_in / groups "
+    "input channels of its group",
+))
+register(Route(
+    name="metal.grouped_wgrad", backend="metal", priority=0,
+    conditions=(DENSE, METAL_DTYPES), grouped=True, passes=("wgrad",),
+    kernel_file="metal/grouped.metal",
+    summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over the "
+    "kernel-major edges",
+))
+
+
+register(Route(
+    name="cuda.grouped_fetch_on_demand", backend="cuda", priority=0, conditions=(DENSE,),
+    grouped=True, passes=("forward", "dgrad"), kernel_file="mlx_lattice/cuda/kernels.py",
+    summary="one thread per (row, output channel) over the CSR edges, reading the C_in / groups "
+    "input channels of its group",
+))
+register(Route(
+    name="cuda.grouped_wgrad", backend="cuda", priority=0, conditions=(DENSE,),
+    grouped=True, passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
+    summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over the "
+    "kernel-major edges",
+))
+
+
 # ------------------------------------------------------------------ CUDA routes
 HALF = _cond("features float16 or bfloat16", lambda c: c.dtype in ("float16", "bfloat16"))
 MMA_CHANNELS = _cond(
@@ -521,7 +579,7 @@ def _autodiff_route(q: dict) -> str:
         dtype=q["dtype"],
         kernel_size=(1, 1, 1) if pointwise else None,
         k=q["k"], c_in=q["c_in"], c_out=q["c_out"], n_in=q["n_in"], n_out=q["n_out"],
-        edges=q["edges"], direction=q["direction"],
+        edges=q["edges"], direction=q["direction"], groups=q["groups"],
     )
     return choose(ctx).route.name
 

@@ -1,5 +1,6 @@
 // Python module mlx_lattice._ext: relation building and the primitives.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -9,6 +10,7 @@
 #include "attention.h"
 #include "cpu/isa.h"
 #include "cpu/routes.h"
+#include "metal/map_build.h"
 #include "metal/route.h"
 #include "neighbors.h"
 #include "norm.h"
@@ -53,6 +55,42 @@ Op op_named(const std::string& primitive) {
   }
   throw std::invalid_argument(
       "primitive must be 'conv', 'weight_grad' or 'quantized', got '" + primitive + "'");
+}
+
+// A Metal program as the harness reads it (tests/metal/metal_programs.py).
+nb::dict program_dict(const metal::Program& prog) {
+  nb::list temps;
+  for (const auto& t : prog.temps) {
+    // int32: index temporaries of map building (no kernel dtype suffix).
+    temps.append(nb::make_tuple(
+        t.dtype == mx::int32 ? std::string("int32") : metal::type_name(t.dtype),
+        t.size));
+  }
+  nb::list steps;
+  for (const auto& st : prog.steps) {
+    nb::dict d;
+    d["kernel"] = st.kernel;
+    d["groups"] = nb::make_tuple(st.groups[0], st.groups[1], st.groups[2]);
+    d["threads"] =
+        nb::make_tuple(st.threads[0], st.threads[1], st.threads[2]);
+    nb::list bufs;
+    for (const auto& b : st.buffers) {
+      const char* kinds[4] = {"input", "output", "temp", "bytes"};
+      nb::object payload = b.kind == metal::Binding::Kind::Bytes
+          ? nb::object(nb::bytes(
+                reinterpret_cast<const char*>(b.bytes.data()),
+                b.bytes.size()))
+          : nb::object(nb::int_(b.index));
+      bufs.append(nb::make_tuple(
+          kinds[static_cast<int>(b.kind)], payload, b.name));
+    }
+    d["buffers"] = bufs;
+    steps.append(d);
+  }
+  nb::dict out;
+  out["temps"] = temps;
+  out["steps"] = steps;
+  return out;
 }
 
 mx::Stream stream_or_default(std::optional<mx::Stream> s) {
@@ -155,12 +193,13 @@ NB_MODULE(_ext, m) {
          std::shared_ptr<Relation> rel,
          View view,
          const std::string& route,
-         std::optional<mx::Stream> s) {
+         std::optional<mx::Stream> s,
+         int groups) {
         return gather_conv(
-            x, w, rel, view, route, stream_or_default(s));
+            x, w, rel, view, route, stream_or_default(s), groups);
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a,
-      "stream"_a = nb::none());
+      "stream"_a = nb::none(), "groups"_a = 1);
   m.def(
       "weight_grad",
       [](const mx::array& x,
@@ -169,13 +208,14 @@ NB_MODULE(_ext, m) {
          View view,
          int64_t k,
          const std::string& route,
-         std::optional<mx::Stream> s) {
+         std::optional<mx::Stream> s,
+         int groups) {
         return weight_grad(
             x, ct, rel, view, k, route,
-            stream_or_default(s));
+            stream_or_default(s), groups);
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
-      "stream"_a = nb::none());
+      "stream"_a = nb::none(), "groups"_a = 1);
 
   m.def(
       "norm_act",
@@ -215,6 +255,7 @@ NB_MODULE(_ext, m) {
           d["dtype"] = q.dtype;
           d["gpu"] = q.gpu;
           d["from_route"] = q.from_route;
+          d["groups"] = q.groups;
           return nb::cast<std::string>((*held)(d));
         });
       },
@@ -306,10 +347,11 @@ NB_MODULE(_ext, m) {
          const mx::array& w,
          std::shared_ptr<Relation> rel,
          View view,
-         const std::string& route) {
-        return conv_inputs(x, w, rel, view, route);
+         const std::string& route,
+         int groups) {
+        return conv_inputs(x, w, rel, view, route, {}, groups);
       },
-      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a);
+      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a, "groups"_a = 1);
   m.def(
       "quantized_conv_inputs",
       [](const mx::array& x,
@@ -344,36 +386,20 @@ NB_MODULE(_ext, m) {
          std::vector<int> out_shape,
          mx::Dtype out_dtype) {
         mx::Shape shape(out_shape.begin(), out_shape.end());
-        auto prog = metal::program(route, op_named(primitive), inputs, shape, out_dtype);
-        nb::list temps;
-        for (const auto& t : prog.temps) {
-          temps.append(nb::make_tuple(metal::type_name(t.dtype), t.size));
-        }
-        nb::list steps;
-        for (const auto& st : prog.steps) {
-          nb::dict d;
-          d["kernel"] = st.kernel;
-          d["groups"] = nb::make_tuple(st.groups[0], st.groups[1], st.groups[2]);
-          d["threads"] =
-              nb::make_tuple(st.threads[0], st.threads[1], st.threads[2]);
-          nb::list bufs;
-          for (const auto& b : st.buffers) {
-            const char* kinds[4] = {"input", "output", "temp", "bytes"};
-            nb::object payload = b.kind == metal::Binding::Kind::Bytes
-                ? nb::object(nb::bytes(
-                      reinterpret_cast<const char*>(b.bytes.data()),
-                      b.bytes.size()))
-                : nb::object(nb::int_(b.index));
-            bufs.append(nb::make_tuple(
-                kinds[static_cast<int>(b.kind)], payload, b.name));
-          }
-          d["buffers"] = bufs;
-          steps.append(d);
-        }
-        nb::dict out;
-        out["temps"] = temps;
-        out["steps"] = steps;
-        return out;
+        return program_dict(
+            metal::program(route, op_named(primitive), inputs, shape, out_dtype));
       },
       "primitive"_a, "route"_a, "inputs"_a, "out_shape"_a, "out_dtype"_a);
+  m.def(
+      "metal_map_program",
+      [](const std::string& step, int64_t n_in, int64_t n_out,
+         std::array<int, 3> size, std::array<int, 3> stride,
+         std::array<int, 3> padding, std::array<int, 3> dilation,
+         bool transposed, int64_t edges) {
+        return program_dict(metal::map_program(
+            step, metal::map_params(n_in, n_out, size, stride, padding,
+                                    dilation, transposed, edges)));
+      },
+      "step"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a, "padding"_a,
+      "dilation"_a, "transposed"_a, "edges"_a = 0);
 }

@@ -36,6 +36,32 @@ mx::array transpose_w(const mx::array& w, mx::StreamOrDevice s) {
   return mx::swapaxes(w, 1, 2, s);
 }
 
+// The weight of a grouped product read backwards: (K, A / G, B) ->
+// (K, B / G, A), each group's (A / G, B / G) block transposed in place.
+mx::array transpose_w(const mx::array& w, int groups, mx::StreamOrDevice s) {
+  if (groups == 1) {
+    return transpose_w(w, s);
+  }
+  const int k = w.shape(0), ag = w.shape(1), bg = w.shape(2) / groups;
+  auto blocks = mx::reshape(w, {k, ag, groups, bg}, s);
+  return mx::reshape(mx::transpose(blocks, {0, 3, 2, 1}, s), {k, bg, ag * groups}, s);
+}
+
+bool is_grouped(const std::string& route) {
+  return route.find(".grouped_") != std::string::npos;
+}
+
+void check_groups(int64_t a, int64_t b, int groups, const std::string& route, const char* op) {
+  if (groups < 1 || a % groups != 0 || b % groups != 0) {
+    throw std::invalid_argument(
+        std::string(op) + ": groups must be >= 1 and divide both channel counts");
+  }
+  if (groups > 1 && !is_grouped(route)) {
+    throw std::invalid_argument(
+        std::string(op) + ": a grouped product needs a grouped route, not " + route);
+  }
+}
+
 // Appends a relation view's index arrays, and the route's extra arrays, to a
 // primitive's inputs after checking that x has the view's gathered rows.
 bool is_metal(const std::string& route) {
@@ -98,7 +124,8 @@ std::string route_for(
     int64_t rows_in,
     mx::Dtype dtype,
     const mx::Stream& s,
-    const std::string& from) {
+    const std::string& from,
+    int groups = 1) {
   if (!route_hook()) {
     return from;
   }
@@ -114,6 +141,7 @@ std::string route_for(
   q.dtype = metal::type_name(dtype);
   q.gpu = s.device == mx::Device::gpu;
   q.from_route = from;
+  q.groups = groups;
   return route_hook()(q);
 }
 
@@ -129,10 +157,12 @@ std::vector<mx::array> conv_inputs(
     const std::shared_ptr<Relation>& rel,
     View view,
     const std::string& route,
-    mx::StreamOrDevice s) {
-  if (x.ndim() != 2 || w.ndim() != 3 || x.shape(1) != w.shape(1)) {
-    throw std::invalid_argument("gather_conv: expected x (N, A), w (K, A, B)");
+    mx::StreamOrDevice s,
+    int groups) {
+  if (x.ndim() != 2 || w.ndim() != 3 || groups < 1 || x.shape(1) != w.shape(1) * groups) {
+    throw std::invalid_argument("gather_conv: expected x (N, A), w (K, A / groups, B)");
   }
+  check_groups(x.shape(1), w.shape(2), groups, route, "gather_conv");
   if (x.dtype() != w.dtype()) {
     throw std::invalid_argument("gather_conv: x and w dtypes differ");
   }
@@ -158,14 +188,15 @@ mx::array gather_conv(
     std::shared_ptr<Relation> rel,
     View view,
     const std::string& route,
-    mx::StreamOrDevice s) {
+    mx::StreamOrDevice s,
+    int groups) {
   auto stream = mx::to_stream(s);
-  auto inputs = conv_inputs(x, w, rel, view, route, stream);
+  auto inputs = conv_inputs(x, w, rel, view, route, stream, groups);
   const int64_t rows = rel ? view_rows(*rel, view) : x.shape(0);
   return mx::array(
       {static_cast<int>(rows), w.shape(2)},
       x.dtype(),
-      std::make_shared<GatherConv>(stream, rel, view, route),
+      std::make_shared<GatherConv>(stream, rel, view, route, groups),
       std::move(inputs));
 }
 
@@ -194,13 +225,15 @@ mx::array weight_grad(
     View view,
     int64_t k,
     const std::string& route,
-    mx::StreamOrDevice s) {
+    mx::StreamOrDevice s,
+    int groups) {
   check_route(route, Op::WeightGrad);
+  check_groups(x.shape(1), ct.shape(1), groups, route, "weight_grad");
   auto stream = mx::to_stream(s);
   return mx::array(
-      {static_cast<int>(k), x.shape(1), ct.shape(1)},
+      {static_cast<int>(k), x.shape(1) / groups, ct.shape(1)},
       x.dtype(),
-      std::make_shared<WeightGrad>(stream, rel, view, route),
+      std::make_shared<WeightGrad>(stream, rel, view, route, groups),
       weight_grad_inputs(x, ct, rel, view, stream));
 }
 
@@ -209,7 +242,7 @@ mx::array weight_grad(
 void RoutedPrimitive::eval_cpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  cpu::Call call{route_, in, out[0], stream(), rel_ != nullptr, bits_, group_};
+  cpu::Call call{route_, in, out[0], stream(), rel_ != nullptr, bits_, group_, groups_};
   cpu::find(route_, op_).run(call);
 }
 
@@ -223,7 +256,7 @@ void RoutedPrimitive::eval_gpu(
 bool RoutedPrimitive::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const RoutedPrimitive&>(other);
   return op_ == o.op_ && rel_ == o.rel_ && view_ == o.view_ && route_ == o.route_ &&
-      bits_ == o.bits_ && group_ == o.group_;
+      bits_ == o.bits_ && group_ == o.group_ && groups_ == o.groups_;
 }
 
 int64_t RoutedPrimitive::rows(const mx::array& x) const {
@@ -263,16 +296,17 @@ std::vector<mx::array> GatherConv::vjp(
   for (int arg : argnums) {
     if (arg == 0) {
       auto route = route_for(
-          "dgrad", rel_, flip(view_), w.shape(0), w.shape(2), w.shape(1),
-          ct.shape(0), x.dtype(), stream(), route_);
+          "dgrad", rel_, flip(view_), w.shape(0), w.shape(2), x.shape(1),
+          ct.shape(0), x.dtype(), stream(), route_, groups_);
       grads.push_back(gather_conv(
-          ct, transpose_w(w, stream()), rel_, flip(view_), route, stream()));
+          ct, transpose_w(w, groups_, stream()), rel_, flip(view_), route, stream(),
+          groups_));
     } else if (arg == 1) {
       auto route = route_for(
-          "wgrad", rel_, view_, w.shape(0), w.shape(1), w.shape(2),
-          x.shape(0), x.dtype(), stream(), route_);
+          "wgrad", rel_, view_, w.shape(0), x.shape(1), w.shape(2),
+          x.shape(0), x.dtype(), stream(), route_, groups_);
       grads.push_back(
-          weight_grad(x, ct, rel_, view_, w.shape(0), route, stream()));
+          weight_grad(x, ct, rel_, view_, w.shape(0), route, stream(), groups_));
     } else {
       grads.push_back(mx::zeros_like(primals[arg], stream()));
     }
@@ -286,10 +320,10 @@ std::vector<mx::array> GatherConv::jvp(
     const std::vector<int>& argnums) {
   auto term = [&](size_t i) -> std::optional<mx::array> {
     if (argnums[i] == 0) {
-      return gather_conv(tangents[i], primals[1], rel_, view_, route_, stream());
+      return gather_conv(tangents[i], primals[1], rel_, view_, route_, stream(), groups_);
     }
     if (argnums[i] == 1) {
-      return gather_conv(primals[0], tangents[i], rel_, view_, route_, stream());
+      return gather_conv(primals[0], tangents[i], rel_, view_, route_, stream(), groups_);
     }
     return std::nullopt;
   };
@@ -303,7 +337,7 @@ std::vector<mx::array> GatherConv::jvp(
 std::vector<mx::Shape> WeightGrad::output_shapes(
     const std::vector<mx::array>& in) {
   int64_t k = rel_ ? rel_->kernel_volume() : 1;
-  return {{static_cast<int>(k), in[0].shape(1), in[1].shape(1)}};
+  return {{static_cast<int>(k), in[0].shape(1) / groups_, in[1].shape(1)}};
 }
 
 std::vector<mx::array> WeightGrad::vjp(
@@ -319,15 +353,16 @@ std::vector<mx::array> WeightGrad::vjp(
   for (int arg : argnums) {
     if (arg == 0) {
       auto route = route_for(
-          "dgrad", rel_, flip(view_), k, c.shape(2), c.shape(1), ct.shape(0),
-          x.dtype(), stream(), route_);
+          "dgrad", rel_, flip(view_), k, c.shape(2), x.shape(1), ct.shape(0),
+          x.dtype(), stream(), route_, groups_);
       grads.push_back(gather_conv(
-          ct, transpose_w(c, stream()), rel_, flip(view_), route, stream()));
+          ct, transpose_w(c, groups_, stream()), rel_, flip(view_), route, stream(),
+          groups_));
     } else if (arg == 1) {
       auto route = route_for(
-          "forward", rel_, view_, k, c.shape(1), c.shape(2), x.shape(0),
-          x.dtype(), stream(), route_);
-      grads.push_back(gather_conv(x, c, rel_, view_, route, stream()));
+          "forward", rel_, view_, k, x.shape(1), c.shape(2), x.shape(0),
+          x.dtype(), stream(), route_, groups_);
+      grads.push_back(gather_conv(x, c, rel_, view_, route, stream(), groups_));
     } else {
       grads.push_back(mx::zeros_like(primals[arg], stream()));
     }
@@ -342,15 +377,16 @@ std::vector<mx::array> WeightGrad::jvp(
   int64_t k = rel_ ? rel_->kernel_volume() : 1;
   auto term = [&](size_t i) -> std::optional<mx::array> {
     if (argnums[i] == 0) {
-      return weight_grad(tangents[i], primals[1], rel_, view_, k, route_, stream());
+      return weight_grad(tangents[i], primals[1], rel_, view_, k, route_, stream(), groups_);
     }
     if (argnums[i] == 1) {
-      return weight_grad(primals[0], tangents[i], rel_, view_, k, route_, stream());
+      return weight_grad(primals[0], tangents[i], rel_, view_, k, route_, stream(), groups_);
     }
     return std::nullopt;
   };
   return {sum_terms(
-      argnums, term, {static_cast<int>(k), primals[0].shape(1), primals[1].shape(1)},
+      argnums, term,
+      {static_cast<int>(k), primals[0].shape(1) / groups_, primals[1].shape(1)},
       primals[0].dtype())};
 }
 

@@ -29,6 +29,7 @@ struct RouteQuery {
   std::string dtype;
   bool gpu;
   std::string from_route; // the route of the primitive being differentiated
+  int64_t groups = 1;     // channel groups of a grouped product
 };
 using RouteHook = std::function<std::string(const RouteQuery&)>;
 
@@ -80,6 +81,7 @@ class RoutedPrimitive : public mx::Primitive {
   std::string route_;
   int bits_ = 0; // quantized weights only
   int group_ = 0;
+  int groups_ = 1; // grouped products: W is (K, A / groups_, B)
 };
 
 class GatherConv : public RoutedPrimitive {
@@ -88,8 +90,11 @@ class GatherConv : public RoutedPrimitive {
       mx::Stream s,
       std::shared_ptr<Relation> rel,
       View view,
-      std::string route)
-      : RoutedPrimitive(s, Op::Conv, std::move(rel), view, std::move(route)) {}
+      std::string route,
+      int groups = 1)
+      : RoutedPrimitive(s, Op::Conv, std::move(rel), view, std::move(route)) {
+    groups_ = groups;
+  }
 
   std::vector<mx::array> jvp(
       const std::vector<mx::array>& primals,
@@ -113,8 +118,11 @@ class WeightGrad : public RoutedPrimitive {
       mx::Stream s,
       std::shared_ptr<Relation> rel,
       View view,
-      std::string route)
-      : RoutedPrimitive(s, Op::WeightGrad, std::move(rel), view, std::move(route)) {}
+      std::string route,
+      int groups = 1)
+      : RoutedPrimitive(s, Op::WeightGrad, std::move(rel), view, std::move(route)) {
+    groups_ = groups;
+  }
 
   std::vector<mx::array> jvp(
       const std::vector<mx::array>& primals,
@@ -203,7 +211,8 @@ std::vector<mx::array> conv_inputs(
     const std::shared_ptr<Relation>& rel,
     View view,
     const std::string& route,
-    mx::StreamOrDevice s = {});
+    mx::StreamOrDevice s = {},
+    int groups = 1);
 std::vector<mx::array> weight_grad_inputs(
     const mx::array& x,
     const mx::array& ct,
@@ -212,15 +221,18 @@ std::vector<mx::array> weight_grad_inputs(
     mx::StreamOrDevice s = {});
 
 // x: (N, A), w: (K, A, B) -> (rows, B). rel == nullptr: pointwise (K == 1).
+// groups > 1: w is (K, A / groups, B), each group of B / groups outputs
+// reading its A / groups inputs (a grouped route).
 mx::array gather_conv(
     const mx::array& x,
     const mx::array& w,
     std::shared_ptr<Relation> rel,
     View view,
     const std::string& route,
-    mx::StreamOrDevice s = {});
+    mx::StreamOrDevice s = {},
+    int groups = 1);
 
-// x: (N_gather, A), ct: (rows, B) -> (K, A, B).
+// x: (N_gather, A), ct: (rows, B) -> (K, A / groups, B).
 mx::array weight_grad(
     const mx::array& x,
     const mx::array& ct,
@@ -228,6 +240,7 @@ mx::array weight_grad(
     View view,
     int64_t k,
     const std::string& route,
-    mx::StreamOrDevice s = {});
+    mx::StreamOrDevice s = {},
+    int groups = 1);
 
 } // namespace mlx_lattice

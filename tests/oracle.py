@@ -328,3 +328,38 @@ def sparse_sum(coords_a, feats_a, coords_b, feats_b, mode="union"):
     keys = set(a) | set(b) if mode == "union" else set(a) & set(b)
     zero = np.zeros(np.asarray(feats_a).shape[1])
     return {k: a.get(k, zero) + b.get(k, zero) for k in keys}
+
+
+# ------------------------------------------------------------------ grouped
+def grouped(dense_fn, in_coords, feats, weight, out_coords, groups, **geometry):
+    """A grouped convolution as `groups` separate dense ones: group j maps
+    input channels [j*A/G, (j+1)*A/G) through weight rows [j*B/G, (j+1)*B/G)."""
+    x = np.asarray(feats, dtype=np.float64)
+    w = np.asarray(weight, dtype=np.float64)
+    ag, bg = x.shape[1] // groups, w.shape[0] // groups
+    parts = [
+        dense_fn(in_coords, x[:, j * ag:(j + 1) * ag], w[j * bg:(j + 1) * bg], out_coords, **geometry)
+        for j in range(groups)
+    ]
+    return np.concatenate(parts, axis=1)
+
+
+def expand_grouped(weight, groups):
+    """The full (C_out, Kx, Ky, Kz, C_in) weight equal to a grouped one: zero
+    outside each group's block."""
+    w = np.asarray(weight, dtype=np.float64)
+    c_out, kx, ky, kz, ag = w.shape
+    bg = c_out // groups
+    full = np.zeros((c_out, kx, ky, kz, ag * groups))
+    for j in range(groups):
+        full[j * bg:(j + 1) * bg, ..., j * ag:(j + 1) * ag] = w[j * bg:(j + 1) * bg]
+    return full
+
+
+def compress_grouped(full, groups):
+    """The grouped blocks of a full (C_out, ..., C_in) array (inverse of expand_grouped)."""
+    c_out, c_in = full.shape[0], full.shape[-1]
+    bg, ag = c_out // groups, c_in // groups
+    return np.concatenate(
+        [full[j * bg:(j + 1) * bg, ..., j * ag:(j + 1) * ag] for j in range(groups)], axis=0
+    )

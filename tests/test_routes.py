@@ -158,7 +158,9 @@ def test_backward_routes_go_through_registry(rng, on_cpu):
 
 
 def test_metal_capability_tiers():
-    caps = ml.diagnostics.metal_capabilities("applegpu_g17s", "26.1")
+    caps = ml.diagnostics.metal_capabilities("applegpu_g17s", "26.2")
     assert caps["generation"] == 17 and caps["tensor_ops"] and "tensorops=yes" in caps["tier"]
+    # MLX gates its neural-accelerator kernels at 26.2; so do we
+    assert not ml.diagnostics.metal_capabilities("applegpu_g17s", "26.1")["tensor_ops"]
     assert not ml.diagnostics.metal_capabilities("applegpu_g15p", "26.0")["tensor_ops"]
     assert not ml.diagnostics.metal_capabilities("applegpu_g17s", "15.5")["tensor_ops"]

@@ -11,7 +11,7 @@ from . import routes as table
 from .view import View
 
 
-def _route(direction, view: View | None, k, a, b, rows_in, dtype, from_route):
+def _route(direction, view: View | None, k, a, b, rows_in, dtype, from_route, groups=1):
     ctx = registry.context(
         f"{direction} of {from_route}",
         "cuda",
@@ -21,29 +21,48 @@ def _route(direction, view: View | None, k, a, b, rows_in, dtype, from_route):
         k=k, c_in=a, c_out=b, n_in=rows_in,
         n_out=rows_in if view is None else view.rows,
         edges=rows_in if view is None else view.rel.edges,
-        direction=direction, weight_layout="mapped",
+        direction=direction, weight_layout="mapped", groups=groups,
     )
     return registry.choose(ctx).route.name
 
 
-def conv(route: str, x: mx.array, w: mx.array, view: View | None) -> mx.array:
-    """y = sum over edges of x[g] @ w[k] on `view` (None: pointwise), with VJP/JVP."""
+def _run(route: str, op: str, groups: int, *args):
+    """Run a table entry; grouped entries also take the group count."""
+    entry = table.find(route, op)
+    if groups > 1 and not entry.grouped:
+        raise ValueError(f"a grouped product (groups={groups}) needs a grouped route, not {route}")
+    return entry.run(*args, groups) if entry.grouped else entry.run(*args)
+
+
+def _transpose(w: mx.array, groups: int) -> mx.array:
+    """(K, A / G, B) -> (K, B / G, A): each group's block transposed."""
+    if groups == 1:
+        return mx.swapaxes(w, 1, 2)
+    k, ag, b = w.shape
+    blocks = w.reshape(k, ag, groups, b // groups).transpose(0, 3, 2, 1)
+    return blocks.reshape(k, b // groups, ag * groups)
+
+
+def conv(route: str, x: mx.array, w: mx.array, view: View | None, groups: int = 1) -> mx.array:
+    """y = sum over edges of x[g] @ w[k] on `view` (None: pointwise), with
+    VJP/JVP; groups > 1: w is (K, A / groups, B), a grouped product."""
 
     @mx.custom_function
     def f(x, w):
         # stop_gradient keeps forward-mode tracing out of the kernel itself
         # (its JVP is f_jvp below); reverse mode goes through f_vjp anyway.
-        return table.find(route, "conv").run(mx.stop_gradient(x), mx.stop_gradient(w), view)
+        return _run(route, "conv", groups, mx.stop_gradient(x), mx.stop_gradient(w), view)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
         x, w = primals
-        k, a, b = w.shape
+        k, b = w.shape[0], w.shape[2]
+        a = x.shape[1]
         back = None if view is None else view.flipped()
-        r_d = _route("dgrad", back, k, b, a, cotangent.shape[0], x.dtype, route)
-        dx = conv(r_d, cotangent, mx.swapaxes(w, 1, 2), back)
-        r_w = _route("wgrad", view, k, a, b, x.shape[0], x.dtype, route)
-        dw = weight_grad(r_w, x, cotangent, view, k)
+        r_d = _route("dgrad", back, k, b, a, cotangent.shape[0], x.dtype, route, groups)
+        dx = conv(r_d, cotangent, _transpose(w, groups), back, groups)
+        r_w = _route("wgrad", view, k, a, b, x.shape[0], x.dtype, route, groups)
+        dw = weight_grad(r_w, x, cotangent, view, k, groups)
         return dx, dw
 
     @f.jvp
@@ -52,31 +71,32 @@ def conv(route: str, x: mx.array, w: mx.array, view: View | None) -> mx.array:
         tx, tw = tangents
         terms = []
         if tx is not None:
-            terms.append(conv(route, tx, w, view))
+            terms.append(conv(route, tx, w, view, groups))
         if tw is not None:
-            terms.append(conv(route, x, tw, view))
+            terms.append(conv(route, x, tw, view, groups))
         return sum(terms[1:], terms[0]) if terms else mx.zeros((x.shape[0] if view is None else view.rows, w.shape[2]), x.dtype)
 
     return f(x, w)
 
 
-def weight_grad(route: str, x: mx.array, ct: mx.array, view: View | None, k: int) -> mx.array:
-    """dW[k] = sum over the edges of offset k of x[g]^T ct[r], with VJP/JVP."""
+def weight_grad(route: str, x: mx.array, ct: mx.array, view: View | None, k: int, groups: int = 1) -> mx.array:
+    """dW[k] = sum over the edges of offset k of x[g]^T ct[r], with VJP/JVP;
+    groups > 1: each group's block, (K, A / groups, B)."""
 
     @mx.custom_function
     def f(x, ct):
         x, ct = mx.stop_gradient(x), mx.stop_gradient(ct)
-        return table.find(route, "weight_grad").run(x, ct, view, k)
+        return _run(route, "weight_grad", groups, x, ct, view, k)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
         x, ct = primals
         back = None if view is None else view.flipped()
         a, b = x.shape[1], ct.shape[1]
-        r_x = _route("dgrad", back, k, b, a, ct.shape[0], x.dtype, route)
-        gx = conv(r_x, ct, mx.swapaxes(cotangent, 1, 2), back)
-        r_c = _route("forward", view, k, a, b, x.shape[0], x.dtype, route)
-        gct = conv(r_c, x, cotangent, view)
+        r_x = _route("dgrad", back, k, b, a, ct.shape[0], x.dtype, route, groups)
+        gx = conv(r_x, ct, _transpose(cotangent, groups), back, groups)
+        r_c = _route("forward", view, k, a, b, x.shape[0], x.dtype, route, groups)
+        gct = conv(r_c, x, cotangent, view, groups)
         return gx, gct
 
     @f.jvp
@@ -85,9 +105,9 @@ def weight_grad(route: str, x: mx.array, ct: mx.array, view: View | None, k: int
         tx, tct = tangents
         terms = []
         if tx is not None:
-            terms.append(weight_grad(route, tx, ct, view, k))
+            terms.append(weight_grad(route, tx, ct, view, k, groups))
         if tct is not None:
-            terms.append(weight_grad(route, x, tct, view, k))
-        return sum(terms[1:], terms[0]) if terms else mx.zeros((k, x.shape[1], ct.shape[1]), x.dtype)
+            terms.append(weight_grad(route, x, tct, view, k, groups))
+        return sum(terms[1:], terms[0]) if terms else mx.zeros((k, x.shape[1] // groups, ct.shape[1]), x.dtype)
 
     return f(x, ct)

@@ -196,6 +196,51 @@ WGRAD_REDUCE_SOURCE = """
   dw[idx] = static_cast<T>(acc);
 """
 
+# Grouped products (groups > 1): W is (K, AG, B); output channel c reads the
+# AG input channels of its group, from (c / (B / G)) * AG, of x's A.
+# One thread per (row, output channel) over the CSR edges.
+GROUPED_FETCH_ON_DEMAND_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int rows = params[0];
+  if (idx >= (long)rows * B) return;
+  const int r = (int)(idx / B);
+  const int c = (int)(idx % B);
+  const int first = (c / (B / G)) * AG;
+  const int e0 = POINTWISE ? r : offsets[r];
+  const int e1 = POINTWISE ? r + 1 : offsets[r + 1];
+  float acc = 0.0f;
+  for (int e = e0; e < e1; ++e) {
+    const long g = POINTWISE ? r : gather[e];
+    const long k = POINTWISE ? 0 : kidx[e];
+    const T* xr = x + g * A + first;
+    const T* wk = w + k * AG * B + c;
+    for (int a = 0; a < AG; ++a) {
+      acc += static_cast<float>(xr[a]) * static_cast<float>(wk[(long)a * B]);
+    }
+  }
+  y[(long)r * B + c] = static_cast<T>(acc);
+"""
+
+# dW (K, AG, B) of a grouped product: one thread per weight element over the
+# kernel-major edges.
+GROUPED_WGRAD_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long)K * AG * B) return;
+  const int k = (int)(idx / ((long)AG * B));
+  const int a = (int)((idx / B) % AG);
+  const int b = (int)(idx % B);
+  const long col = (long)(b / (B / G)) * AG + a;
+  const int e0 = POINTWISE ? 0 : koffsets[k];
+  const int e1 = POINTWISE ? params[0] : koffsets[k + 1];
+  float acc = 0.0f;
+  for (int e = e0; e < e1; ++e) {
+    const long g = POINTWISE ? e : gidx[e];
+    const long r = POINTWISE ? e : ridx[e];
+    acc += static_cast<float>(x[g * A + col]) * static_cast<float>(ct[r * B + b]);
+  }
+  dw[idx] = static_cast<T>(acc);
+"""
+
 
 @functools.lru_cache(maxsize=None)
 def _kernel(name: str, shared_memory: int = 0):
@@ -205,6 +250,10 @@ def _kernel(name: str, shared_memory: int = 0):
         "wgrad_direct": (["x", "ct", "koffsets", "gidx", "ridx", "params"], ["dw"], WGRAD_DIRECT_SOURCE),
         "wgrad_mma": (["x", "ct", "gidx", "ridx", "chunks"], ["partial"], WGRAD_MMA_SOURCE),
         "wgrad_reduce": (["partial", "first"], ["dw"], WGRAD_REDUCE_SOURCE),
+        "grouped_fetch_on_demand": (
+            ["x", "w", "offsets", "gather", "kidx", "params"], ["y"], GROUPED_FETCH_ON_DEMAND_SOURCE,
+        ),
+        "grouped_wgrad": (["x", "ct", "koffsets", "gidx", "ridx", "params"], ["dw"], GROUPED_WGRAD_SOURCE),
     }[name]
     return mx.fast.cuda_kernel(
         name=f"mlx_lattice_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],

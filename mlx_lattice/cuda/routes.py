@@ -96,11 +96,50 @@ def wgrad_mma(x, ct, view: View | None, k):
     )[0]
 
 
+def grouped_fetch_on_demand(x, w, view: View | None, groups: int):
+    """Grouped products: one thread per (row, output channel) over the CSR
+    edges, reading the A / groups input channels of its group."""
+    k, ag, b = w.shape
+    rows = x.shape[0] if view is None else view.rows
+    if view is None:
+        offsets = gather = kidx = mx.zeros((1,), mx.int32)
+    else:
+        offsets, gather, kidx = view.csr()
+    return _kernel("grouped_fetch_on_demand")(
+        inputs=[x, w, offsets, gather, kidx, _params(rows)],
+        template=[("T", x.dtype), ("A", x.shape[1]), ("AG", ag), ("B", b), ("G", groups),
+                  ("POINTWISE", view is None)],
+        grid=(max(rows * b, 1), 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(rows, b)], output_dtypes=[x.dtype],
+    )[0]
+
+
+def grouped_wgrad(x, ct, view: View | None, k, groups: int):
+    """dW (K, A / groups, B) of a grouped product: one thread per element."""
+    a, b = x.shape[1], ct.shape[1]
+    ag = a // groups
+    if view is None:
+        ko = gi = ri = mx.zeros((1,), mx.int32)
+        n = x.shape[0]
+    else:
+        km = view.rel.kernel_major()
+        ko, gi, ri = km.offsets, km.in_idx, km.out_idx
+        n = 0
+    return _kernel("grouped_wgrad")(
+        inputs=[x, ct, ko, gi, ri, _params(n)],
+        template=[("T", x.dtype), ("A", a), ("AG", ag), ("B", b), ("G", groups), ("K", k),
+                  ("POINTWISE", view is None)],
+        grid=(max(k * ag * b, 1), 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(k, ag, b)], output_dtypes=[x.dtype],
+    )[0]
+
+
 @dataclass(frozen=True)
 class Route:
     op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k);
     # "map": run(table, out_coords, geometry, transposed, kind) -> native relation
     run: Callable
+    grouped: bool = False  # run takes groups as its last argument
 
 
 ROUTES = {
@@ -109,6 +148,8 @@ ROUTES = {
     "cuda.fetch_on_demand": Route("conv", fetch_on_demand),
     "cuda.wgrad_mma": Route("weight_grad", wgrad_mma),
     "cuda.wgrad_direct": Route("weight_grad", wgrad_direct),
+    "cuda.grouped_fetch_on_demand": Route("conv", grouped_fetch_on_demand, grouped=True),
+    "cuda.grouped_wgrad": Route("weight_grad", grouped_wgrad, grouped=True),
     "cuda.hash_map": Route("map", maps.build_relation),
 }
 

@@ -14,6 +14,7 @@ from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Lin
 from .decoder import Downsample, Expand, PoolTranspose3d, Prune, Upsample
 from .group_norm import GroupNorm
 from .normalization import BatchNorm, InstanceNorm, LayerNorm, RMSNorm, norm_act
+from .sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm
 from .pooling import AvgPool3d, GlobalAvgPool, GlobalMaxPool, GlobalSumPool, MaxPool3d, SumPool3d
 from .quantized import (
     QuantizedConv3d,
@@ -35,6 +36,8 @@ __all__ = [
     "GenerativeConvTranspose3d",
     "Linear",
     "BatchNorm",
+    "SyncBatchNorm",
+    "convert_sync_batchnorm",
     "InstanceNorm",
     "LayerNorm",
     "RMSNorm",

@@ -13,17 +13,22 @@ from ..tensor import SparseTensor
 
 
 class _ConvBase(mnn.Module):
-    """Weight ``(C_out, Kx, Ky, Kz, C_in)`` and optional bias ``(C_out,)``,
-    initialised like ``mlx.nn.Conv3d``: uniform in ``+-sqrt(1 / (C_in * K))``,
-    bias zeros."""
+    """Weight ``(C_out, Kx, Ky, Kz, C_in // groups)`` and optional bias
+    ``(C_out,)``, initialised like ``mlx.nn.Conv3d``: uniform in
+    ``+-sqrt(1 / (C_in // groups * K))``, bias zeros. ``groups`` splits the
+    channels into groups convolved separately (``groups == C_in``:
+    depthwise)."""
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, bias):
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, bias, groups=1):
         super().__init__()
         if in_channels < 1 or out_channels < 1:
             raise ValueError(f"channel counts must be positive, got {in_channels} -> {out_channels}")
+        ops._check_groups(type(self).__name__, groups, in_channels, out_channels)
         ks = triple(kernel_size, "kernel_size", minimum=1)
-        scale = math.sqrt(1.0 / (in_channels * ks[0] * ks[1] * ks[2]))
-        self.weight = mx.random.uniform(low=-scale, high=scale, shape=(out_channels, *ks, in_channels))
+        c_in = in_channels // groups
+        scale = math.sqrt(1.0 / (c_in * ks[0] * ks[1] * ks[2]))
+        self.weight = mx.random.uniform(low=-scale, high=scale, shape=(out_channels, *ks, c_in))
+        self.groups = groups
         if bias:
             self.bias = mx.zeros((out_channels,))
         self.kernel_size = ks
@@ -36,9 +41,9 @@ class _ConvBase(mnn.Module):
 
     def _extra_repr(self):
         return (
-            f"{self.weight.shape[-1]}, {self.weight.shape[0]}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
-            f"bias={'bias' in self}"
+            f"{self.weight.shape[-1] * self.groups}, {self.weight.shape[0]}, "
+            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+            f"dilation={self.dilation}, groups={self.groups}, bias={'bias' in self}"
         )
 
 
@@ -51,13 +56,16 @@ class Conv3d(_ConvBase):
     :class:`SubmConv3d`.
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, bias=True):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias)
+    def __init__(
+        self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, bias=True,
+        groups=1,
+    ):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias, groups)
 
     def __call__(self, x: SparseTensor, coordinates=None) -> SparseTensor:
         return ops.conv3d(
             x, self.weight, self._bias(), stride=self.stride, padding=self.padding,
-            dilation=self.dilation, coordinates=coordinates,
+            dilation=self.dilation, coordinates=coordinates, groups=self.groups,
         )
 
 
@@ -65,16 +73,19 @@ class SubmConv3d(_ConvBase):
     """Submanifold convolution (:func:`mlx_lattice.ops.subm_conv3d`): output
     rows are the input rows; the kernel is centred."""
 
-    def __init__(self, in_channels, out_channels, kernel_size=3, dilation=1, bias=True):
-        super().__init__(in_channels, out_channels, kernel_size, 1, 0, dilation, bias)
+    def __init__(self, in_channels, out_channels, kernel_size=3, dilation=1, bias=True, groups=1):
+        super().__init__(in_channels, out_channels, kernel_size, 1, 0, dilation, bias, groups)
 
     def __call__(self, x: SparseTensor) -> SparseTensor:
-        return ops.subm_conv3d(x, self.weight, self._bias(), dilation=self.dilation)
+        return ops.subm_conv3d(
+            x, self.weight, self._bias(), dilation=self.dilation, groups=self.groups
+        )
 
     def _extra_repr(self):
         return (
-            f"{self.weight.shape[-1]}, {self.weight.shape[0]}, kernel_size={self.kernel_size}, "
-            f"dilation={self.dilation}, bias={'bias' in self}"
+            f"{self.weight.shape[-1] * self.groups}, {self.weight.shape[0]}, "
+            f"kernel_size={self.kernel_size}, dilation={self.dilation}, groups={self.groups}, "
+            f"bias={'bias' in self}"
         )
 
 
@@ -86,13 +97,16 @@ class ConvTranspose3d(_ConvBase):
     ``stride * p``. Initialised like ``mlx.nn.ConvTranspose3d``.
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, bias=True):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias)
+    def __init__(
+        self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, bias=True,
+        groups=1,
+    ):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias, groups)
 
     def __call__(self, x: SparseTensor, coordinates=None) -> SparseTensor:
         return ops.conv_transpose3d(
             x, self.weight, self._bias(), stride=self.stride, padding=self.padding,
-            dilation=self.dilation, coordinates=coordinates,
+            dilation=self.dilation, coordinates=coordinates, groups=self.groups,
         )
 
 
@@ -100,12 +114,16 @@ class GenerativeConvTranspose3d(_ConvBase):
     """Transposed convolution onto every reachable voxel
     (:func:`mlx_lattice.ops.generative_conv_transpose3d`): the support grows."""
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, bias=True):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias)
+    def __init__(
+        self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, bias=True,
+        groups=1,
+    ):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias, groups)
 
     def __call__(self, x: SparseTensor) -> SparseTensor:
         return ops.generative_conv_transpose3d(
-            x, self.weight, self._bias(), stride=self.stride, padding=self.padding, dilation=self.dilation
+            x, self.weight, self._bias(), stride=self.stride, padding=self.padding,
+            dilation=self.dilation, groups=self.groups,
         )
 
 

@@ -147,6 +147,10 @@ _QUANTIZED = (
 
 def from_module(conv, bits: int = 4, group_size: int = 64):
     """The quantized layer for any sparse convolution layer or :class:`Linear`."""
+    if getattr(conv, "groups", 1) > 1:
+        raise ValueError(
+            f"{type(conv).__name__} has groups={conv.groups}; grouped convolutions stay float"
+        )
     for float_cls, q_cls in _QUANTIZED:
         if isinstance(conv, float_cls):
             return q_cls(conv, bits, group_size)
@@ -166,10 +170,15 @@ Linear.to_quantized = _to_quantized
 def quantize(model: mnn.Module, bits: int = 4, group_size: int = 64) -> mnn.Module:
     """Quantize, in place, every sparse convolution and Linear of ``model`` whose input
     channels are a multiple of ``group_size`` (others, e.g. a stem reading a
-    handful of point features, stay float). Returns the model."""
+    handful of point features, and grouped convolutions, stay float). Returns
+    the model."""
 
     def predicate(_, m):
-        return isinstance(m, (_ConvBase, Linear)) and m.weight.shape[-1] % group_size == 0
+        return (
+            isinstance(m, (_ConvBase, Linear))
+            and getattr(m, "groups", 1) == 1
+            and m.weight.shape[-1] % group_size == 0
+        )
 
     mnn.quantize(model, group_size=group_size, bits=bits, class_predicate=predicate)
     return model

@@ -17,6 +17,10 @@ namespace mlx_lattice::cpu {
                              int64_t, int64_t, int, int, void*);               \
   void weight_grad(Float, const void*, const void*, PairView, int64_t,         \
                    int64_t, int, int, void*);                                  \
+  void grouped_conv(Float, const void*, const void*, int, CsrView, int64_t,    \
+                    int64_t, int, int, void*);                                 \
+  void grouped_weight_grad(Float, const void*, const void*, int, PairView,     \
+                           int64_t, int64_t, int, int, void*);                 \
   void attention_forward(Float, AttentionShape, StridedView, StridedView,      \
                          StridedView, const int32_t*, void*, float*);          \
   void attention_backward(Float, AttentionShape, StridedView, StridedView,     \
@@ -46,6 +50,7 @@ struct Path {
 #define LATTICE_TABLE(isa) \
   KernelTable {                                                            \
     #isa, &isa::gather_conv, &isa::gather_conv_quantized, &isa::weight_grad, \
+        &isa::grouped_conv, &isa::grouped_weight_grad,                       \
         &isa::attention_forward, &isa::attention_backward                    \
   }
 

@@ -57,6 +57,8 @@ struct AttentionShape {
 //   gather_conv_quantized: the same with affine-quantized weights (MLX
 //                packing, logical shape (B, K, A), scales/biases of dtype s).
 //   weight_grad: out (v.k, A, B) = per-offset sum of x[g]^T ct[r].
+//   grouped_conv, grouped_weight_grad: the same with `groups` groups of
+//                channels, w and out (K, A / groups, B).
 //   attention_forward: o (contiguous, dtype t) and lse (float32,
 //                (patches, heads, P)) of softmax(scale q k^T) v over the
 //                first lengths[patch] keys and queries of each patch.
@@ -74,6 +76,12 @@ struct KernelTable {
   void (*weight_grad)(
       Float t, const void* x, const void* ct, PairView v, int64_t n_x,
       int64_t n_ct, int A, int B, void* out);
+  void (*grouped_conv)(
+      Float t, const void* x, const void* w, int groups, CsrView v,
+      int64_t n_x, int64_t K, int A, int B, void* y);
+  void (*grouped_weight_grad)(
+      Float t, const void* x, const void* ct, int groups, PairView v,
+      int64_t n_x, int64_t n_ct, int A, int B, void* out);
   void (*attention_forward)(
       Float t, AttentionShape a, StridedView q, StridedView k, StridedView v,
       const int32_t* lengths, void* o, float* lse);

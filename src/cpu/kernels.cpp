@@ -4,6 +4,7 @@
 #include "cpu/kernels.h"
 
 #include <stdexcept>
+#include <string>
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -32,6 +33,13 @@ StridedView strided(const mx::array& a) {
     v.strides[i] = a.strides()[i];
   }
   return v;
+}
+
+void check_groups(int A, int B, int groups, const char* op) {
+  if (groups < 1 || A % groups != 0 || B % groups != 0) {
+    throw std::invalid_argument(
+        std::string(op) + ": groups must divide both channel counts");
+  }
 }
 
 AttentionShape attention_shape(const mx::array& q, float scale) {
@@ -124,6 +132,67 @@ void weight_grad(
                 n_ct = int64_t(ct.shape(0)),
                 A = int(x.shape(1)),
                 B = int(ct.shape(1))]() { fn(t, xp, cp, view, n_x, n_ct, A, B, op); });
+}
+
+void grouped_conv(
+    const mx::array& x,
+    const mx::array& w,
+    int groups,
+    CsrView view,
+    mx::array& out,
+    mx::Stream s) {
+  const int A = x.shape(1);
+  const int B = w.shape(2);
+  check_groups(A, B, groups, "grouped_conv");
+  if (w.shape(1) * groups != A) {
+    throw std::invalid_argument("grouped_conv: w must be (K, A / groups, B)");
+  }
+  const Float t = feature_type(out.dtype());
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  enc.dispatch([fn = active_kernels().grouped_conv,
+                t,
+                xp = x.data<void>(),
+                wp = w.data<void>(),
+                yp = out.data<void>(),
+                groups,
+                view,
+                n_x = int64_t(x.shape(0)),
+                K = int64_t(w.shape(0)),
+                A,
+                B]() { fn(t, xp, wp, groups, view, n_x, K, A, B, yp); });
+}
+
+void grouped_weight_grad(
+    const mx::array& x,
+    const mx::array& ct,
+    int groups,
+    PairView view,
+    mx::array& out,
+    mx::Stream s) {
+  const int A = x.shape(1);
+  const int B = ct.shape(1);
+  check_groups(A, B, groups, "grouped_weight_grad");
+  const Float t = feature_type(out.dtype());
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  enc.set_input_array(x);
+  enc.set_input_array(ct);
+  enc.set_output_array(out);
+  enc.dispatch([fn = active_kernels().grouped_weight_grad,
+                t,
+                xp = x.data<void>(),
+                cp = ct.data<void>(),
+                op = out.data<void>(),
+                groups,
+                view,
+                n_x = int64_t(x.shape(0)),
+                n_ct = int64_t(ct.shape(0)),
+                A,
+                B]() { fn(t, xp, cp, groups, view, n_x, n_ct, A, B, op); });
 }
 
 void patch_attention_forward(

@@ -63,4 +63,23 @@ void patch_attention_backward(
     std::vector<mx::array>& out,
     mx::Stream s);
 
+// Grouped products (src/cpu/grouped_conv.cpp): w (K, A / groups, B); output
+// channel c of B reads the inputs of its group (c / (B / groups)).
+void grouped_conv(
+    const mx::array& x,
+    const mx::array& w,
+    int groups,
+    CsrView view,
+    mx::array& out,
+    mx::Stream s);
+
+// out (K, A / groups, B): the grouped product's weight gradient.
+void grouped_weight_grad(
+    const mx::array& x,
+    const mx::array& ct,
+    int groups,
+    PairView view,
+    mx::array& out,
+    mx::Stream s);
+
 } // namespace mlx_lattice::cpu

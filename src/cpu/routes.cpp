@@ -46,8 +46,8 @@ void quantized_gather_gemm(const Call& c) {
       c.out, c.stream);
 }
 
-// Per-offset GEMM over packed panels (x, ct, offsets, g, r).
-void wgrad_gemm(const Call& c) {
+// The kernel-major pairs at inputs [2, 5) (offsets, g, r).
+PairView pair_view(const Call& c) {
   PairView v;
   v.k = c.out.shape(0);
   if (c.relation) {
@@ -58,7 +58,22 @@ void wgrad_gemm(const Call& c) {
   } else {
     v.edges = c.in[0].shape(0);
   }
-  weight_grad(c.in[0], c.in[1], v, c.out, c.stream);
+  return v;
+}
+
+// Per-offset GEMM over packed panels (x, ct, offsets, g, r).
+void wgrad_gemm(const Call& c) {
+  weight_grad(c.in[0], c.in[1], pair_view(c), c.out, c.stream);
+}
+
+// Grouped / depthwise products: per-group multiply-adds over the CSR view
+// (x, w, offsets, gather, k) and per-group weight gradients (x, ct, pairs).
+void grouped_gather(const Call& c) {
+  grouped_conv(c.in[0], c.in[1], c.groups, csr_view(c, 2), c.out, c.stream);
+}
+
+void grouped_wgrad(const Call& c) {
+  grouped_weight_grad(c.in[0], c.in[1], c.groups, pair_view(c), c.out, c.stream);
 }
 
 } // namespace
@@ -69,6 +84,8 @@ const std::vector<Route>& routes() {
       {"cpu.gather_gemm", Op::Conv, gather_gemm},
       {"cpu.wgrad_gemm", Op::WeightGrad, wgrad_gemm},
       {"cpu.quantized_gather_gemm", Op::QuantizedConv, quantized_gather_gemm},
+      {"cpu.grouped_gather", Op::Conv, grouped_gather},
+      {"cpu.grouped_wgrad", Op::WeightGrad, grouped_wgrad},
   };
   return table;
 }

@@ -22,6 +22,7 @@ struct Call {
   bool relation; // false: a pointwise product (no view arrays)
   int bits = 0;  // quantized weights: code width and group size
   int group = 0;
+  int groups = 1; // channel groups of a grouped product
 };
 
 struct Route {

@@ -84,6 +84,7 @@ const std::vector<Route>& backward_routes();
 const std::vector<Route>& tensorops_backward_routes();
 const std::vector<Route>& quantized_routes();
 const std::vector<Route>& tensorops_quantized_routes();
+const std::vector<Route>& grouped_routes();
 
 // Every Metal route, in family order.
 const std::vector<const Route*>& routes();

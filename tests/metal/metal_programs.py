@@ -136,16 +136,17 @@ def run_program(program: dict, inputs: list, out_shape, out_dtype: str, schedule
 
 
 def conv(route: str, x: mx.array, w: mx.array, relation, view=OUTPUT_MAJOR, schedule="forward", seed=0,
-         record=None):
+         record=None, groups=1):
     """The GatherConv primitive's output computed by `route`'s Metal program;
-    `record`: more fields for its route-log record."""
-    inputs = _ext.conv_inputs(x, w, relation, view, route)
+    `record`: more fields for its route-log record; `groups` > 1: a grouped
+    product (w is (K, A / groups, B))."""
+    inputs = _ext.conv_inputs(x, w, relation, view, route, groups=groups)
     shape = [_rows(x, relation, view), w.shape[2]]
     dtype = str(x.dtype).replace("mlx.core.", "")
     program = _ext.metal_program("conv", route, inputs, shape, x.dtype)
     if BACKEND == "metal":
         gpu = mx.default_stream(mx.gpu)
-        y = np.array(_ext.gather_conv(x, w, relation, view, route, gpu))
+        y = np.array(_ext.gather_conv(x, w, relation, view, route, gpu, groups=groups))
         for step in program["steps"]:
             metal_harness.record_ran(step["kernel"], "metal")
     else:
@@ -156,17 +157,17 @@ def conv(route: str, x: mx.array, w: mx.array, relation, view=OUTPUT_MAJOR, sche
 
 
 def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=OUTPUT_MAJOR, schedule="forward",
-                seed=0, record=None):
-    """The WeightGrad primitive's output (K, A, B) computed by `route`'s Metal program."""
+                seed=0, record=None, groups=1):
+    """The WeightGrad primitive's output (K, A / groups, B) computed by `route`'s Metal program."""
     inputs = _ext.weight_grad_inputs(x, ct, relation, view)
-    shape = [k, x.shape[1], ct.shape[1]]
+    shape = [k, x.shape[1] // groups, ct.shape[1]]
     dtype = str(x.dtype).replace("mlx.core.", "")
     program = _ext.metal_program("weight_grad", route, inputs, shape, x.dtype)
     if BACKEND == "metal":
         gpu = mx.default_stream(mx.gpu)
         for step in program["steps"]:
             metal_harness.record_ran(step["kernel"], "metal")
-        dw = np.array(_ext.weight_grad(x, ct, relation, view, k, route, gpu))
+        dw = np.array(_ext.weight_grad(x, ct, relation, view, k, route, gpu, groups=groups))
     else:
         dw = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
     _record(route, program, BACKEND, {"direction": "wgrad", **(record or {})})

@@ -1,0 +1,430 @@
+// Map building on the GPU: the coordinate hash table and the output-major
+// relation (CSR in offset order), equal element for element to the CPU
+// builder (src/kernel_map.cpp). Buffer bindings and dispatch shapes: the
+// programs in src/metal/map_build.cpp.
+//
+// The table holds row indices, not keys: a slot is claimed with a 32-bit
+// compare-and-swap of -1 to the row, and keys are compared through the
+// rows' coordinates. No 64-bit atomics are needed, and the relation does
+// not depend on which row won a slot (each key has one row). Two words past
+// the slots hold the smallest duplicate row and the smallest row outside
+// the coordinate range (INT_MAX: none), read back at the map's one sync.
+#include <metal_stdlib>
+
+#include "params.h"
+
+using namespace metal;
+
+constant int kNone = 0x7fffffff;
+
+// The CPU table's hash (src/relation.h): z-runs of 4 share neighbouring
+// slots, the rest of the key is mixed.
+inline ulong map_hash(ulong key) {
+  ulong x = key >> 2;
+  x ^= x >> 31;
+  x *= 0x7fb5d329728ea185UL;
+  x ^= x >> 27;
+  x *= 0x81dadef4bc2dd44dUL;
+  x ^= x >> 33;
+  return (x << 2) | (key & 3UL);
+}
+
+inline ulong map_key(int b, long x, long y, long z) {
+  return (ulong(b) << 51) | (ulong(x - MAP_COORD_MIN) << 34) |
+      (ulong(y - MAP_COORD_MIN) << 17) | ulong(z - MAP_COORD_MIN);
+}
+
+inline bool map_in_range(long v) {
+  return v >= MAP_COORD_MIN && v <= MAP_COORD_MAX;
+}
+
+// Slots to -1, the two flag words to kNone.
+[[kernel]] void map_table_clear(
+    device int* table [[buffer(0)]],
+    constant MapParams& p [[buffer(1)]],
+    uint tid [[thread_position_in_grid]]) {
+  const long slots = long(p.mask) + 1;
+  if (long(tid) < slots) {
+    table[tid] = -1;
+  } else if (long(tid) < slots + 2) {
+    table[tid] = kNone;
+  }
+}
+
+// One thread per input row: claim the first free slot of its probe run.
+[[kernel]] void map_table_insert(
+    device const int* coords [[buffer(0)]],
+    device atomic_int* table [[buffer(1)]],
+    constant MapParams& p [[buffer(2)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int i = int(tid);
+  if (i >= p.n_in) {
+    return;
+  }
+  device atomic_int* flags = table + long(p.mask) + 1;
+  device const int* c = coords + 4 * long(i);
+  if (c[0] < 0 || c[0] >= MAP_BATCH_LIMIT || !map_in_range(c[1]) || !map_in_range(c[2]) ||
+      !map_in_range(c[3])) {
+    atomic_fetch_min_explicit(flags + 1, i, memory_order_relaxed);
+    return;
+  }
+  ulong h = map_hash(map_key(c[0], c[1], c[2], c[3])) & ulong(p.mask);
+  // At most n_in of the >= 2 n_in slots are ever taken: a free one is
+  // reached. Only advancing counts as a probe: a spurious failure of the
+  // weak exchange (expected still -1) retries the same slot.
+  for (int probe = 0; probe <= p.mask;) {
+    int expected = -1;
+    if (atomic_compare_exchange_weak_explicit(
+            table + h, &expected, i, memory_order_relaxed, memory_order_relaxed)) {
+      return;
+    }
+    if (expected >= 0) {
+      device const int* o = coords + 4 * long(expected);
+      if (o[0] == c[0] && o[1] == c[1] && o[2] == c[2] && o[3] == c[3]) {
+        atomic_fetch_min_explicit(flags, max(i, expected), memory_order_relaxed);
+        return;
+      }
+      h = (h + 1) & ulong(p.mask);
+      ++probe;
+    }
+  }
+}
+
+// The input row at (b, x, y, z), or -1.
+inline int map_find(
+    device const int* coords,
+    device const int* table,
+    int mask,
+    int b,
+    long x,
+    long y,
+    long z) {
+  ulong h = map_hash(map_key(b, x, y, z)) & ulong(mask);
+  for (int probe = 0; probe <= mask; ++probe) {
+    const int r = table[h];
+    if (r < 0) {
+      return -1;
+    }
+    device const int* o = coords + 4 * long(r);
+    if (o[0] == b && o[1] == x && o[2] == y && o[3] == z) {
+      return r;
+    }
+    h = (h + 1) & ulong(mask);
+  }
+  return -1;
+}
+
+// Candidate coordinate of output coordinate q along axis a for kernel index
+// d; false where there is none (not divisible, or outside the range).
+inline bool map_axis(constant MapParams& p, int a, long q, int d, thread long& v) {
+  if (p.transposed) {
+    const long t = q + p.padding[a] - long(p.dilation[a]) * d;
+    const long s = p.stride[a];
+    if (((t % s) + s) % s != 0) {
+      return false;
+    }
+    v = t / s;
+  } else {
+    v = long(p.stride[a]) * q - p.padding[a] + long(p.dilation[a]) * d;
+  }
+  return map_in_range(v);
+}
+
+// The input row reached by output row r through offset k (weight order:
+// dx outer, dz inner), or -1.
+inline int map_neighbor(
+    device const int* in_coords,
+    device const int* table,
+    device const int* out_coords,
+    constant MapParams& p,
+    int r,
+    int k) {
+  device const int* q = out_coords + 4 * long(r);
+  if (q[0] < 0 || q[0] >= MAP_BATCH_LIMIT) {
+    return -1;
+  }
+  const int d[3] = {k / (p.size[1] * p.size[2]), (k / p.size[2]) % p.size[1], k % p.size[2]};
+  long v[3];
+  for (int a = 0; a < 3; ++a) {
+    if (!map_axis(p, a, q[a + 1], d[a], v[a])) {
+      return -1;
+    }
+  }
+  return map_find(in_coords, table, p.mask, q[0], v[0], v[1], v[2]);
+}
+
+// Count step: offsets[r + 1] = edges of output row r; offsets[0] = 0.
+[[kernel]] void map_count(
+    device const int* in_coords [[buffer(0)]],
+    device const int* table [[buffer(1)]],
+    device const int* out_coords [[buffer(2)]],
+    device int* offsets [[buffer(3)]],
+    constant MapParams& p [[buffer(4)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int r = int(tid);
+  if (r == 0) {
+    offsets[0] = 0;
+  }
+  if (r >= p.n_out) {
+    return;
+  }
+  int count = 0;
+  for (int k = 0; k < p.kv; ++k) {
+    count += map_neighbor(in_coords, table, out_coords, p, r, k) >= 0;
+  }
+  offsets[r + 1] = count;
+}
+
+// Inclusive scan of offsets[1..n_out] in place, by one threadgroup of
+// MAP_SCAN_THREADS: each thread sums a contiguous chunk, the chunk sums are
+// scanned in shared memory, then each chunk is rewritten from its base.
+[[kernel]] void map_scan(
+    device int* offsets [[buffer(0)]],
+    constant MapParams& p [[buffer(1)]],
+    uint t [[thread_index_in_threadgroup]]) {
+  threadgroup int sums[MAP_SCAN_THREADS];
+  const int per = (p.n_out + MAP_SCAN_THREADS - 1) / MAP_SCAN_THREADS;
+  const int b = 1 + int(t) * per;
+  const int e = min(b + per, p.n_out + 1);
+  int s = 0;
+  for (int i = b; i < e; ++i) {
+    s += offsets[i];
+  }
+  sums[t] = s;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (int step = 1; step < MAP_SCAN_THREADS; step <<= 1) {
+    const int add = int(t) >= step ? sums[t - step] : 0;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    sums[t] += add;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  int run = sums[t] - s;
+  for (int i = b; i < e; ++i) {
+    run += offsets[i];
+    offsets[i] = run;
+  }
+}
+
+// Fill step: edges (2, E): row 0 the input rows, row 1 the offsets, of
+// every output row in offset order from offsets[r].
+[[kernel]] void map_fill(
+    device const int* in_coords [[buffer(0)]],
+    device const int* table [[buffer(1)]],
+    device const int* out_coords [[buffer(2)]],
+    device const int* offsets [[buffer(3)]],
+    device int* edges [[buffer(4)]],
+    constant MapParams& p [[buffer(5)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int r = int(tid);
+  if (r >= p.n_out) {
+    return;
+  }
+  int j = offsets[r];
+  for (int k = 0; k < p.kv; ++k) {
+    const int i = map_neighbor(in_coords, table, out_coords, p, r, k);
+    if (i >= 0) {
+      edges[j] = i;
+      edges[long(p.edges) + j] = k;
+      ++j;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ views
+// The views follow src/relation.cpp: the neighbour map (n_out, K) of input
+// rows, and the kernel-major view (edges stably sorted by offset), built
+// column by column from the edge map (n_out, K) of CSR edge indices.
+
+// Per output row: the edge map's row (edge index or -1); with `rows_of_in`
+// the input rows instead (the neighbour map).
+inline void map_row_scatter(
+    device const int* offsets,
+    device const int* in_idx,
+    device const int* k_idx,
+    device int* dst,
+    constant MapParams& p,
+    int r,
+    bool rows_of_in) {
+  device int* row = dst + long(r) * p.kv;
+  for (int k = 0; k < p.kv; ++k) {
+    row[k] = -1;
+  }
+  for (int j = offsets[r]; j < offsets[r + 1]; ++j) {
+    row[k_idx[j]] = rows_of_in ? in_idx[j] : j;
+  }
+}
+
+[[kernel]] void map_neighbor_map(
+    device const int* offsets [[buffer(0)]],
+    device const int* in_idx [[buffer(1)]],
+    device const int* k_idx [[buffer(2)]],
+    device int* nmap [[buffer(3)]],
+    constant MapParams& p [[buffer(4)]],
+    uint tid [[thread_position_in_grid]]) {
+  if (int(tid) < p.n_out) {
+    map_row_scatter(offsets, in_idx, k_idx, nmap, p, int(tid), true);
+  }
+}
+
+[[kernel]] void map_edge_map(
+    device const int* offsets [[buffer(0)]],
+    device const int* in_idx [[buffer(1)]],
+    device const int* k_idx [[buffer(2)]],
+    device int* emap [[buffer(3)]],
+    constant MapParams& p [[buffer(4)]],
+    uint tid [[thread_position_in_grid]]) {
+  if (int(tid) < p.n_out) {
+    map_row_scatter(offsets, in_idx, k_idx, emap, p, int(tid), false);
+  }
+}
+
+// Column k of the edge map (one threadgroup of MAP_SCAN_THREADS per
+// offset), each thread over a contiguous chunk of rows. Counting pass:
+// view[k + 1] = edges at offset k (view[0] = 0; map_scan makes offsets).
+// Writing pass: the column's edges in row order at view[k] + their rank:
+// perm (the CSR edge), then in and out, each E long after the K + 1
+// offsets.
+[[kernel]] void map_column_count(
+    device const int* emap [[buffer(0)]],
+    device int* view [[buffer(1)]],
+    constant MapParams& p [[buffer(2)]],
+    uint3 group [[threadgroup_position_in_grid]],
+    uint t [[thread_index_in_threadgroup]]) {
+  threadgroup int sums[MAP_SCAN_THREADS];
+  const int k = int(group.x);
+  const int per = (p.n_out + MAP_SCAN_THREADS - 1) / MAP_SCAN_THREADS;
+  const int b = int(t) * per;
+  const int e = min(b + per, p.n_out);
+  int s = 0;
+  for (int r = b; r < e; ++r) {
+    s += emap[long(r) * p.kv + k] >= 0;
+  }
+  sums[t] = s;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (t == 0) {
+    int total = 0;
+    for (int i = 0; i < MAP_SCAN_THREADS; ++i) {
+      total += sums[i];
+    }
+    view[k + 1] = total;
+    if (k == 0) {
+      view[0] = 0;
+    }
+  }
+}
+
+[[kernel]] void map_column_fill(
+    device const int* emap [[buffer(0)]],
+    device const int* in_idx [[buffer(1)]],
+    device int* view [[buffer(2)]],
+    constant MapParams& p [[buffer(3)]],
+    uint3 group [[threadgroup_position_in_grid]],
+    uint t [[thread_index_in_threadgroup]]) {
+  threadgroup int sums[MAP_SCAN_THREADS];
+  const int k = int(group.x);
+  const int per = (p.n_out + MAP_SCAN_THREADS - 1) / MAP_SCAN_THREADS;
+  const int b = int(t) * per;
+  const int e = min(b + per, p.n_out);
+  int s = 0;
+  for (int r = b; r < e; ++r) {
+    s += emap[long(r) * p.kv + k] >= 0;
+  }
+  sums[t] = s;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (int step = 1; step < MAP_SCAN_THREADS; step <<= 1) {
+    const int add = int(t) >= step ? sums[t - step] : 0;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    sums[t] += add;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  const long edges = p.edges;
+  device int* perm = view + p.kv + 1;
+  long at = view[k] + sums[t] - s;
+  for (int r = b; r < e; ++r) {
+    const int j = emap[long(r) * p.kv + k];
+    if (j >= 0) {
+      perm[at] = j;
+      perm[edges + at] = in_idx[j];
+      perm[2 * edges + at] = r;
+      ++at;
+    }
+  }
+}
+
+// Input-major view: edges stably sorted by input row of the kernel-major
+// order, i.e. by (in, k). An (in, k) pair has at most one edge (the output
+// row is determined by both, for unique output coordinates), so the view is
+// built like the relation itself from an (n_in, K) map of edge indices.
+// Per output row: its edges into the input edge map (cleared first), and
+// each edge's output row.
+[[kernel]] void map_input_edge_map(
+    device const int* offsets [[buffer(0)]],
+    device const int* in_idx [[buffer(1)]],
+    device const int* k_idx [[buffer(2)]],
+    device int* imap [[buffer(3)]],
+    device int* edge_out [[buffer(4)]],
+    constant MapParams& p [[buffer(5)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int r = int(tid);
+  if (r >= p.n_out) {
+    return;
+  }
+  for (int j = offsets[r]; j < offsets[r + 1]; ++j) {
+    imap[long(in_idx[j]) * p.kv + k_idx[j]] = j;
+    edge_out[j] = r;
+  }
+}
+
+[[kernel]] void map_fill_minus_one(
+    device int* a [[buffer(0)]],
+    constant MapParams& p [[buffer(1)]],
+    uint tid [[thread_position_in_grid]]) {
+  if (long(tid) < long(p.n_in) * p.kv) {
+    a[tid] = -1;
+  }
+}
+
+// view: offsets (n_in + 1), then perm, out and k rows, each E long.
+[[kernel]] void map_input_count(
+    device const int* imap [[buffer(0)]],
+    device int* view [[buffer(1)]],
+    constant MapParams& p [[buffer(2)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int i = int(tid);
+  if (i == 0) {
+    view[0] = 0;
+  }
+  if (i >= p.n_in) {
+    return;
+  }
+  int count = 0;
+  for (int k = 0; k < p.kv; ++k) {
+    count += imap[long(i) * p.kv + k] >= 0;
+  }
+  view[i + 1] = count;
+}
+
+[[kernel]] void map_input_fill(
+    device const int* imap [[buffer(0)]],
+    device const int* edge_out [[buffer(1)]],
+    device const int* k_idx [[buffer(2)]],
+    device int* view [[buffer(3)]],
+    constant MapParams& p [[buffer(4)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int i = int(tid);
+  if (i >= p.n_in) {
+    return;
+  }
+  const long edges = p.edges;
+  device int* perm = view + p.n_in + 1;
+  long at = view[i];
+  for (int k = 0; k < p.kv; ++k) {
+    const int j = imap[long(i) * p.kv + k];
+    if (j >= 0) {
+      perm[at] = j;
+      perm[edges + at] = edge_out[j];
+      perm[2 * edges + at] = k_idx[j];
+      ++at;
+    }
+  }
+}

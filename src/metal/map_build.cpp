@@ -1,0 +1,204 @@
+// Programs of metal/map_build.metal: one thread per coordinate row for the
+// table, count and fill; one threadgroup for the scan.
+#include "metal/map_build.h"
+
+#include <limits>
+#include <stdexcept>
+
+#include "relation.h"
+
+static_assert(sizeof(MapParams) == 18 * 4, "MapParams: 32-bit fields");
+static_assert(
+    MAP_BATCH_LIMIT == mlx_lattice::kBatchLimit &&
+        MAP_COORD_MIN == mlx_lattice::kCoordMin &&
+        MAP_COORD_MAX == mlx_lattice::kCoordMax,
+    "metal/params.h MapLimits must match src/relation.h");
+
+namespace mlx_lattice::metal {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+
+Step rows_step(const char* kernel, int64_t rows, std::vector<Binding> buffers) {
+  Step s;
+  s.kernel = kernel;
+  s.threads = {kRowThreads, 1, 1};
+  s.groups = {ceil_div(rows, kRowThreads), 1, 1};
+  s.buffers = std::move(buffers);
+  return s;
+}
+
+} // namespace
+
+int64_t map_table_slots(int64_t n) {
+  int64_t cap = 16;
+  while (cap < 2 * std::max<int64_t>(n, 8)) {
+    cap <<= 1;
+  }
+  return cap;
+}
+
+MapParams map_params(
+    int64_t n_in,
+    int64_t n_out,
+    const std::array<int, 3>& size,
+    const std::array<int, 3>& stride,
+    const std::array<int, 3>& padding,
+    const std::array<int, 3>& dilation,
+    bool transposed,
+    int64_t edges) {
+  const int64_t limit = int64_t(1) << 30;
+  if (n_in < 0 || n_out < 0 || n_in > limit || n_out > limit || edges < 0 ||
+      edges > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument(
+        "map building: row counts must lie in [0, 2^30] and the edge count "
+        "in [0, 2^31 - 1]; got n_in " + std::to_string(n_in) + ", n_out " +
+        std::to_string(n_out) + ", edges " + std::to_string(edges));
+  }
+  MapParams p{};
+  p.n_in = static_cast<int>(n_in);
+  p.n_out = static_cast<int>(n_out);
+  p.mask = static_cast<int>(map_table_slots(n_in) - 1);
+  p.kv = 1;
+  p.transposed = transposed ? 1 : 0;
+  p.edges = static_cast<int>(edges);
+  for (int a = 0; a < 3; ++a) {
+    if (size[a] < 1 || size[a] > 64 || stride[a] < 1 || dilation[a] < 1) {
+      throw std::invalid_argument(
+          "map building: kernel size must lie in [1, 64], stride and dilation "
+          "be positive");
+    }
+    p.size[a] = size[a];
+    p.stride[a] = stride[a];
+    p.padding[a] = padding[a];
+    p.dilation[a] = dilation[a];
+    p.kv *= size[a];
+  }
+  // Edge counts, offsets and the (rows, K) maps are int32: the most edges a
+  // map can have, rows * K, must fit (checked here, not truncated later).
+  const int64_t most = std::max(n_in, n_out) * int64_t(p.kv);
+  if (most > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument(
+        "map building: rows * kernel volume must be below 2^31 (int32 edge "
+        "indices); got " + std::to_string(std::max(n_in, n_out)) + " rows * " +
+        std::to_string(p.kv));
+  }
+  return p;
+}
+
+Program map_table_program(const MapParams& p) {
+  const int64_t words = int64_t(p.mask) + 1 + 2;
+  Step clear = rows_step("map_table_clear", words, {output("table"), bytes(p)});
+  Step insert = rows_step(
+      "map_table_insert", p.n_in, {input(0, "coords"), output("table"), bytes(p)});
+  return {{}, {clear, insert}};
+}
+
+Program map_count_program(const MapParams& p) {
+  Step count = rows_step(
+      "map_count",
+      p.n_out,
+      {input(0, "in_coords"), input(1, "table"), input(2, "out_coords"),
+       output("offsets"), bytes(p)});
+  Step scan;
+  scan.kernel = "map_scan";
+  scan.threads = {MAP_SCAN_THREADS, 1, 1};
+  scan.buffers = {output("offsets"), bytes(p)};
+  return {{}, {count, scan}};
+}
+
+Program map_fill_program(const MapParams& p) {
+  Step fill = rows_step(
+      "map_fill",
+      p.n_out,
+      {input(0, "in_coords"), input(1, "table"), input(2, "out_coords"),
+       input(3, "offsets"), output("edges"), bytes(p)});
+  return {{}, {fill}};
+}
+
+Program map_neighbor_map_program(const MapParams& p) {
+  Step s = rows_step(
+      "map_neighbor_map",
+      p.n_out,
+      {input(0, "offsets"), input(1, "in_idx"), input(2, "k_idx"),
+       output("nmap"), bytes(p)});
+  return {{}, {s}};
+}
+
+Program map_kernel_major_program(const MapParams& p) {
+  Temp emap{mx::int32, std::max<int64_t>(int64_t(p.n_out) * p.kv, 1)};
+  Step edge_map = rows_step(
+      "map_edge_map",
+      p.n_out,
+      {input(0, "offsets"), input(1, "in_idx"), input(2, "k_idx"),
+       temp(0, "emap"), bytes(p)});
+  Step count;
+  count.kernel = "map_column_count";
+  count.threads = {MAP_SCAN_THREADS, 1, 1};
+  count.groups = {static_cast<uint64_t>(p.kv), 1, 1};
+  count.buffers = {temp(0, "emap"), output("view"), bytes(p)};
+  // The offsets are a scan of K counts: map_scan over "rows" = offsets.
+  MapParams over_k = p;
+  over_k.n_out = p.kv;
+  Step scan;
+  scan.kernel = "map_scan";
+  scan.threads = {MAP_SCAN_THREADS, 1, 1};
+  scan.buffers = {output("view"), bytes(over_k)};
+  Step fill = count;
+  fill.kernel = "map_column_fill";
+  fill.buffers = {temp(0, "emap"), input(1, "in_idx"), output("view"), bytes(p)};
+  return {{emap}, {edge_map, count, scan, fill}};
+}
+
+Program map_input_major_program(const MapParams& p) {
+  Temp imap{mx::int32, std::max<int64_t>(int64_t(p.n_in) * p.kv, 1)};
+  Temp edge_out{mx::int32, std::max<int64_t>(p.edges, 1)};
+  Step clear = rows_step(
+      "map_fill_minus_one", int64_t(p.n_in) * p.kv, {temp(0, "imap"), bytes(p)});
+  Step scatter = rows_step(
+      "map_input_edge_map",
+      p.n_out,
+      {input(0, "offsets"), input(1, "in_idx"), input(2, "k_idx"),
+       temp(0, "imap"), temp(1, "edge_out"), bytes(p)});
+  Step count = rows_step(
+      "map_input_count", p.n_in, {temp(0, "imap"), output("view"), bytes(p)});
+  MapParams over_in = p; // map_scan over the n_in counts
+  over_in.n_out = p.n_in;
+  Step scan;
+  scan.kernel = "map_scan";
+  scan.threads = {MAP_SCAN_THREADS, 1, 1};
+  scan.buffers = {output("view"), bytes(over_in)};
+  Step fill = rows_step(
+      "map_input_fill",
+      p.n_in,
+      {temp(0, "imap"), temp(1, "edge_out"), input(2, "k_idx"), output("view"),
+       bytes(p)});
+  return {{imap, edge_out}, {clear, scatter, count, scan, fill}};
+}
+
+Program map_program(const std::string& step, const MapParams& p) {
+  if (step == "table") {
+    return map_table_program(p);
+  }
+  if (step == "count") {
+    return map_count_program(p);
+  }
+  if (step == "fill") {
+    return map_fill_program(p);
+  }
+  if (step == "neighbor_map") {
+    return map_neighbor_map_program(p);
+  }
+  if (step == "kernel_major") {
+    return map_kernel_major_program(p);
+  }
+  if (step == "input_major") {
+    return map_input_major_program(p);
+  }
+  throw std::invalid_argument(
+      "map step must be 'table', 'count', 'fill', 'neighbor_map', "
+      "'kernel_major' or 'input_major', got '" + step + "'");
+}
+
+} // namespace mlx_lattice::metal

@@ -1,0 +1,54 @@
+// Map building on the GPU (metal/map_build.metal): the three programs of
+// one map, in order: the table, the count (offsets), the fill (edges). The
+// host reads offsets[n_out] and the table's two flag words between count
+// and fill, the map's one synchronisation (edge count unknown before).
+#pragma once
+
+#include <array>
+
+#include "metal/program.h"
+
+namespace mlx_lattice::metal {
+
+// One map: n_in input rows (the table), n_out output rows (the relation).
+MapParams map_params(
+    int64_t n_in,
+    int64_t n_out,
+    const std::array<int, 3>& size,
+    const std::array<int, 3>& stride,
+    const std::array<int, 3>& padding,
+    const std::array<int, 3>& dilation,
+    bool transposed,
+    int64_t edges);
+
+// Slots of the table for n rows (the CPU table's capacity: a power of two,
+// at least 2n and 16); the table buffer holds two flag words more.
+int64_t map_table_slots(int64_t n);
+
+// (in_coords) -> table (slots + 2): the slots' rows, then the smallest
+// duplicate row and the smallest out-of-range row (INT32_MAX: none).
+Program map_table_program(const MapParams& p);
+// (in_coords, table, out_coords) -> offsets (n_out + 1), scanned.
+Program map_count_program(const MapParams& p);
+// (in_coords, table, out_coords, offsets) -> edges (2, E): input rows,
+// then kernel offsets, output-major in offset order.
+Program map_fill_program(const MapParams& p);
+
+// Views of a built relation (out_offsets, in_idx, k_idx; p.edges = E):
+// -> the neighbour map (n_out, K) of input rows, -1 where none.
+Program map_neighbor_map_program(const MapParams& p);
+// -> the kernel-major view as one int32 buffer (K + 1 + 3E): offsets per
+// kernel offset, then perm (CSR edge), in and out rows, edges stably
+// sorted by offset (src/relation.cpp).
+Program map_kernel_major_program(const MapParams& p);
+
+// -> the input-major view as one int32 buffer (n_in + 1 + 3E): offsets per
+// input row, then perm, out rows and kernel offsets, edges ordered by
+// (in, k) (src/relation.cpp); output coordinates must be unique.
+Program map_input_major_program(const MapParams& p);
+
+// "table", "count", "fill", "neighbor_map", "kernel_major" or
+// "input_major".
+Program map_program(const std::string& step, const MapParams& p);
+
+} // namespace mlx_lattice::metal
