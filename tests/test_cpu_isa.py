@@ -1,8 +1,8 @@
 """The CPU kernels on every instruction-set path this machine supports.
 
 Each path (baseline, avx2, avx512 on x86-64; neon on arm64) is checked
-against the oracle for forward, input and weight gradients and quantized
-weights and patch attention, across dtypes, awkward channel counts, batches
+against the oracle for forward, input and weight gradients, quantized
+weights, grouped and depthwise convolution and patch attention, across dtypes, awkward channel counts, batches
 and empty inputs;
 results must be bitwise identical across thread counts on each path, and
 across the paths that share fused multiply-adds (avx2, avx512).
@@ -28,6 +28,8 @@ from test_attention_cpu import dense_attention
 from test_attention_cpu import grads as attention_grads
 from test_attention_cpu import inputs as attention_inputs
 from test_attention_cpu import lengths_for as attention_lengths
+from test_grouped import grad_case as grouped_case
+from test_grouped import grouped_weight
 
 PATHS = _ext.supported_cpu_isas()
 # Paths with fused multiply-adds sum identically; the x86-64 baseline (SSE2)
@@ -240,6 +242,63 @@ def test_baseline_close_to_fma_paths(rng, restore_isa):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(b).max()))
 
 
+# Grouped products on each path: depthwise read in place (17/17/17), spread
+# multiply-adds (12/8/4, 3/6/3), and groups of whole vectors of outputs with
+# and without a tail on every path's width (34/34/2, 40/80/2, 64/128/4).
+@pytest.mark.parametrize("op", ["subm", "conv3d", "transpose"])
+@pytest.mark.parametrize("c_in,c_out,groups,dtype", [
+    (17, 17, 17, mx.float32), (12, 8, 4, mx.float32), (3, 6, 3, mx.float16),
+    (34, 34, 2, mx.float32), (40, 80, 2, mx.bfloat16), (64, 128, 4, mx.float32),
+])
+def test_grouped_matches_oracle(rng, isa, op, c_in, c_out, groups, dtype):
+    x, w, fn, edges, perm = grouped_case(rng, op, c_in, c_out, groups, dtype)
+    g = rng.standard_normal((len(perm), c_out)).astype(np.float32)
+    ct = np.zeros_like(g)
+    ct[perm] = g  # cotangent in the op's row order
+    y, (dx, dw) = mx.vjp(lambda f, w: [fn(f, w).feats], [x.feats, w], [mx.array(ct).astype(dtype)])
+    x_q, w_q, g_q = to_np(x.feats), to_np(w), to_np(mx.array(g).astype(dtype))
+    full = oracle.expand_grouped(w_q, groups)
+    e_dx, e_dw, _ = oracle.grads(edges, x_q, full, g_q)
+    e_dw = oracle.compress_grouped(e_dw, groups)
+    tol = TOLERANCES[dtype]
+    np.testing.assert_allclose(to_np(y[0])[perm], oracle.apply(edges, x_q, full, len(perm)), **tol)
+    np.testing.assert_allclose(to_np(dx), e_dx, **tol)
+    np.testing.assert_allclose(to_np(dw), e_dw, rtol=tol["rtol"], atol=tol["atol"] * max(1.0, np.abs(e_dw).max()))
+
+
+def _grouped_big(rng, c_in, c_out, groups, dtype):
+    # > 2048 edges per offset: several weight-gradient partials per offset
+    coords = oracle.random_coords(rng, 3000, 20, 2)
+    x = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)).astype(dtype))
+    w = grouped_weight(rng, c_out, 3, c_in, groups, dtype)
+    ct = mx.array(rng.standard_normal((len(coords), c_out)).astype(np.float32)).astype(dtype)
+    return (lambda f, w: ops.subm_conv3d(x.replace(f), w, groups=groups).feats), x.feats, w, ct
+
+
+@pytest.mark.parametrize("c_in,c_out,groups,dtype", [
+    (48, 48, 48, mx.float32), (24, 48, 8, mx.float16), (64, 64, 2, mx.float32),
+])
+def test_grouped_bitwise_across_threads(rng, isa, c_in, c_out, groups, dtype):
+    case = _grouped_big(rng, c_in, c_out, groups, dtype)
+    ml.set_num_threads(1)
+    ref = [_bytes(a) for a in _run(*case)]
+    for n in (2, 5):
+        ml.set_num_threads(n)
+        assert [_bytes(a) for a in _run(*case)] == ref
+
+
+@pytest.mark.skipif(len(FMA_PATHS) < 2, reason="needs two paths with fused multiply-adds (avx2 and avx512)")
+@pytest.mark.parametrize("c_in,c_out,groups", [(48, 48, 48), (24, 48, 8), (64, 64, 2)])
+def test_grouped_bitwise_across_fma_paths(rng, restore_isa, c_in, c_out, groups):
+    case = _grouped_big(rng, c_in, c_out, groups, mx.float32)
+    results = {}
+    for name in FMA_PATHS:
+        _ext.set_cpu_isa(name)
+        results[name] = [_bytes(a) for a in _run(*case)]
+    for name in FMA_PATHS[1:]:
+        assert results[name] == results[FMA_PATHS[0]], name
+
+
 # Patch attention on each path: head dims around each path's vector width,
 # patches crossing the query and key blocks, padded and empty patches.
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
@@ -284,8 +343,8 @@ def test_extension_carries_every_path():
     # Each path's entry points are in the extension's symbol table.
     out = subprocess.run([_tool("nm"), "-C", _ext.__file__], capture_output=True, text=True, check=True).stdout
     for name in _ext.built_cpu_isas():
-        for fn in ("gather_conv", "gather_conv_quantized", "weight_grad",
-                   "attention_forward", "attention_backward"):
+        for fn in ("gather_conv", "gather_conv_quantized", "weight_grad", "grouped_conv",
+                   "grouped_weight_grad", "attention_forward", "attention_backward"):
             assert f"mlx_lattice::cpu::{name}::{fn}(" in out, (name, fn)
 
 

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [
     ROOT / "src/cpu/gather_conv.cpp",
     ROOT / "src/cpu/weight_grad.cpp",
+    ROOT / "src/cpu/grouped_conv.cpp",
     ROOT / "src/cpu/attention.cpp",
     ROOT / "src/threadpool.cpp",
     ROOT / "tests/neon/kernel_test.cpp",

@@ -31,6 +31,9 @@ void gather_conv_quantized(
     Float, Float, const void*, const uint32_t*, const void*, const void*, int, int, CsrView,
     int64_t, int64_t, int, int, void*);
 void weight_grad(Float, const void*, const void*, PairView, int64_t, int64_t, int, int, void*);
+void grouped_conv(Float, const void*, const void*, int, CsrView, int64_t, int64_t, int, int, void*);
+void grouped_weight_grad(
+    Float, const void*, const void*, int, PairView, int64_t, int64_t, int, int, void*);
 void attention_forward(
     Float, AttentionShape, StridedView, StridedView, StridedView, const int32_t*, void*, float*);
 void attention_backward(
@@ -61,18 +64,21 @@ struct Typed<float> {
   static constexpr Float tag = Float::f32;
   static constexpr const char* name = "float32";
   static constexpr double eps = 1.2e-7;
+  static constexpr double tiny = 1e-30;
 };
 template <>
 struct Typed<float16_t> {
   static constexpr Float tag = Float::f16;
   static constexpr const char* name = "float16";
   static constexpr double eps = 9.8e-4;
+  static constexpr double tiny = 3.0e-8; // half the smallest subnormal
 };
 template <>
 struct Typed<bfloat16_t> {
   static constexpr Float tag = Float::bf16;
   static constexpr const char* name = "bfloat16";
   static constexpr double eps = 7.9e-3;
+  static constexpr double tiny = 1e-30;
 };
 
 template <typename T>
@@ -132,10 +138,11 @@ void check_close(
     const std::vector<double>& magnitude, int A, int B, int64_t K, int terms) {
   ++checks;
   // |error| of a sum of `terms` products, each rounded to float32, and of
-  // the result's rounding to T: bounded relative to the sum of |products|.
+  // the result's rounding to T: bounded relative to the sum of |products|,
+  // plus the rounding of a result below T's normal range.
   double worst = 0.0, worst_err = 0.0, worst_bound = 0.0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double bound = (Typed<T>::eps + 1.2e-7 * terms) * magnitude[i] + 1e-30;
+    const double bound = (Typed<T>::eps + 1.2e-7 * terms) * magnitude[i] + Typed<T>::tiny;
     const double err = std::fabs(value(got[i]) - want[i]);
     const double ratio = std::isnan(err) ? 1e300 : err / bound;
     if (ratio > worst) {
@@ -199,6 +206,64 @@ void run_case(std::mt19937& gen, int64_t rows, int64_t n_in, int64_t K, int A, i
       if (std::memcmp(y.data(), y1.data(), y.size() * sizeof(T)) != 0 ||
           std::memcmp(dw.data(), dw1.data(), dw.size() * sizeof(T)) != 0) {
         fail("bitwise across thread counts", A, B, K, Typed<T>::name, 1, 0);
+      }
+    }
+  }
+}
+
+// Grouped products: w (K, A / G, B); output c reads the inputs of group
+// c / (B / G).
+template <typename T>
+void run_grouped(std::mt19937& gen, int64_t rows, int64_t n_in, int64_t K, int A, int B, int G) {
+  const int Ag = A / G, Bg = B / G;
+  const auto x = random_values<T>(gen, n_in * A, 1.0f);
+  const auto w = random_values<T>(gen, K * Ag * B, 0.2f);
+  const auto ct = random_values<T>(gen, rows * B, 1.0f);
+  const Relation rel = random_relation(gen, rows, n_in, K);
+  const int64_t edges = int64_t(rel.gather.size());
+  CsrView csr{rel.offsets.data(), rel.gather.data(), rel.k.data(), rows, edges};
+  PairView pairs{rel.pk.data(), rel.pg.data(), rel.pr.data(), K, edges};
+
+  std::vector<double> y_ref(rows * B, 0.0), y_mag(rows * B, 0.0);
+  std::vector<double> dw_ref(K * Ag * B, 0.0), dw_mag(K * Ag * B, 0.0);
+  for (int64_t o = 0; o < rows; ++o) {
+    for (int32_t e = rel.offsets[o]; e < rel.offsets[o + 1]; ++e) {
+      const int64_t g = rel.gather[e], k = rel.k[e];
+      for (int c = 0; c < B; ++c) {
+        for (int a = 0; a < Ag; ++a) {
+          const double xv = value(x[g * A + (c / Bg) * Ag + a]);
+          const int64_t wi = (k * Ag + a) * B + c;
+          const double p = xv * value(w[wi]);
+          y_ref[o * B + c] += p;
+          y_mag[o * B + c] += std::fabs(p);
+          const double q = xv * value(ct[o * B + c]);
+          dw_ref[wi] += q;
+          dw_mag[wi] += std::fabs(q);
+        }
+      }
+    }
+  }
+  int dw_terms = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    dw_terms = std::max(dw_terms, rel.pk[k + 1] - rel.pk[k]);
+  }
+
+  std::vector<T> y1, dw1;
+  for (int threads : {1, 3}) {
+    set_num_threads(threads);
+    std::vector<T> y(rows * B), dw(K * Ag * B);
+    path::grouped_conv(Typed<T>::tag, x.data(), w.data(), G, csr, n_in, K, A, B, y.data());
+    path::grouped_weight_grad(Typed<T>::tag, x.data(), ct.data(), G, pairs, n_in, rows, A, B, dw.data());
+    if (threads == 1) {
+      check_close("grouped_conv", y, y_ref, y_mag, A, B, K, int(Ag * K));
+      check_close("grouped_weight_grad", dw, dw_ref, dw_mag, A, B, K, dw_terms);
+      y1 = y;
+      dw1 = dw;
+    } else {
+      ++checks;
+      if (std::memcmp(y.data(), y1.data(), y.size() * sizeof(T)) != 0 ||
+          std::memcmp(dw.data(), dw1.data(), dw.size() * sizeof(T)) != 0) {
+        fail("grouped bitwise across thread counts", A, B, K, Typed<T>::name, 1, 0);
       }
     }
   }
@@ -373,6 +438,18 @@ int main() {
     run_case<float>(gen, s[0], s[1], s[2], int(s[3]), int(s[4]));
     run_case<float16_t>(gen, s[0], s[1], s[2], int(s[3]), int(s[4]));
     run_case<bfloat16_t>(gen, s[0], s[1], s[2], int(s[3]), int(s[4]));
+  }
+  // (rows, inputs, K, A, B, groups): depthwise, depthwise with a channel
+  // multiplier, spread groups, groups of whole vectors with a tail, chunks.
+  const int64_t grouped[][6] = {
+      {50, 40, 27, 17, 17, 17}, {40, 40, 27, 3, 6, 3},  {40, 40, 27, 12, 8, 4},
+      {30, 30, 27, 34, 34, 2},  {30, 30, 8, 40, 80, 2}, {0, 10, 27, 8, 8, 8},
+      {5000, 5000, 1, 6, 6, 6},
+  };
+  for (const auto& s : grouped) {
+    run_grouped<float>(gen, s[0], s[1], s[2], int(s[3]), int(s[4]), int(s[5]));
+    run_grouped<float16_t>(gen, s[0], s[1], s[2], int(s[3]), int(s[4]), int(s[5]));
+    run_grouped<bfloat16_t>(gen, s[0], s[1], s[2], int(s[3]), int(s[4]), int(s[5]));
   }
   run_quantized(gen, 40, 40, 27, 64, 24, 4, 32);
   run_quantized(gen, 40, 40, 8, 64, 40, 8, 64);
