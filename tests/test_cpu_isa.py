@@ -2,7 +2,8 @@
 
 Each path (baseline, avx2, avx512 on x86-64; neon on arm64) is checked
 against the oracle for forward, input and weight gradients, quantized
-weights, grouped and depthwise convolution and patch attention, across dtypes, awkward channel counts, batches
+weights, grouped and depthwise convolution, patch attention and the fused
+norms, across dtypes, awkward channel counts, batches
 and empty inputs;
 results must be bitwise identical across thread counts on each path, and
 across the paths that share fused multiply-adds (avx2, avx512).
@@ -20,7 +21,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import QuantizedWeight, _ext, ops
+from mlx_lattice import QuantizedWeight, _ext, nn, ops
 
 import oracle
 from conftest import TOLERANCES, to_np
@@ -30,6 +31,10 @@ from test_attention_cpu import inputs as attention_inputs
 from test_attention_cpu import lengths_for as attention_lengths
 from test_grouped import grad_case as grouped_case
 from test_grouped import grouped_weight
+from test_norm_act import test_batch_norm_act_values as norm_values
+from test_norm_act import test_bitwise_identical_across_thread_counts as norm_bitwise_across_threads
+from test_norm_act import test_fused_matches_op_path_with_gradients as norm_matches_op_path
+from test_norm_act import tensor as norm_tensor
 
 PATHS = _ext.supported_cpu_isas()
 # Paths with fused multiply-adds sum identically; the x86-64 baseline (SSE2)
@@ -332,6 +337,43 @@ def test_attention_bitwise_across_threads(rng, isa):
     assert runs[1] == runs[0] and runs[2] == runs[0]
 
 
+# The fused norms on each path: row vectors with a tail (67, 19 channels),
+# residual and leaky slopes, every dtype, and thread counts.
+@pytest.mark.parametrize("act,residual", [("relu", False), ("leaky", True), ("none", True)])
+def test_norm_values(rng, isa, act, residual):
+    norm_values(rng, act, residual, 1000, 67)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("kind", ["batch", "instance"])
+def test_norm_gradients(rng, isa, dtype, kind):
+    norm_matches_op_path(rng, dtype, kind)
+
+
+def test_norm_bitwise_across_threads(rng, isa):
+    norm_bitwise_across_threads(rng)
+
+
+@pytest.mark.skipif(len(FMA_PATHS) < 2, reason="needs two paths with fused multiply-adds (avx2 and avx512)")
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_norm_bitwise_across_fma_paths(rng, restore_isa, dtype):
+    x = norm_tensor(rng, 3000, 45, batch=2, dtype=dtype)
+    r = mx.array(rng.standard_normal((3000, 45)).astype(np.float32)).astype(dtype)
+    results = {}
+    for name in FMA_PATHS:
+        _ext.set_cpu_isa(name)
+        bn = nn.BatchNorm(45)
+
+        def loss(f, res):
+            y = nn.norm_act(bn, x.replace(f), nn.LeakyReLU(0.1), res).feats
+            return (y.astype(mx.float32) ** 2).sum(), y
+
+        (_, y), grads = mx.value_and_grad(loss, argnums=[0, 1])(x.feats, r)
+        results[name] = [_bytes(a) for a in (y, *grads, bn.running_mean, bn.running_var)]
+    for name in FMA_PATHS[1:]:
+        assert results[name] == results[FMA_PATHS[0]], name
+
+
 def _tool(name):
     path = shutil.which(name)
     if path is None:
@@ -344,7 +386,8 @@ def test_extension_carries_every_path():
     out = subprocess.run([_tool("nm"), "-C", _ext.__file__], capture_output=True, text=True, check=True).stdout
     for name in _ext.built_cpu_isas():
         for fn in ("gather_conv", "gather_conv_quantized", "weight_grad", "grouped_conv",
-                   "grouped_weight_grad", "attention_forward", "attention_backward"):
+                   "grouped_weight_grad", "attention_forward", "attention_backward",
+                   "norm_forward", "norm_backward"):
             assert f"mlx_lattice::cpu::{name}::{fn}(" in out, (name, fn)
 
 

@@ -27,6 +27,13 @@ namespace mlx_lattice::cpu {
                           StridedView, const int32_t*, StridedView,            \
                           const float*, StridedView, const float*, void*,      \
                           void*, void*);                                       \
+  void norm_forward(Float, NormShape, const void*, const float*, const float*, \
+                    const void*, const int32_t*, const float*, const float*,   \
+                    float*, float*, void*);                                    \
+  void norm_backward(Float, NormShape, const void*, const void*, const void*,  \
+                     const float*, const float*, const float*, const int32_t*, \
+                     const float*, const float*, void*, float*, float*,        \
+                     void*);                                                   \
   }
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -51,7 +58,8 @@ struct Path {
   KernelTable {                                                            \
     #isa, &isa::gather_conv, &isa::gather_conv_quantized, &isa::weight_grad, \
         &isa::grouped_conv, &isa::grouped_weight_grad,                       \
-        &isa::attention_forward, &isa::attention_backward                    \
+        &isa::attention_forward, &isa::attention_backward,                   \
+        &isa::norm_forward, &isa::norm_backward                              \
   }
 
 bool always() {

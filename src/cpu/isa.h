@@ -51,6 +51,18 @@ struct AttentionShape {
   float scale = 1.0f;
 };
 
+// A fused normalisation + activation over N rows of C channels: `segments`
+// sets of statistics (per-row segment ids, or one set when they are null),
+// computed from the rows (training) or given; y = z > 0 ? z : low * z.
+struct NormShape {
+  int64_t N = 0;
+  int64_t C = 0;
+  int segments = 1;
+  bool training = true;
+  float low = 1.0f;
+  float eps = 1e-5f;
+};
+
 // One path's kernels on raw rows (row-major, features of dtype t):
 //   gather_conv: y (v.rows, B) = per-row sum of x[gather] @ w[k];
 //                x (n_x, A), w (K, A, B).
@@ -64,6 +76,12 @@ struct AttentionShape {
 //                first lengths[patch] keys and queries of each patch.
 //   attention_backward: dq, dk, dv (contiguous) from o, lse and the
 //                cotangents dout, dlse (contiguous float32).
+//   norm_forward: y (and, training, the float32 (segments, C) mean and
+//                biased var) of y = act(w (x - mean) / sqrt(var + eps) + b
+//                [+ r]); statistics, w and b are float32.
+//   norm_backward: dx, dw, db (and g = ct * act'(y) for a residual) from x,
+//                y, the cotangent ct and, training, the statistics'
+//                cotangents ct_mean, ct_var.
 struct KernelTable {
   const char* name;
   void (*gather_conv)(
@@ -89,6 +107,15 @@ struct KernelTable {
       Float t, AttentionShape a, StridedView q, StridedView k, StridedView v,
       const int32_t* lengths, StridedView o, const float* lse,
       StridedView dout, const float* dlse, void* dq, void* dk, void* dv);
+  void (*norm_forward)(
+      Float t, NormShape n, const void* x, const float* w, const float* b,
+      const void* r, const int32_t* seg, const float* mean_in,
+      const float* var_in, float* mean_out, float* var_out, void* y);
+  void (*norm_backward)(
+      Float t, NormShape n, const void* x, const void* y, const void* ct,
+      const float* w, const float* mean, const float* var, const int32_t* seg,
+      const float* ct_mean, const float* ct_var, void* dx, float* dw,
+      float* db, void* g_out);
 };
 
 // The table of the path in use.

@@ -11,8 +11,6 @@
 
 namespace mlx_lattice::cpu {
 
-namespace {
-
 Float feature_type(mx::Dtype dt) {
   if (dt == mx::float32) {
     return Float::f32;
@@ -25,6 +23,8 @@ Float feature_type(mx::Dtype dt) {
   }
   throw std::invalid_argument("features must be float32, float16 or bfloat16");
 }
+
+namespace {
 
 StridedView strided(const mx::array& a) {
   StridedView v;

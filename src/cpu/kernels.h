@@ -14,6 +14,10 @@ namespace mlx_lattice::cpu {
 
 namespace mx = mlx::core;
 
+// The kernels' Float of a feature dtype; throws std::invalid_argument for
+// any other dtype.
+Float feature_type(mx::Dtype dt);
+
 // out (rows, B) = per-row sum of x[gather] @ w[k]; x (N, A), w (K, A, B).
 void gather_conv(
     const mx::array& x,
