@@ -24,6 +24,7 @@ SOURCES = [
     ROOT / "src/cpu/weight_grad.cpp",
     ROOT / "src/cpu/grouped_conv.cpp",
     ROOT / "src/cpu/attention.cpp",
+    ROOT / "src/cpu/norm_act.cpp",  # compiled only: tests/test_norm_act.py runs it on arm64 hosts
     ROOT / "src/threadpool.cpp",
     ROOT / "tests/neon/kernel_test.cpp",
 ]
