@@ -10,6 +10,7 @@
 #include "attention.h"
 #include "cpu/routes.h"
 #include "metal/map_build.h"
+#include "metal/neighbors.h"
 #include "metal/route.h"
 #include "neighbors.h"
 #include "norm.h"
@@ -388,4 +389,15 @@ NB_MODULE(_ext, m) {
       },
       "step"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a, "padding"_a,
       "dilation"_a, "transposed"_a, "edges"_a = 0);
+  m.def(
+      "metal_neighbor_program",
+      [](const std::string& step, const mx::array& queries,
+         const mx::array& query_batch, const mx::array& points,
+         const mx::array& point_batch, int k, double radius, int64_t edges) {
+        return program_dict(metal::neighbor_program(
+            step, metal::neighbor_params(queries, query_batch, points,
+                                         point_batch, k, radius, edges)));
+      },
+      "step"_a, "queries"_a, "query_batch"_a, "points"_a, "point_batch"_a,
+      "k"_a, "radius"_a = 0.0, "edges"_a = 0);
 }
