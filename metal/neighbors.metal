@@ -51,7 +51,7 @@ inline int nbr_point_cell(device const float* pts, int i, int b, constant Neighb
 inline NbrQuery nbr_query(device const float* qs, device const int* qb, int i, constant NeighborParams& p) {
   NbrQuery r;
   r.q = nbr_point(qs, i);
-  r.qi = int3(r.q);
+  r.qi = p.exact != 0 ? int3(r.q) : int3(0); // integral only in exact mode
   r.cell = int3(nbr_axis(r.q.x, p, 0), nbr_axis(r.q.y, p, 1), nbr_axis(r.q.z, p, 2));
   r.b = qb[i];
   return r;
