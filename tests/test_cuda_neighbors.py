@@ -137,6 +137,17 @@ def test_far_and_flat_sets(on_gpu):
 
 
 @needs_cuda
+def test_sparse_batch_indices(on_gpu):
+    rng = np.random.default_rng(6)
+    p, _ = voxels(rng, 20, 3, 1)
+    pb = np.array([0] * 5 + [700] * 10 + [2500] * 5, np.int32)
+    q, _ = voxels(rng, 12, 3, 1)
+    qb = np.array([0, 700, 2500, 3, 9999, 700] * 2, np.int32)
+    check(q, qb, p, pb, k=4)
+    check(q, qb, p, pb, r=2.0)
+
+
+@needs_cuda
 def test_empty_sets_and_k_above_points(on_gpu):
     rng = np.random.default_rng(5)
     p, pb = voxels(rng, 9, 2, 2)
@@ -161,7 +172,7 @@ def test_cpu_default_device_stays_on_cpu():
 
 def test_grid_parameters():
     """The grid both GPU backends use: every cell addressable, at most
-    max(2N, 64) cells, cells per axis within 2^20 of the origin."""
+    max(2N, 64, batch items) cells, cells per axis within 2^20 of the origin."""
     rng = np.random.default_rng(2)
     for n, scale, k, r in ((300, 1.0, 8, 0.0), (300, 1e4, 0, 1e-3), (5, 1.0, 3, 0.0), (0, 1.0, 0, 2.0)):
         p = mx.array((rng.standard_normal((n, 3)) * scale).astype(np.float32))
@@ -170,11 +181,14 @@ def test_grid_parameters():
         n_batch = int(np.array(pb).max()) + 1 if n else 0
         assert g["n_batch"] == n_batch
         assert g["n_cells"] == n_batch * int(np.prod(g["dims"]))
-        assert g["n_cells"] <= max(2 * n, 64)
+        assert g["n_cells"] <= max(2 * n, 64, n_batch)
         assert all(1 <= d <= 2 ** 20 + 1 for d in g["dims"])
         if r:
             assert g["cell"] >= np.float32(r)
         assert g["exact"] == (n == 0)  # random floats are not integral
+    sparse_items = mx.array(np.array([0, 999, 999, 4000], np.int32))  # more items than 2N or 64
+    g = _ext.neighbor_grid(mx.zeros((4, 3)), sparse_items, mx.ones((4, 3)), sparse_items, 2)
+    assert g["n_batch"] == 4001 and g["n_cells"] == 4001
     v = mx.array(rng.integers(-9, 9, (40, 3)).astype(np.float32))
     assert _ext.neighbor_grid(v, mx.zeros((40,), mx.int32), v, mx.zeros((40,), mx.int32), 4)["exact"]
 

@@ -121,7 +121,7 @@ NeighborParams neighbor_params(
   const double n_items = double(std::unique(items.begin(), items.end()) - items.begin());
 
   // Cell side: about k / 2 points per cell (knn, as the CPU) or the radius,
-  // widened until the dense grid has at most max(2N, 64) cells and every
+  // widened until the dense grid has at most max(2N, 64, batch items) cells and every
   // coordinate lies within 2^20 cells of the origin.
   const double longest = std::max({hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2]});
   double cell = 1.0;
@@ -133,7 +133,8 @@ NeighborParams neighbor_params(
     cell = std::cbrt(vol * 0.5 * k * n_items / double(n));
   }
   cell = std::max(cell, longest / kMaxCellsPerAxis);
-  const double limit = double(std::max<int64_t>(2 * n, 64));
+  // (Every batch item up to the largest index has at least one cell.)
+  const double limit = double(std::max<int64_t>({2 * n, 64, n_batch}));
   int64_t dims[3];
   for (;;) {
     double total = double(n_batch);

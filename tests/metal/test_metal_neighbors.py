@@ -189,6 +189,17 @@ def test_k_above_points_and_empty_sets():
         assert off.tolist() == [0]
 
 
+def test_sparse_batch_indices():
+    """Large, sparse batch indices: more items than points."""
+    rng = np.random.default_rng(6)
+    p, _ = voxels(rng, 20, 3, 1)
+    pb = np.array([0] * 5 + [700] * 10 + [2500] * 5, np.int32)
+    q, _ = voxels(rng, 12, 3, 1)
+    qb = np.array([0, 700, 2500, 3, 9999, 700] * 2, np.int32)
+    check(q, qb, p, pb, k=4, schedule="random", seed=2)
+    check(q, qb, p, pb, r=2.0)
+
+
 def test_flat_and_single_point_sets():
     """Degenerate extents: all points on a line, or one point."""
     p = np.stack([np.arange(30), np.zeros(30), np.zeros(30)], 1).astype(np.float32)
