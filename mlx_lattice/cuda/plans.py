@@ -179,12 +179,6 @@ def _launch(name, n, inputs, shapes, dtypes, init_value=None):
     )
 
 
-def _offsets(hit):
-    """[0, cumsum of hits per row]: CSR offsets of a (rows, K) hit map."""
-    counts = hit.astype(mx.int32).sum(axis=1)
-    return mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(counts)])
-
-
 class Plans:
     """The derived arrays of one relation built on CUDA, each made on first
     use from the dense neighbour map and kept."""
@@ -221,11 +215,11 @@ class Plans:
         """(offsets (K+1), perm, in_idx, out_idx): edges by (offset, output row)."""
         def build():
             m, kv, e = self.n_out, self.k, self.edges
+            if e == 0:  # no kernels on empty arrays
+                empty = mx.zeros((0,), mx.int32)
+                return mx.zeros((kv + 1,), mx.int32), empty, empty, empty
             hit = (self.nmap >= 0).astype(mx.int32)
             koffsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(hit.sum(axis=0))])
-            if e == 0:
-                empty = mx.zeros((0,), mx.int32)
-                return koffsets, empty, empty, empty
             col_rank = mx.cumsum(hit, axis=0, inclusive=False)
             perm, in_idx, out_idx = _launch(
                 "kernel_major", m * kv,
@@ -239,6 +233,8 @@ class Plans:
         """(N_in, K): the output row of edge (input row, offset), -1 where none."""
         def build():
             m, kv = self.n_out, self.k
+            if self.edges == 0:
+                return mx.full((self.n_in, kv), -1, mx.int32)
             return _launch("input_map", m * kv, [self.nmap, _params(m, kv)],
                            [(self.n_in, kv)], [mx.int32], init_value=-1)[0]
         return self._once("input_map", build)
@@ -247,12 +243,12 @@ class Plans:
         """(offsets (N_in+1), perm, out_idx, k_idx): edges by (input row, offset)."""
         def build():
             n, kv, e = self.n_in, self.k, self.edges
+            if e == 0:
+                empty = mx.zeros((0,), mx.int32)
+                return mx.zeros((n + 1,), mx.int32), empty, empty, empty
             in_map = self.input_map()
             in_hit = (in_map >= 0).astype(mx.int32)
             in_offsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(in_hit.sum(axis=1))])
-            if e == 0:
-                empty = mx.zeros((0,), mx.int32)
-                return in_offsets, empty, empty, empty
             in_rank = mx.cumsum(in_hit, axis=1, inclusive=False)
             perm, out_idx, k_idx = _launch(
                 "input_major", n * kv,
