@@ -125,8 +125,8 @@ class CoordinateManager:
 
             build = cuda.find("cuda.hash_map", "map").run
             native = build(src.gpu_table, out_coords, geom.args(), transposed, kind)
-        else:
-            native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
+            return Relation(native, geom, gpu=True)
+        native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
         return Relation(native, geom)
 
     @staticmethod
