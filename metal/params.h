@@ -65,6 +65,7 @@ enum MapLimits : int {
   MAP_COORD_MIN = -65536,
   MAP_COORD_MAX = 65535,
   MAP_SCAN_THREADS = 1024, // threads of the scan step
+  MAP_SORT_BLOCK = 1024,   // keys a threadgroup sorts in shared memory
 };
 
 // Map building: a relation between input and output coordinates through a
@@ -80,4 +81,15 @@ struct MapParams {
   int stride[3];
   int padding[3];
   int dilation[3];
+};
+
+// Map building: one step of an output support over `count` candidate
+// keys (map: the kernel and input rows), padded to `padded` (a power of
+// two, at least MAP_SORT_BLOCK) for the bitonic network; stage k, step j.
+struct MapSortParams {
+  MapParams map;
+  int count;
+  int padded;
+  int k;
+  int j;
 };
