@@ -53,7 +53,7 @@ Program map_input_major_program(const MapParams& p);
 // padded to a power of two of at least count + 1 and MAP_SORT_BLOCK.
 MapSortParams map_sort_params(const MapParams& p);
 // Words of the support buffer: offsets (count + 1), the error word, then
-// two words per padded key.
+// three words per padded candidate (key high, key low, index).
 int64_t map_support_words(const MapSortParams& s);
 // (in_coords) -> the support buffer: keys sorted, offsets[count] the
 // output rows, the error word the smallest input row reaching outside the
@@ -63,8 +63,16 @@ Program map_support_program(const MapParams& p, bool generative);
 // (support buffer) -> the output coordinates (rows, 4), sorted by key.
 Program map_support_fill_program(const MapParams& p);
 
+// The sorted plan of n_out rows with kernel volume K <= 64 (the CPU's
+// Relation::sorted_plan): (neighbour map (n_out, K)) -> one int32 buffer of
+// map_plan_words: reorder rows (n_out), the sorted neighbour map (n_out,
+// K), its transpose (K, n_out), the tile masks (uint64 per MAP_PLAN_TILE
+// rows).
+int64_t map_plan_words(const MapParams& p);
+Program map_plan_program(const MapParams& p);
+
 // "table", "count", "fill", "neighbor_map", "kernel_major", "input_major",
-// "forward_support", "generative_support" or "support_fill".
+// "forward_support", "generative_support", "support_fill" or "sorted_plan".
 Program map_program(const std::string& step, const MapParams& p);
 
 } // namespace mlx_lattice::metal
