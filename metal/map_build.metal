@@ -516,7 +516,7 @@ inline void map_order(thread MapElem& a, thread MapElem& b, long i, long k) {
   const int k_first = s.k == 0 ? 2 : s.k;
   const int k_last = s.k == 0 ? MAP_SORT_BLOCK : s.k;
   for (int k = k_first; k <= k_last; k <<= 1) {
-    for (int j = min(k, MAP_SORT_BLOCK) / 2; j > 0; j >>= 1) {
+    for (int j = min(k, int(MAP_SORT_BLOCK)) / 2; j > 0; j >>= 1) {
       threadgroup_barrier(mem_flags::mem_threadgroup);
       const int i = 2 * j * (int(t) / j) + int(t) % j;
       MapElem a = MapElem{keys[i], values[i]};
@@ -692,7 +692,8 @@ inline ulong map_row_mask(device const int* nmap, int kv, long r) {
     return;
   }
   ulong m = 0;
-  for (long i = t * MAP_PLAN_TILE; i < min(n, (t + 1) * MAP_PLAN_TILE); ++i) {
+  const long end = (t + 1) * MAP_PLAN_TILE < n ? (t + 1) * MAP_PLAN_TILE : n;
+  for (long i = t * MAP_PLAN_TILE; i < end; ++i) {
     m |= map_load(words, s, i).key;
   }
   device int* w = plan + n + 2 * n * s.map.kv + 2 * t;
