@@ -557,7 +557,8 @@ register(Route(
 
 # ------------------------------------------------------------------ map building
 # Relations (hash table, output support, CSR edges, neighbour map) are built
-# where the coordinates are hashed: CUDA when the default device is a CUDA GPU.
+# where the coordinates are hashed: CUDA or Metal when the default device is
+# such a GPU.
 register(Route(
     name="cpu.hash_map", backend="cpu", priority=0, conditions=(), passes=("map",),
     kernel_file="src/kernel_map.cpp",
@@ -568,6 +569,12 @@ register(Route(
     kernel_file="mlx_lattice/cuda/maps.py",
     summary="atomicCAS table on packed keys; one thread per (row, offset), symmetric half lookup; "
     "count then fill with one host sync per map; arrays equal to cpu.hash_map's",
+))
+register(Route(
+    name="metal.hash_map", backend="metal", priority=0, conditions=(), passes=("map",),
+    kernel_file="metal/map_build.metal",
+    summary="32-bit CAS table of row indices; one thread per output row, count then fill with one host "
+    "sync per map; supports by a bitonic sort of candidate keys; arrays equal to cpu.hash_map's",
 ))
 
 

@@ -10,6 +10,7 @@
 #include "attention.h"
 #include "cpu/routes.h"
 #include "metal/map_build.h"
+#include "metal/map_primitive.h"
 #include "metal/neighbors.h"
 #include "metal/route.h"
 #include "neighbors.h"
@@ -389,6 +390,35 @@ NB_MODULE(_ext, m) {
       },
       "step"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a, "padding"_a,
       "dilation"_a, "transposed"_a, "edges"_a = 0);
+  m.def(
+      "metal_map_shape",
+      [](const std::string& step, int64_t n_in, int64_t n_out,
+         std::array<int, 3> size, std::array<int, 3> stride,
+         std::array<int, 3> padding, std::array<int, 3> dilation,
+         bool transposed, int64_t edges) {
+        const auto shape = metal::map_output_shape(
+            step, metal::map_params(n_in, n_out, size, stride, padding,
+                                    dilation, transposed, edges));
+        return std::vector<int>(shape.begin(), shape.end());
+      },
+      "step"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a, "padding"_a,
+      "dilation"_a, "transposed"_a, "edges"_a = 0);
+  m.def(
+      "metal_map_step",
+      [](const std::string& step, const std::vector<mx::array>& inputs,
+         int64_t n_in, int64_t n_out, std::array<int, 3> size,
+         std::array<int, 3> stride, std::array<int, 3> padding,
+         std::array<int, 3> dilation, bool transposed, int64_t edges,
+         std::optional<mx::Stream> s) {
+        return metal::map_step(
+            step, inputs,
+            metal::map_params(n_in, n_out, size, stride, padding, dilation,
+                              transposed, edges),
+            stream_or_default(s));
+      },
+      "step"_a, "inputs"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a,
+      "padding"_a, "dilation"_a, "transposed"_a, "edges"_a = 0,
+      "stream"_a = nb::none());
   m.def(
       "metal_neighbor_program",
       [](const std::string& step, const mx::array& queries,
