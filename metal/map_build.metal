@@ -114,20 +114,33 @@ inline int map_find(
   return -1;
 }
 
-// Candidate coordinate of output coordinate q along axis a for kernel index
-// d; false where there is none (not divisible, or outside the range).
-inline bool map_axis(constant MapParams& p, int a, long q, int d, thread long& v) {
+// Candidate of coordinate q along axis a for kernel index d: 0 where there
+// is none (not divisible), 1 with v set, 2 for an integer outside the range.
+inline int map_axis_value(constant MapParams& p, int a, long q, int d, thread long& v) {
   if (p.transposed) {
     const long t = q + p.padding[a] - long(p.dilation[a]) * d;
     const long s = p.stride[a];
     if (((t % s) + s) % s != 0) {
-      return false;
+      return 0;
     }
     v = t / s;
   } else {
     v = long(p.stride[a]) * q - p.padding[a] + long(p.dilation[a]) * d;
   }
-  return map_in_range(v);
+  return map_in_range(v) ? 1 : 2;
+}
+
+// Candidate coordinate of output coordinate q along axis a for kernel index
+// d; false where there is none (not divisible, or outside the range).
+inline bool map_axis(constant MapParams& p, int a, long q, int d, thread long& v) {
+  return map_axis_value(p, a, q, d, v) == 1;
+}
+
+// Kernel index k in weight order (dx outer, dz inner) per axis.
+inline void map_taps(constant MapParams& p, int k, thread int* d) {
+  d[0] = k / (p.size[1] * p.size[2]);
+  d[1] = (k / p.size[2]) % p.size[1];
+  d[2] = k % p.size[2];
 }
 
 // The input row reached by output row r through offset k (weight order:
@@ -143,7 +156,8 @@ inline int map_neighbor(
   if (q[0] < 0 || q[0] >= MAP_BATCH_LIMIT) {
     return -1;
   }
-  const int d[3] = {k / (p.size[1] * p.size[2]), (k / p.size[2]) % p.size[1], k % p.size[2]};
+  int d[3];
+  map_taps(p, k, d);
   long v[3];
   for (int a = 0; a < 3; ++a) {
     if (!map_axis(p, a, q[a + 1], d[a], v[a])) {
@@ -427,4 +441,262 @@ inline void map_row_scatter(
       ++at;
     }
   }
+}
+
+// ------------------------------------------------------------------- sort
+// A bitonic network over (key, value) elements, three int32 words each
+// (key high, key low, value) from word s.base, ordered by key then value:
+// one dispatch per pass, so no threadgroup waits on another; the passes of
+// step j < MAP_SORT_BLOCK run together in shared memory. Values are
+// distinct, so the order is a total one and the same under any schedule.
+
+struct MapElem {
+  ulong key;
+  int value;
+};
+
+inline MapElem map_load(device const int* words, constant MapSortParams& s, long i) {
+  device const int* w = words + long(s.base) + 3 * i;
+  return MapElem{(ulong(uint(w[0])) << 32) | ulong(uint(w[1])), w[2]};
+}
+
+inline void map_store(device int* words, constant MapSortParams& s, long i, MapElem e) {
+  device int* w = words + long(s.base) + 3 * i;
+  w[0] = int(uint(e.key >> 32));
+  w[1] = int(uint(e.key));
+  w[2] = e.value;
+}
+
+// The compare-exchange of positions i and i + j at stage k (ascending where
+// bit k of i is clear).
+inline void map_order(thread MapElem& a, thread MapElem& b, long i, long k) {
+  const bool greater = a.key > b.key || (a.key == b.key && a.value > b.value);
+  if (greater == ((i & k) == 0)) {
+    const MapElem t = a;
+    a = b;
+    b = t;
+  }
+}
+
+// Pass (k, j >= MAP_SORT_BLOCK): one thread per pair.
+[[kernel]] void map_sort_pass(
+    device int* words [[buffer(0)]],
+    constant MapSortParams& s [[buffer(1)]],
+    uint tid [[thread_position_in_grid]]) {
+  const long t = long(tid);
+  const long j = s.j;
+  if (t >= long(s.padded) / 2) {
+    return;
+  }
+  const long i = 2 * j * (t / j) + t % j;
+  MapElem a = map_load(words, s, i);
+  MapElem b = map_load(words, s, i + j);
+  map_order(a, b, i, s.k);
+  map_store(words, s, i, a);
+  map_store(words, s, i + j, b);
+}
+
+// One threadgroup of MAP_SORT_BLOCK / 2 threads per block of elements:
+// with k = 0 every stage up to the block (the blocks sorted, alternately up
+// and down), otherwise the passes j < MAP_SORT_BLOCK of stage k.
+[[kernel]] void map_sort_block(
+    device int* words [[buffer(0)]],
+    constant MapSortParams& s [[buffer(1)]],
+    uint3 group [[threadgroup_position_in_grid]],
+    uint t [[thread_index_in_threadgroup]]) {
+  threadgroup ulong keys[MAP_SORT_BLOCK];
+  threadgroup int values[MAP_SORT_BLOCK];
+  const long first = long(group.x) * MAP_SORT_BLOCK;
+  const int half = MAP_SORT_BLOCK / 2;
+  for (int h = 0; h < 2; ++h) {
+    const MapElem e = map_load(words, s, first + t + h * half);
+    keys[t + h * half] = e.key;
+    values[t + h * half] = e.value;
+  }
+  const int k_first = s.k == 0 ? 2 : s.k;
+  const int k_last = s.k == 0 ? MAP_SORT_BLOCK : s.k;
+  for (int k = k_first; k <= k_last; k <<= 1) {
+    for (int j = min(k, int(MAP_SORT_BLOCK)) / 2; j > 0; j >>= 1) {
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      const int i = 2 * j * (int(t) / j) + int(t) % j;
+      MapElem a = MapElem{keys[i], values[i]};
+      MapElem b = MapElem{keys[i + j], values[i + j]};
+      map_order(a, b, first + i, k);
+      keys[i] = a.key;
+      values[i] = a.value;
+      keys[i + j] = b.key;
+      values[i + j] = b.value;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (int h = 0; h < 2; ++h) {
+    map_store(words, s, first + t + h * half, MapElem{keys[t + h * half], values[t + h * half]});
+  }
+}
+
+// --------------------------------------------------------- output supports
+// Forward and generative supports (src/kernel_map.cpp): every coordinate
+// reached from the inputs, sorted by packed key and unique. One int32
+// buffer holds the steps' state: scan offsets (count + 1), the error word,
+// then the candidates from word count + 2 as sort elements (key, candidate
+// index). Candidate idx is input row idx / K through offset idx % K. Keys
+// that are not coordinates sort last: an integer candidate outside the
+// range is kBadKey | row (the smallest bad row sorts first among them), a
+// missing one or the padding kEmptyKey.
+
+constant ulong kBadKey = 0x8000000000000000UL;
+constant ulong kEmptyKey = ~0UL;
+
+// One thread per padded candidate: its key (p.transposed: the forward form
+// (c + p - dil*d) / s; otherwise the generative form s*c - p + dil*d).
+[[kernel]] void map_support_keys(
+    device const int* coords [[buffer(0)]],
+    device int* words [[buffer(1)]],
+    constant MapSortParams& s [[buffer(2)]],
+    uint tid [[thread_position_in_grid]]) {
+  constant MapParams& p = s.map;
+  const long idx = long(tid);
+  if (idx >= s.padded) {
+    return;
+  }
+  ulong key = kEmptyKey;
+  if (idx < s.count) {
+    const int row = int(idx / p.kv);
+    device const int* c = coords + 4 * long(row);
+    int d[3];
+    map_taps(p, int(idx % p.kv), d);
+    key = ulong(c[0]) << 51;
+    const int shift[3] = {34, 17, 0};
+    bool valid = true;
+    bool bad = false;
+    for (int a = 0; a < 3; ++a) {
+      long v = 0;
+      const int state = map_axis_value(p, a, c[a + 1], d[a], v);
+      valid = valid && state == 1;
+      bad = bad || state == 2;
+      if (state == 1) {
+        key += ulong(v - MAP_COORD_MIN) << shift[a];
+      }
+    }
+    key = bad ? (kBadKey | ulong(row)) : (valid ? key : kEmptyKey);
+  }
+  map_store(words, s, idx, MapElem{key, int(idx)});
+}
+
+// Over the sorted keys (count + 1 threads): offsets[i + 1] = 1 where key i
+// is a coordinate unlike key i - 1 (map_scan then makes the output rows),
+// offsets[0] = 0; the thread at the first key that is not a coordinate
+// writes the error word: the smallest input row reaching outside the range,
+// or INT_MAX. The padding holds at least one kEmptyKey, so it exists.
+[[kernel]] void map_support_flags(
+    device int* words [[buffer(0)]],
+    constant MapSortParams& s [[buffer(1)]],
+    uint tid [[thread_position_in_grid]]) {
+  const long i = long(tid);
+  if (i > s.count) {
+    return;
+  }
+  const ulong key = map_load(words, s, i).key;
+  const ulong prev = i > 0 ? map_load(words, s, i - 1).key : kEmptyKey;
+  if (i == 0) {
+    words[0] = 0;
+  }
+  if (i < s.count) {
+    words[i + 1] = key < kBadKey && (i == 0 || key != prev) ? 1 : 0;
+  }
+  if (key >= kBadKey && (i == 0 || prev < kBadKey)) {
+    words[long(s.count) + 1] = key == kEmptyKey ? kNone : int(key & 0x7fffffffUL);
+  }
+}
+
+// Fill: each first key of a run (count threads) decoded into its output
+// row, out (n, 4) in key order.
+[[kernel]] void map_support_fill(
+    device const int* words [[buffer(0)]],
+    device int* out [[buffer(1)]],
+    constant MapSortParams& s [[buffer(2)]],
+    uint tid [[thread_position_in_grid]]) {
+  const long i = long(tid);
+  if (i >= s.count || words[i + 1] == words[i]) {
+    return;
+  }
+  const ulong key = map_load(words, s, i).key;
+  device int* q = out + 4 * long(words[i]);
+  q[0] = int(key >> 51);
+  q[1] = int((key >> 34) & 0x1ffffUL) + MAP_COORD_MIN;
+  q[2] = int((key >> 17) & 0x1ffffUL) + MAP_COORD_MIN;
+  q[3] = int(key & 0x1ffffUL) + MAP_COORD_MIN;
+}
+
+// ------------------------------------------------------------ sorted plan
+// The sorted plan (src/relation.cpp): output rows stably sorted by their
+// neighbour bitmask (bit k: an input through offset k; K <= 64), as sort
+// elements (mask, row) in a temporary; padding (~0, n_out + i) sorts last.
+// The plan buffer: reorder rows (n_out), the neighbour map in sorted order
+// (n_out, K), its transpose (K, n_out), then the OR of each tile's masks
+// (MAP_PLAN_TILE rows; two words each, low first: uint64 little-endian).
+
+inline ulong map_row_mask(device const int* nmap, int kv, long r) {
+  ulong m = 0;
+  for (int k = 0; k < kv; ++k) {
+    m |= ulong(nmap[r * kv + k] >= 0) << k;
+  }
+  return m;
+}
+
+[[kernel]] void map_plan_keys(
+    device const int* nmap [[buffer(0)]],
+    device int* words [[buffer(1)]],
+    constant MapSortParams& s [[buffer(2)]],
+    uint tid [[thread_position_in_grid]]) {
+  const long r = long(tid);
+  if (r >= s.padded) {
+    return;
+  }
+  const ulong key = r < s.count ? map_row_mask(nmap, s.map.kv, r) : kEmptyKey;
+  map_store(words, s, r, MapElem{key, int(r)});
+}
+
+// One thread per sorted position: its row and neighbour map row in both
+// layouts.
+[[kernel]] void map_plan_rows(
+    device const int* nmap [[buffer(0)]],
+    device const int* words [[buffer(1)]],
+    device int* plan [[buffer(2)]],
+    constant MapSortParams& s [[buffer(3)]],
+    uint tid [[thread_position_in_grid]]) {
+  const long i = long(tid);
+  if (i >= s.count) {
+    return;
+  }
+  const long n = s.count;
+  const int kv = s.map.kv;
+  const int r = map_load(words, s, i).value;
+  plan[i] = r;
+  for (int k = 0; k < kv; ++k) {
+    const int v = nmap[long(r) * kv + k];
+    plan[n + i * kv + k] = v;
+    plan[n + n * kv + long(k) * n + i] = v;
+  }
+}
+
+// One thread per tile: the OR of its rows' masks.
+[[kernel]] void map_plan_tiles(
+    device const int* words [[buffer(0)]],
+    device int* plan [[buffer(1)]],
+    constant MapSortParams& s [[buffer(2)]],
+    uint tid [[thread_position_in_grid]]) {
+  const long t = long(tid);
+  const long n = s.count;
+  if (t * MAP_PLAN_TILE >= n) {
+    return;
+  }
+  ulong m = 0;
+  const long end = (t + 1) * MAP_PLAN_TILE < n ? (t + 1) * MAP_PLAN_TILE : n;
+  for (long i = t * MAP_PLAN_TILE; i < end; ++i) {
+    m |= map_load(words, s, i).key;
+  }
+  device int* w = plan + n + 2 * n * s.map.kv + 2 * t;
+  w[0] = int(uint(m));
+  w[1] = int(uint(m >> 32));
 }

@@ -65,6 +65,8 @@ enum MapLimits : int {
   MAP_COORD_MIN = -65536,
   MAP_COORD_MAX = 65535,
   MAP_SCAN_THREADS = 1024, // threads of the scan step
+  MAP_SORT_BLOCK = 1024,   // keys a threadgroup sorts in shared memory
+  MAP_PLAN_TILE = 64,      // rows per tile mask of the sorted plan
 };
 
 // Map building: a relation between input and output coordinates through a
@@ -80,4 +82,18 @@ struct MapParams {
   int stride[3];
   int padding[3];
   int dilation[3];
+};
+
+// Map building: one step of a sort over `count` (key, value) elements (an
+// output support's candidates, or the sorted plan's rows; map: the kernel
+// and rows), padded to `padded` (a power of two, at least MAP_SORT_BLOCK)
+// for the bitonic network; stage k, step j; the elements start at word
+// `base` of their buffer.
+struct MapSortParams {
+  MapParams map;
+  int count;
+  int padded;
+  int k;
+  int j;
+  int base;
 };

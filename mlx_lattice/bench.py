@@ -347,6 +347,34 @@ def map_rows(wl, coords, repeats) -> list[dict]:
     return rows
 
 
+def network_rows(wl, coords, repeats, dtype_name="float16") -> list[dict]:
+    """A whole MinkUNet training step on CUDA (maps built inside: every call
+    starts from a new coordinate manager), with the peak GPU memory of a step."""
+    from . import diagnostics
+    from .network_bench import TrainingStep
+
+    rows = []
+    for width in (0.5, 1.0):
+        step = TrainingStep(coords, width=width, dtype=DTYPES[dtype_name])
+        with diagnostics.record() as log:
+            step()  # kernels compiled
+        # FLOPs of every product the step ran: 2 * edges * C_in * C_out per
+        # forward, input-gradient and weight-gradient pass.
+        flops = sum(2.0 * r["edges"] * r["c_in"] * r["c_out"] for r in log)
+        mx.reset_peak_memory()
+        t = best_time(step, repeats)
+        peak = mx.get_peak_memory()
+        rows.append(dict(
+            workload=wl, layer=f"MinkUNet {width}x", **{"pass": "train step"}, dtype=dtype_name,
+            n=len(coords), edges=0, ms=t * 1e3, gflops=flops / t / 1e9, tflops=flops / t / 1e12,
+            useful_gflop=flops / 1e9, peak_gib=peak / 2**30, route="network", sgemm_fraction=None,
+            device=str(mx.default_device()),
+        ))
+        print(f"{wl:<7} {'MinkUNet ' + str(width) + 'x':<18} {'step':<8} {dtype_name:<9} {len(coords):>9,} "
+              f"{'':>10} {t*1e3:>8.2f} {flops/t/1e12:>8.2f}  maps inside, peak {peak/2**30:.2f} GiB", flush=True)
+    return rows
+
+
 def run_gpu(args) -> int:
     """CUDA routes on the same workloads: useful TFLOP/s, the fraction of MLX's
     own dense matmul at a comparable size (M = edges, same channels and dtype)
@@ -359,7 +387,7 @@ def run_gpu(args) -> int:
     wls = (args.workloads or "lidar,mesh").split(",")
     dtypes = (args.dtypes or "float16,bfloat16").split(",")
     repeats = args.repeats or 10
-    chans = (64,) if args.quick else (32, 64, 128)
+    chans = (64,) if args.quick else (32, 64, 128, 256, 512)
     cases = []
     print(f"mlx_lattice bench on {mx.default_device()}: CUDA routes, {repeats} repeats (best)")
     hdr = f"{'workload':<7} {'layer':<18} {'pass':<8} {'dtype':<9} {'n':>9} {'edges':>10} {'ms':>8} {'TFLOP/s':>8} {'dense':>6} {'vs gather':>9}  route"
@@ -390,7 +418,8 @@ def run_gpu(args) -> int:
                 _, coarse = m.kernel_relation(cset, geom)
                 rel, _ = m.transposed_kernel_relation(coarse, geom)
             view = cuda.view_of(rel)
-            view.plan(), view.flipped().plan(), view.wgrad_chunks()
+            plan, back, chunks = view.plan(), view.flipped().plan(), view.wgrad_chunks()
+            mx.eval(vars(plan), vars(back), chunks[:2])
             t_map = time.perf_counter() - t0
             n_in, n_out, edges = rel.n_in, rel.n_out, rel.edges
             flops = 2.0 * edges * layer.c_in * layer.c_out
@@ -451,8 +480,10 @@ def run_gpu(args) -> int:
                     vs = f"{case['speedup_vs_gather_matmul']:.1f}x" if pname == "forward" else ""
                     print(f"{wl:<7} {layer.name:<18} {pname:<8} {dt:<9} {n_out:>9,} {edges:>10,} {t*1e3:>8.3f} "
                           f"{flops/t/1e12:>8.1f} {flops/t/dense:>6.0%} {vs:>9}  {route}", flush=True)
-            print(f"   map building for {layer.name}: {t_map*1e3:.1f} ms (relation on {'CUDA' if cset.gpu_table is not None else 'the CPU'}; "
-                  "swapped view, sorted plans and wgrad chunks on the CPU)", flush=True)
+            where = "CUDA" if cset.gpu_table is not None else "the CPU"
+            print(f"   map building for {layer.name}: {t_map*1e3:.1f} ms (relation, swapped relation, "
+                  f"sorted plans and wgrad chunks on {where}; first call, kernels compiled)", flush=True)
+        cases += network_rows(wl, coords, max(2, repeats // 3))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(cases, f, indent=1)

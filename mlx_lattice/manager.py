@@ -20,7 +20,8 @@ from .relation import KernelGeometry, Relation
 
 # Map-building routes of the registry (mlx_lattice/routes.py), by where the
 # coordinates are hashed; "cuda.hash_map" is in mlx_lattice/cuda/routes.py.
-MAP_ROUTES = {"cpu.hash_map": "map"}
+# "metal.hash_map": mlx_lattice/metal_maps.py, when _metal_maps() holds.
+MAP_ROUTES = {"cpu.hash_map": "map", "metal.hash_map": "map"}
 
 
 def _cuda_maps() -> bool:
@@ -30,6 +31,21 @@ def _cuda_maps() -> bool:
     from .cuda import available
 
     return available()
+
+
+def _metal_maps() -> bool:
+    """Whether map building runs on Metal: the default device is a Metal GPU
+    and this build has the Metal kernels."""
+    from . import metal_maps
+
+    return metal_maps.available()
+
+
+def map_route() -> str:
+    """The registry route that builds maps for sets registered now."""
+    if _cuda_maps():
+        return "cuda.hash_map"
+    return "metal.hash_map" if _metal_maps() else "cpu.hash_map"
 
 
 class CoordinateSet:
@@ -45,11 +61,16 @@ class CoordinateSet:
         # Hashing validates range and uniqueness up front: on the GPU when the
         # default device is a CUDA GPU (relations are then built there too).
         self.gpu_table = None
+        self.metal_table = None
         self._table = None
         if _cuda_maps():
             from .cuda import maps
 
             self.gpu_table = maps.CudaTable(coords)
+        elif _metal_maps():
+            from . import metal_maps
+
+            self.metal_table = metal_maps.MetalTable(coords)
         else:
             self._table = _ext.CoordTable(coords)
         self._batch_counts = None
@@ -120,17 +141,21 @@ class CoordinateManager:
             return value
 
     def _build(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind):
+        if src.metal_table is not None:
+            return Relation(_metal_build(src, out_coords, geom, transposed, kind), geom)
         if src.gpu_table is not None:
             from . import cuda
 
             build = cuda.find("cuda.hash_map", "map").run
             native = build(src.gpu_table, out_coords, geom.args(), transposed, kind)
-        else:
-            native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
+            return Relation(native, geom, gpu=True)
+        native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
         return Relation(native, geom)
 
     @staticmethod
     def _support(src: CoordinateSet, geom: KernelGeometry, generative: bool):
+        if src.metal_table is not None:
+            return _metal_support(src, geom, generative)
         if src.gpu_table is not None:
             from .cuda import maps
 
@@ -214,3 +239,18 @@ class CoordinateManager:
             "hits": self.hits,
             "build_seconds": self.build_seconds,
         }
+
+
+# ------------------------------------------------------------ Metal maps
+def _metal_build(src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind):
+    """A native relation built by route metal.hash_map."""
+    from . import metal_maps
+
+    return metal_maps.build_relation(src.metal_table, out_coords, geom.args(), transposed, kind)
+
+
+def _metal_support(src: CoordinateSet, geom: KernelGeometry, generative: bool):
+    from . import metal_maps
+
+    fn = metal_maps.generative_support if generative else metal_maps.forward_support
+    return fn(src.metal_table, geom.args())

@@ -13,6 +13,11 @@ A point set is an ``(N, 3)`` float array with an optional ``(N,)`` integer
 batch index (default: all in item 0), an ``(N, 4)`` integer ``(batch, x, y,
 z)`` coordinate array, or a :class:`SparseTensor` (its voxel coordinates, in
 its own grid units).
+
+Backends: the C++ CPU search (src/neighbors.cpp) by default; with a CUDA
+GPU as the default device, the kernels of :mod:`mlx_lattice.cuda.neighbors`
+(the same arrays). The Metal programs (metal/neighbors.metal) are verified
+through the test harness; no runtime primitive dispatches them yet.
 """
 
 from __future__ import annotations
@@ -110,6 +115,19 @@ def _relation(out) -> NeighborRelation:
     return NeighborRelation(*out)
 
 
+def _cuda():
+    """mlx_lattice.cuda.neighbors when the default device is a CUDA GPU, else None."""
+    if mx.default_device().type != mx.gpu:
+        return None
+    from . import cuda
+
+    if not cuda.available():
+        return None
+    from .cuda import neighbors
+
+    return neighbors
+
+
 def knn(queries, points, k: int, *, query_batch=None, point_batch=None) -> NeighborRelation:
     """The ``k`` nearest ``points`` of each query (of its batch item).
 
@@ -121,6 +139,9 @@ def knn(queries, points, k: int, *, query_batch=None, point_batch=None) -> Neigh
         raise ValueError(f"k must be a positive int, got {k!r}")
     q, qb = _point_set(queries, query_batch, "queries")
     p, pb = _point_set(points, point_batch, "points")
+    gpu = _cuda()
+    if gpu is not None:
+        return _relation(gpu.knn(q, qb, p, pb, int(k)))
     return _relation(_ext.knn_query(q, qb, p, pb, int(k)))
 
 
@@ -138,6 +159,9 @@ def radius(queries, points, r: float, *, query_batch=None, point_batch=None,
         raise ValueError(f"max_neighbors must be None or a positive int, got {max_neighbors!r}")
     q, qb = _point_set(queries, query_batch, "queries")
     p, pb = _point_set(points, point_batch, "points")
+    gpu = _cuda()
+    if gpu is not None:
+        return _relation(gpu.radius(q, qb, p, pb, float(r), int(max_neighbors or 0)))
     return _relation(_ext.radius_query(q, qb, p, pb, float(r), int(max_neighbors or 0)))
 
 

@@ -70,12 +70,23 @@ class Relation:
     ``out_offsets`` (N_out + 1) delimits each output row's edges in
     ``in_idx``/``k_idx``. The input-major and kernel-major views, ``out_idx``
     and the dense ``neighbor_map`` (N_out, K) are built on first use and kept.
+    A relation built on CUDA (``gpu``) builds them there too, from its
+    neighbour map (mlx_lattice/cuda/plans.py), with the same arrays.
     """
 
-    def __init__(self, native, geometry: KernelGeometry):
+    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False):
         self._native = native
         self.geometry = geometry
         self._stats = None
+        self._plans = None
+        if gpu:
+            from .cuda.plans import Plans
+
+            self._plans = Plans(native)
+
+    @property
+    def gpu(self) -> bool:
+        return self._plans is not None
 
     kind = property(lambda self: self._native.kind)
     n_in = property(lambda self: self._native.n_in)
@@ -85,17 +96,21 @@ class Relation:
     out_offsets = property(lambda self: self._native.out_offsets)
     in_idx = property(lambda self: self._native.in_idx)
     k_idx = property(lambda self: self._native.k_idx)
-    out_idx = property(lambda self: self._native.out_idx)
     neighbor_map = property(lambda self: self._native.neighbor_map)
 
+    @property
+    def out_idx(self) -> mx.array:
+        return self._plans.out_idx() if self.gpu else self._native.out_idx
+
     def input_major(self) -> InputMajorView:
-        return InputMajorView(*self._native.input_major())
+        return InputMajorView(*(self._plans.input_major() if self.gpu else self._native.input_major()))
 
     def kernel_major(self) -> KernelMajorView:
-        return KernelMajorView(*self._native.kernel_major())
+        return KernelMajorView(*(self._plans.kernel_major() if self.gpu else self._native.kernel_major()))
 
     def sorted_plan(self) -> SortedPlan:
-        return SortedPlan(*self._native.sorted_plan(), tile=_ext.Relation.plan_tile)
+        arrays = self._plans.sorted_plan() if self.gpu else self._native.sorted_plan()
+        return SortedPlan(*arrays, tile=_ext.Relation.plan_tile)
 
     def stats(self) -> dict:
         if self._stats is None:
@@ -112,6 +127,8 @@ class Relation:
         return dict(self._stats)
 
     def swapped(self, kind: str, geometry: KernelGeometry) -> "Relation":
+        if self.gpu:
+            return Relation(self._plans.swapped(kind), geometry, gpu=True)
         return Relation(self._native.swapped(kind), geometry)
 
     def __repr__(self) -> str:

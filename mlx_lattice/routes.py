@@ -517,8 +517,8 @@ register(Route(
 # ------------------------------------------------------------------ CUDA routes
 HALF = _cond("features float16 or bfloat16", lambda c: c.dtype in ("float16", "bfloat16"))
 MMA_CHANNELS = _cond(
-    "C_in and C_out multiples of 16, at most 128",
-    lambda c: c.c_in % 16 == 0 and c.c_out % 16 == 0 and c.c_in <= 128 and c.c_out <= 128,
+    "C_in and C_out multiples of 16, at most 512",
+    lambda c: c.c_in % 16 == 0 and c.c_out % 16 == 0 and c.c_in <= 512 and c.c_out <= 512,
 )
 K_LE_64 = _cond("K <= 64", lambda c: c.k <= 64)
 
@@ -534,7 +534,8 @@ register(Route(
     conditions=(DENSE, HALF, MMA_CHANNELS, K_LE_64), passes=("forward", "dgrad"),
     kernel_file="mlx_lattice/cuda/kernels.py",
     summary="output-stationary implicit GEMM on tensor cores (WMMA 16x16x16, fp32 accumulation) "
-    "over the sorted plan; offsets absent from a 64-row tile's mask are skipped",
+    "over the sorted plan, 64 rows by up to 128 output channels per block; offsets absent from "
+    "a 64-row tile's mask are skipped",
 ))
 register(Route(
     name="cuda.fetch_on_demand", backend="cuda", priority=0, conditions=(DENSE,),
@@ -544,7 +545,8 @@ register(Route(
 register(Route(
     name="cuda.wgrad_mma", backend="cuda", priority=80,
     conditions=(DENSE, HALF, MMA_CHANNELS), passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
-    summary="per-offset X^T G on tensor cores over 256-edge chunks, partial sums reduced in order",
+    summary="per-offset X^T G on tensor cores over edge chunks (256 edges at 128 x 128 channels, "
+    "longer for wider), up to 128 x 128 of dW per block, partial sums reduced in order",
 ))
 register(Route(
     name="cuda.wgrad_direct", backend="cuda", priority=0, conditions=(DENSE,),
@@ -555,7 +557,8 @@ register(Route(
 
 # ------------------------------------------------------------------ map building
 # Relations (hash table, output support, CSR edges, neighbour map) are built
-# where the coordinates are hashed: CUDA when the default device is a CUDA GPU.
+# where the coordinates are hashed: CUDA or Metal when the default device is
+# such a GPU.
 register(Route(
     name="cpu.hash_map", backend="cpu", priority=0, conditions=(), passes=("map",),
     kernel_file="src/kernel_map.cpp",
@@ -566,6 +569,12 @@ register(Route(
     kernel_file="mlx_lattice/cuda/maps.py",
     summary="atomicCAS table on packed keys; one thread per (row, offset), symmetric half lookup; "
     "count then fill with one host sync per map; arrays equal to cpu.hash_map's",
+))
+register(Route(
+    name="metal.hash_map", backend="metal", priority=0, conditions=(), passes=("map",),
+    kernel_file="metal/map_build.metal",
+    summary="32-bit CAS table of row indices; one thread per output row, count then fill with one host "
+    "sync per map; supports by a bitonic sort of candidate keys; arrays equal to cpu.hash_map's",
 ))
 
 

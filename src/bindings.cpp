@@ -11,6 +11,8 @@
 #include "cpu/isa.h"
 #include "cpu/routes.h"
 #include "metal/map_build.h"
+#include "metal/map_primitive.h"
+#include "metal/neighbors.h"
 #include "metal/route.h"
 #include "neighbors.h"
 #include "norm.h"
@@ -402,4 +404,63 @@ NB_MODULE(_ext, m) {
       },
       "step"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a, "padding"_a,
       "dilation"_a, "transposed"_a, "edges"_a = 0);
+  m.def(
+      "metal_map_shape",
+      [](const std::string& step, int64_t n_in, int64_t n_out,
+         std::array<int, 3> size, std::array<int, 3> stride,
+         std::array<int, 3> padding, std::array<int, 3> dilation,
+         bool transposed, int64_t edges) {
+        const auto shape = metal::map_output_shape(
+            step, metal::map_params(n_in, n_out, size, stride, padding,
+                                    dilation, transposed, edges));
+        return std::vector<int>(shape.begin(), shape.end());
+      },
+      "step"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a, "padding"_a,
+      "dilation"_a, "transposed"_a, "edges"_a = 0);
+  m.def(
+      "metal_map_step",
+      [](const std::string& step, const std::vector<mx::array>& inputs,
+         int64_t n_in, int64_t n_out, std::array<int, 3> size,
+         std::array<int, 3> stride, std::array<int, 3> padding,
+         std::array<int, 3> dilation, bool transposed, int64_t edges,
+         std::optional<mx::Stream> s) {
+        return metal::map_step(
+            step, inputs,
+            metal::map_params(n_in, n_out, size, stride, padding, dilation,
+                              transposed, edges),
+            stream_or_default(s));
+      },
+      "step"_a, "inputs"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a,
+      "padding"_a, "dilation"_a, "transposed"_a, "edges"_a = 0,
+      "stream"_a = nb::none());
+  m.def(
+      "metal_neighbor_program",
+      [](const std::string& step, const mx::array& queries,
+         const mx::array& query_batch, const mx::array& points,
+         const mx::array& point_batch, int k, double radius, int64_t edges) {
+        return program_dict(metal::neighbor_program(
+            step, metal::neighbor_params(queries, query_batch, points,
+                                         point_batch, k, radius, edges)));
+      },
+      "step"_a, "queries"_a, "query_batch"_a, "points"_a, "point_batch"_a,
+      "k"_a, "radius"_a = 0.0, "edges"_a = 0);
+  m.def(
+      "neighbor_grid",
+      [](const mx::array& queries, const mx::array& query_batch,
+         const mx::array& points, const mx::array& point_batch, int k,
+         double radius) {
+        const NeighborParams g = metal::neighbor_params(
+            queries, query_batch, points, point_batch, k, radius, 0);
+        nb::dict d;
+        d["n_batch"] = g.n_batch;
+        d["dims"] = std::array<int, 3>{g.dims[0], g.dims[1], g.dims[2]};
+        d["n_cells"] = g.n_cells;
+        d["exact"] = g.exact != 0;
+        d["origin"] = std::array<float, 3>{g.origin[0], g.origin[1], g.origin[2]};
+        d["cell"] = g.cell;
+        d["inv_cell"] = g.inv_cell;
+        return d;
+      },
+      "queries"_a, "query_batch"_a, "points"_a, "point_batch"_a, "k"_a,
+      "radius"_a = 0.0);
 }

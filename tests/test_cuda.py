@@ -54,6 +54,12 @@ def case(rng, op, c_in, c_out, dtype, n=400):
         ("subm", 32, 32, mx.float16, "cuda.sorted_mma"),
         ("subm", 64, 64, mx.bfloat16, "cuda.sorted_mma"),
         ("subm", 128, 128, mx.float16, "cuda.sorted_mma"),
+        # Wider than one block: output channels tiled by 128 (or 64), input
+        # channels staged 64 at a time, dW blocks of up to 128 x 128.
+        ("subm", 256, 256, mx.float16, "cuda.sorted_mma"),
+        ("subm", 512, 512, mx.bfloat16, "cuda.sorted_mma"),
+        ("down", 192, 320, mx.float16, "cuda.sorted_mma"),
+        ("up", 512, 48, mx.float16, "cuda.sorted_mma"),
         ("down", 32, 64, mx.float16, "cuda.sorted_mma"),
         ("up", 64, 32, mx.bfloat16, "cuda.sorted_mma"),
         ("subm", 24, 40, mx.float16, "cuda.fetch_on_demand"),

@@ -10,7 +10,9 @@ transposed, the weight gradient a per-offset contraction.
 - ``kernels``: the kernel sources;
 - ``view``: CSR views and sorted plans of a relation;
 - ``routes``: the route table (route name -> the function computing it);
-- ``autodiff``: ``conv`` and ``weight_grad`` with their VJP/JVP.
+- ``autodiff``: ``conv`` and ``weight_grad`` with their VJP/JVP;
+- ``neighbors``: k-nearest and radius queries (used by
+  ``mlx_lattice.neighbors`` when the default device is a CUDA GPU).
 """
 
 from .autodiff import conv, weight_grad

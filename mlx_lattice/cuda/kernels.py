@@ -37,75 +37,97 @@ FETCH_ON_DEMAND_SOURCE = """
   y[(long)r * B + c] = static_cast<T>(acc);
 """
 
-# Sorted implicit GEMM on tensor cores: 64 rows (in neighbour-mask order) per
-# block, four warps of 16 rows each holding B/16 accumulator fragments for
-# the whole tile. For each offset present in the tile's mask, the 64 gathered
-# input rows and W[k] are staged in shared memory with 16-byte loads, then
-# contracted over all A input channels. Dynamic shared memory: the staged
-# operands during the loop, the float output tile after it.
+# Sorted implicit GEMM on tensor cores: 64 rows (in neighbour-mask order) by
+# BN output channels per block (B / BN blocks per tile), four warps of 16
+# rows each holding BN/16 accumulator fragments. For each offset present in
+# the tile's mask, the input channels go by in chunks of AK: the 64 gathered
+# input rows and the W[k] block are staged in shared memory with 16-byte
+# loads, then contracted. Dynamic shared memory: the staged operands during
+# the loop, the float output tile after it.
 SORTED_MMA_SOURCE = """
   using namespace nvcuda;
   constexpr int TM = 64;
-  constexpr int LDX = A + 8;
-  constexpr int LDW = B + 8;
-  constexpr int LDO = B + 4;
-  constexpr int VA = A / 8;
-  constexpr int VB = B / 8;
+  constexpr int LDX = AK + 8;
+  constexpr int LDW = BN + 8;
+  constexpr int LDO = BN + 4;
+  constexpr int VA = AK / 8;
+  constexpr int VB = BN / 8;
+  constexpr int NB = B / BN;
   extern __shared__ __align__(128) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   T* ws = xs + TM * LDX;
   float* os = reinterpret_cast<float*>(smem);
   const int rows = params[0];
-  const int tile = blockIdx.x;
+  const int tile = blockIdx.x / NB;
+  const int n0 = (blockIdx.x % NB) * BN;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const unsigned long long mask = tile_masks[tile];
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[B / 16];
-  for (int j = 0; j < B / 16; ++j) wmma::fill_fragment(acc[j], 0.0f);
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[BN / 16];
+  for (int j = 0; j < BN / 16; ++j) wmma::fill_fragment(acc[j], 0.0f);
   for (int k = 0; k < K; ++k) {
     if (((mask >> k) & 1ull) == 0) continue;
-    __syncthreads();
-    for (int i = tid; i < TM * VA; i += 128) {
-      const int rr = i / VA, v = i % VA;
-      const int row = tile * TM + rr;
-      const int in = row < rows ? sorted_map[(long)row * K + k] : -1;
-      uint4 val = make_uint4(0u, 0u, 0u, 0u);
-      if (in >= 0) val = reinterpret_cast<const uint4*>(x + (long)in * A)[v];
-      *reinterpret_cast<uint4*>(xs + rr * LDX + v * 8) = val;
-    }
-    for (int i = tid; i < A * VB; i += 128) {
-      const int ar = i / VB, v = i % VB;
-      *reinterpret_cast<uint4*>(ws + ar * LDW + v * 8) =
-          reinterpret_cast<const uint4*>(w + ((long)k * A + ar) * B)[v];
-    }
-    __syncthreads();
-    for (int a0 = 0; a0 < A; a0 += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-      wmma::load_matrix_sync(fa, xs + warp * 16 * LDX + a0, LDX);
-      for (int j = 0; j < B / 16; ++j) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-        wmma::load_matrix_sync(fb, ws + a0 * LDW + j * 16, LDW);
-        wmma::mma_sync(acc[j], fa, fb, acc[j]);
+    for (int c0 = 0; c0 < A; c0 += AK) {
+      __syncthreads();
+      for (int i = tid; i < TM * VA; i += 128) {
+        const int rr = i / VA, v = i % VA;
+        const int row = tile * TM + rr;
+        const int in = row < rows ? sorted_map[(long)row * K + k] : -1;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (in >= 0) val = reinterpret_cast<const uint4*>(x + (long)in * A + c0)[v];
+        *reinterpret_cast<uint4*>(xs + rr * LDX + v * 8) = val;
+      }
+      for (int i = tid; i < AK * VB; i += 128) {
+        const int ar = i / VB, v = i % VB;
+        *reinterpret_cast<uint4*>(ws + ar * LDW + v * 8) =
+            reinterpret_cast<const uint4*>(w + ((long)k * A + c0 + ar) * B + n0)[v];
+      }
+      __syncthreads();
+      for (int a0 = 0; a0 < AK; a0 += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+        wmma::load_matrix_sync(fa, xs + warp * 16 * LDX + a0, LDX);
+        for (int j = 0; j < BN / 16; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+          wmma::load_matrix_sync(fb, ws + a0 * LDW + j * 16, LDW);
+          wmma::mma_sync(acc[j], fa, fb, acc[j]);
+        }
       }
     }
   }
   __syncthreads();
-  for (int j = 0; j < B / 16; ++j) {
+  for (int j = 0; j < BN / 16; ++j) {
     wmma::store_matrix_sync(os + warp * 16 * LDO + j * 16, acc[j], LDO, wmma::mem_row_major);
   }
   __syncthreads();
-  for (int i = tid; i < TM * B; i += 128) {
-    const int row = tile * TM + i / B;
+  for (int i = tid; i < TM * BN; i += 128) {
+    const int row = tile * TM + i / BN;
     if (row < rows) {
-      y[(long)reorder[row] * B + i % B] = static_cast<T>(os[(i / B) * LDO + i % B]);
+      y[(long)reorder[row] * B + n0 + i % BN] = static_cast<T>(os[(i / BN) * LDO + i % BN]);
     }
   }
 """
 
 
+def channel_tile(c: int) -> int:
+    """The channels one tensor-core block covers: all of them up to 128,
+    else the largest of 128, 64, 32, 16 dividing c (c a multiple of 16)."""
+    if c <= 128:
+        return c
+    return next(t for t in (128, 64, 32, 16) if c % t == 0)
+
+
+def input_chunk(a: int) -> int:
+    """Input channels staged at a time by the sorted GEMM: all up to 128,
+    else 64-wide chunks (or the largest of 32, 16 dividing a)."""
+    if a <= 128:
+        return a
+    return next(t for t in (64, 32, 16) if a % t == 0)
+
+
 def sorted_mma_shared_bytes(a: int, b: int) -> int:
-    staged = 64 * (a + 8) * 2 + a * (b + 8) * 2
-    return max(staged, 64 * (b + 4) * 4)
+    ak, bn = input_chunk(a), channel_tile(b)
+    staged = 64 * (ak + 8) * 2 + ak * (bn + 8) * 2
+    return max(staged, 64 * (bn + 4) * 4)
 
 
 # Weight gradient, direct: one thread per (offset, a, b) over kernel-major edges.
@@ -126,23 +148,26 @@ WGRAD_DIRECT_SOURCE = """
   dw[idx] = static_cast<T>(acc);
 """
 
-# Weight gradient on tensor cores: one block per chunk of up to 256 edges of
-# one offset; gathered rows of x and ct go through shared memory 32 edges at
-# a time (16-byte loads), dW_chunk = X^T G accumulates in fragments spread
-# over four warps. Partial sums are reduced per offset, in chunk order, by
-# WGRAD_REDUCE.
+# Weight gradient on tensor cores: one block per (chunk of edges of one
+# offset, TA x TB block of dW); gathered rows of x and ct go through shared
+# memory 32 edges at a time (16-byte loads), dW_chunk = X^T G accumulates in
+# fragments spread over four warps. Partial sums are reduced per offset, in
+# chunk order, by WGRAD_REDUCE.
 WGRAD_MMA_SOURCE = """
   using namespace nvcuda;
   constexpr int SE = 32;
-  constexpr int LDX = A + 8;
-  constexpr int LDG = B + 8;
-  constexpr int VA = A / 8;
-  constexpr int VB = B / 8;
-  constexpr int TILES = (A / 16) * (B / 16);
+  constexpr int LDX = TA + 8;
+  constexpr int LDG = TB + 8;
+  constexpr int VA = TA / 8;
+  constexpr int VB = TB / 8;
+  constexpr int TILES = (TA / 16) * (TB / 16);
   constexpr int PER_WARP = (TILES + 3) / 4;
+  constexpr int NA = A / TA, NB = B / TB;
   __shared__ __align__(32) T xs[SE * LDX];
   __shared__ __align__(32) T gs[SE * LDG];
-  const int chunk = blockIdx.x;
+  const int chunk = blockIdx.x / (NA * NB);
+  const int a0 = ((blockIdx.x / NB) % NA) * TA;
+  const int b0 = (blockIdx.x % NB) * TB;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int e0 = chunks[3 * chunk + 1];
@@ -154,13 +179,13 @@ WGRAD_MMA_SOURCE = """
     for (int i = tid; i < SE * VA; i += 128) {
       const int e = s + i / VA, v = i % VA;
       uint4 val = make_uint4(0u, 0u, 0u, 0u);
-      if (e < e1) val = reinterpret_cast<const uint4*>(x + (long)gidx[e] * A)[v];
+      if (e < e1) val = reinterpret_cast<const uint4*>(x + (long)gidx[e] * A + a0)[v];
       *reinterpret_cast<uint4*>(xs + (i / VA) * LDX + v * 8) = val;
     }
     for (int i = tid; i < SE * VB; i += 128) {
       const int e = s + i / VB, v = i % VB;
       uint4 val = make_uint4(0u, 0u, 0u, 0u);
-      if (e < e1) val = reinterpret_cast<const uint4*>(ct + (long)ridx[e] * B)[v];
+      if (e < e1) val = reinterpret_cast<const uint4*>(ct + (long)ridx[e] * B + b0)[v];
       *reinterpret_cast<uint4*>(gs + (i / VB) * LDG + v * 8) = val;
     }
     __syncthreads();
@@ -168,7 +193,7 @@ WGRAD_MMA_SOURCE = """
       for (int t = 0; t < PER_WARP; ++t) {
         const int tile = warp * PER_WARP + t;
         if (tile >= TILES) break;
-        const int ta = tile / (B / 16), tb = tile % (B / 16);
+        const int ta = tile / (TB / 16), tb = tile % (TB / 16);
         wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> fa;
         wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
         wmma::load_matrix_sync(fa, xs + kk * LDX + ta * 16, LDX);
@@ -177,11 +202,11 @@ WGRAD_MMA_SOURCE = """
       }
     }
   }
-  float* out = partial + (long)chunk * A * B;
+  float* out = partial + (long)chunk * A * B + (long)a0 * B + b0;
   for (int t = 0; t < PER_WARP; ++t) {
     const int tile = warp * PER_WARP + t;
     if (tile >= TILES) break;
-    const int ta = tile / (B / 16), tb = tile % (B / 16);
+    const int ta = tile / (TB / 16), tb = tile % (TB / 16);
     wmma::store_matrix_sync(out + ta * 16 * B + tb * 16, acc[t], B, wmma::mem_row_major);
   }
 """

@@ -10,7 +10,7 @@ import numpy as np
 import mlx.core as mx
 
 from . import maps
-from .kernels import _kernel, sorted_mma_shared_bytes
+from .kernels import _kernel, channel_tile, input_chunk, sorted_mma_shared_bytes
 from .view import View
 
 
@@ -45,10 +45,11 @@ def sorted_mma(x, w, view: View):
     plan = view.plan()
     rows = view.rows
     tiles = -(-rows // 64)
+    bn = channel_tile(b)
     return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b))(
         inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, _params(rows)],
-        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k)],
-        grid=(max(tiles, 1) * 128, 1, 1), threadgroup=(128, 1, 1),
+        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k), ("AK", input_chunk(a)), ("BN", bn)],
+        grid=(max(tiles, 1) * (b // bn) * 128, 1, 1), threadgroup=(128, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
     )[0]
 
@@ -78,14 +79,17 @@ def wgrad_mma(x, ct, view: View | None, k):
         # is the direct kernel's x^T ct.
         return wgrad_direct(x, ct, view, k)
     a, b = x.shape[1], ct.shape[1]
-    chunks, first, km = view.wgrad_chunks()
-    n_chunks = chunks.shape[0]
-    if n_chunks == 0:
+    if view.rel.edges == 0:
         return mx.zeros((k, a, b), dtype=x.dtype)
+    # Wider channels take longer chunks, so that the float partial sums stay
+    # within about as many bytes as 256-edge chunks of 128 x 128 channels.
+    chunks, first, km = view.wgrad_chunks(256 * max(1, (a * b) // (128 * 128)))
+    n_chunks = chunks.shape[0]  # slots; the empty ones past first[K] are not reduced
+    ta, tb = channel_tile(a), channel_tile(b)
     partial = _kernel("wgrad_mma")(
         inputs=[x, ct, km.in_idx, km.out_idx, chunks],
-        template=[("T", x.dtype), ("A", a), ("B", b)],
-        grid=(n_chunks * 128, 1, 1), threadgroup=(128, 1, 1),
+        template=[("T", x.dtype), ("A", a), ("B", b), ("TA", ta), ("TB", tb)],
+        grid=(n_chunks * (a // ta) * (b // tb) * 128, 1, 1), threadgroup=(128, 1, 1),
         output_shapes=[(n_chunks, a, b)], output_dtypes=[mx.float32],
     )[0]
     return _kernel("wgrad_reduce")(

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import numpy as np
-import mlx.core as mx
+from . import plans
 
 
 class View:
     """A CSR view of a relation for CUDA products: rows, gathered rows and the
-    sorted plan, plus the view with roles exchanged (for input gradients)."""
+    sorted plan, plus the view with roles exchanged (for input gradients).
+    For a relation built on CUDA all of them are built there too."""
 
     def __init__(self, relation, flipped=None):
         self.rel = relation  # mlx_lattice.relation.Relation (may be a swapped one)
         self._flipped = flipped
-        self._chunks = None
+        self._chunks = {}
 
     @property
     def rows(self) -> int:
@@ -33,18 +33,14 @@ class View:
         return self.rel.sorted_plan()
 
     def wgrad_chunks(self, size=256):
-        """(n_chunks, 3) [k, e0, e1] over the kernel-major edges, and first chunk per k."""
-        if self._chunks is None:
+        """((slots, 3) [k, e0, e1] over the kernel-major edges, first chunk per
+        k, the kernel-major view), per chunk size: built on the GPU
+        (cuda/plans.py)."""
+        if size not in self._chunks:
             km = self.rel.kernel_major()
-            off = np.array(km.offsets)
-            rows, first = [], [0]
-            for k in range(len(off) - 1):
-                for e in range(int(off[k]), int(off[k + 1]), size):
-                    rows.append((k, e, min(e + size, int(off[k + 1]))))
-                first.append(len(rows))
-            chunks = np.array(rows, dtype=np.int32).reshape(-1, 3)
-            self._chunks = (mx.array(chunks), mx.array(np.array(first, dtype=np.int32)), km)
-        return self._chunks
+            chunks, first = plans.wgrad_chunks(km.offsets, self.rel.edges, self.rel.kernel_volume, size)
+            self._chunks[size] = (chunks, first, km)
+        return self._chunks[size]
 
 
 def view_of(relation) -> View:

@@ -1,5 +1,8 @@
 // Programs of metal/map_build.metal: one thread per coordinate row for the
-// table, count and fill; one threadgroup for the scan.
+// table, count and fill; one threadgroup for the scan. Route
+// "metal.hash_map" (mlx_lattice/routes.py): mlx_lattice/metal_maps.py runs
+// them through map_step (map_primitive.h) when the default device is a
+// Metal GPU.
 #include "metal/map_build.h"
 
 #include <limits>
@@ -8,6 +11,7 @@
 #include "relation.h"
 
 static_assert(sizeof(MapParams) == 18 * 4, "MapParams: 32-bit fields");
+static_assert(sizeof(MapSortParams) == 23 * 4, "MapSortParams: 32-bit fields");
 static_assert(
     MAP_BATCH_LIMIT == mlx_lattice::kBatchLimit &&
         MAP_COORD_MIN == mlx_lattice::kCoordMin &&
@@ -177,6 +181,114 @@ Program map_input_major_program(const MapParams& p) {
   return {{imap, edge_out}, {clear, scatter, count, scan, fill}};
 }
 
+namespace {
+
+// Sort parameters over count elements from word `base`.
+MapSortParams sort_params(const MapParams& p, int64_t count, int64_t base, const char* what) {
+  int64_t padded = MAP_SORT_BLOCK;
+  while (padded < count + 1) {
+    padded <<= 1;
+  }
+  if (padded > (int64_t(1) << 30)) {
+    throw std::invalid_argument(
+        std::string(what) + ": at most 2^30 - 1 elements to sort; got " +
+        std::to_string(count));
+  }
+  MapSortParams s{};
+  s.map = p;
+  s.count = static_cast<int>(count);
+  s.padded = static_cast<int>(padded);
+  s.base = static_cast<int>(base);
+  return s;
+}
+
+// The bitonic network over s.padded elements of `buf`: each block sorted
+// in shared memory, then per stage k the passes j >= MAP_SORT_BLOCK over
+// the whole buffer and the rest of the stage per block.
+void sort_steps(const MapSortParams& s, const Binding& buf, std::vector<Step>& steps) {
+  Step block;
+  block.kernel = "map_sort_block";
+  block.threads = {MAP_SORT_BLOCK / 2, 1, 1};
+  block.groups = {static_cast<uint64_t>(s.padded / MAP_SORT_BLOCK), 1, 1};
+  block.buffers = {buf, bytes(s, "sort")};
+  steps.push_back(block);
+  for (int64_t k = 2 * MAP_SORT_BLOCK; k <= s.padded; k <<= 1) {
+    for (int64_t j = k / 2; j >= MAP_SORT_BLOCK; j >>= 1) {
+      MapSortParams pass = s;
+      pass.k = static_cast<int>(k);
+      pass.j = static_cast<int>(j);
+      steps.push_back(rows_step("map_sort_pass", s.padded / 2, {buf, bytes(pass, "sort")}));
+    }
+    MapSortParams rest = s;
+    rest.k = static_cast<int>(k);
+    Step tail = block;
+    tail.buffers = {buf, bytes(rest, "sort")};
+    steps.push_back(tail);
+  }
+}
+
+} // namespace
+
+MapSortParams map_sort_params(const MapParams& p) {
+  // count = n_in * K is below 2^31 (map_params).
+  const int64_t count = int64_t(p.n_in) * p.kv;
+  return sort_params(p, count, count + 2, "output support (input rows * kernel volume candidates)");
+}
+
+int64_t map_support_words(const MapSortParams& s) {
+  return int64_t(s.count) + 2 + 3 * int64_t(s.padded);
+}
+
+Program map_support_program(const MapParams& p, bool generative) {
+  MapSortParams s = map_sort_params(p);
+  s.map.transposed = generative ? 0 : 1;
+  std::vector<Step> steps;
+  steps.push_back(rows_step(
+      "map_support_keys", s.padded, {input(0, "coords"), output("support"), bytes(s, "sort")}));
+  sort_steps(s, output("support"), steps);
+  steps.push_back(rows_step("map_support_flags", int64_t(s.count) + 1, {output("support"), bytes(s, "sort")}));
+  MapParams over = p; // map_scan over the count flags
+  over.n_out = s.count;
+  Step scan;
+  scan.kernel = "map_scan";
+  scan.threads = {MAP_SCAN_THREADS, 1, 1};
+  scan.buffers = {output("support"), bytes(over)};
+  steps.push_back(scan);
+  return {{}, steps};
+}
+
+Program map_support_fill_program(const MapParams& p) {
+  const MapSortParams s = map_sort_params(p);
+  Step fill = rows_step(
+      "map_support_fill", s.count, {input(0, "support"), output("coords"), bytes(s, "sort")});
+  return {{}, {fill}};
+}
+
+int64_t map_plan_words(const MapParams& p) {
+  const int64_t n = p.n_out;
+  return n + 2 * n * p.kv + 2 * ((n + MAP_PLAN_TILE - 1) / MAP_PLAN_TILE);
+}
+
+Program map_plan_program(const MapParams& p) {
+  if (p.kv > 64) {
+    throw std::invalid_argument(
+        "the sorted plan needs a kernel volume of at most 64; got " + std::to_string(p.kv));
+  }
+  const MapSortParams s = sort_params(p, p.n_out, 0, "sorted plan (output rows)");
+  Temp elems{mx::int32, 3 * int64_t(s.padded)};
+  std::vector<Step> steps;
+  steps.push_back(rows_step(
+      "map_plan_keys", s.padded, {input(0, "nmap"), temp(0, "elems"), bytes(s, "sort")}));
+  sort_steps(s, temp(0, "elems"), steps);
+  steps.push_back(rows_step(
+      "map_plan_rows", s.count,
+      {input(0, "nmap"), temp(0, "elems"), output("plan"), bytes(s, "sort")}));
+  steps.push_back(rows_step(
+      "map_plan_tiles", ceil_div(s.count, MAP_PLAN_TILE),
+      {temp(0, "elems"), output("plan"), bytes(s, "sort")}));
+  return {{elems}, steps};
+}
+
 Program map_program(const std::string& step, const MapParams& p) {
   if (step == "table") {
     return map_table_program(p);
@@ -196,9 +308,20 @@ Program map_program(const std::string& step, const MapParams& p) {
   if (step == "input_major") {
     return map_input_major_program(p);
   }
+  if (step == "forward_support" || step == "generative_support") {
+    return map_support_program(p, step == "generative_support");
+  }
+  if (step == "support_fill") {
+    return map_support_fill_program(p);
+  }
+  if (step == "sorted_plan") {
+    return map_plan_program(p);
+  }
   throw std::invalid_argument(
       "map step must be 'table', 'count', 'fill', 'neighbor_map', "
-      "'kernel_major' or 'input_major', got '" + step + "'");
+      "'kernel_major', 'input_major', 'forward_support', "
+      "'generative_support', 'support_fill' or 'sorted_plan', got '" + step +
+      "'");
 }
 
 } // namespace mlx_lattice::metal

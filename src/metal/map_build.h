@@ -1,7 +1,9 @@
 // Map building on the GPU (metal/map_build.metal): the three programs of
 // one map, in order: the table, the count (offsets), the fill (edges). The
 // host reads offsets[n_out] and the table's two flag words between count
-// and fill, the map's one synchronisation (edge count unknown before).
+// and fill, the map's one synchronisation (edge count unknown before). An
+// output support is two programs with the same synchronisation between
+// them (its row count and error word).
 #pragma once
 
 #include <array>
@@ -47,8 +49,30 @@ Program map_kernel_major_program(const MapParams& p);
 // (in, k) (src/relation.cpp); output coordinates must be unique.
 Program map_input_major_program(const MapParams& p);
 
-// "table", "count", "fill", "neighbor_map", "kernel_major" or
-// "input_major".
+// Output supports: the candidate keys of n_in rows (n_in * K of them),
+// padded to a power of two of at least count + 1 and MAP_SORT_BLOCK.
+MapSortParams map_sort_params(const MapParams& p);
+// Words of the support buffer: offsets (count + 1), the error word, then
+// three words per padded candidate (key high, key low, index).
+int64_t map_support_words(const MapSortParams& s);
+// (in_coords) -> the support buffer: keys sorted, offsets[count] the
+// output rows, the error word the smallest input row reaching outside the
+// coordinate range (INT32_MAX: none). generative: outputs s*c - p + dil*d,
+// otherwise (c + p - dil*d) / s where divisible (forward).
+Program map_support_program(const MapParams& p, bool generative);
+// (support buffer) -> the output coordinates (rows, 4), sorted by key.
+Program map_support_fill_program(const MapParams& p);
+
+// The sorted plan of n_out rows with kernel volume K <= 64 (the CPU's
+// Relation::sorted_plan): (neighbour map (n_out, K)) -> one int32 buffer of
+// map_plan_words: reorder rows (n_out), the sorted neighbour map (n_out,
+// K), its transpose (K, n_out), the tile masks (uint64 per MAP_PLAN_TILE
+// rows).
+int64_t map_plan_words(const MapParams& p);
+Program map_plan_program(const MapParams& p);
+
+// "table", "count", "fill", "neighbor_map", "kernel_major", "input_major",
+// "forward_support", "generative_support", "support_fill" or "sorted_plan".
 Program map_program(const std::string& step, const MapParams& p);
 
 } // namespace mlx_lattice::metal

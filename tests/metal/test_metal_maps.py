@@ -29,6 +29,8 @@ KERNELS = (
     "map_table_clear", "map_table_insert", "map_count", "map_scan", "map_fill",
     "map_neighbor_map", "map_edge_map", "map_column_count", "map_column_fill",
     "map_fill_minus_one", "map_input_edge_map", "map_input_count", "map_input_fill",
+    "map_support_keys", "map_sort_pass", "map_sort_block", "map_support_flags", "map_support_fill",
+    "map_plan_keys", "map_plan_rows", "map_plan_tiles",
 )
 NONE = np.iinfo(np.int32).max
 
@@ -264,6 +266,175 @@ def test_table_flags(schedule):
     assert table_flags(bad[:1], schedule) == (NONE, NONE)
 
 
+# ------------------------------------------------------------ output supports
+
+def sort_params(program: dict) -> tuple:
+    """(count, padded, k, j, base) of a step's MapSortParams (the "sort"
+    bytes, after the 18 words of MapParams)."""
+    raw = next(p for kind, p, name in program["steps"][0]["buffers"] if name == "sort")
+    return tuple(int(v) for v in np.frombuffer(raw, np.int32)[18:])
+
+
+def sort_elements(words):
+    """(keys uint64, values) of sort elements: key high, key low, value."""
+    w = words.reshape(-1, 3)
+    keys = w[:, :2].view(np.uint32).astype(np.uint64)
+    return keys[:, 0] << np.uint64(32) | keys[:, 1], w[:, 2]
+
+
+def metal_support(in_coords, spec, generative, schedule="forward", seed=0):
+    """(coords, error row) of the support programs, the row count and error
+    word read back between them as the host does."""
+    in_c = np.ascontiguousarray(in_coords, np.int32).reshape(-1, 4)
+    n = len(in_c)
+    step = "generative_support" if generative else "forward_support"
+    prog = _ext.metal_map_program(step, n, 0, *spec, False)
+    count, padded, _, _, _ = sort_params(prog)
+    assert count == n * int(np.prod(spec[0])) and padded > count and padded & (padded - 1) == 0
+    words = run_step(prog, [garbage(0) if n == 0 else in_c], garbage(count + 2 + 3 * padded), schedule, seed)
+    rows, error = int(words[count]), int(words[count + 1])  # the host's one read-back
+    keys, _ = sort_elements(words[count + 2 :])
+    assert np.all(keys[:-1] <= keys[1:]), "candidate keys not sorted"
+    if error != NONE:
+        return None, error
+    fill = _ext.metal_map_program("support_fill", n, 0, *spec, False, rows)
+    out = run_step(fill, [words], garbage(4 * rows), schedule, seed)
+    return out[: 4 * rows].reshape(rows, 4), error
+
+
+def check_support(coords, spec, generative, schedule="forward", seed=0):
+    got, error = metal_support(coords, spec, generative, schedule, seed)
+    assert error == NONE
+    t = _ext.CoordTable(mx.array(coords))
+    cpu = _ext.generative_support if generative else _ext.forward_support
+    np.testing.assert_array_equal(got, np.array(cpu(t, *spec)).reshape(-1, 4), err_msg="Metal vs CPU builder")
+    ref = (oracle.generative_support if generative else oracle.forward_support)(coords, *spec)
+    np.testing.assert_array_equal(got, ref, err_msg="Metal vs brute force")
+    return got
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize(
+    "ks,stride,pad,dil",
+    [(3, 2, 1, 1), (2, 2, 0, 1), (3, (2, 1, 3), (0, 1, 2), (1, 2, 1)), (1, 1, 0, 1), ((1, 3, 2), 3, 0, 1)],
+)
+def test_forward_support(schedule, ks, stride, pad, dil):
+    rng = np.random.default_rng(21)
+    coords = oracle.random_coords(rng, 120, 8, batches=3)
+    spec = (t3(ks), t3(stride), t3(pad), t3(dil))
+    got = check_support(coords, spec, False, schedule, seed=23)
+    assert len(got) > 0
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("ks,stride,pad,dil", [(2, 2, 0, 1), (3, 1, 1, 1), ((2, 1, 3), (2, 1, 1), (0, 0, 1), (1, 1, 2))])
+def test_generative_support(schedule, ks, stride, pad, dil):
+    rng = np.random.default_rng(22)
+    coords = oracle.random_coords(rng, 70, 5, batches=2, low=-3)
+    spec = (t3(ks), t3(stride), t3(pad), t3(dil))
+    check_support(coords, spec, True, schedule, seed=29)
+
+
+def test_support_many_candidates():
+    """Past one sort block: passes over the whole buffer between the
+    per-block passes, and a scan with several rows per thread."""
+    rng = np.random.default_rng(24)
+    coords = oracle.random_coords(rng, 400, 12, batches=2)
+    spec = ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1))
+    prog = _ext.metal_map_program("forward_support", len(coords), 0, *spec, False)
+    assert sort_params(prog)[1] >= 8 * 1024
+    assert "map_sort_pass" in [s["kernel"] for s in prog["steps"]]
+    check_support(coords, spec, False, "random", seed=31)
+    check_support(coords, ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1)), True, "reverse", seed=37)
+
+
+def test_support_empty():
+    spec = ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1))
+    none = np.zeros((0, 4), np.int32)
+    for generative in (False, True):
+        got = check_support(none, spec, generative)
+        assert got.shape == (0, 4)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_support_out_of_range(schedule):
+    """The error word is the smallest input row reaching outside the range,
+    as the CPU builder reports."""
+    coords = np.array([[0, 0, 0, 0], [1, 40000, 0, 0], [0, 1, 1, 1], [0, 0, -40000, 5]], np.int32)
+    spec = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    assert metal_support(coords, spec, True, schedule, seed=41) == (None, 1)
+    with pytest.raises(ValueError, match=r"\(1, 40000, 0, 0\) leaves the supported range"):
+        _ext.generative_support(_ext.CoordTable(mx.array(coords)), *spec)
+    edge = np.array([[0, 0, 0, 0], [0, -65536, 0, 0]], np.int32)  # forward (c + p - d) / s: -65537 / 1
+    fspec = ((3, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    assert metal_support(edge, fspec, False, schedule, seed=43) == (None, 1)
+    assert metal_support(edge[:1], fspec, False, schedule)[1] == NONE
+
+
+# ------------------------------------------------------------ sorted plan
+
+def metal_plan(nmap, kv, schedule="forward", seed=0):
+    """(reorder_rows, out_in_map, kv_out_in_map, tile_masks) of the plan
+    program over a neighbour map (n_out, K)."""
+    n = len(nmap)
+    spec = ((kv, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    prog = _ext.metal_map_program("sorted_plan", 0, n, *spec, False)
+    tiles = -(-n // 64)
+    src = garbage(0) if n == 0 else np.ascontiguousarray(nmap, np.int32).reshape(-1)
+    plan = run_step(prog, [src], garbage(n + 2 * n * kv + 2 * tiles), schedule, seed)
+    return (
+        plan[:n], plan[n : n + n * kv].reshape(n, kv), plan[n + n * kv : n + 2 * n * kv].reshape(kv, n),
+        plan[n + 2 * n * kv : n + 2 * n * kv + 2 * tiles].view(np.uint64),
+    )
+
+
+def check_plan(rel, kv, schedule, seed):
+    n = rel.n_out
+    nmap = np.array(rel.neighbor_map).reshape(n, kv)
+    got = metal_plan(nmap, kv, schedule, seed)
+    # brute force: a stable sort by bitmask, then the tile ORs
+    masks = np.zeros(n, np.uint64)
+    for k in range(kv):
+        masks |= (nmap[:, k] >= 0).astype(np.uint64) << np.uint64(k)
+    order = np.argsort(masks, kind="stable")
+    tiles = np.array([np.bitwise_or.reduce(masks[order[t : t + 64]]) for t in range(0, n, 64)], np.uint64)
+    ref = (order, nmap[order], nmap[order].T, tiles)
+    for name, g, w, r in zip(("reorder_rows", "out_in_map", "kv_out_in_map", "tile_masks"), got, rel.sorted_plan(), ref):
+        np.testing.assert_array_equal(g, np.array(w).reshape(g.shape), err_msg=f"plan {name}: Metal vs CPU")
+        np.testing.assert_array_equal(g, r.reshape(g.shape), err_msg=f"plan {name}: Metal vs brute force")
+    return got
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("ks,stride,kind", [(3, 1, "submanifold"), (2, 2, "forward"), (4, 1, "submanifold"), ((1, 3, 1), 1, "submanifold")])
+def test_sorted_plan(schedule, ks, stride, kind):
+    rng = np.random.default_rng(51)
+    coords = oracle.random_coords(rng, 300, 7, batches=2)
+    ks, st = t3(ks), t3(stride)
+    pad = oracle.subm_padding(ks, (1, 1, 1)) if kind == "submanifold" else (0, 0, 0)
+    spec = (ks, st, pad, (1, 1, 1))
+    t = _ext.CoordTable(mx.array(coords))
+    out = t.coords if kind == "submanifold" else _ext.forward_support(t, *spec)
+    rel = _ext.build_relation(t, out, *spec, False, kind)
+    check_plan(rel, int(np.prod(ks)), schedule, seed=53)
+
+
+def test_sorted_plan_many_rows():
+    """Past one sort block (passes over the whole buffer), masks of all 64
+    bits (a full 4x4x4 neighbourhood sorts with the padding's key)."""
+    coords = np.array([[0, x, y, z] for x in range(12) for y in range(12) for z in range(12)], np.int32)
+    spec = ((4, 4, 4), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+    t = _ext.CoordTable(mx.array(coords))
+    rel = _ext.build_relation(t, t.coords, *spec, False, "submanifold")
+    got = check_plan(rel, 64, "random", seed=57)
+    assert len(coords) > 1024 and np.any(got[3] == np.iinfo(np.uint64).max)
+
+
+def test_sorted_plan_empty():
+    got = metal_plan(np.zeros((0, 27), np.int32), 27)
+    assert all(a.size == 0 for a in got)
+
+
 def test_program_arguments():
     spec = ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
     with pytest.raises(ValueError, match="map step must be"):
@@ -274,6 +445,10 @@ def test_program_arguments():
         _ext.metal_map_program("count", -1, 4, *spec, False)
     with pytest.raises(ValueError, match="rows \\* kernel volume must be below 2\\^31"):
         _ext.metal_map_program("count", 2**30, 4, *spec, False)
+    with pytest.raises(ValueError, match=r"output support .*at most 2\^30 - 1 elements to sort"):
+        _ext.metal_map_program("forward_support", 2**23, 0, (6, 6, 6), *spec[1:], False)
+    with pytest.raises(ValueError, match="sorted plan needs a kernel volume of at most 64"):
+        _ext.metal_map_program("sorted_plan", 4, 4, (5, 5, 5), *spec[1:], False)
     with pytest.raises(ValueError, match="edge count"):
         _ext.metal_map_program("fill", 4, 4, *spec, False, 2**31)
 
