@@ -1,5 +1,7 @@
 import os
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,6 +73,8 @@ def pytest_configure(config):
     if device:
         mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
     # Kernel coverage of the Metal harness (MLX_LATTICE_KERNEL_COVERAGE=<path>).
+    # The harness lives beside the Metal tests, in tests/metal/.
+    sys.path.insert(0, str(Path(__file__).parent / "metal"))
     from metal_harness import plugin
 
     config.pluginmanager.register(plugin, "mlx_lattice_metal_harness")

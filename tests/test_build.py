@@ -252,7 +252,7 @@ def test_build_info_escapes_reasons(tmp_path):
 
 def test_cmakelists_uses_the_functions_and_keeps_the_language_lines():
     text = (ROOT / "CMakeLists.txt").read_text()
-    # tests/metal_harness compiles each file at the version these lines set
+    # tests/metal/metal_harness compiles each file at the version these lines set
     assert re.search(r"^set\(LATTICE_METAL_STD metal3\.1\)$", text, re.M)
     assert re.search(r"^set\(LATTICE_TENSOROPS_STD metal4\.0\)$", text, re.M)
     assert "set(LATTICE_TENSOROPS_TARGET 26.2)" in text

@@ -1,4 +1,4 @@
-"""Self-tests of the Metal CPU harness (tests/metal_harness).
+"""Self-tests of the Metal CPU harness (tests/metal/metal_harness).
 
 Correct kernels (selftest/basic.metal) must match NumPy under every
 schedule; kernels with planted bugs (selftest/broken.metal) must be caught.

@@ -5,7 +5,7 @@ programs of the metal.fetch_on_demand and metal.wgrad_direct routes
 (src/metal/fetch_on_demand.cpp, read through _ext.metal_program) on the primitives'
 own inputs (_ext.conv_inputs, _ext.weight_grad_inputs), for relations built
 by the project. On Linux the programs run through the CPU harness
-(tests/metal_harness, via tests/metal_programs.py); on a Mac with a Metal
+(tests/metal/metal_harness, via tests/metal_programs.py); on a Mac with a Metal
 build of mlx_lattice the primitives encode the same programs on the GPU.
 """
 

@@ -1,4 +1,4 @@
-"""The Metal harness's strict pass (tests/metal_harness/strict.py): each rule
+"""The Metal harness's strict pass (tests/metal/metal_harness/strict.py): each rule
 has a planted defect in selftest/strict/ that must fail to build with
 '<file>:<line>: [rule]', the line being the one marked `// defect`; every
 kernel in metal/ must pass.
@@ -15,8 +15,8 @@ try:
     import metal_harness as mh
     from metal_harness import build, strict
 except ImportError:  # tests/ imported as a package
-    from tests import metal_harness as mh
-    from tests.metal_harness import build, strict
+    from tests.metal import metal_harness as mh
+    from tests.metal.metal_harness import build, strict
 
 _ok, _why = mh.available()
 pytestmark = [pytest.mark.metal, pytest.mark.skipif(not _ok, reason=_why)]

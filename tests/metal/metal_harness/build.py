@@ -22,7 +22,7 @@ from . import strict
 HERE = Path(__file__).resolve().parent
 INCLUDE = HERE / "include"
 RUNTIME = HERE / "runtime.cpp"
-ROOT = HERE.parent.parent
+ROOT = HERE.parents[2]
 
 CXX = os.environ.get("MLX_LATTICE_HARNESS_CXX", os.environ.get("CXX", "g++"))
 COMMON_FLAGS = [

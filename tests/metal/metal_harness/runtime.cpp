@@ -29,7 +29,7 @@ ThreadInfo* g_thread = nullptr;
 namespace {
 
 // ---------------------------------------------------------------- launch ABI
-// Mirrored by ctypes in tests/metal_harness/build.py.
+// Mirrored by ctypes in tests/metal/metal_harness/build.py.
 
 struct BufferDesc {
   void* host;        // copied in before and out after the launch

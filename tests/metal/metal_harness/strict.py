@@ -35,7 +35,7 @@ from . import source as src
 
 HERE = Path(__file__).resolve().parent
 INCLUDE = HERE / "include"
-ROOT = HERE.parent.parent
+ROOT = HERE.parents[2]
 CMAKELISTS = ROOT / "CMakeLists.txt"
 
 TENSOROPS_PREFIX = "tensorops_"
