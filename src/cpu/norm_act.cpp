@@ -57,7 +57,6 @@ void combine(
   }
 }
 
-// Chunk partials: fn(first row, end row, the chunk's accumulators).
 // Row vectors: the path's SIMD width, but 8 floats on AVX-512 too. The rows
 // are memory-bound, and the half and bfloat16 rows widen 8 floats per store:
 // a 512-bit load of two 256-bit stores is not forwarded and stalls.
@@ -70,8 +69,8 @@ typedef float rvec __attribute__((vector_size(kLanes * sizeof(float))));
 
 // Elementwise steps over a row of C channels: f.template operator()<V>(c)
 // on whole row vectors (V = rvec), then on single floats (V = float), read
-// and written through ld<V> and st. The same expression serves both, so
-// selects such as the activation never become branches.
+// and written through ld<V> and st. The same expression serves both, and
+// on vectors selects such as the activation are blends, never branches.
 template <typename F>
 inline void lanes(int64_t C, F&& f) {
   int64_t c = 0;
@@ -102,6 +101,7 @@ inline void st(float* p, rvec v) {
   std::memcpy(p, &v, sizeof(rvec));
 }
 
+// Chunk partials: fn(first row, end row, the chunk's accumulators).
 template <typename F>
 void chunk_sums(
     int64_t N,
