@@ -636,7 +636,8 @@ def main(argv=None) -> int:
     dtypes = (args.dtypes or ("float32" if quick else "float32,float16")).split(",")
     repeats = args.repeats or (2 if quick else 3)
     sgemm = sgemm_gflops()
-    print(f"mlx_lattice bench: {num_threads()} threads, NumPy sgemm {sgemm:.1f} GFLOP/s (2048^3, same run)")
+    print(f"mlx_lattice bench: {num_threads()} threads, CPU path {_ext.cpu_isa()}, NumPy sgemm {sgemm:.1f} GFLOP/s"
+          " (2048^3, same run)")
     use_spconv = not args.no_spconv and spconv_available()
     print("ratios: sgemm = useful GFLOP/s / sgemm GFLOP/s; vs base = speed-up over gather->NumPy matmul->scatter")
     print("        vs spconv = speed-up over spconv 2.x CPU (1 torch thread; its CPU path races with more)"

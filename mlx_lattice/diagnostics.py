@@ -16,6 +16,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from . import _ext
+
 _active: list["RouteLog"] = []
 _lock = threading.Lock()
 
@@ -214,4 +216,4 @@ def capability_tier(backend: str) -> str:
         return caps["tier"]
     if backend == "cuda":
         return "cuda"
-    return "cpu"
+    return f"cpu:{_ext.cpu_isa()}"

@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cpu/kernels.h"
 #include "mlx/ops.h"
 
 namespace mlx_lattice {

@@ -85,25 +85,4 @@ std::vector<mx::array> patch_attention(
     float scale,
     mx::StreamOrDevice s = {});
 
-namespace cpu {
-
-void patch_attention_forward(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
-    const mx::array& lengths,
-    float scale,
-    mx::array& o,
-    mx::array& lse,
-    mx::Stream s);
-
-// in: q, k, v, lengths, o, lse, do, dlse; out: dq, dk, dv.
-void patch_attention_backward(
-    const std::vector<mx::array>& in,
-    float scale,
-    std::vector<mx::array>& out,
-    mx::Stream s);
-
-} // namespace cpu
-
 } // namespace mlx_lattice

@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
+#include "cpu/isa.h"
 #include "cpu/routes.h"
 #include "metal/map_build.h"
 #include "metal/map_primitive.h"
@@ -313,6 +314,19 @@ NB_MODULE(_ext, m) {
 
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, "n"_a);
+
+  // CPU instruction-set path: chosen here, at load, from the CPU or
+  // MLX_LATTICE_CPU_ISA (an unsupported name fails the import).
+  cpu::select_cpu_isa_from_env();
+  m.def("cpu_isa", &cpu::cpu_isa);
+  m.def("supported_cpu_isas", &cpu::supported_isas);
+  m.def("built_cpu_isas", &cpu::built_isas);
+  m.def("set_cpu_isa", &cpu::set_cpu_isa, "name"_a);
+#if defined(MLX_LATTICE_NATIVE)
+  m.attr("CPU_NATIVE_BUILD") = true;
+#else
+  m.attr("CPU_NATIVE_BUILD") = false;
+#endif
 
   m.def("metal_available", &metal::available);
   m.def(

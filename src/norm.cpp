@@ -1,296 +1,27 @@
-// Fused normalisation + activation: the CPU kernels and their primitives.
+// Fused normalisation + activation: the primitives. Their CPU kernels are
+// compiled per instruction-set path (src/cpu/norm_act.cpp).
 #include "norm.h"
 
-#include <algorithm>
-#include <cmath>
 #include <stdexcept>
 #include <vector>
 
-#include "cpu/convert.h"
+#include "cpu/kernels.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 
 namespace {
 
-// Rows per reduction chunk: fixed, so the summation order (float32 within a
-// chunk, float64 across chunks in chunk order) never depends on threads.
-constexpr int64_t kRows = 256;
-
-int64_t n_chunks(int64_t n) {
-  return (n + kRows - 1) / kRows;
-}
-
 // Activations as y = z > 0 ? z : lo * z, and act'(z) = z > 0 ? 1 : lo, with
-// lo = 1 (identity), 0 (ReLU) or the slope (LeakyReLU). For lo >= 0 the sign
-// of y is the sign of z, so the backward pass reads act' from y. Written
-// without branches (signs of ReLU inputs are random: branches mispredict).
+// lo = 1 (identity), 0 (ReLU) or the slope (LeakyReLU).
 inline float low_slope(Activation a, float slope) {
   return a == Activation::Identity ? 1.0f : a == Activation::ReLU ? 0.0f : slope;
 }
 
-inline int seg_of(const int32_t* seg, int64_t i) {
-  return seg ? seg[i] : 0;
-}
-
-// Per-segment row counts (segment ids are checked by the caller).
-std::vector<double> segment_counts(const int32_t* seg, int S, int64_t N) {
-  std::vector<double> n(S, 0.0);
-  if (!seg) {
-    n[0] = static_cast<double>(N);
-    return n;
-  }
-  for (int64_t i = 0; i < N; ++i) {
-    n[seg[i]] += 1.0;
-  }
-  return n;
-}
-
-// acc[s, c] = sum over chunks (in order) of the chunk partials.
-void combine(
-    const std::vector<float>& part,
-    int64_t chunks,
-    int64_t width,
-    std::vector<double>& acc) {
-  acc.assign(width, 0.0);
-  for (int64_t c = 0; c < chunks; ++c) {
-    const float* p = part.data() + c * width;
-    for (int64_t j = 0; j < width; ++j) {
-      acc[j] += p[j];
-    }
-  }
-}
-
-// Chunk partials: fn(first row, end row, the chunk's accumulators).
-template <typename F>
-void chunk_sums(
-    int64_t N,
-    int64_t width,
-    std::vector<float>& part,
-    const F& fn) {
-  int64_t chunks = n_chunks(N);
-  part.assign(chunks * width, 0.0f);
-  parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      fn(c * kRows, std::min(N, (c + 1) * kRows), part.data() + c * width);
-    }
-  });
-}
-
-template <typename T>
-void forward(
-    const T* x,
-    const float* w,
-    const float* b,
-    const T* r,
-    const int32_t* seg,
-    const float* mean_in,
-    const float* var_in,
-    float* mean_out,
-    float* var_out,
-    T* y,
-    int64_t N,
-    int64_t C,
-    const NormSpec& sp) {
-  const int S = sp.segments;
-  std::vector<float> mean(S * C), var(S * C);
-  if (sp.training) {
-    auto n = segment_counts(seg, S, N);
-    std::vector<float> part;
-    std::vector<double> acc;
-    chunk_sums(N, S * C, part, [&](int64_t i0, int64_t i1, float* p) {
-      std::vector<float> bv(C);
-      float* __restrict buf = bv.data();
-      for (int64_t i = i0; i < i1; ++i) {
-        float* __restrict q = p + seg_of(seg, i) * C;
-        cpu::to_float(x + i * C, buf, C);
-        for (int64_t c = 0; c < C; ++c) {
-          q[c] += buf[c];
-        }
-      }
-    });
-    combine(part, n_chunks(N), S * C, acc);
-    for (int s = 0; s < S; ++s) {
-      for (int64_t c = 0; c < C; ++c) {
-        mean[s * C + c] = n[s] > 0 ? static_cast<float>(acc[s * C + c] / n[s]) : 0.0f;
-      }
-    }
-    chunk_sums(N, S * C, part, [&](int64_t i0, int64_t i1, float* p) {
-      std::vector<float> bv(C);
-      float* __restrict buf = bv.data();
-      for (int64_t i = i0; i < i1; ++i) {
-        int s = seg_of(seg, i);
-        float* __restrict q = p + s * C;
-        const float* __restrict mu = mean.data() + s * C;
-        cpu::to_float(x + i * C, buf, C);
-        for (int64_t c = 0; c < C; ++c) {
-          float d = buf[c] - mu[c];
-          q[c] += d * d;
-        }
-      }
-    });
-    combine(part, n_chunks(N), S * C, acc);
-    for (int s = 0; s < S; ++s) {
-      for (int64_t c = 0; c < C; ++c) {
-        var[s * C + c] = n[s] > 0 ? static_cast<float>(acc[s * C + c] / n[s]) : 0.0f;
-      }
-    }
-    std::copy(mean.begin(), mean.end(), mean_out);
-    std::copy(var.begin(), var.end(), var_out);
-  } else {
-    std::copy(mean_in, mean_in + S * C, mean.begin());
-    std::copy(var_in, var_in + S * C, var.begin());
-  }
-  // y = act(x * scale + shift [+ r]) with scale = w / sqrt(var + eps).
-  std::vector<float> scale(S * C), shift(S * C);
-  for (int s = 0; s < S; ++s) {
-    for (int64_t c = 0; c < C; ++c) {
-      float inv = 1.0f / std::sqrt(var[s * C + c] + sp.eps);
-      scale[s * C + c] = w[c] * inv;
-      shift[s * C + c] = b[c] - mean[s * C + c] * w[c] * inv;
-    }
-  }
-  const float lo = low_slope(sp.act, sp.slope);
-  parallel_for(N, kRows, [&](int64_t i0, int64_t i1) {
-    std::vector<float> bv(C), rv(C, 0.0f);
-    float* __restrict buf = bv.data();
-    float* __restrict rb = rv.data();
-    const float low = lo; // a local: stores through buf cannot alias it
-    for (int64_t i = i0; i < i1; ++i) {
-      int s = seg_of(seg, i);
-      const float* __restrict sc = scale.data() + s * C;
-      const float* __restrict sh = shift.data() + s * C;
-      cpu::to_float(x + i * C, buf, C);
-      if (r) {
-        cpu::to_float(r + i * C, rb, C);
-      }
-      for (int64_t c = 0; c < C; ++c) {
-        float z = buf[c] * sc[c] + sh[c] + rb[c];
-        buf[c] = z > 0.0f ? z : low * z;
-      }
-      cpu::from_float(buf, y + i * C, C);
-    }
-  });
-}
-
-template <typename T>
-void backward(
-    const T* x,
-    const T* y,
-    const T* ct,
-    const float* w,
-    const float* mean,
-    const float* var,
-    const int32_t* seg,
-    const float* ct_mean,
-    const float* ct_var,
-    T* dx,
-    float* dw,
-    float* db,
-    T* g_out,
-    int64_t N,
-    int64_t C,
-    const NormSpec& sp) {
-  const int S = sp.segments;
-  const float lo = low_slope(sp.act, sp.slope);
-  std::vector<float> inv(S * C);
-  for (int64_t j = 0; j < S * C; ++j) {
-    inv[j] = 1.0f / std::sqrt(var[j] + sp.eps);
-  }
-  // g = ct * act'(y); per segment A = sum g, B = sum g * xhat.
-  std::vector<float> part;
-  std::vector<double> acc;
-  chunk_sums(N, 2 * S * C, part, [&](int64_t i0, int64_t i1, float* p) {
-    std::vector<float> xv(C), yv(C), cv(C);
-    float* __restrict xb = xv.data();
-    float* __restrict yb = yv.data();
-    float* __restrict cb = cv.data();
-    const float low = lo;
-    for (int64_t i = i0; i < i1; ++i) {
-      int s = seg_of(seg, i);
-      cpu::to_float(x + i * C, xb, C);
-      cpu::to_float(y + i * C, yb, C);
-      cpu::to_float(ct + i * C, cb, C);
-      const float* __restrict mu = mean + s * C;
-      const float* __restrict iv = inv.data() + s * C;
-      float* __restrict pa = p + s * C;
-      float* __restrict pb = p + (S + s) * C;
-#pragma GCC ivdep
-      for (int64_t c = 0; c < C; ++c) {
-        float g = cb[c] * (low + (1.0f - low) * static_cast<float>(yb[c] > 0.0f));
-        pa[c] += g;
-        pb[c] += g * ((xb[c] - mu[c]) * iv[c]);
-      }
-    }
-  });
-  combine(part, n_chunks(N), 2 * S * C, acc);
-  for (int64_t c = 0; c < C; ++c) {
-    double sa = 0.0, sb = 0.0;
-    for (int s = 0; s < S; ++s) {
-      sa += acc[s * C + c];
-      sb += acc[(S + s) * C + c];
-    }
-    db[c] = static_cast<float>(sa);
-    dw[c] = static_cast<float>(sb);
-  }
-  // dx = w inv (g - A/n - xhat B/n) + ct_mean/n + 2 ct_var (x - mean)/n
-  // (training); dx = w inv g (eval).
-  std::vector<float> k0(S * C), k1(S * C), k2(S * C), k3(S * C), k4(S * C);
-  auto n = segment_counts(seg, S, N);
-  for (int s = 0; s < S; ++s) {
-    double rn = n[s] > 0 ? 1.0 / n[s] : 0.0;
-    for (int64_t c = 0; c < C; ++c) {
-      int64_t j = s * C + c;
-      k0[j] = w[c] * inv[j];
-      if (sp.training) {
-        k1[j] = static_cast<float>(acc[j] * rn);            // A / n
-        k2[j] = static_cast<float>(acc[S * C + j] * rn);    // B / n
-        k3[j] = static_cast<float>(ct_var[j] * 2.0 * rn);   // 2 ct_var / n
-        k4[j] = static_cast<float>(ct_mean[j] * rn);        // ct_mean / n
-      }
-    }
-  }
-  parallel_for(N, kRows, [&](int64_t i0, int64_t i1) {
-    std::vector<float> xv(C), yv(C), cv(C), gv(C);
-    float* __restrict xb = xv.data();
-    float* __restrict yb = yv.data();
-    float* __restrict cb = cv.data();
-    float* __restrict gb = gv.data();
-    const float low = lo;
-    for (int64_t i = i0; i < i1; ++i) {
-      int s = seg_of(seg, i);
-      cpu::to_float(x + i * C, xb, C);
-      cpu::to_float(y + i * C, yb, C);
-      cpu::to_float(ct + i * C, cb, C);
-      const float* __restrict f0 = k0.data() + s * C;
-      for (int64_t c = 0; c < C; ++c) {
-        gb[c] = cb[c] * (low + (1.0f - low) * static_cast<float>(yb[c] > 0.0f));
-      }
-      if (g_out) {
-        cpu::from_float(gb, g_out + i * C, C);
-      }
-      if (sp.training) {
-        const float* __restrict mu = mean + s * C;
-        const float* __restrict iv = inv.data() + s * C;
-        const float* __restrict f1 = k1.data() + s * C;
-        const float* __restrict f2 = k2.data() + s * C;
-        const float* __restrict f3 = k3.data() + s * C;
-        const float* __restrict f4 = k4.data() + s * C;
-        for (int64_t c = 0; c < C; ++c) {
-          float d = xb[c] - mu[c];
-          gb[c] = f0[c] * (gb[c] - f1[c] - d * iv[c] * f2[c]) + f3[c] * d + f4[c];
-        }
-      } else {
-        for (int64_t c = 0; c < C; ++c) {
-          gb[c] *= f0[c];
-        }
-      }
-      cpu::from_float(gb, dx + i * C, C);
-    }
-  });
+cpu::NormShape norm_shape(const NormSpec& sp, int64_t N, int64_t C) {
+  return {N, C, sp.segments, sp.training, low_slope(sp.act, sp.slope), sp.eps};
 }
 
 mx::array dense(const mx::array& a, mx::Dtype dt, mx::Stream s) {
@@ -328,22 +59,20 @@ void NormAct::eval_cpu(
   }
   const mx::array* r = spec_.residual ? &in[next++] : nullptr;
   const mx::array* seg = spec_.segmented ? &in[next++] : nullptr;
-  cpu::dispatch_float(x.dtype(), [&]<typename T>() {
-    enc.dispatch([xp = x.data<T>(),
-                  wp = in[1].data<float>(),
-                  bp = in[2].data<float>(),
-                  rp = r ? r->data<T>() : nullptr,
-                  sp = seg ? seg->data<int32_t>() : nullptr,
-                  mi = mean_in ? mean_in->data<float>() : nullptr,
-                  vi = var_in ? var_in->data<float>() : nullptr,
-                  mo = spec_.training ? out[1].data<float>() : nullptr,
-                  vo = spec_.training ? out[2].data<float>() : nullptr,
-                  yp = out[0].data<T>(),
-                  N,
-                  C,
-                  spec = spec_]() {
-      forward<T>(xp, wp, bp, rp, sp, mi, vi, mo, vo, yp, N, C, spec);
-    });
+  enc.dispatch([fn = cpu::active_kernels().norm_forward,
+                t = cpu::feature_type(x.dtype()),
+                shape = norm_shape(spec_, N, C),
+                xp = x.data<void>(),
+                wp = in[1].data<float>(),
+                bp = in[2].data<float>(),
+                rp = r ? r->data<void>() : nullptr,
+                sp = seg ? seg->data<int32_t>() : nullptr,
+                mi = mean_in ? mean_in->data<float>() : nullptr,
+                vi = var_in ? var_in->data<float>() : nullptr,
+                mo = spec_.training ? out[1].data<float>() : nullptr,
+                vo = spec_.training ? out[2].data<float>() : nullptr,
+                yp = out[0].data<void>()]() {
+    fn(t, shape, xp, wp, bp, rp, sp, mi, vi, mo, vo, yp);
   });
 }
 
@@ -537,26 +266,23 @@ void NormActGrad::eval_cpu(
   const mx::array* seg = spec_.segmented ? &in[next++] : nullptr;
   const mx::array* cm = spec_.training ? &in[next++] : nullptr;
   const mx::array* cv = spec_.training ? &in[next++] : nullptr;
-  cpu::dispatch_float(x.dtype(), [&]<typename T>() {
-    enc.dispatch([xp = x.data<T>(),
-                  yp = in[1].data<T>(),
-                  cp = in[2].data<T>(),
-                  wp = in[3].data<float>(),
-                  mp = in[4].data<float>(),
-                  vp = in[5].data<float>(),
-                  sp = seg ? seg->data<int32_t>() : nullptr,
-                  cmp = cm ? cm->data<float>() : nullptr,
-                  cvp = cv ? cv->data<float>() : nullptr,
-                  dx = out[0].data<T>(),
-                  dw = out[1].data<float>(),
-                  db = out[2].data<float>(),
-                  gp = spec_.residual ? out[3].data<T>() : nullptr,
-                  N,
-                  C,
-                  spec = spec_]() {
-      backward<T>(
-          xp, yp, cp, wp, mp, vp, sp, cmp, cvp, dx, dw, db, gp, N, C, spec);
-    });
+  enc.dispatch([fn = cpu::active_kernels().norm_backward,
+                t = cpu::feature_type(x.dtype()),
+                shape = norm_shape(spec_, N, C),
+                xp = x.data<void>(),
+                yp = in[1].data<void>(),
+                cp = in[2].data<void>(),
+                wp = in[3].data<float>(),
+                mp = in[4].data<float>(),
+                vp = in[5].data<float>(),
+                sp = seg ? seg->data<int32_t>() : nullptr,
+                cmp = cm ? cm->data<float>() : nullptr,
+                cvp = cv ? cv->data<float>() : nullptr,
+                dx = out[0].data<void>(),
+                dw = out[1].data<float>(),
+                db = out[2].data<float>(),
+                gp = spec_.residual ? out[3].data<void>() : nullptr]() {
+    fn(t, shape, xp, yp, cp, wp, mp, vp, sp, cmp, cvp, dx, dw, db, gp);
   });
 }
 

@@ -8,7 +8,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import ops, routes
+from mlx_lattice import _ext, ops, routes
 from mlx_lattice.routes import RouteContext
 
 import oracle
@@ -128,7 +128,7 @@ def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch, on_cpu):
     assert REQUIRED <= set(rec)
     assert rec["map_kind"] == "submanifold" and rec["k"] == 27 and rec["c_in"] == 3 and rec["c_out"] == 4
     assert rec["n_out"] == len(coords) and rec["edges"] == len(oracle.conv_edges(coords, coords, 3, 1, 1))
-    assert rec["quantized"] is False and rec["tier"] == "cpu" and rec["coord_dtype"] == "int32"
+    assert rec["quantized"] is False and rec["tier"] == f"cpu:{_ext.cpu_isa()}" and rec["coord_dtype"] == "int32"
     assert all({"route", "reason"} <= set(r) for r in rec["rejected"])
     lines = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert [l["route"] for l in lines] == ["cpu.gather_gemm", "cpu.pointwise"]

@@ -12,16 +12,13 @@
 // Forward: one task per (patch, head, query block). Backward: one task per
 // (patch, head) owns its dK, dV (per key block) and dQ accumulators and
 // visits the blocks in a fixed order. No result depends on the thread count.
-#include <algorithm>
 #include <cmath>
-#include <vector>
 
-#include "attention.h"
+#include "cpu/isa_begin.h"
+
 #include "cpu/pack.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 
-namespace mlx_lattice::cpu {
+namespace mlx_lattice::cpu::LATTICE_ISA {
 
 namespace {
 
@@ -40,7 +37,7 @@ constexpr float kLn2 = 0.693147180559945309f;
 // n = round(t), |f| <= 1/2 and a degree-7 Taylor polynomial of 2^f
 // (relative error below 1e-8 before rounding).
 inline vec exp2_vec(vec t) {
-#if defined(__AVX512F__)
+#if LATTICE_ISA_ID == 2
   t = t < -150.0f ? vec{} - 150.0f : t; // 2^-150 rounds to zero
   const vec r = reinterpret_cast<vec>(_mm512_roundscale_ps(
       reinterpret_cast<__m512>(t), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -57,7 +54,7 @@ inline vec exp2_vec(vec t) {
   p = p * f + 2.40226506959101e-01f;
   p = p * f + 6.93147180559945e-01f;
   p = p * f + 1.0f;
-#if defined(__AVX512F__)
+#if LATTICE_ISA_ID == 2
   // p * 2^r in one instruction (r is integral, at least -150).
   return reinterpret_cast<vec>(
       _mm512_scalef_ps(reinterpret_cast<__m512>(p), reinterpret_cast<__m512>(r)));
@@ -191,9 +188,9 @@ struct Heads {
   int64_t s[4];
   int heads;
 
-  Heads(const mx::array& a) : p(a.data<T>()), heads(a.shape(1)) {
+  Heads(StridedView a, int heads) : p(static_cast<const T*>(a.data)), heads(heads) {
     for (int i = 0; i < 4; ++i) {
-      s[i] = a.strides()[i];
+      s[i] = a.strides[i];
     }
   }
   // Row i of (patch, head) bh as D floats.
@@ -450,72 +447,58 @@ void backward(
   });
 }
 
-Dims dims_of(const mx::array& q, float scale) {
+Dims dims_of(const AttentionShape& a) {
   Dims g;
-  g.heads = q.shape(1);
-  g.bh = int64_t(q.shape(0)) * g.heads;
-  g.P = q.shape(2);
-  g.D = q.shape(3);
+  g.heads = a.heads;
+  g.bh = a.patches * a.heads;
+  g.P = a.P;
+  g.D = a.D;
   g.Pq = static_cast<int>(round_up(std::max(g.P, 1), QB));
   g.Dp = static_cast<int>(round_up(g.D, simd::kWidth));
-  g.scale = scale;
+  g.scale = a.scale;
   return g;
 }
 
 } // namespace
 
-void patch_attention_forward(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
-    const mx::array& lengths,
-    float scale,
-    mx::array& o,
-    mx::array& lse,
-    mx::Stream s) {
-  o.set_data(mx::allocator::malloc(o.nbytes()));
-  lse.set_data(mx::allocator::malloc(lse.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(s);
-  for (const auto* a : {&q, &k, &v, &lengths}) {
-    enc.set_input_array(*a);
-  }
-  enc.set_output_array(o);
-  enc.set_output_array(lse);
-  const Dims g = dims_of(q, scale);
-  dispatch_float(q.dtype(), [&]<typename T>() {
-    enc.dispatch([qh = Heads<T>(q), kh = Heads<T>(k), vh = Heads<T>(v),
-                  lp = lengths.data<int32_t>(), op = o.data<T>(),
-                  sp = lse.data<float>(), g]() {
-      forward<T>(qh, kh, vh, lp, g, op, sp);
-    });
+void attention_forward(
+    Float t,
+    AttentionShape a,
+    StridedView q,
+    StridedView k,
+    StridedView v,
+    const int32_t* lengths,
+    void* o,
+    float* lse) {
+  const Dims g = dims_of(a);
+  dispatch_float(t, [&]<typename T>() {
+    forward<T>(Heads<T>(q, a.heads), Heads<T>(k, a.heads), Heads<T>(v, a.heads),
+               lengths, g, static_cast<T*>(o), lse);
   });
 }
 
-void patch_attention_backward(
-    const std::vector<mx::array>& in,
-    float scale,
-    std::vector<mx::array>& out,
-    mx::Stream s) {
-  for (auto& a : out) {
-    a.set_data(mx::allocator::malloc(a.nbytes()));
-  }
-  auto& enc = mx::cpu::get_command_encoder(s);
-  for (const auto& a : in) {
-    enc.set_input_array(a);
-  }
-  for (auto& a : out) {
-    enc.set_output_array(a);
-  }
-  const Dims g = dims_of(in[0], scale);
-  dispatch_float(in[0].dtype(), [&]<typename T>() {
-    enc.dispatch([qh = Heads<T>(in[0]), kh = Heads<T>(in[1]), vh = Heads<T>(in[2]),
-                  lp = in[3].data<int32_t>(), oh = Heads<T>(in[4]),
-                  sp = in[5].data<float>(), doh = Heads<T>(in[6]),
-                  dsp = in[7].data<float>(), dqp = out[0].data<T>(),
-                  dkp = out[1].data<T>(), dvp = out[2].data<T>(), g]() {
-      backward<T>(qh, kh, vh, lp, oh, sp, doh, dsp, g, dqp, dkp, dvp);
-    });
+void attention_backward(
+    Float t,
+    AttentionShape a,
+    StridedView q,
+    StridedView k,
+    StridedView v,
+    const int32_t* lengths,
+    StridedView o,
+    const float* lse,
+    StridedView dout,
+    const float* dlse,
+    void* dq,
+    void* dk,
+    void* dv) {
+  const Dims g = dims_of(a);
+  dispatch_float(t, [&]<typename T>() {
+    backward<T>(Heads<T>(q, a.heads), Heads<T>(k, a.heads), Heads<T>(v, a.heads),
+                lengths, Heads<T>(o, a.heads), lse, Heads<T>(dout, a.heads), dlse, g,
+                static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv));
   });
 }
 
-} // namespace mlx_lattice::cpu
+} // namespace mlx_lattice::cpu::LATTICE_ISA
+
+#include "cpu/isa_end.h"

@@ -1,41 +1,22 @@
-// Conversions between the feature dtypes and float32 accumulators.
+// Conversions between the feature dtypes and float32 accumulators, per
+// instruction-set path.
 #pragma once
 
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
+#include "cpu/convert_base.h"
+#include "cpu/isa_begin.h"
 
-#include <stdexcept>
+namespace mlx_lattice::cpu::LATTICE_ISA {
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
+// The portable conversions (cpu/convert_base.h), overloaded below where the
+// path has faster ones.
+using cpu::from_float;
+using cpu::to_float;
 
-#include "mlx/dtype.h"
-#include "mlx/types/bf16.h"
-#include "mlx/types/half_types.h"
-
-namespace mlx_lattice::cpu {
-
-template <typename T>
-inline void to_float(const T* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    dst[i] = static_cast<float>(src[i]);
-  }
-}
-
-template <typename T>
-inline void from_float(const float* src, T* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    dst[i] = static_cast<T>(src[i]);
-  }
-}
-
-#if defined(__F16C__)
-// Hardware half <-> float conversion, 8 lanes at a time (round to nearest
+#if LATTICE_ISA_ID == 1 || LATTICE_ISA_ID == 2
+// Hardware half <-> float conversion (overloads preferred to the templates),
+// 8 lanes at a time (round to nearest
 // even, as MLX's software conversion).
-template <>
-inline void to_float<mlx::core::float16_t>(
+inline void to_float(
     const mlx::core::float16_t* src,
     float* dst,
     int64_t n) {
@@ -49,8 +30,7 @@ inline void to_float<mlx::core::float16_t>(
   }
 }
 
-template <>
-inline void from_float<mlx::core::float16_t>(
+inline void from_float(
     const float* src,
     mlx::core::float16_t* dst,
     int64_t n) {
@@ -66,51 +46,20 @@ inline void from_float<mlx::core::float16_t>(
 }
 #endif
 
-#if !defined(__ARM_FEATURE_BF16)
-// bfloat16 is the upper half of a float32: widen by shifting; narrow with
-// round-to-nearest-even (NaN -> canonical quiet NaN), bit for bit as MLX.
-template <>
-inline void to_float<mlx::core::bfloat16_t>(
-    const mlx::core::bfloat16_t* src,
-    float* dst,
-    int64_t n) {
-  static_assert(sizeof(mlx::core::bfloat16_t) == 2);
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) {
-    d[i] = uint32_t(s[i]) << 16;
-  }
-}
-
-template <>
-inline void from_float<mlx::core::bfloat16_t>(
-    const float* src,
-    mlx::core::bfloat16_t* dst,
-    int64_t n) {
-  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
-  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u = s[i];
-    const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-    uint32_t r = (u + ((u >> 16) & 1u) + 0x7FFFu) >> 16;
-    d[i] = static_cast<uint16_t>(nan ? 0x7FC0u : r);
-  }
-}
-#endif
-
-// Dispatches fn.template operator()<T>() on the floating dtype of `a`.
+// Calls fn.template operator()<T>() for the C++ type of a feature dtype.
 template <typename F>
-void dispatch_float(mlx::core::Dtype dt, F&& fn) {
-  using namespace mlx::core;
-  if (dt == float32) {
-    fn.template operator()<float>();
-  } else if (dt == float16) {
-    fn.template operator()<float16_t>();
-  } else if (dt == bfloat16) {
-    fn.template operator()<bfloat16_t>();
-  } else {
-    throw std::invalid_argument("features must be float32, float16 or bfloat16");
+void dispatch_float(Float dt, F&& fn) {
+  switch (dt) {
+    case Float::f32:
+      fn.template operator()<float>();
+      break;
+    case Float::f16:
+      fn.template operator()<mlx::core::float16_t>();
+      break;
+    case Float::bf16:
+      fn.template operator()<mlx::core::bfloat16_t>();
+      break;
   }
 }
 
-} // namespace mlx_lattice::cpu
+} // namespace mlx_lattice::cpu::LATTICE_ISA

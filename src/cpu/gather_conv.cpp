@@ -7,15 +7,11 @@
 // share an output row, so a tile never conflicts with itself, and every
 // output element sums its offsets in increasing order: the result does not
 // depend on the thread count.
-#include <algorithm>
-#include <vector>
+#include "cpu/isa_begin.h"
 
-#include "cpu/kernels.h"
 #include "cpu/pack.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 
-namespace mlx_lattice::cpu {
+namespace mlx_lattice::cpu::LATTICE_ISA {
 
 namespace {
 
@@ -187,72 +183,45 @@ void run(const T* x, const T* w, CsrView v, int64_t n_x, int64_t K, int A, int B
 
 } // namespace
 
+void gather_conv(
+    Float t,
+    const void* x,
+    const void* w,
+    CsrView v,
+    int64_t n_x,
+    int64_t K,
+    int A,
+    int B,
+    void* y) {
+  dispatch_float(t, [&]<typename T>() {
+    run<T>(static_cast<const T*>(x), static_cast<const T*>(w), v, n_x, K, A, B, static_cast<T*>(y));
+  });
+}
+
 void gather_conv_quantized(
-    const mx::array& x,
-    const mx::array& codes,
-    const mx::array& scales,
-    const mx::array& biases,
+    Float t,
+    Float s,
+    const void* x,
+    const uint32_t* codes,
+    const void* scales,
+    const void* biases,
     int bits,
     int group,
+    CsrView v,
+    int64_t n_x,
     int64_t K,
-    CsrView view,
-    mx::array& out,
-    mx::Stream s) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(s);
-  for (const auto* a : {&x, &codes, &scales, &biases}) {
-    enc.set_input_array(*a);
-  }
-  enc.set_output_array(out);
-  const int A = x.shape(1);
-  const int B = out.shape(1);
-  const int64_t n_x = x.shape(0);
-  dispatch_float(out.dtype(), [&]<typename T>() {
-    dispatch_float(scales.dtype(), [&]<typename S>() {
-      enc.dispatch([xp = x.data<T>(),
-                    cp = codes.data<uint32_t>(),
-                    sp = scales.data<S>(),
-                    bp = biases.data<S>(),
-                    yp = out.data<T>(),
-                    bits,
-                    group,
-                    view,
-                    n_x,
-                    K,
-                    A,
-                    B]() {
-        auto packed = pack_quantized_weights(cp, sp, bp, bits, group, K, A, B);
-        run_packed(xp, packed, view, n_x, K, A, B, yp);
-      });
+    int A,
+    int B,
+    void* y) {
+  dispatch_float(t, [&]<typename T>() {
+    dispatch_float(s, [&]<typename S>() {
+      auto packed = pack_quantized_weights(
+          codes, static_cast<const S*>(scales), static_cast<const S*>(biases), bits, group, K, A, B);
+      run_packed(static_cast<const T*>(x), packed, v, n_x, K, A, B, static_cast<T*>(y));
     });
   });
 }
 
-void gather_conv(
-    const mx::array& x,
-    const mx::array& w,
-    CsrView view,
-    mx::array& out,
-    mx::Stream s) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(s);
-  enc.set_input_array(x);
-  enc.set_input_array(w);
-  enc.set_output_array(out);
-  const int A = x.shape(1);
-  const int B = w.shape(2);
-  const int64_t K = w.shape(0);
-  const int64_t n_x = x.shape(0);
-  dispatch_float(out.dtype(), [&]<typename T>() {
-    enc.dispatch([xp = x.data<T>(),
-                  wp = w.data<T>(),
-                  yp = out.data<T>(),
-                  view,
-                  n_x,
-                  K,
-                  A,
-                  B]() { run<T>(xp, wp, view, n_x, K, A, B, yp); });
-  });
-}
+} // namespace mlx_lattice::cpu::LATTICE_ISA
 
-} // namespace mlx_lattice::cpu
+#include "cpu/isa_end.h"

@@ -9,17 +9,12 @@
 // acc[c] += xs[c] * W[k][a, c] with xs[c] = x[(c / Bg) * Ag + a] (the row
 // itself when depthwise with multiplier 1). Each output row (or weight-gradient chunk) is summed by one
 // task in edge order, so results do not depend on the thread count.
-#include <algorithm>
-#include <vector>
+#include "cpu/isa_begin.h"
 
 #include "cpu/convert.h"
-#include "cpu/kernels.h"
 #include "cpu/simd.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
-#include "threadpool.h"
 
-namespace mlx_lattice::cpu {
+namespace mlx_lattice::cpu::LATTICE_ISA {
 
 namespace {
 
@@ -209,66 +204,44 @@ void run_wgrad(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, G
   });
 }
 
-void check_groups(int A, int B, int groups, const char* op) {
-  if (groups < 1 || A % groups != 0 || B % groups != 0) {
-    throw std::invalid_argument(
-        std::string(op) + ": groups must divide both channel counts");
-  }
-}
-
 } // namespace
 
 void grouped_conv(
-    const mx::array& x,
-    const mx::array& w,
+    Float t,
+    const void* x,
+    const void* w,
     int groups,
-    CsrView view,
-    mx::array& out,
-    mx::Stream s) {
-  const int A = x.shape(1);
-  const int B = w.shape(2);
-  check_groups(A, B, groups, "grouped_conv");
-  if (w.shape(1) * groups != A) {
-    throw std::invalid_argument("grouped_conv: w must be (K, A / groups, B)");
-  }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(s);
-  enc.set_input_array(x);
-  enc.set_input_array(w);
-  enc.set_output_array(out);
-  const int64_t K = w.shape(0);
-  const int64_t n_x = x.shape(0);
+    CsrView v,
+    int64_t n_x,
+    int64_t K,
+    int A,
+    int B,
+    void* y) {
   const Groups gr(A, B, groups);
-  dispatch_float(out.dtype(), [&]<typename T>() {
-    enc.dispatch([xp = x.data<T>(), wp = w.data<T>(), yp = out.data<T>(), view, n_x, K, gr]() {
-      run_conv<T>(xp, wp, view, n_x, K, gr, yp);
-    });
+  dispatch_float(t, [&]<typename T>() {
+    run_conv<T>(static_cast<const T*>(x), static_cast<const T*>(w), v, n_x, K, gr,
+                static_cast<T*>(y));
   });
 }
 
 void grouped_weight_grad(
-    const mx::array& x,
-    const mx::array& ct,
+    Float t,
+    const void* x,
+    const void* ct,
     int groups,
-    PairView view,
-    mx::array& out,
-    mx::Stream s) {
-  const int A = x.shape(1);
-  const int B = ct.shape(1);
-  check_groups(A, B, groups, "grouped_weight_grad");
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(s);
-  enc.set_input_array(x);
-  enc.set_input_array(ct);
-  enc.set_output_array(out);
-  const int64_t n_x = x.shape(0);
-  const int64_t n_ct = ct.shape(0);
+    PairView v,
+    int64_t n_x,
+    int64_t n_ct,
+    int A,
+    int B,
+    void* out) {
   const Groups gr(A, B, groups);
-  dispatch_float(out.dtype(), [&]<typename T>() {
-    enc.dispatch([xp = x.data<T>(), cp = ct.data<T>(), op = out.data<T>(), view, n_x, n_ct, gr]() {
-      run_wgrad<T>(xp, cp, view, n_x, n_ct, gr, op);
-    });
+  dispatch_float(t, [&]<typename T>() {
+    run_wgrad<T>(static_cast<const T*>(x), static_cast<const T*>(ct), v, n_x, n_ct, gr,
+                 static_cast<T*>(out));
   });
 }
 
-} // namespace mlx_lattice::cpu
+} // namespace mlx_lattice::cpu::LATTICE_ISA
+
+#include "cpu/isa_end.h"

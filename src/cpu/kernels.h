@@ -1,9 +1,12 @@
 // CPU kernels behind the primitives. Every output element is computed by one
 // task with a fixed summation order, so results do not depend on threads.
+// Each call runs the instruction-set path in use (cpu/isa.h).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "cpu/isa.h"
 #include "mlx/array.h"
 #include "mlx/stream.h"
 
@@ -11,15 +14,9 @@ namespace mlx_lattice::cpu {
 
 namespace mx = mlx::core;
 
-// CSR rows of a relation view; `offsets == nullptr` means identity
-// (row r has the single edge (gather r, offset 0)).
-struct CsrView {
-  const int32_t* offsets = nullptr;
-  const int32_t* gather = nullptr;
-  const int32_t* k = nullptr;
-  int64_t rows = 0;
-  int64_t edges = 0;
-};
+// The kernels' Float of a feature dtype; throws std::invalid_argument for
+// any other dtype.
+Float feature_type(mx::Dtype dt);
 
 // out (rows, B) = per-row sum of x[gather] @ w[k]; x (N, A), w (K, A, B).
 void gather_conv(
@@ -43,22 +40,31 @@ void gather_conv_quantized(
     mx::array& out,
     mx::Stream s);
 
-// Kernel-major pairs: for offset k, edges [offsets[k], offsets[k+1]) pair
-// gather row g[e] of x with row r[e] of ct. identity: K = 1, g = r = e.
-struct PairView {
-  const int32_t* offsets = nullptr;
-  const int32_t* g = nullptr;
-  const int32_t* r = nullptr;
-  int64_t k = 1;
-  int64_t edges = 0;
-};
-
 // out (K, A, B) = per-offset sum of x[g]^T ct[r]; x (N, A), ct (M, B).
 void weight_grad(
     const mx::array& x,
     const mx::array& ct,
     PairView view,
     mx::array& out,
+    mx::Stream s);
+
+// o (patches, heads, P, D) and lse (patches, heads, P) of patch attention;
+// q, k, v are read through their strides, lengths is contiguous int32.
+void patch_attention_forward(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& lengths,
+    float scale,
+    mx::array& o,
+    mx::array& lse,
+    mx::Stream s);
+
+// in: q, k, v, lengths, o, lse, do, dlse; out: dq, dk, dv.
+void patch_attention_backward(
+    const std::vector<mx::array>& in,
+    float scale,
+    std::vector<mx::array>& out,
     mx::Stream s);
 
 // Grouped products (src/cpu/grouped_conv.cpp): w (K, A / groups, B); output

@@ -1,21 +1,12 @@
 // Packing helpers shared by the CPU convolution kernels.
 #pragma once
 
-#include <algorithm>
-#include <cstdint>
-#include <cstdlib>
-#include <new>
-#include <vector>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+#include "cpu/isa_begin.h"
 
 #include "cpu/convert.h"
 #include "cpu/simd.h"
-#include "threadpool.h"
 
-namespace mlx_lattice::cpu {
+namespace mlx_lattice::cpu::LATTICE_ISA {
 
 inline int64_t round_up(int64_t v, int64_t m) {
   return (v + m - 1) / m * m;
@@ -177,4 +168,4 @@ const float* float_rows(const T* x, int64_t n, int64_t cols, Scratch& buf) {
   }
 }
 
-} // namespace mlx_lattice::cpu
+} // namespace mlx_lattice::cpu::LATTICE_ISA

@@ -1,25 +1,26 @@
 // Portable SIMD vectors for the CPU micro-kernels (GCC/Clang vector
-// extensions): 16 floats per vector with AVX-512, 8 with AVX, 4 otherwise
-// (NEON on Apple Silicon). Multiply-adds contract to FMA where available.
+// extensions), sized by the instruction-set path being compiled (see
+// cpu/isa_begin.h): 16 floats per vector with AVX-512, 8 with AVX2, 4 on the
+// x86-64 baseline (SSE2) and NEON. Multiply-adds contract to FMA where the
+// path has it (AVX2, AVX-512, NEON; not the x86-64 baseline).
 #pragma once
 
-#include <cstring>
+#include "cpu/isa_begin.h"
 
-#if defined(__AVX512F__) || defined(__AVX__)
-#include <immintrin.h>
-#endif
+namespace mlx_lattice::cpu::LATTICE_ISA::simd {
 
-namespace mlx_lattice::cpu::simd {
-
-#if defined(__AVX512F__)
+#if LATTICE_ISA_ID == 2
 constexpr int kWidth = 16;
 constexpr int kRegisters = 32;
-#elif defined(__AVX__)
+#elif LATTICE_ISA_ID == 1
 constexpr int kWidth = 8;
 constexpr int kRegisters = 16;
-#else
+#elif LATTICE_ISA_ID == 3
 constexpr int kWidth = 4;
 constexpr int kRegisters = 32;
+#else
+constexpr int kWidth = 4;
+constexpr int kRegisters = 16;
 #endif
 
 typedef float vec __attribute__((vector_size(kWidth * sizeof(float))));
@@ -42,9 +43,9 @@ inline vec broadcast(float s) {
 // followed by a register broadcast would also occupy a shuffle port that the
 // FMAs need (the inner loops issue one broadcast per row per input channel).
 inline vec broadcast_load(const float* p) {
-#if defined(__AVX512F__)
+#if LATTICE_ISA_ID == 2
   return reinterpret_cast<vec>(_mm512_broadcastss_ps(_mm_load_ss(p)));
-#elif defined(__AVX__)
+#elif LATTICE_ISA_ID == 1
   return reinterpret_cast<vec>(_mm256_broadcast_ss(p));
 #else
   return vec{} + *p;
@@ -63,10 +64,10 @@ constexpr int rows_for(int nv) {
 }
 
 // Widest register tile in vectors (a column block is kMaxVectors * kWidth).
-#if defined(__AVX__) && !defined(__AVX512F__)
+#if LATTICE_ISA_ID == 1 || LATTICE_ISA_ID == 0
 constexpr int kMaxVectors = 2;
 #else
 constexpr int kMaxVectors = 4;
 #endif
 
-} // namespace mlx_lattice::cpu::simd
+} // namespace mlx_lattice::cpu::LATTICE_ISA::simd

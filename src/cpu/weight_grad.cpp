@@ -5,16 +5,11 @@
 // the problem; each chunk packs panels of gathered rows (float32) and
 // accumulates into its own partial sum with register tiles. Partials are
 // reduced in chunk order, so results do not depend on the thread count.
-#include <algorithm>
-#include <utility>
-#include <vector>
+#include "cpu/isa_begin.h"
 
-#include "cpu/kernels.h"
 #include "cpu/pack.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 
-namespace mlx_lattice::cpu {
+namespace mlx_lattice::cpu::LATTICE_ISA {
 
 namespace {
 
@@ -92,18 +87,18 @@ void panel_product(const float* xp, int ldx, const float* cp, int ldc, int64_t n
 }
 
 // Direct path: float32 rows whose widths are whole vectors are read where
-// they lie; sub-panels of edges keep the rows they touch in L1 while every
-// (input-channel tile, column block) pass runs over them.
+// they lie, one sub-panel of edges [s0, s1) at a time: every (column block,
+// input-channel tile) pass runs over it while its rows are in L1.
 template <int NV>
-void gathered_product(
+void subpanel_product(
     const float* xf,
     int A,
     const float* cf,
     int B,
     const int32_t* g,
     const int32_t* r,
-    int64_t e0,
-    int64_t e1,
+    int64_t s0,
+    int64_t s1,
     int c0,
     float* acc,
     int lda) {
@@ -119,18 +114,52 @@ void gathered_product(
           xf + (g ? int64_t(g[e]) : e) * A + a0, cf + (r ? int64_t(r[e]) : e) * B + c0};
     };
   };
-  for (int64_t s0 = e0; s0 < e1; s0 += 64) {
-    const int64_t s1 = std::min(e1, s0 + 64);
-    with_rows<1, kMaxRows>(mr, [&]<int MR>() {
-      for (int t = 0; t < full; ++t) {
-        const int a0 = t * MR;
-        tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda);
-      }
+  with_rows<1, kMaxRows>(mr, [&]<int MR>() {
+    for (int t = 0; t < full; ++t) {
+      const int a0 = t * MR;
+      tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda);
+    }
+  });
+  if (rest > 0) {
+    with_rows<1, kMaxRows>(rest, [&]<int MR>() {
+      const int a0 = full * mr;
+      tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda);
     });
-    if (rest > 0) {
-      with_rows<1, kMaxRows>(rest, [&]<int MR>() {
-        const int a0 = full * mr;
-        tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda);
+  }
+}
+
+constexpr int64_t kSubpanel = 64; // edges whose rows stay in L1
+
+// Direct path over edges [e0, e1): sub-panels outermost, so that each
+// sub-panel's gathered rows are fetched once for all column blocks; the
+// next sub-panel's rows are prefetched while this one computes.
+void gathered_product(
+    const float* xf,
+    int A,
+    const float* cf,
+    int B,
+    const int32_t* g,
+    const int32_t* r,
+    int64_t e0,
+    int64_t e1,
+    const std::vector<std::pair<int, int>>& blocks,
+    float* acc,
+    int lda) {
+  for (int64_t s0 = e0; s0 < e1; s0 += kSubpanel) {
+    const int64_t s1 = std::min(e1, s0 + kSubpanel);
+    for (int64_t e = s1; e < std::min(e1, s1 + kSubpanel); ++e) {
+      const char* xr = reinterpret_cast<const char*>(xf + (g ? int64_t(g[e]) : e) * A);
+      const char* cr = reinterpret_cast<const char*>(cf + (r ? int64_t(r[e]) : e) * B);
+      for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
+        __builtin_prefetch(xr + off);
+      }
+      for (int64_t off = 0; off < int64_t(B) * 4; off += 64) {
+        __builtin_prefetch(cr + off);
+      }
+    }
+    for (auto [col, nv] : blocks) {
+      dispatch_vectors(nv, [&]<int NV>() {
+        subpanel_product<NV>(xf, A, cf, B, g, r, s0, s1, col, acc, lda);
       });
     }
   }
@@ -150,10 +179,12 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
   Scratch xbuf, cbuf;
   const float* xf = direct ? float_rows(x, n_x, A, xbuf) : nullptr;
   const float* cf = direct ? float_rows(ct, n_ct, B, cbuf) : nullptr;
-  // Chunk size from the problem only: bound the partial sums' memory.
+  // Chunk size from the problem only (not the vector width, so that every
+  // path sums in the same order): bound the partial sums' memory.
   const int64_t budget = int64_t(1) << 23; // floats
+  const int64_t bound_floats = int64_t(ap) * round_up(B, 16);
   int64_t chunk = 4096;
-  while (chunk < v.edges && (v.edges / chunk + v.k) * tile_floats > budget) {
+  while (chunk < v.edges && (v.edges / chunk + v.k) * bound_floats > budget) {
     chunk *= 2;
   }
   std::vector<Chunk> chunks;
@@ -176,11 +207,7 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
       if (direct) {
         const int32_t* g = v.offsets ? v.g : nullptr;
         const int32_t* r = v.offsets ? v.r : nullptr;
-        for (auto [col, nv] : blocks) {
-          dispatch_vectors(nv, [&]<int NV>() {
-            gathered_product<NV>(xf, A, cf, B, g, r, chunks[c].e0, chunks[c].e1, col, acc, bp);
-          });
-        }
+        gathered_product(xf, A, cf, B, g, r, chunks[c].e0, chunks[c].e1, blocks, acc, bp);
         continue;
       }
       xp.assign(kPanel * ap, 0.0f);
@@ -221,30 +248,20 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
 } // namespace
 
 void weight_grad(
-    const mx::array& x,
-    const mx::array& ct,
-    PairView view,
-    mx::array& out,
-    mx::Stream s) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(s);
-  enc.set_input_array(x);
-  enc.set_input_array(ct);
-  enc.set_output_array(out);
-  const int A = x.shape(1);
-  const int B = ct.shape(1);
-  const int64_t n_x = x.shape(0);
-  const int64_t n_ct = ct.shape(0);
-  dispatch_float(out.dtype(), [&]<typename T>() {
-    enc.dispatch([xp = x.data<T>(),
-                  cp = ct.data<T>(),
-                  op = out.data<T>(),
-                  view,
-                  n_x,
-                  n_ct,
-                  A,
-                  B]() { run<T>(xp, cp, view, n_x, n_ct, A, B, op); });
+    Float t,
+    const void* x,
+    const void* ct,
+    PairView v,
+    int64_t n_x,
+    int64_t n_ct,
+    int A,
+    int B,
+    void* out) {
+  dispatch_float(t, [&]<typename T>() {
+    run<T>(static_cast<const T*>(x), static_cast<const T*>(ct), v, n_x, n_ct, A, B, static_cast<T*>(out));
   });
 }
 
-} // namespace mlx_lattice::cpu
+} // namespace mlx_lattice::cpu::LATTICE_ISA
+
+#include "cpu/isa_end.h"

@@ -1,0 +1,261 @@
+// The CPU kernels as MLX command-encoder tasks: each call binds its arrays
+// and dispatches the active instruction-set path's kernel (cpu/isa.h),
+// chosen when the task is encoded.
+#include "cpu/kernels.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace mlx_lattice::cpu {
+
+Float feature_type(mx::Dtype dt) {
+  if (dt == mx::float32) {
+    return Float::f32;
+  }
+  if (dt == mx::float16) {
+    return Float::f16;
+  }
+  if (dt == mx::bfloat16) {
+    return Float::bf16;
+  }
+  throw std::invalid_argument("features must be float32, float16 or bfloat16");
+}
+
+namespace {
+
+StridedView strided(const mx::array& a) {
+  StridedView v;
+  v.data = a.data<void>();
+  for (int i = 0; i < 4; ++i) {
+    v.strides[i] = a.strides()[i];
+  }
+  return v;
+}
+
+void check_groups(int A, int B, int groups, const char* op) {
+  if (groups < 1 || A % groups != 0 || B % groups != 0) {
+    throw std::invalid_argument(
+        std::string(op) + ": groups must divide both channel counts");
+  }
+}
+
+AttentionShape attention_shape(const mx::array& q, float scale) {
+  return {q.shape(0), q.shape(1), q.shape(2), q.shape(3), scale};
+}
+
+} // namespace
+
+void gather_conv(
+    const mx::array& x,
+    const mx::array& w,
+    CsrView view,
+    mx::array& out,
+    mx::Stream s) {
+  const Float t = feature_type(out.dtype());
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  enc.dispatch([fn = active_kernels().gather_conv,
+                t,
+                xp = x.data<void>(),
+                wp = w.data<void>(),
+                yp = out.data<void>(),
+                view,
+                n_x = int64_t(x.shape(0)),
+                K = int64_t(w.shape(0)),
+                A = int(x.shape(1)),
+                B = int(w.shape(2))]() { fn(t, xp, wp, view, n_x, K, A, B, yp); });
+}
+
+void gather_conv_quantized(
+    const mx::array& x,
+    const mx::array& codes,
+    const mx::array& scales,
+    const mx::array& biases,
+    int bits,
+    int group,
+    int64_t K,
+    CsrView view,
+    mx::array& out,
+    mx::Stream s) {
+  const Float t = feature_type(out.dtype());
+  const Float st = feature_type(scales.dtype());
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto* a : {&x, &codes, &scales, &biases}) {
+    enc.set_input_array(*a);
+  }
+  enc.set_output_array(out);
+  enc.dispatch([fn = active_kernels().gather_conv_quantized,
+                t,
+                st,
+                xp = x.data<void>(),
+                cp = codes.data<uint32_t>(),
+                sp = scales.data<void>(),
+                bp = biases.data<void>(),
+                yp = out.data<void>(),
+                bits,
+                group,
+                view,
+                n_x = int64_t(x.shape(0)),
+                K,
+                A = int(x.shape(1)),
+                B = int(out.shape(1))]() {
+    fn(t, st, xp, cp, sp, bp, bits, group, view, n_x, K, A, B, yp);
+  });
+}
+
+void weight_grad(
+    const mx::array& x,
+    const mx::array& ct,
+    PairView view,
+    mx::array& out,
+    mx::Stream s) {
+  const Float t = feature_type(out.dtype());
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  enc.set_input_array(x);
+  enc.set_input_array(ct);
+  enc.set_output_array(out);
+  enc.dispatch([fn = active_kernels().weight_grad,
+                t,
+                xp = x.data<void>(),
+                cp = ct.data<void>(),
+                op = out.data<void>(),
+                view,
+                n_x = int64_t(x.shape(0)),
+                n_ct = int64_t(ct.shape(0)),
+                A = int(x.shape(1)),
+                B = int(ct.shape(1))]() { fn(t, xp, cp, view, n_x, n_ct, A, B, op); });
+}
+
+void grouped_conv(
+    const mx::array& x,
+    const mx::array& w,
+    int groups,
+    CsrView view,
+    mx::array& out,
+    mx::Stream s) {
+  const int A = x.shape(1);
+  const int B = w.shape(2);
+  check_groups(A, B, groups, "grouped_conv");
+  if (w.shape(1) * groups != A) {
+    throw std::invalid_argument("grouped_conv: w must be (K, A / groups, B)");
+  }
+  const Float t = feature_type(out.dtype());
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  enc.dispatch([fn = active_kernels().grouped_conv,
+                t,
+                xp = x.data<void>(),
+                wp = w.data<void>(),
+                yp = out.data<void>(),
+                groups,
+                view,
+                n_x = int64_t(x.shape(0)),
+                K = int64_t(w.shape(0)),
+                A,
+                B]() { fn(t, xp, wp, groups, view, n_x, K, A, B, yp); });
+}
+
+void grouped_weight_grad(
+    const mx::array& x,
+    const mx::array& ct,
+    int groups,
+    PairView view,
+    mx::array& out,
+    mx::Stream s) {
+  const int A = x.shape(1);
+  const int B = ct.shape(1);
+  check_groups(A, B, groups, "grouped_weight_grad");
+  const Float t = feature_type(out.dtype());
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  enc.set_input_array(x);
+  enc.set_input_array(ct);
+  enc.set_output_array(out);
+  enc.dispatch([fn = active_kernels().grouped_weight_grad,
+                t,
+                xp = x.data<void>(),
+                cp = ct.data<void>(),
+                op = out.data<void>(),
+                groups,
+                view,
+                n_x = int64_t(x.shape(0)),
+                n_ct = int64_t(ct.shape(0)),
+                A,
+                B]() { fn(t, xp, cp, groups, view, n_x, n_ct, A, B, op); });
+}
+
+void patch_attention_forward(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    const mx::array& lengths,
+    float scale,
+    mx::array& o,
+    mx::array& lse,
+    mx::Stream s) {
+  const Float t = feature_type(q.dtype());
+  o.set_data(mx::allocator::malloc(o.nbytes()));
+  lse.set_data(mx::allocator::malloc(lse.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto* a : {&q, &k, &v, &lengths}) {
+    enc.set_input_array(*a);
+  }
+  enc.set_output_array(o);
+  enc.set_output_array(lse);
+  enc.dispatch([fn = active_kernels().attention_forward,
+                t,
+                a = attention_shape(q, scale),
+                qv = strided(q),
+                kv = strided(k),
+                vv = strided(v),
+                lp = lengths.data<int32_t>(),
+                op = o.data<void>(),
+                sp = lse.data<float>()]() { fn(t, a, qv, kv, vv, lp, op, sp); });
+}
+
+void patch_attention_backward(
+    const std::vector<mx::array>& in,
+    float scale,
+    std::vector<mx::array>& out,
+    mx::Stream s) {
+  const Float t = feature_type(in[0].dtype());
+  for (auto& a : out) {
+    a.set_data(mx::allocator::malloc(a.nbytes()));
+  }
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto& a : in) {
+    enc.set_input_array(a);
+  }
+  for (auto& a : out) {
+    enc.set_output_array(a);
+  }
+  enc.dispatch([fn = active_kernels().attention_backward,
+                t,
+                a = attention_shape(in[0], scale),
+                qv = strided(in[0]),
+                kv = strided(in[1]),
+                vv = strided(in[2]),
+                lp = in[3].data<int32_t>(),
+                ov = strided(in[4]),
+                sp = in[5].data<float>(),
+                dov = strided(in[6]),
+                dsp = in[7].data<float>(),
+                dqp = out[0].data<void>(),
+                dkp = out[1].data<void>(),
+                dvp = out[2].data<void>()]() {
+    fn(t, a, qv, kv, vv, lp, ov, sp, dov, dsp, dqp, dkp, dvp);
+  });
+}
+
+} // namespace mlx_lattice::cpu
