@@ -53,12 +53,9 @@ def nvidia_driver_present() -> bool:
 
 
 def cpu_isa() -> str:
-    """The CPU kernels' instruction-set path."""
-    fn = getattr(_ext, "cpu_isa", None)
-    if fn is not None:
-        return str(fn())
-    processor = diagnostics.build_info().get("processor") or platform.machine()
-    return f"compile-time ({processor})"
+    """The CPU kernels' instruction-set path, and the paths this build carries."""
+    native = " (-march=native build)" if _ext.CPU_NATIVE_BUILD else ""
+    return f"{_ext.cpu_isa()}{native}; built: {', '.join(_ext.built_cpu_isas())}"
 
 
 def typical_route(backend: str) -> dict:
