@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
+from mlx_lattice import cuda
+
 
 @pytest.fixture
 def rng(request):
@@ -29,6 +31,19 @@ def on_cpu():
     mx.set_default_device(previous)
 
 
+@pytest.fixture
+def on_gpu():
+    """Run on the GPU backend (tests of the CUDA kernels)."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.gpu)
+    yield
+    mx.set_default_device(previous)
+
+
+# The CUDA tests run only where MLX's CUDA backend sees a GPU.
+needs_cuda = pytest.mark.skipif(not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU")
+
+
 TOLERANCES = {
     mx.float32: dict(rtol=1e-4, atol=1e-4),
     mx.float16: dict(rtol=2e-2, atol=2e-2),
@@ -40,6 +55,13 @@ TOLERANCES = {
 METAL_TOLERANCES = {
     mx.float32: dict(rtol=1e-4, atol=1e-4),
     mx.float16: dict(rtol=2e-2, atol=3e-2),
+}
+# CUDA routes against the float64 oracle: half precision as the Metal
+# programs, bfloat16 wider still (8 mantissa bits).
+CUDA_TOLERANCES = {
+    mx.float32: dict(rtol=1e-4, atol=1e-4),
+    mx.float16: dict(rtol=2e-2, atol=3e-2),
+    mx.bfloat16: dict(rtol=6e-2, atol=1.5e-1),
 }
 # Single kernels against per-edge NumPy sums in the same precision.
 METAL_KERNEL_TOLERANCES = {

@@ -8,20 +8,12 @@ import mlx.core as mx
 from mlx_lattice import _ext, cuda
 from mlx_lattice.manager import CoordinateManager
 
-pytestmark = pytest.mark.skipif(
-    not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU"
-)
+from conftest import needs_cuda
+
+pytestmark = needs_cuda
 
 if cuda.available():
     from mlx_lattice.cuda import maps
-
-
-@pytest.fixture
-def on_gpu():
-    previous = mx.default_device()
-    mx.set_default_device(mx.gpu)
-    yield
-    mx.set_default_device(previous)
 
 
 def cloud(rng, n, batches=2, extent=12):

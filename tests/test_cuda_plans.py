@@ -10,9 +10,9 @@ import mlx.core as mx
 from mlx_lattice import _ext, cuda
 from mlx_lattice.relation import KernelGeometry, Relation
 
-pytestmark = pytest.mark.skipif(
-    not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU"
-)
+from conftest import needs_cuda
+
+pytestmark = needs_cuda
 
 if cuda.available():
     from mlx_lattice.cuda import maps, plans
