@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
+import mlx_lattice as ml
 from mlx_lattice import cuda
 
 
@@ -37,6 +38,23 @@ def assert_same(a, b):
     a, b = np.array(a), np.array(b)
     assert a.shape == b.shape and a.dtype == b.dtype
     np.testing.assert_array_equal(a, b)
+
+
+def assert_same_across_threads(run, counts=(1, 2, 3)):
+    """run() returns arrays; they must agree bit for bit at every thread
+    count in `counts` (the library's count is restored after)."""
+    before = ml.num_threads()
+    results = []
+    try:
+        for t in counts:
+            ml.set_num_threads(t)
+            results.append([np.array(a) for a in run()])
+    finally:
+        ml.set_num_threads(before)
+    for r in results[1:]:
+        for a, b in zip(results[0], r):
+            np.testing.assert_array_equal(a, b)
+            assert a.tobytes() == b.tobytes()
 
 
 @pytest.fixture
