@@ -23,18 +23,9 @@ import mlx.nn as mnn
 import mlx.optimizers as optim
 
 from . import _ext, algebra, num_threads
+from .bench import best_time
 from .nn import normalization
 from .tensor import SparseTensor
-
-
-def best_time(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 @contextmanager

@@ -154,6 +154,27 @@ void check_finite(const PointSet& s, const char* name, double* max_abs) {
   }
 }
 
+// Queries and reference points, evaluated and checked (shapes, dtypes,
+// finite); the arrays keep the views' data alive. max_abs: the largest
+// coordinate magnitude of either set.
+struct QuerySets {
+  mx::array qa, qba, pa, pba;
+  PointSet q, ref;
+  double max_abs = 0;
+
+  QuerySets(
+      const mx::array& queries,
+      const mx::array& query_batch,
+      const mx::array& points,
+      const mx::array& point_batch)
+      : qa(queries), qba(query_batch), pa(points), pba(point_batch) {
+    q = view(qa, qba, "queries");
+    ref = view(pa, pba, "points");
+    check_finite(q, "queries", &max_abs);
+    check_finite(ref, "points", &max_abs);
+  }
+};
+
 mx::array make_float32(int64_t n) {
   return mx::array(
       mx::allocator::malloc(std::max<int64_t>(n, 1) * sizeof(float)),
@@ -182,12 +203,9 @@ NeighborCSR knn_query(
     const mx::array& point_batch_in,
     int k) {
   if (k < 1) throw std::invalid_argument("k must be positive");
-  mx::array qa = queries_in, qba = query_batch_in, pa = points_in, pba = point_batch_in;
-  const PointSet q = view(qa, qba, "queries");
-  const PointSet ref = view(pa, pba, "points");
-  double max_abs = 0;
-  check_finite(q, "queries", &max_abs);
-  check_finite(ref, "points", &max_abs);
+  const QuerySets sets(queries_in, query_batch_in, points_in, point_batch_in);
+  const PointSet &q = sets.q, &ref = sets.ref;
+  const double max_abs = sets.max_abs;
 
   // Cell side: about k / 2 points of a batch item per cell, from the
   // reference bounding box (flat sets: each side at least 1e-3 of the longest).
@@ -303,12 +321,9 @@ NeighborCSR radius_query(
     throw std::invalid_argument("radius must be positive and finite");
   }
   if (max_neighbors < 0) throw std::invalid_argument("max_neighbors must be >= 0");
-  mx::array qa = queries_in, qba = query_batch_in, pa = points_in, pba = point_batch_in;
-  const PointSet q = view(qa, qba, "queries");
-  const PointSet ref = view(pa, pba, "points");
-  double max_abs = 0;
-  check_finite(q, "queries", &max_abs);
-  check_finite(ref, "points", &max_abs);
+  const QuerySets sets(queries_in, query_batch_in, points_in, point_batch_in);
+  const PointSet &q = sets.q, &ref = sets.ref;
+  const double max_abs = sets.max_abs;
   // Slightly wider than the radius so a neighbour's cell index never differs
   // by more than one on any axis, whatever the rounding.
   const double cell = radius * 1.001;

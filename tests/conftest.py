@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
+import mlx_lattice as ml
+from mlx_lattice import cuda
+
 
 @pytest.fixture
 def rng(request):
@@ -20,6 +23,40 @@ def to_np(a) -> np.ndarray:
     return np.array(a.astype(mx.float32)).astype(np.float64)
 
 
+def voxel_cloud(rng, n: int, batches: int = 2, extent: int = 12) -> mx.array:
+    """Unique int32 (batch, x, y, z) rows, coordinates in [-extent, extent),
+    in random order (map builders must not rely on sorted input)."""
+    pts = np.stack(
+        [rng.integers(0, batches, n), *(rng.integers(-extent, extent, n) for _ in range(3))], 1
+    )
+    pts = np.unique(pts, axis=0)
+    return mx.array(pts[rng.permutation(len(pts))].astype(np.int32))
+
+
+def assert_same(a, b):
+    """Equal arrays: shape, dtype and every element."""
+    a, b = np.array(a), np.array(b)
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_array_equal(a, b)
+
+
+def assert_same_across_threads(run, counts=(1, 2, 3)):
+    """run() returns arrays; they must agree bit for bit at every thread
+    count in `counts` (the library's count is restored after)."""
+    before = ml.num_threads()
+    results = []
+    try:
+        for t in counts:
+            ml.set_num_threads(t)
+            results.append([np.array(a) for a in run()])
+    finally:
+        ml.set_num_threads(before)
+    for r in results[1:]:
+        for a, b in zip(results[0], r):
+            np.testing.assert_array_equal(a, b)
+            assert a.tobytes() == b.tobytes()
+
+
 @pytest.fixture
 def on_cpu():
     """Run on the CPU backend (tests that assert CPU route names or threads)."""
@@ -27,6 +64,19 @@ def on_cpu():
     mx.set_default_device(mx.cpu)
     yield
     mx.set_default_device(previous)
+
+
+@pytest.fixture
+def on_gpu():
+    """Run on the GPU backend (tests of the CUDA kernels)."""
+    previous = mx.default_device()
+    mx.set_default_device(mx.gpu)
+    yield
+    mx.set_default_device(previous)
+
+
+# The CUDA tests run only where MLX's CUDA backend sees a GPU.
+needs_cuda = pytest.mark.skipif(not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU")
 
 
 TOLERANCES = {
@@ -41,6 +91,9 @@ METAL_TOLERANCES = {
     mx.float32: dict(rtol=1e-4, atol=1e-4),
     mx.float16: dict(rtol=2e-2, atol=3e-2),
 }
+# CUDA routes against the float64 oracle: as the Metal programs, and
+# bfloat16 wider still (8 mantissa bits).
+CUDA_TOLERANCES = {**METAL_TOLERANCES, mx.bfloat16: dict(rtol=6e-2, atol=1.5e-1)}
 # Single kernels against per-edge NumPy sums in the same precision.
 METAL_KERNEL_TOLERANCES = {
     mx.float32: dict(rtol=1e-5, atol=1e-5),

@@ -6,21 +6,12 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import cuda, ops
+from mlx_lattice import ops
 
 import oracle
+from conftest import CUDA_TOLERANCES as TOL, needs_cuda, to_np
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU"),
-]
-
-TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2),
-       mx.bfloat16: dict(rtol=6e-2, atol=1.5e-1)}
-
-
-def to64(a):
-    return np.array(a.astype(mx.float32)).astype(np.float64)
+pytestmark = [pytest.mark.cuda, needs_cuda]
 
 
 def case(rng, op, c_in, c_out, dtype, n=400):
@@ -75,7 +66,7 @@ def test_cuda_forward_and_gradients(rng, op, c_in, c_out, dtype, route):
         mx.eval(y.feats)
     assert log[0]["route"] == route and log[0]["backend"] == "cuda"
     perm = oracle.match_rows(np.array(y.coords), sup)
-    np.testing.assert_allclose(to64(y.feats)[perm], oracle.apply(edges, to64(x.feats), to64(w), len(sup)), **TOL[dtype])
+    np.testing.assert_allclose(to_np(y.feats)[perm], oracle.apply(edges, to_np(x.feats), to_np(w), len(sup)), **TOL[dtype])
     g = rng.standard_normal((len(sup), c_out)).astype(np.float32)
     g_mx = mx.array(g[np.argsort(perm)]).astype(dtype)  # cotangent in our row order
     with ml.diagnostics.record() as log:
@@ -83,9 +74,9 @@ def test_cuda_forward_and_gradients(rng, op, c_in, c_out, dtype, route):
         mx.eval(dx, dw)
     directions = {r["direction"] for r in log}
     assert {"dgrad", "wgrad"} <= directions and all(r["backend"] == "cuda" for r in log)
-    ex, ew, _ = oracle.grads(edges, to64(x.feats), to64(w), to64(g_mx)[perm])
-    np.testing.assert_allclose(to64(dx), ex, **TOL[dtype])
-    np.testing.assert_allclose(to64(dw), ew, **TOL[dtype])
+    ex, ew, _ = oracle.grads(edges, to_np(x.feats), to_np(w), to_np(g_mx)[perm])
+    np.testing.assert_allclose(to_np(dx), ex, **TOL[dtype])
+    np.testing.assert_allclose(to_np(dw), ew, **TOL[dtype])
 
 
 def test_cuda_weight_gradient_routes(rng):
@@ -103,10 +94,10 @@ def test_cuda_jvp_and_compile(rng):
     x, w, fn, edges, sup = case(rng, "subm", 32, 32, mx.float16)
     tx = mx.array(rng.standard_normal(x.feats.shape).astype(np.float32)).astype(mx.float16)
     (_,), (ty,) = mx.jvp(lambda f: [fn(x.replace(f), w).feats], [x.feats], [tx])
-    ref = oracle.apply(edges, to64(tx), to64(w), len(sup))
-    np.testing.assert_allclose(to64(ty), ref, **TOL[mx.float16])
+    ref = oracle.apply(edges, to_np(tx), to_np(w), len(sup))
+    np.testing.assert_allclose(to_np(ty), ref, **TOL[mx.float16])
     comp = mx.compile(lambda f: fn(x.replace(f), w).feats)
-    np.testing.assert_allclose(to64(comp(x.feats)), to64(fn(x, w).feats), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(to_np(comp(x.feats)), to_np(fn(x, w).feats), rtol=1e-3, atol=1e-3)
 
 
 def test_float32_routes_accumulate_in_float32(rng):
@@ -119,5 +110,5 @@ def test_float32_routes_accumulate_in_float32(rng):
         mx.eval(y.feats)
     assert log[0]["backend"] == "cuda"
     perm = oracle.match_rows(np.array(y.coords), sup)
-    expected = oracle.apply(edges, to64(x.feats), to64(w), len(sup))
-    np.testing.assert_allclose(to64(y.feats)[perm], expected, rtol=1e-5, atol=1e-5)
+    expected = oracle.apply(edges, to_np(x.feats), to_np(w), len(sup))
+    np.testing.assert_allclose(to_np(y.feats)[perm], expected, rtol=1e-5, atol=1e-5)

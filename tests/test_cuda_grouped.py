@@ -6,21 +6,12 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import cuda, ops
+from mlx_lattice import ops
 
 import oracle
+from conftest import CUDA_TOLERANCES as TOL, needs_cuda, to_np
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU"),
-]
-
-TOL = {mx.float32: dict(rtol=1e-4, atol=1e-4), mx.float16: dict(rtol=2e-2, atol=3e-2),
-       mx.bfloat16: dict(rtol=6e-2, atol=1.5e-1)}
-
-
-def to64(a):
-    return np.array(a.astype(mx.float32)).astype(np.float64)
+pytestmark = [pytest.mark.cuda, needs_cuda]
 
 
 @pytest.mark.parametrize("c_in,c_out,groups", [(12, 8, 4), (17, 17, 17), (3, 6, 3), (130, 130, 130)])
@@ -42,13 +33,13 @@ def test_grouped_forward_and_gradients(rng, c_in, c_out, groups, dtype, op):
     else:
         fn, sup, edges = lambda f, w: ops.conv3d(x.replace(f), w, groups=groups), coords, \
             oracle.conv_edges(coords, coords, 1)
-    full = oracle.expand_grouped(to64(w), groups)
+    full = oracle.expand_grouped(to_np(w), groups)
     with ml.diagnostics.record() as log:
         y = fn(x.feats, w)
         mx.eval(y.feats)
     assert [e["route"] for e in log] == ["cuda.grouped_fetch_on_demand"]
     perm = oracle.match_rows(np.array(y.coords), sup)
-    np.testing.assert_allclose(to64(y.feats)[perm], oracle.apply(edges, to64(x.feats), full, len(sup)), **TOL[dtype])
+    np.testing.assert_allclose(to_np(y.feats)[perm], oracle.apply(edges, to_np(x.feats), full, len(sup)), **TOL[dtype])
     g = rng.standard_normal((len(sup), c_out)).astype(np.float32)
     ct = np.zeros_like(g)
     ct[perm] = g
@@ -57,9 +48,9 @@ def test_grouped_forward_and_gradients(rng, c_in, c_out, groups, dtype, op):
             x.feats, w)
         mx.eval(dx, dw)
     assert {e["route"] for e in log} == {"cuda.grouped_fetch_on_demand", "cuda.grouped_wgrad"}
-    ex, ew, _ = oracle.grads(edges, to64(x.feats), full, g)
-    np.testing.assert_allclose(to64(dx), ex, **TOL[dtype])
-    np.testing.assert_allclose(to64(dw), oracle.compress_grouped(ew, groups), **TOL[dtype])
+    ex, ew, _ = oracle.grads(edges, to_np(x.feats), full, g)
+    np.testing.assert_allclose(to_np(dx), ex, **TOL[dtype])
+    np.testing.assert_allclose(to_np(dw), oracle.compress_grouped(ew, groups), **TOL[dtype])
 
 
 def test_grouped_jvp(rng):

@@ -8,34 +8,12 @@ import mlx.core as mx
 from mlx_lattice import _ext, cuda
 from mlx_lattice.manager import CoordinateManager
 
-pytestmark = pytest.mark.skipif(
-    not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU"
-)
+from conftest import assert_same, needs_cuda, voxel_cloud
+
+pytestmark = needs_cuda
 
 if cuda.available():
     from mlx_lattice.cuda import maps
-
-
-@pytest.fixture
-def on_gpu():
-    previous = mx.default_device()
-    mx.set_default_device(mx.gpu)
-    yield
-    mx.set_default_device(previous)
-
-
-def cloud(rng, n, batches=2, extent=12):
-    pts = np.stack(
-        [rng.integers(0, batches, n), *(rng.integers(-extent, extent, n) for _ in range(3))], 1
-    )
-    pts = np.unique(pts, axis=0)
-    return mx.array(pts[rng.permutation(len(pts))].astype(np.int32))
-
-
-def same(a, b):
-    a, b = np.array(a), np.array(b)
-    assert a.shape == b.shape and a.dtype == b.dtype
-    np.testing.assert_array_equal(a, b)
 
 
 def same_relation(g, c):
@@ -43,14 +21,14 @@ def same_relation(g, c):
     assert (g.kind, g.n_in, g.n_out, g.kernel_volume, g.edges) == (
         c.kind, c.n_in, c.n_out, c.kernel_volume, c.edges)
     for name in ("out_offsets", "in_idx", "k_idx", "out_idx", "neighbor_map", "input_neighbor_map"):
-        same(getattr(g, name), getattr(c, name))
+        assert_same(getattr(g, name), getattr(c, name))
     for a, b in zip(g.input_major(), c.input_major()):
-        same(a, b)
+        assert_same(a, b)
     for a, b in zip(g.kernel_major(), c.kernel_major()):
-        same(a, b)
+        assert_same(a, b)
     if c.kernel_volume <= 64:
         for a, b in zip(g.sorted_plan(), c.sorted_plan()):
-            same(a, b)
+            assert_same(a, b)
 
 
 GEOMETRIES = [
@@ -69,7 +47,7 @@ GEOMETRIES = [
 @pytest.mark.parametrize("n", [0, 1, 300])
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 def test_relations_equal_cpu(rng, n, geometry):
-    coords = cloud(rng, n, batches=3) if n else mx.zeros((0, 4), mx.int32)
+    coords = voxel_cloud(rng, n, batches=3) if n else mx.zeros((0, 4), mx.int32)
     mx.eval(coords)
     cpu_table = _ext.CoordTable(coords)
     gpu_table = maps.CudaTable(coords)
@@ -81,13 +59,13 @@ def test_relations_equal_cpu(rng, n, geometry):
     # Forward: the output support and the relation onto it.
     fwd_gpu = maps.forward_support(gpu_table, geometry)
     fwd_cpu = _ext.forward_support(cpu_table, *geometry)
-    same(fwd_gpu, fwd_cpu)
+    assert_same(fwd_gpu, fwd_cpu)
     same_relation(
         maps.build_relation(gpu_table, fwd_gpu, geometry, False, "forward"),
         _ext.build_relation(cpu_table, fwd_cpu, *geometry, False, "forward"),
     )
     # Target: explicit coordinates (a copy, some outside the batch range).
-    target = cloud(rng, 200, batches=4)
+    target = voxel_cloud(rng, 200, batches=4)
     same_relation(
         maps.build_relation(gpu_table, target, geometry, False, "target"),
         _ext.build_relation(cpu_table, target, *geometry, False, "target"),
@@ -100,7 +78,7 @@ def test_relations_equal_cpu(rng, n, geometry):
     )
     gen_gpu = maps.generative_support(gpu_table, geometry)
     gen_cpu = _ext.generative_support(cpu_table, *geometry)
-    same(gen_gpu, gen_cpu)
+    assert_same(gen_gpu, gen_cpu)
     same_relation(
         maps.build_relation(gpu_table, gen_gpu, geometry, True, "generative"),
         _ext.build_relation(cpu_table, gen_cpu, *geometry, True, "generative"),
@@ -108,7 +86,7 @@ def test_relations_equal_cpu(rng, n, geometry):
 
 
 def test_large_cloud_submanifold(rng):
-    coords = cloud(rng, 60000, batches=2, extent=40)
+    coords = voxel_cloud(rng, 60000, batches=2, extent=40)
     geometry = ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
     same_relation(
         maps.build_relation(maps.CudaTable(coords), coords, geometry, False, "submanifold"),
@@ -119,7 +97,7 @@ def test_large_cloud_submanifold(rng):
 def test_manager_builds_on_gpu(rng, on_gpu):
     from mlx_lattice.relation import KernelGeometry
 
-    coords = cloud(rng, 500)
+    coords = voxel_cloud(rng, 500)
     gpu, cpu_m = CoordinateManager(), CoordinateManager()
     g_set = gpu.register(coords)
     assert g_set.gpu_table is not None
@@ -134,14 +112,14 @@ def test_manager_builds_on_gpu(rng, on_gpu):
             continue
         g_rel, g_out = gpu.kernel_relation(g_set, geom)
         c_rel, c_out = cpu_m.kernel_relation(c_set, geom)
-        same(g_out.coords, c_out.coords)
+        assert_same(g_out.coords, c_out.coords)
         same_relation(g_rel, c_rel)
         g_t, _ = gpu.transposed_kernel_relation(g_out, geom)
         c_t, _ = cpu_m.transposed_kernel_relation(c_out, geom)
         same_relation(g_t, c_t)
         g_g, g_gs = gpu.generative_relation(g_out, geom)
         c_g, c_gs = cpu_m.generative_relation(c_out, geom)
-        same(g_gs.coords, c_gs.coords)
+        assert_same(g_gs.coords, c_gs.coords)
         same_relation(g_g, c_g)
 
 

@@ -24,19 +24,12 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
-from mlx_lattice import _ext, cuda
+from mlx_lattice import _ext
 from mlx_lattice import neighbors as nb
 
-needs_cuda = pytest.mark.skipif(not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU")
+from conftest import needs_cuda
+
 SOURCE = Path(__file__).resolve().parents[1] / "mlx_lattice" / "cuda" / "neighbors.py"
-
-
-@pytest.fixture
-def on_gpu():
-    previous = mx.default_device()
-    mx.set_default_device(mx.gpu)
-    yield
-    mx.set_default_device(previous)
 
 
 def brute(q, qb, p, pb, k=0, r=0.0):

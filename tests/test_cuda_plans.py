@@ -10,26 +10,12 @@ import mlx.core as mx
 from mlx_lattice import _ext, cuda
 from mlx_lattice.relation import KernelGeometry, Relation
 
-pytestmark = pytest.mark.skipif(
-    not cuda.available(), reason="needs MLX's CUDA backend and an NVIDIA GPU"
-)
+from conftest import assert_same, needs_cuda, voxel_cloud
+
+pytestmark = needs_cuda
 
 if cuda.available():
     from mlx_lattice.cuda import maps, plans
-
-
-def cloud(rng, n, batches=2, extent=10):
-    pts = np.stack(
-        [rng.integers(0, batches, n), *(rng.integers(-extent, extent, n) for _ in range(3))], 1
-    )
-    pts = np.unique(pts, axis=0)
-    return mx.array(pts[rng.permutation(len(pts))].astype(np.int32))
-
-
-def same(a, b):
-    a, b = np.array(a), np.array(b)
-    assert a.shape == b.shape and a.dtype == b.dtype
-    np.testing.assert_array_equal(a, b)
 
 
 def same_views(g: Relation, c: Relation):
@@ -37,15 +23,15 @@ def same_views(g: Relation, c: Relation):
     assert (g.kind, g.n_in, g.n_out, g.kernel_volume, g.edges) == (
         c.kind, c.n_in, c.n_out, c.kernel_volume, c.edges)
     for name in ("out_offsets", "in_idx", "k_idx", "out_idx", "neighbor_map"):
-        same(getattr(g, name), getattr(c, name))
+        assert_same(getattr(g, name), getattr(c, name))
     for a, b in zip(vars(g.input_major()).values(), vars(c.input_major()).values()):
-        same(a, b)
+        assert_same(a, b)
     for a, b in zip(vars(g.kernel_major()).values(), vars(c.kernel_major()).values()):
-        same(a, b)
+        assert_same(a, b)
     if c.kernel_volume <= 64:
         gp, cp = g.sorted_plan(), c.sorted_plan()
         for name in ("reorder_rows", "sorted_out_in_map", "sorted_kv_out_in_map", "tile_masks"):
-            same(getattr(gp, name), getattr(cp, name))
+            assert_same(getattr(gp, name), getattr(cp, name))
     else:
         with pytest.raises(ValueError, match="at most 64"):
             g.sorted_plan()
@@ -71,19 +57,19 @@ GEOMETRIES = [
 @pytest.mark.parametrize("n", [0, 1, 400])
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 def test_views_equal_cpu(rng, n, geometry):
-    coords = cloud(rng, n, batches=3) if n else mx.zeros((0, 4), mx.int32)
+    coords = voxel_cloud(rng, n, batches=3, extent=10) if n else mx.zeros((0, 4), mx.int32)
     mx.eval(coords)
     sub = pair(coords, coords, geometry, False, "submanifold")
     same_views(*sub)
     fwd = pair(coords, _ext.forward_support(_ext.CoordTable(coords), *geometry), geometry, False, "forward")
     same_views(*fwd)
-    target = cloud(rng, 150, batches=4)  # rows outside the batch range reach nothing
+    target = voxel_cloud(rng, 150, batches=4, extent=10)  # rows outside the batch range reach nothing
     same_views(*pair(coords, target, geometry, False, "target"))
     for g, c in (sub, fwd):
         gs = g.swapped("transposed", g.geometry)
         cs = c.swapped("transposed", c.geometry)
         same_views(gs, cs)
-        same(gs.neighbor_map, c._native.input_neighbor_map)
+        assert_same(gs.neighbor_map, c._native.input_neighbor_map)
         # Swapping twice gives the relation back.
         same_views(gs.swapped(g.kind, g.geometry), c)
 
@@ -100,12 +86,12 @@ def chunk_oracle(koffsets, size):
 
 @pytest.mark.parametrize("size", [1, 7, 256])
 def test_wgrad_chunks(rng, size):
-    coords = cloud(rng, 3000, extent=12)
+    coords = voxel_cloud(rng, 3000, extent=12)
     geometry = ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
     g, c = pair(coords, coords, geometry, False, "submanifold")
     chunks, first = plans.wgrad_chunks(g.kernel_major().offsets, g.edges, g.kernel_volume, size)
     want, want_first = chunk_oracle(c.kernel_major().offsets, size)
-    same(first, want_first)
+    assert_same(first, want_first)
     chunks = np.array(chunks)
     assert chunks.shape[0] >= len(want)
     np.testing.assert_array_equal(chunks[: len(want)], want)
@@ -113,7 +99,7 @@ def test_wgrad_chunks(rng, size):
 
 
 def test_large_cloud_views(rng):
-    coords = cloud(rng, 60000, batches=2, extent=40)
+    coords = voxel_cloud(rng, 60000, batches=2, extent=40)
     geometry = ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
     same_views(*pair(coords, coords, geometry, False, "submanifold"))
 
@@ -125,7 +111,7 @@ def test_manager_relations_are_gpu(rng):
     mx.set_default_device(mx.gpu)
     try:
         m = CoordinateManager()
-        s = m.register(cloud(rng, 500))
+        s = m.register(voxel_cloud(rng, 500, extent=10))
         geom = KernelGeometry((2, 2, 2), (2, 2, 2))
         rel, out = m.kernel_relation(s, geom)
         up, _ = m.transposed_kernel_relation(out, geom)  # the forward relation swapped

@@ -11,7 +11,7 @@ import mlx_lattice as ml
 from mlx_lattice import decoder, nn as snn, ops, pooling
 
 import oracle
-from conftest import TOLERANCES, to_np
+from conftest import TOLERANCES, assert_same_across_threads, to_np
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 
@@ -272,19 +272,14 @@ def test_nn_expand_downsample(rng):
 
 def test_decoder_step_determinism(rng):
     x, *_ = make(rng, n=200, extent=10, c=8, stride=2)
-    before = ml.num_threads()
-    outs = []
-    try:
-        for n in (1, max(2, before)):
-            ml.set_num_threads(n)
-            e = decoder.expand(x, 2)
-            u = decoder.upsample(x, e)
-            p = pooling.pool_transpose3d(decoder.downsample(u, 2), 2)
-            outs.append((np.array(u.feats), np.array(p.feats)))
-    finally:
-        ml.set_num_threads(before)
-    for a, b in zip(*outs):
-        assert a.tobytes() == b.tobytes()
+
+    def run():
+        e = decoder.expand(x, 2)
+        u = decoder.upsample(x, e)
+        p = pooling.pool_transpose3d(decoder.downsample(u, 2), 2)
+        return u.feats, p.feats
+
+    assert_same_across_threads(run, (1, max(2, ml.num_threads())))
 
 
 def test_forward_mode(rng):

@@ -8,7 +8,7 @@ import mlx_lattice as ml
 from mlx_lattice import diagnostics, nn, ops, routes
 
 import oracle
-from conftest import TOLERANCES, to_np
+from conftest import TOLERANCES, assert_same_across_threads, to_np
 
 # (C_in, C_out, groups): grouped, depthwise, depthwise with a channel
 # multiplier, awkward counts.
@@ -246,20 +246,14 @@ def test_thread_count_determinism(rng):
 
 def run_determinism(x, w, groups):
     loss = lambda f, w: (ops.subm_conv3d(x.replace(f), w, groups=groups).feats ** 2).sum()
-    n = ml.num_threads()
-    results = []
-    try:
-        for t in (1, 2, 5):
-            ml.set_num_threads(t)
-            y = ops.subm_conv3d(x, w, groups=groups).feats
-            dx, dw = mx.grad(loss, argnums=(0, 1))(x.feats, w)
-            mx.eval(y, dx, dw)
-            results.append([np.array(a) for a in (y, dx, dw)])
-    finally:
-        ml.set_num_threads(n)
-    for r in results[1:]:
-        for a, b in zip(results[0], r):
-            np.testing.assert_array_equal(a, b)
+
+    def run():
+        y = ops.subm_conv3d(x, w, groups=groups).feats
+        dx, dw = mx.grad(loss, argnums=(0, 1))(x.feats, w)
+        mx.eval(y, dx, dw)
+        return y, dx, dw
+
+    assert_same_across_threads(run, (1, 2, 5))
 
 
 # ------------------------------------------------------------------ routes

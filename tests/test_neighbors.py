@@ -9,6 +9,8 @@ import mlx.core as mx
 import mlx_lattice as ml
 from mlx_lattice import neighbors as nb
 
+from conftest import assert_same_across_threads
+
 
 # ---------------------------------------------------------------- oracle
 def brute_pairs(q, qb, p, pb):
@@ -147,19 +149,13 @@ def test_deterministic_across_threads():
     rng = np.random.default_rng(5)
     p, pb = cloud(rng, 3000, 2)
     q, qb = cloud(rng, 2000, 2)
-    before = ml.num_threads()
-    results = []
-    try:
-        for t in (1, 2, 3):
-            ml.set_num_threads(t)
-            a = nb.knn(q, p, 6, query_batch=qb, point_batch=pb)
-            b = nb.radius(q, p, 0.4, query_batch=qb, point_batch=pb)
-            results.append([np.array(v) for v in (*a, *b)])
-    finally:
-        ml.set_num_threads(before)
-    for r in results[1:]:
-        for u, v in zip(results[0], r):
-            np.testing.assert_array_equal(u, v)
+    assert_same_across_threads(
+        lambda: (
+            *nb.knn(q, p, 6, query_batch=qb, point_batch=pb),
+            *nb.radius(q, p, 0.4, query_batch=qb, point_batch=pb),
+        ),
+        (1, 2, 3),
+    )
 
 
 def test_bad_arguments():

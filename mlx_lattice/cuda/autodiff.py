@@ -43,6 +43,17 @@ def _transpose(w: mx.array, groups: int) -> mx.array:
     return blocks.reshape(k, b // groups, ag * groups)
 
 
+def _bilinear_jvp(f, a, b, ta, tb, zeros):
+    """JVP of f, linear in each argument: f(ta, b) + f(a, tb), a term per
+    tangent given; zeros() when none is."""
+    terms = []
+    if ta is not None:
+        terms.append(f(ta, b))
+    if tb is not None:
+        terms.append(f(a, tb))
+    return sum(terms[1:], terms[0]) if terms else zeros()
+
+
 def conv(route: str, x: mx.array, w: mx.array, view: View | None, groups: int = 1) -> mx.array:
     """y = sum over edges of x[g] @ w[k] on `view` (None: pointwise), with
     VJP/JVP; groups > 1: w is (K, A / groups, B), a grouped product."""
@@ -68,13 +79,9 @@ def conv(route: str, x: mx.array, w: mx.array, view: View | None, groups: int = 
     @f.jvp
     def f_jvp(primals, tangents):
         x, w = primals
-        tx, tw = tangents
-        terms = []
-        if tx is not None:
-            terms.append(conv(route, tx, w, view, groups))
-        if tw is not None:
-            terms.append(conv(route, x, tw, view, groups))
-        return sum(terms[1:], terms[0]) if terms else mx.zeros((x.shape[0] if view is None else view.rows, w.shape[2]), x.dtype)
+        return _bilinear_jvp(
+            lambda u, v: conv(route, u, v, view, groups), x, w, *tangents,
+            lambda: mx.zeros((x.shape[0] if view is None else view.rows, w.shape[2]), x.dtype))
 
     return f(x, w)
 
@@ -102,12 +109,8 @@ def weight_grad(route: str, x: mx.array, ct: mx.array, view: View | None, k: int
     @f.jvp
     def f_jvp(primals, tangents):
         x, ct = primals
-        tx, tct = tangents
-        terms = []
-        if tx is not None:
-            terms.append(weight_grad(route, tx, ct, view, k, groups))
-        if tct is not None:
-            terms.append(weight_grad(route, x, tct, view, k, groups))
-        return sum(terms[1:], terms[0]) if terms else mx.zeros((k, x.shape[1] // groups, ct.shape[1]), x.dtype)
+        return _bilinear_jvp(
+            lambda u, v: weight_grad(route, u, v, view, k, groups), x, ct, *tangents,
+            lambda: mx.zeros((k, x.shape[1] // groups, ct.shape[1]), x.dtype))
 
     return f(x, ct)

@@ -18,6 +18,25 @@ def _params(*vals):
     return mx.array(np.array(vals, dtype=np.int32))
 
 
+# A pointwise product (view None) has no edges: the kernels then read row i
+# as its own edge, and the index arrays are one-element placeholders.
+def _csr_edges(x, view: View | None):
+    """(rows, CSR offsets, gathered rows, kernel offsets) of the output rows."""
+    if view is None:
+        empty = mx.zeros((1,), mx.int32)
+        return x.shape[0], empty, empty, empty
+    return (view.rows, *view.csr())
+
+
+def _kernel_major_edges(x, view: View | None):
+    """(kernel offsets, input rows, output rows, pointwise rows) of a weight gradient."""
+    if view is None:
+        empty = mx.zeros((1,), mx.int32)
+        return empty, empty, empty, x.shape[0]
+    km = view.rel.kernel_major()
+    return km.offsets, km.in_idx, km.out_idx, 0
+
+
 def pointwise(x, w, view: None):
     """x @ W[0] with mx.matmul (cuBLAS); the registry admits half precision only."""
     return mx.matmul(x, w[0])
@@ -26,11 +45,7 @@ def pointwise(x, w, view: None):
 def fetch_on_demand(x, w, view: View | None):
     """One thread per (row, output channel) over the CSR edges (any view)."""
     k, a, b = w.shape
-    rows = x.shape[0] if view is None else view.rows
-    if view is None:
-        offsets = gather = kidx = mx.zeros((1,), mx.int32)
-    else:
-        offsets, gather, kidx = view.csr()
+    rows, offsets, gather, kidx = _csr_edges(x, view)
     return _kernel("fetch_on_demand")(
         inputs=[x, w, offsets, gather, kidx, _params(rows)],
         template=[("T", x.dtype), ("A", a), ("B", b), ("POINTWISE", view is None)],
@@ -57,13 +72,7 @@ def sorted_mma(x, w, view: View):
 def wgrad_direct(x, ct, view: View | None, k):
     """One thread per weight element over the kernel-major edges."""
     a, b = x.shape[1], ct.shape[1]
-    if view is None:
-        ko = gi = ri = mx.zeros((1,), mx.int32)
-        n = x.shape[0]
-    else:
-        km = view.rel.kernel_major()
-        ko, gi, ri = km.offsets, km.in_idx, km.out_idx
-        n = 0
+    ko, gi, ri, n = _kernel_major_edges(x, view)
     return _kernel("wgrad_direct")(
         inputs=[x, ct, ko, gi, ri, _params(n)],
         template=[("T", x.dtype), ("A", a), ("B", b), ("K", k), ("POINTWISE", view is None)],
@@ -104,11 +113,7 @@ def grouped_fetch_on_demand(x, w, view: View | None, groups: int):
     """Grouped products: one thread per (row, output channel) over the CSR
     edges, reading the A / groups input channels of its group."""
     k, ag, b = w.shape
-    rows = x.shape[0] if view is None else view.rows
-    if view is None:
-        offsets = gather = kidx = mx.zeros((1,), mx.int32)
-    else:
-        offsets, gather, kidx = view.csr()
+    rows, offsets, gather, kidx = _csr_edges(x, view)
     return _kernel("grouped_fetch_on_demand")(
         inputs=[x, w, offsets, gather, kidx, _params(rows)],
         template=[("T", x.dtype), ("A", x.shape[1]), ("AG", ag), ("B", b), ("G", groups),
@@ -122,13 +127,7 @@ def grouped_wgrad(x, ct, view: View | None, k, groups: int):
     """dW (K, A / groups, B) of a grouped product: one thread per element."""
     a, b = x.shape[1], ct.shape[1]
     ag = a // groups
-    if view is None:
-        ko = gi = ri = mx.zeros((1,), mx.int32)
-        n = x.shape[0]
-    else:
-        km = view.rel.kernel_major()
-        ko, gi, ri = km.offsets, km.in_idx, km.out_idx
-        n = 0
+    ko, gi, ri, n = _kernel_major_edges(x, view)
     return _kernel("grouped_wgrad")(
         inputs=[x, ct, ko, gi, ri, _params(n)],
         template=[("T", x.dtype), ("A", a), ("AG", ag), ("B", b), ("G", groups), ("K", k),

@@ -20,20 +20,13 @@ static_assert(
 
 namespace mlx_lattice::metal {
 
-namespace {
-
-constexpr int kRowThreads = 256;
-
-Step rows_step(const char* kernel, int64_t rows, std::vector<Binding> buffers) {
+Step map_scan_step(const MapParams& p, const char* name) {
   Step s;
-  s.kernel = kernel;
-  s.threads = {kRowThreads, 1, 1};
-  s.groups = {ceil_div(rows, kRowThreads), 1, 1};
-  s.buffers = std::move(buffers);
+  s.kernel = "map_scan";
+  s.threads = {MAP_SCAN_THREADS, 1, 1};
+  s.buffers = {output(name), bytes(p)};
   return s;
 }
-
-} // namespace
 
 int64_t map_table_slots(int64_t n) {
   int64_t cap = 16;
@@ -105,10 +98,7 @@ Program map_count_program(const MapParams& p) {
       p.n_out,
       {input(0, "in_coords"), input(1, "table"), input(2, "out_coords"),
        output("offsets"), bytes(p)});
-  Step scan;
-  scan.kernel = "map_scan";
-  scan.threads = {MAP_SCAN_THREADS, 1, 1};
-  scan.buffers = {output("offsets"), bytes(p)};
+  Step scan = map_scan_step(p, "offsets");
   return {{}, {count, scan}};
 }
 
@@ -145,10 +135,7 @@ Program map_kernel_major_program(const MapParams& p) {
   // The offsets are a scan of K counts: map_scan over "rows" = offsets.
   MapParams over_k = p;
   over_k.n_out = p.kv;
-  Step scan;
-  scan.kernel = "map_scan";
-  scan.threads = {MAP_SCAN_THREADS, 1, 1};
-  scan.buffers = {output("view"), bytes(over_k)};
+  Step scan = map_scan_step(over_k, "view");
   Step fill = count;
   fill.kernel = "map_column_fill";
   fill.buffers = {temp(0, "emap"), input(1, "in_idx"), output("view"), bytes(p)};
@@ -169,10 +156,7 @@ Program map_input_major_program(const MapParams& p) {
       "map_input_count", p.n_in, {temp(0, "imap"), output("view"), bytes(p)});
   MapParams over_in = p; // map_scan over the n_in counts
   over_in.n_out = p.n_in;
-  Step scan;
-  scan.kernel = "map_scan";
-  scan.threads = {MAP_SCAN_THREADS, 1, 1};
-  scan.buffers = {output("view"), bytes(over_in)};
+  Step scan = map_scan_step(over_in, "view");
   Step fill = rows_step(
       "map_input_fill",
       p.n_in,
@@ -249,10 +233,7 @@ Program map_support_program(const MapParams& p, bool generative) {
   steps.push_back(rows_step("map_support_flags", int64_t(s.count) + 1, {output("support"), bytes(s, "sort")}));
   MapParams over = p; // map_scan over the count flags
   over.n_out = s.count;
-  Step scan;
-  scan.kernel = "map_scan";
-  scan.threads = {MAP_SCAN_THREADS, 1, 1};
-  scan.buffers = {output("support"), bytes(over)};
+  Step scan = map_scan_step(over, "support");
   steps.push_back(scan);
   return {{}, steps};
 }

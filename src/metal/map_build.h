@@ -23,6 +23,10 @@ MapParams map_params(
     bool transposed,
     int64_t edges);
 
+// map_scan (one threadgroup): words 1..p.n_out of output `name` scanned in
+// place into row offsets. Shared with the neighbour programs (neighbors.cpp).
+Step map_scan_step(const MapParams& p, const char* name);
+
 // Slots of the table for n rows (the CPU table's capacity: a power of two,
 // at least 2n and 16); the table buffer holds two flag words more.
 int64_t map_table_slots(int64_t n);

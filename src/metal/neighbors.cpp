@@ -2,6 +2,8 @@
 // scans are map_build.metal's map_scan (one threadgroup).
 #include "metal/neighbors.h"
 
+#include "metal/map_build.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,30 +15,16 @@ namespace mlx_lattice::metal {
 
 namespace {
 
-constexpr int kRowThreads = 256;
 // Integral coordinates up to this magnitude take exact 64-bit distances.
 constexpr double kExactLimit = double(1 << 20);
 // The float cell index keeps 2^-4 cell precision below this many cells
 // from the origin.
 constexpr double kMaxCellsPerAxis = double(1 << 20);
 
-Step rows_step(const char* kernel, int64_t rows, std::vector<Binding> buffers) {
-  Step s;
-  s.kernel = kernel;
-  s.threads = {kRowThreads, 1, 1};
-  s.groups = {ceil_div(rows, kRowThreads), 1, 1};
-  s.buffers = std::move(buffers);
-  return s;
-}
-
 Step scan_step(int rows, const char* name) {
   MapParams m{};
   m.n_out = rows;
-  Step s;
-  s.kernel = "map_scan";
-  s.threads = {MAP_SCAN_THREADS, 1, 1};
-  s.buffers = {output(name), bytes(m)};
-  return s;
+  return map_scan_step(m, name);
 }
 
 const float* checked_points(mx::array& pts, mx::array& b, const char* name) {

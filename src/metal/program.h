@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mlx/array.h"
@@ -59,6 +60,18 @@ inline uint64_t ceil_div(int64_t a, int64_t b) {
 // Grid extent over kernel offsets (at least one group).
 inline uint64_t offsets_grid(int64_t k) {
   return static_cast<uint64_t>(std::max<int64_t>(k, 1));
+}
+
+// One thread per row, 256 to a threadgroup (the map-building and neighbour
+// programs).
+inline Step rows_step(const char* kernel, int64_t rows, std::vector<Binding> buffers) {
+  constexpr int kRowThreads = 256;
+  Step s;
+  s.kernel = kernel;
+  s.threads = {kRowThreads, 1, 1};
+  s.groups = {ceil_div(rows, kRowThreads), 1, 1};
+  s.buffers = std::move(buffers);
+  return s;
 }
 
 template <typename P>

@@ -63,6 +63,9 @@ std::vector<Binding> pair_bindings(bool pointwise);
 bool quantized_pointwise(const Call& c);
 QuantParams quant_params(const Call& c);
 
+// The sorted implicit GEMM program (sorted_gemm.cpp), shared with its
+// TensorOps twin: same checks, grid and bindings, other kernels.
+Program sorted_gemm_program(const Call& c);
 // The sorted quantized program (quantized.cpp), shared with its TensorOps
 // twin; one_group: one scale and bias per (output channel, offset).
 Program sorted_quantized_program(const Call& c, bool one_group);

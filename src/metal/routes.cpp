@@ -1,4 +1,5 @@
 // The Metal route tables joined, and what their entries share.
+#include <array>
 #include <stdexcept>
 
 #include "metal/route.h"
@@ -70,29 +71,49 @@ Program program(
 
 // ------------------------------------------------------------------ shared
 
+namespace {
+
+// The fields ConvParams and QuantParams have in common; the kernel volume
+// and the input holding the gathered rows (its length: the edge count)
+// depend on the primitive's input layout.
+template <typename P>
+P product_params(const Call& c, bool pointwise, int k, size_t gather_input) {
+  P p{};
+  p.rows = c.out_shape[0];
+  p.a = c.in[0].shape(1);
+  p.b = c.out_shape[1];
+  p.pointwise = pointwise ? 1 : 0;
+  p.k = k;
+  p.n_in = c.in[0].shape(0);
+  p.edges = pointwise ? p.rows : c.in[gather_input].shape(0);
+  return p;
+}
+
+// (x, second, then the three index buffers at inputs 2..4); a pointwise
+// product binds x in their place, never read.
+std::vector<Binding> indexed_bindings(
+    const char* second,
+    const std::array<const char*, 3>& names,
+    bool pointwise) {
+  std::vector<Binding> b = {input(0, "x"), input(1, second)};
+  for (int i = 0; i < 3; ++i) {
+    b.push_back(input(pointwise ? 0 : 2 + i, names[i]));
+  }
+  return b;
+}
+
+} // namespace
+
 bool conv_pointwise(const Call& c) {
   return c.in.size() < 5;
 }
 
 ConvParams conv_params(const Call& c) {
-  const bool pw = conv_pointwise(c);
-  ConvParams p{};
-  p.rows = c.out_shape[0];
-  p.a = c.in[0].shape(1);
-  p.b = c.out_shape[1];
-  p.pointwise = pw ? 1 : 0;
-  p.k = c.in[1].shape(0);
-  p.n_in = c.in[0].shape(0);
-  p.edges = pw ? p.rows : c.in[3].shape(0);
-  return p;
+  return product_params<ConvParams>(c, conv_pointwise(c), c.in[1].shape(0), 3);
 }
 
 std::vector<Binding> csr_bindings(bool pointwise) {
-  std::vector<Binding> b = {input(0, "x"), input(1, "w")};
-  const char* names[3] = {"offsets", "gather", "k"};
-  for (int i = 0; i < 3; ++i) {
-    b.push_back(input(pointwise ? 0 : 2 + i, names[i]));
-  }
+  std::vector<Binding> b = indexed_bindings("w", {"offsets", "gather", "k"}, pointwise);
   b.push_back(output());
   return b;
 }
@@ -108,12 +129,7 @@ WeightGradParams weight_grad_params(const Call& c) {
 }
 
 std::vector<Binding> pair_bindings(bool pointwise) {
-  std::vector<Binding> b = {input(0, "x"), input(1, "ct")};
-  const char* names[3] = {"offsets", "g", "r"};
-  for (int i = 0; i < 3; ++i) {
-    b.push_back(input(pointwise ? 0 : 2 + i, names[i]));
-  }
-  return b;
+  return indexed_bindings("ct", {"offsets", "g", "r"}, pointwise);
 }
 
 bool quantized_pointwise(const Call& c) {
@@ -121,15 +137,8 @@ bool quantized_pointwise(const Call& c) {
 }
 
 QuantParams quant_params(const Call& c) {
-  const bool pw = quantized_pointwise(c);
-  QuantParams p{};
-  p.rows = c.out_shape[0];
-  p.a = c.in[0].shape(1);
-  p.b = c.out_shape[1];
-  p.pointwise = pw ? 1 : 0;
-  p.k = c.in[1].shape(1);
-  p.n_in = c.in[0].shape(0);
-  p.edges = pw ? p.rows : c.in[5].shape(0);
+  QuantParams p =
+      product_params<QuantParams>(c, quantized_pointwise(c), c.in[1].shape(1), 5);
   p.bits = static_cast<int32_t>(c.in[1].shape(2) * 32 / std::max(p.a, 1));
   p.group = static_cast<int32_t>(p.a / std::max(c.in[2].shape(2), 1));
   c.require(p.bits == 4 || p.bits == 8, "4- or 8-bit codes");

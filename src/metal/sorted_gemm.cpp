@@ -3,10 +3,8 @@
 
 namespace mlx_lattice::metal {
 
-namespace {
-
 // 64 sorted rows per group, 4 simdgroups of 8x8 matrix tiles.
-Program sorted_gemm(const Call& c) {
+Program sorted_gemm_program(const Call& c) {
   ConvParams p = conv_params(c);
   c.require(
       c.out_dtype == mx::float16 && p.a == p.b && (p.a == 32 || p.a == 64) && p.k == 27 &&
@@ -22,11 +20,9 @@ Program sorted_gemm(const Call& c) {
   return {{}, {s}};
 }
 
-} // namespace
-
 const std::vector<Route>& sorted_gemm_routes() {
   static const std::vector<Route> table = {
-      {"metal.sorted_gemm", Op::Conv, sorted_plan_inputs, sorted_gemm},
+      {"metal.sorted_gemm", Op::Conv, sorted_plan_inputs, sorted_gemm_program},
   };
   return table;
 }

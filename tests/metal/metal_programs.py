@@ -107,17 +107,23 @@ def run_program(program: dict, inputs: list, out_shape, out_dtype: str, schedule
     # Metal leaves new buffers uninitialised: NaN catches unwritten outputs.
     out = np.full(out_shape, np.nan, dtype=NP_DTYPES[out_dtype])
     temps = [np.full(n, np.nan, dtype=NP_DTYPES[d]) for d, n in program["temps"]]
+    return run_steps(program, ins, out, temps, schedule, seed)
+
+
+def run_steps(program: dict, inputs: list, out: np.ndarray, temps: list, schedule: str, seed: int) -> np.ndarray:
+    """Every step of `program` in the harness on NumPy buffers; returns the output."""
     for step in program["steps"]:
         buffers, names, params, pidx = [], [], None, None
         for i, (kind, payload, name) in enumerate(step["buffers"]):
             names.append(name)
             if kind == "input":
-                buffers.append(ins[payload])
+                buffers.append(inputs[payload])
             elif kind == "output":
                 buffers.append(out)
             elif kind == "temp":
                 buffers.append(temps[payload])
             else:
+                assert kind == "bytes", kind
                 params, pidx = bytes(payload), i
                 buffers.append(None)
         kernel = step["kernel"]

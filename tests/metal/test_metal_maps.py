@@ -39,32 +39,7 @@ def run_step(program: dict, inputs: list, out: np.ndarray, schedule: str, seed: 
     """Every step of `program` on int32 inputs; returns the output buffer."""
     assert all(d == "int32" for d, _ in program["temps"])
     temps = [garbage(n) for _, n in program["temps"]]
-    for step in program["steps"]:
-        buffers, names, params, pidx = [], [], None, None
-        for i, (kind, payload, name) in enumerate(step["buffers"]):
-            names.append(name)
-            if kind == "input":
-                buffers.append(inputs[payload])
-            elif kind == "output":
-                buffers.append(out)
-            elif kind == "temp":
-                buffers.append(temps[payload])
-            else:
-                assert kind == "bytes", kind
-                params, pidx = bytes(payload), i
-                buffers.append(None)
-        kernel = step["kernel"]
-        result = metal_harness.run_kernel(
-            metal_harness.defined_kernels()[kernel], kernel, buffers, params,
-            groups=step["groups"], threads=step["threads"], params_index=pidx,
-            names=names, schedule=schedule, seed=seed,
-        )
-        for i, (kind, payload, _) in enumerate(step["buffers"]):
-            if kind == "output":
-                out = result[i]
-            elif kind == "temp":
-                temps[payload] = result[i]
-    return out
+    return metal_programs.run_steps(program, inputs, out, temps, schedule, seed)
 
 
 def garbage(n: int) -> np.ndarray:

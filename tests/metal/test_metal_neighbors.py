@@ -21,7 +21,6 @@ import pytest
 
 from mlx_lattice import _ext
 
-import metal_harness
 import metal_programs
 
 pytestmark = metal_programs.MARKS
@@ -44,26 +43,7 @@ def nonempty(a: np.ndarray) -> np.ndarray:
 def run_step(program: dict, inputs: list, out: np.ndarray, schedule: str, seed: int) -> np.ndarray:
     """Every step of `program`; returns the (int32) output buffer."""
     assert not program["temps"]
-    for step in program["steps"]:
-        buffers, names, params, pidx = [], [], None, None
-        for i, (kind, payload, name) in enumerate(step["buffers"]):
-            names.append(name)
-            if kind == "input":
-                buffers.append(inputs[payload])
-            elif kind == "output":
-                buffers.append(out)
-            else:
-                assert kind == "bytes", kind
-                params, pidx = bytes(payload), i
-                buffers.append(None)
-        kernel = step["kernel"]
-        result = metal_harness.run_kernel(
-            metal_harness.defined_kernels()[kernel], kernel, buffers, params,
-            groups=step["groups"], threads=step["threads"], params_index=pidx,
-            names=names, schedule=schedule, seed=seed,
-        )
-        out = result[[kind for kind, _, _ in step["buffers"]].index("output")]
-    return out
+    return metal_programs.run_steps(program, inputs, out, [], schedule, seed)
 
 
 def params(program: dict) -> np.ndarray:
