@@ -12,6 +12,9 @@ from mlx_lattice.nn.attention import patch_attention
 
 from conftest import TOLERANCES, to_np
 
+# The primitive is the CPU kernel: pin the CPU backend whatever the default device.
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 
 

@@ -143,6 +143,7 @@ def test_gradients_against_finite_differences(rng, kind, act):
         np.testing.assert_allclose(to_np(g), numeric_grad(f_np, args, i), rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.usefixtures("on_cpu")  # calls the CPU primitive directly
 def test_gradients_through_statistics_outputs(rng):
     """The batch mean / variance outputs carry gradients too (the raw op)."""
     n, c = 11, 2
@@ -247,6 +248,7 @@ def test_unfusable_activation_and_no_affine(rng):
     np.testing.assert_allclose(to_np(y.feats), np.maximum(z, 0), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.usefixtures("on_cpu")  # calls the CPU primitive directly
 def test_bad_arguments(rng):
     x = tensor(rng, 10, 3)
     with pytest.raises(TypeError, match="norm must be a BatchNorm or InstanceNorm"):
