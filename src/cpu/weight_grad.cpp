@@ -180,12 +180,12 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
   const float* xf = direct ? float_rows(x, n_x, A, xbuf) : nullptr;
   const float* cf = direct ? float_rows(ct, n_ct, B, cbuf) : nullptr;
   // Chunks from the problem only (not the vector width, so that every path
-  // sums in the same order). Edges are sorted by output row within each
-  // offset; the chunks cut the output rows into blocks and take, block by
-  // block, every offset's edges into that block, so that the rows of x and
-  // ct a block touches are fetched once for all offsets rather than once per
-  // offset. Blocks shrink with the row width to keep them in L2 and grow
-  // to bound the partial sums' memory.
+  // sums in the same order). Edges are sorted by result row (row of ct)
+  // within each offset; the chunks cut those rows into blocks and take,
+  // block by block, every offset's edges into that block, so that the rows
+  // of x and ct a block touches are fetched once for all offsets rather than
+  // once per offset. Blocks hold about 512 KB of rows (to stay in L2) and
+  // grow where the partial sums' memory bound requires.
   const int64_t budget = int64_t(1) << 23; // floats
   const int64_t bound_floats = int64_t(ap) * round_up(B, 16);
   int64_t rows_per_block = 256;
@@ -196,8 +196,9 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
     rows_per_block *= 2;
   }
   const int64_t n_blocks = std::max<int64_t>(1, (n_ct + rows_per_block - 1) / rows_per_block);
-  // Edge e of offset k lies in block b for split[b][k] <= e < split[b+1][k]
-  // (clamped to be monotone, so every edge lies in exactly one chunk).
+  // Chunk (b, k) holds offset k's edges from where chunk (b - 1, k) ended
+  // to the first one whose row is past block b: every edge lies in exactly
+  // one chunk.
   std::vector<Chunk> chunks(n_blocks * v.k);
   for (int64_t k = 0; k < v.k; ++k) {
     const int64_t b0 = v.offsets ? v.offsets[k] : 0;
@@ -208,7 +209,12 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
       if (b + 1 < n_blocks) {
         const int64_t row_end = (b + 1) * rows_per_block;
         if (v.offsets) {
-          end = std::lower_bound(v.r + e, v.r + b1, row_end) - v.r;
+          // A scan, not a bisection: r need not be sorted (views whose
+          // result rows are the inputs), and then blocks only lose locality.
+          end = e;
+          while (end < b1 && v.r[end] < row_end) {
+            ++end;
+          }
         } else {
           end = std::min(b1, std::max(e, row_end));
         }
