@@ -272,7 +272,7 @@ register(Route(
 register(Route(
     name="cpu.wgrad_gemm", backend="cpu", priority=0, conditions=(DENSE,),
     passes=("wgrad",), kernel_file="src/cpu/weight_grad.cpp",
-    summary="per-offset GEMM over packed panels of gathered rows; fixed chunks reduced in order",
+    summary="per-offset GEMM over packed panels of gathered rows; chunks by output-row block (all offsets of a block together), reduced in block order",
 ))
 
 register(Route(

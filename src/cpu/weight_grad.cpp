@@ -179,28 +179,58 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
   Scratch xbuf, cbuf;
   const float* xf = direct ? float_rows(x, n_x, A, xbuf) : nullptr;
   const float* cf = direct ? float_rows(ct, n_ct, B, cbuf) : nullptr;
-  // Chunk size from the problem only (not the vector width, so that every
-  // path sums in the same order): bound the partial sums' memory.
+  // Chunks from the problem only (not the vector width, so that every path
+  // sums in the same order). Edges are sorted by result row (row of ct)
+  // within each offset; the chunks cut those rows into blocks and take,
+  // block by block, every offset's edges into that block, so that the rows
+  // of x and ct a block touches are fetched once for all offsets rather than
+  // once per offset. Blocks hold about 512 KB of rows (to stay in L2) and
+  // grow where the partial sums' memory bound requires.
   const int64_t budget = int64_t(1) << 23; // floats
   const int64_t bound_floats = int64_t(ap) * round_up(B, 16);
-  int64_t chunk = 4096;
-  while (chunk < v.edges && (v.edges / chunk + v.k) * bound_floats > budget) {
-    chunk *= 2;
+  int64_t rows_per_block = 256;
+  while (rows_per_block * (A + B) * 4 < (int64_t(1) << 19)) {
+    rows_per_block *= 2;
   }
-  std::vector<Chunk> chunks;
-  std::vector<int64_t> first(v.k + 1, 0);
+  while (rows_per_block < n_ct && (n_ct / rows_per_block + 1) * v.k * bound_floats > budget) {
+    rows_per_block *= 2;
+  }
+  const int64_t n_blocks = std::max<int64_t>(1, (n_ct + rows_per_block - 1) / rows_per_block);
+  // Chunk (b, k) holds offset k's edges from where chunk (b - 1, k) ended
+  // to the first one whose row is past block b: every edge lies in exactly
+  // one chunk.
+  std::vector<Chunk> chunks(n_blocks * v.k);
   for (int64_t k = 0; k < v.k; ++k) {
-    const int64_t b = v.offsets ? v.offsets[k] : 0;
-    const int64_t e = v.offsets ? v.offsets[k + 1] : v.edges;
-    first[k] = static_cast<int64_t>(chunks.size());
-    for (int64_t c = b; c < e; c += chunk) {
-      chunks.push_back({k, c, std::min(e, c + chunk)});
+    const int64_t b0 = v.offsets ? v.offsets[k] : 0;
+    const int64_t b1 = v.offsets ? v.offsets[k + 1] : v.edges;
+    int64_t e = b0;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      int64_t end = b1;
+      if (b + 1 < n_blocks) {
+        const int64_t row_end = (b + 1) * rows_per_block;
+        if (v.offsets) {
+          // A scan, not a bisection: r need not be sorted (views whose
+          // result rows are the inputs), and then blocks only lose locality.
+          end = e;
+          while (end < b1 && v.r[end] < row_end) {
+            ++end;
+          }
+        } else {
+          end = std::min(b1, std::max(e, row_end));
+        }
+      }
+      chunks[b * v.k + k] = {k, e, end};
+      e = end;
     }
   }
-  first[v.k] = static_cast<int64_t>(chunks.size());
   std::vector<float> partial(chunks.size() * tile_floats);
   parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1) {
     thread_local std::vector<float> xp, cp;
+    if (!direct) {
+      // Padding columns stay zero; rows are overwritten panel by panel.
+      xp.assign(kPanel * ap, 0.0f);
+      cp.assign(kPanel * bp, 0.0f);
+    }
     for (int64_t c = c0; c < c1; ++c) {
       float* acc = partial.data() + c * tile_floats;
       std::fill(acc, acc + tile_floats, 0.0f);
@@ -210,8 +240,6 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
         gathered_product(xf, A, cf, B, g, r, chunks[c].e0, chunks[c].e1, blocks, acc, bp);
         continue;
       }
-      xp.assign(kPanel * ap, 0.0f);
-      cp.assign(kPanel * bp, 0.0f);
       for (int64_t p = chunks[c].e0; p < chunks[c].e1; p += kPanel) {
         const int64_t n = std::min(kPanel, chunks[c].e1 - p);
         for (int64_t i = 0; i < n; ++i) {
@@ -234,8 +262,8 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t k = i / A, a = i % A;
       std::fill(sum.begin(), sum.end(), 0.0f);
-      for (int64_t c = first[k]; c < first[k + 1]; ++c) {
-        const float* p = partial.data() + c * tile_floats + a * bp;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const float* p = partial.data() + (b * v.k + k) * tile_floats + a * bp;
         for (int b = 0; b < bp; ++b) {
           sum[b] += p[b];
         }
