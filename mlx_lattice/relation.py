@@ -71,17 +71,24 @@ class Relation:
     ``in_idx``/``k_idx``. The input-major and kernel-major views, ``out_idx``
     and the dense ``neighbor_map`` (N_out, K) are built on first use and kept.
     A relation built on CUDA (``gpu``) builds them there too, from its
-    neighbour map (mlx_lattice/cuda/plans.py), with the same arrays.
+    neighbour map (mlx_lattice/cuda/plans.py), with the same arrays; its
+    largest row counts (``max_neighbors``: output rows, ``max_in_neighbors``:
+    input rows) come with it, read in the synchronisation of its size, so
+    that nothing reads its arrays on the host.
     """
 
-    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False):
+    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False,
+                 max_neighbors: int | None = None, max_in_neighbors: int | None = None):
         self._native = native
         self.geometry = geometry
         self._stats = None
         self._plans = None
+        self._max = (max_neighbors, max_in_neighbors)
         if gpu:
             from .cuda.plans import Plans
 
+            if max_neighbors is None or max_in_neighbors is None:
+                raise ValueError("a relation built on CUDA needs its max_neighbors and max_in_neighbors")
             self._plans = Plans(native)
 
     @property
@@ -122,13 +129,14 @@ class Relation:
                 "n_out": n_out,
                 "k": self.kernel_volume,
                 "mean_neighbors": self.edges / n_out if n_out else 0.0,
-                "max_neighbors": self._native.max_neighbors,
+                "max_neighbors": self._max[0] if self.gpu else self._native.max_neighbors,
             }
         return dict(self._stats)
 
     def swapped(self, kind: str, geometry: KernelGeometry) -> "Relation":
         if self.gpu:
-            return Relation(self._plans.swapped(kind), geometry, gpu=True)
+            return Relation(self._plans.swapped(kind), geometry, gpu=True,
+                            max_neighbors=self._max[1], max_in_neighbors=self._max[0])
         return Relation(self._native.swapped(kind), geometry)
 
     def __repr__(self) -> str:

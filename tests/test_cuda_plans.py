@@ -28,6 +28,7 @@ def same_views(g: Relation, c: Relation):
         assert_same(a, b)
     for a, b in zip(vars(g.kernel_major()).values(), vars(c.kernel_major()).values()):
         assert_same(a, b)
+    assert g.stats() == c.stats()  # max_neighbors read with the size, not from host arrays
     if c.kernel_volume <= 64:
         gp, cp = g.sorted_plan(), c.sorted_plan()
         for name in ("reorder_rows", "sorted_out_in_map", "sorted_kv_out_in_map", "tile_masks"):
@@ -39,9 +40,9 @@ def same_views(g: Relation, c: Relation):
 
 def pair(coords, out, geometry, transposed, kind):
     geom = KernelGeometry(*geometry)
-    g = maps.build_relation(maps.CudaTable(coords), out, geometry, transposed, kind)
+    g, max_out, max_in = maps.build(maps.CudaTable(coords), out, geometry, transposed, kind)
     c = _ext.build_relation(_ext.CoordTable(coords), out, *geometry, transposed, kind)
-    return Relation(g, geom, gpu=True), Relation(c, geom)
+    return Relation(g, geom, gpu=True, max_neighbors=max_out, max_in_neighbors=max_in), Relation(c, geom)
 
 
 GEOMETRIES = [

@@ -5,15 +5,18 @@ The arrays equal the CPU builder's (src/coord_table.cpp, src/kernel_map.cpp)
 element for element: edges in (output row, offset) order, supports sorted by
 packed key. Sizes are unknown before building, so each map is count-then-fill
 with one host synchronisation (the edge or support count, read together with
-the error flags); a coordinate set costs one synchronisation (its error
-flags). There are no capacities to overflow: the table has twice as many
-slots as rows. On an error the CPU builder is run on the same input to raise
-its exact message.
+the error flags and, for a relation, its largest row); a coordinate set given
+by the user costs one synchronisation (its error flags), a set made here (an
+output support) none, since it is valid by construction. Every host read goes
+through ``_read``, which counts them in ``SYNCS``. There are no capacities to
+overflow: the table has twice as many slots as rows. On an error the CPU
+builder is run on the same input to raise its exact message.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import numpy as np
 import mlx.core as mx
@@ -237,6 +240,18 @@ def _kernel(name: str):
     )
 
 
+# Host synchronisations of map building, by what was read (profiling).
+SYNCS: Counter = Counter()
+
+
+def _read(what: str, *arrays) -> list[int]:
+    """Evaluate small integer arrays and read them on the host: one
+    synchronisation, counted in SYNCS under `what`."""
+    SYNCS[what] += 1
+    flat = mx.concatenate([mx.reshape(a, (-1,)).astype(mx.int64) for a in arrays])
+    return np.array(flat).tolist()
+
+
 def _params(*vals):
     return mx.array(np.array(vals, dtype=np.int32))
 
@@ -255,9 +270,12 @@ def _launch(name, n, inputs, shapes, dtypes, template=(), init_value=None):
 
 class CudaTable:
     """Open-addressing table on the GPU from packed coordinates to rows:
-    2 * max(N, 8) slots rounded up to a power of two (as on the CPU)."""
+    2 * max(N, 8) slots rounded up to a power of two (as on the CPU).
 
-    def __init__(self, coords: mx.array):
+    ``trusted``: the rows are unique and in range by construction (an output
+    support built here), so the error flags are not read back."""
+
+    def __init__(self, coords: mx.array, trusted: bool = False):
         if coords.ndim != 2 or coords.shape[1] != 4 or coords.dtype != mx.int32:
             raise ValueError("coords must be an (N, 4) int32 array")
         self.coords = coords
@@ -272,7 +290,7 @@ class CudaTable:
             "insert", n, [coords, _params(n, self.mask)],
             [(cap,), (cap,), (2,)], [mx.uint64, mx.int32, mx.int32], init_value=0,
         )
-        if n and np.array(flags).any():  # the one synchronisation of a set
+        if n and not trusted and any(_read("table flags", flags)):  # a set's one synchronisation
             _ext.CoordTable(coords)  # raises the CPU builder's message
             raise AssertionError("GPU table flagged coordinates the CPU table accepts")
         self.keys, self.vals = keys, vals
@@ -291,13 +309,11 @@ def _support(table: CudaTable, geometry, generative: bool) -> mx.array:
     total = n * kv
     first = _launch("first", total, [srt, _params(total)], [(total,)], [mx.int32])[0]
     rank = mx.cumsum(first)
-    count, bad = rank[-1], flags[0]
-    mx.eval(count, bad)  # the one synchronisation of a support
-    if bad.item():
+    m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
+    if bad:
         fn = _ext.generative_support if generative else _ext.forward_support
         fn(_ext.CoordTable(table.coords), *geometry)  # raises the CPU builder's message
         raise AssertionError("GPU support flagged a range error the CPU builder accepts")
-    m = count.item()
     if m == 0:
         return mx.zeros((0, 4), mx.int32)
     return _launch("unpack", total, [srt, rank, _params(total)], [(m, 4)], [mx.int32])[0]
@@ -325,6 +341,13 @@ def _symmetric(table: CudaTable, out_coords, geometry, transposed: bool) -> bool
 
 def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
     """The native relation of ``_ext.build_relation``, built on the GPU."""
+    return build(table, out_coords, geometry, transposed, kind)[0]
+
+
+def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
+    """(the native relation, the most edges of an output row, the most edges
+    of an input row), built on the GPU with one synchronisation (route
+    ``cuda.hash_map``)."""
     for k in geometry[0]:
         if k > 64:
             raise ValueError("kernel sizes above 64 are not supported")
@@ -332,9 +355,10 @@ def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed:
         raise ValueError("output coordinates must be an (N, 4) int32 array")
     m, kv = out_coords.shape[0], int(np.prod(geometry[0]))
     gp = _geometry_params(*geometry)
+    symmetric = _symmetric(table, out_coords, geometry, transposed)
     if m == 0:
         nmap = mx.zeros((0, kv), mx.int32)
-    elif _symmetric(table, out_coords, geometry, transposed):
+    elif symmetric:
         nmap = _launch(
             "symmetric", m * (kv // 2 + 1),
             [table.keys, table.vals, table.coords, _params(m, kv, table.mask, *gp)],
@@ -348,15 +372,25 @@ def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed:
         )[0]
     counts = (nmap >= 0).astype(mx.int32).sum(axis=1)
     offsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(counts)])
-    mx.eval(offsets, nmap)  # the one synchronisation of a relation: its edge count
-    edges = offsets[-1].item()
+    largest = counts.max() if m else mx.zeros((), mx.int32)
+    if m and not symmetric and table.size:
+        # Edges per input row (the swapped relation's rows): a scatter of the hits.
+        hits = mx.where(nmap >= 0, nmap, table.size).reshape(-1)
+        deg = mx.zeros((table.size + 1,), mx.int32).at[hits].add(mx.ones(hits.shape, mx.int32))
+        largest_in = deg[:-1].max()
+    else:
+        largest_in = largest  # symmetric: as many edges per input row as per output row
+    # The one synchronisation of a relation: its edge count and largest rows.
+    edges, max_out, max_in = _read("relation size", offsets[-1], largest, largest_in)
     if edges:
         in_idx, k_idx = _launch(
             "compact", m, [nmap, offsets, _params(m, kv)], [(edges,), (edges,)], [mx.int32, mx.int32]
         )
     else:
         in_idx = k_idx = mx.zeros((0,), mx.int32)
-    mx.eval(in_idx, k_idx)
+    # Queued, not waited for: the native relation holds them for the GPU
+    # routes; a host read through it (tests) evaluates them first.
+    mx.async_eval(in_idx, k_idx)
     native = _ext.Relation(kind, table.size, m, kv, offsets, in_idx, k_idx)
     native.set_neighbor_map(nmap)
-    return native
+    return native, max_out, max_in

@@ -260,11 +260,12 @@ class Plans:
 
     def swapped(self, kind: str):
         """The native relation with roles exchanged; its neighbour map is this
-        one's input map. Its arrays are evaluated (the native relation may
-        read them), a synchronisation but no transfer."""
+        one's input map. Its arrays are queued for evaluation, not waited for
+        (no synchronisation): a host read through the native relation
+        evaluates them first."""
         offsets, _, out_idx, k_idx = self.input_major()
         in_map = self.input_map()
-        mx.eval(offsets, out_idx, k_idx, in_map)
+        mx.async_eval(offsets, out_idx, k_idx, in_map)
         native = _ext.Relation(kind, self.n_out, self.n_in, self.k, offsets, out_idx, k_idx)
         native.set_neighbor_map(in_map)
         return native
