@@ -425,6 +425,21 @@ def side_by_side_rows(wl, coords, dtype_name, repeats, chans) -> list[dict]:
     return rows
 
 
+def compiled_update_step(step):
+    """The same training step with Adam's update compiled (``mx.compile``)
+    into fused kernels, as MLX training loops write it."""
+    state = [step.model.state, step.optimizer.state]
+    update = mx.compile(lambda g: step.optimizer.update(step.model, g), inputs=state, outputs=state)
+
+    def run():
+        loss, grads = step.loss_grad(step.model, step.tensor())
+        update(grads)
+        mx.eval(loss, step.model.state, step.optimizer.state)
+        return loss
+
+    return run
+
+
 def network_rows(wl, coords, repeats, dtype_name="float16", use_spconv=False) -> list[dict]:
     """A whole MinkUNet training step on CUDA (maps built inside: every call
     starts from a new coordinate manager), with the peak GPU memory of a step;
@@ -443,11 +458,12 @@ def network_rows(wl, coords, repeats, dtype_name="float16", use_spconv=False) ->
         mx.reset_peak_memory()
         t = best_time(step, repeats)
         peak = mx.get_peak_memory()
+        t_compiled = best_time(compiled_update_step(step), repeats)
         rows.append(dict(
             workload=wl, layer=f"MinkUNet {width}x", **{"pass": "train step"}, dtype=dtype_name,
             n=len(coords), edges=0, ms=t * 1e3, gflops=flops / t / 1e9, tflops=flops / t / 1e12,
             useful_gflop=flops / 1e9, peak_gib=peak / 2**30, route="network", sgemm_fraction=None,
-            device=str(mx.default_device()),
+            device=str(mx.default_device()), compiled_adam_ms=t_compiled * 1e3,
         ))
         sp = ""
         if use_spconv:
@@ -459,7 +475,8 @@ def network_rows(wl, coords, repeats, dtype_name="float16", use_spconv=False) ->
             sp = (f"; spconv {r['step_s']*1e3:.2f} ms ({r['step_s']/t:.2f}x), "
                   f"peak {r['peak_bytes']/2**30:.2f} GiB allocated")
         print(f"{wl:<7} {'MinkUNet ' + str(width) + 'x':<18} {'step':<8} {dtype_name:<9} {len(coords):>9,} "
-              f"{'':>10} {t*1e3:>8.2f} {flops/t/1e12:>8.2f}  maps inside, peak {peak/2**30:.2f} GiB{sp}", flush=True)
+              f"{'':>10} {t*1e3:>8.2f} {flops/t/1e12:>8.2f}  maps inside, peak {peak/2**30:.2f} GiB"
+              f" (Adam compiled: {t_compiled*1e3:.2f} ms){sp}", flush=True)
     return rows
 
 
@@ -503,6 +520,8 @@ def run_gpu(args) -> int:
     dtypes = (args.dtypes or "float16,bfloat16").split(",")
     repeats = args.repeats or 10
     chans = (64,) if args.quick else (32, 64, 128, 256, 512)
+    if args.channels:
+        chans = tuple(int(c) for c in args.channels.split(","))
     cases = []
     use_spconv = not args.no_spconv and spconv_side.available()
     if args.profile:
@@ -728,6 +747,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="skip the NumPy gather-matmul baseline")
     p.add_argument("--no-spconv", action="store_true", help="skip spconv even when it is installed")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="gpu: the CUDA routes")
+    p.add_argument("--channels", default=None, help="with --device gpu: comma list of subm channel counts")
     p.add_argument("--profile", action="store_true",
                    help="with --device gpu: where a MinkUNet training step's time goes (mlx_lattice/cuda/step_profile.py)")
     p.add_argument("--grouped", action="store_true",

@@ -78,7 +78,7 @@ class Relation:
     """
 
     def __init__(self, native, geometry: KernelGeometry, gpu: bool = False,
-                 max_neighbors: int | None = None, max_in_neighbors: int | None = None):
+                 max_neighbors: int | None = None, max_in_neighbors: int | None = None, plans=None):
         self._native = native
         self.geometry = geometry
         self._stats = None
@@ -89,7 +89,7 @@ class Relation:
 
             if max_neighbors is None or max_in_neighbors is None:
                 raise ValueError("a relation built on CUDA needs its max_neighbors and max_in_neighbors")
-            self._plans = Plans(native)
+            self._plans = Plans(native) if plans is None else plans
 
     @property
     def gpu(self) -> bool:
@@ -135,7 +135,8 @@ class Relation:
 
     def swapped(self, kind: str, geometry: KernelGeometry) -> "Relation":
         if self.gpu:
-            return Relation(self._plans.swapped(kind), geometry, gpu=True,
+            native, plans = self._plans.swapped(kind)
+            return Relation(native, geometry, gpu=True, plans=plans,
                             max_neighbors=self._max[1], max_in_neighbors=self._max[0])
         return Relation(self._native.swapped(kind), geometry)
 

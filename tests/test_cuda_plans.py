@@ -117,6 +117,12 @@ def test_manager_relations_are_gpu(rng):
         rel, out = m.kernel_relation(s, geom)
         up, _ = m.transposed_kernel_relation(out, geom)  # the forward relation swapped
         assert rel.gpu and up.gpu
+        # The decoder's relation, both input gradients and the swaps back
+        # share two sets of derived arrays.
+        assert up._plans is rel.swapped("forward", geom)._plans
+        assert cuda.view_of(up).flipped().rel._plans is rel._plans
+        assert cuda.view_of(rel).flipped().rel._plans is up._plans
+        assert cuda.view_of(up).flipped().plan().tile_masks is cuda.view_of(rel).plan().tile_masks
         c = Relation(_ext.build_relation(_ext.CoordTable(s.coords), out.coords, *geom.args(), False, "forward"), geom)
         same_views(up, c.swapped("transposed", geom))
     finally:

@@ -166,6 +166,14 @@ SYMMETRIC_SOURCE = """
   }
 """
 
+# One thread per (output row, offset) hit: count it for its input row.
+IN_DEGREE_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long)params[0] * params[1]) return;
+  const int p = nmap[idx];
+  if (p >= 0) atomicAdd(&deg[p], 1);
+"""
+
 # One thread per output row: the row's hits in offset order at its offset.
 COMPACT_SOURCE = """
   const long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -229,6 +237,7 @@ def _kernel(name: str):
         "insert": (["coords", "params"], ["keys", "vals", "flags"], INSERT_SOURCE),
         "lookup": (["keys", "vals", "out_coords", "params"], ["nmap"], LOOKUP_SOURCE),
         "symmetric": (["keys", "vals", "coords", "params"], ["nmap"], SYMMETRIC_SOURCE),
+        "in_degree": (["nmap", "params"], ["deg"], IN_DEGREE_SOURCE),
         "compact": (["nmap", "offsets", "params"], ["in_idx", "k_idx"], COMPACT_SOURCE),
         "candidates": (["coords", "params"], ["cand", "flags"], CANDIDATES_SOURCE),
         "first": (["sorted", "params"], ["first"], FIRST_SOURCE),
@@ -374,10 +383,11 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
     offsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(counts)])
     largest = counts.max() if m else mx.zeros((), mx.int32)
     if m and not symmetric and table.size:
-        # Edges per input row (the swapped relation's rows): a scatter of the hits.
-        hits = mx.where(nmap >= 0, nmap, table.size).reshape(-1)
-        deg = mx.zeros((table.size + 1,), mx.int32).at[hits].add(mx.ones(hits.shape, mx.int32))
-        largest_in = deg[:-1].max()
+        # Edges per input row (the swapped relation's rows): integer atomics,
+        # so the counts do not depend on scheduling.
+        largest_in = _launch(
+            "in_degree", m * kv, [nmap, _params(m, kv)], [(table.size,)], [mx.int32], init_value=0,
+        )[0].max()
     else:
         largest_in = largest  # symmetric: as many edges per input row as per output row
     # The one synchronisation of a relation: its edge count and largest rows.
@@ -388,9 +398,9 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
         )
     else:
         in_idx = k_idx = mx.zeros((0,), mx.int32)
-    # Queued, not waited for: the native relation holds them for the GPU
-    # routes; a host read through it (tests) evaluates them first.
-    mx.async_eval(in_idx, k_idx)
+    # Left lazy (no second synchronisation): the GPU routes take them as
+    # inputs; a host read through the native relation (tests) evaluates
+    # them first.
     native = _ext.Relation(kind, table.size, m, kv, offsets, in_idx, k_idx)
     native.set_neighbor_map(nmap)
     return native, max_out, max_in

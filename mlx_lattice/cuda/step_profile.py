@@ -118,6 +118,59 @@ def conv_device_times(step, tensor, repeats):
     return fwd, bwd
 
 
+def map_stages(coords, repeats: int) -> dict:
+    """Seconds of each stage of building a layer's maps on CUDA, each stage
+    evaluated on its own: the table (with and without reading its error
+    flags), the output support, the relation (its one synchronisation
+    included), the sorted plans of both directions and the weight-gradient
+    chunks; and the round trip of one host synchronisation."""
+    import numpy as np
+
+    from ..relation import KernelGeometry, Relation
+    from .view import view_of
+
+    c = mx.array(np.ascontiguousarray(coords, dtype=np.int32))
+    mx.eval(c)
+    out = {}
+    one = mx.array([1], mx.int32)
+    mx.eval(one)
+    out["host synchronisation round trip"] = _best(lambda: np.array(one + 1), repeats)
+    out["table (error flags read)"] = _best(lambda: maps.CudaTable(c), repeats)
+    out["table (trusted)"] = _best(lambda: mx.eval(maps.CudaTable(c, trusted=True).keys), repeats)
+    table = maps.CudaTable(c)
+    for name, geom in (("subm k3", ((3,) * 3, (1,) * 3, (1,) * 3, (1,) * 3)),
+                       ("down k2s2", ((2,) * 3, (2,) * 3, (0,) * 3, (1,) * 3))):
+        if geom[1] == (1, 1, 1):
+            dst = c
+        else:
+            out[f"{name}: output support"] = _best(lambda: mx.eval(maps.forward_support(table, geom)), repeats)
+            dst = maps.forward_support(table, geom)
+            mx.eval(dst)
+        kind = "submanifold" if dst is c else "forward"
+
+        def build():
+            native, a, b = maps.build(table, dst, geom, False, kind)
+            mx.eval(native.in_idx, native.k_idx, native.neighbor_map)
+            return Relation(native, KernelGeometry(*geom), gpu=True, max_neighbors=a, max_in_neighbors=b)
+
+        out[f"{name}: relation"] = _best(build, repeats)
+
+        def stage(fn):
+            def run():
+                view = view_of(build())
+                mx.eval(view.rel.neighbor_map)
+                t0 = time.perf_counter()
+                mx.eval(fn(view))
+                return time.perf_counter() - t0
+            run()
+            return min(run() for _ in range(repeats))
+
+        out[f"{name}: sorted plan"] = stage(lambda v: vars(v.plan()))
+        out[f"{name}: swapped relation + its sorted plan"] = stage(lambda v: vars(v.flipped().plan()))
+        out[f"{name}: weight-gradient chunks"] = stage(lambda v: v.wgrad_chunks()[:2])
+    return out
+
+
 def profile(step, repeats: int = 5) -> dict:
     """Profile of a TrainingStep (mlx_lattice/network_bench.py) on CUDA."""
     step()  # kernels compiled, optimizer state made
@@ -179,6 +232,7 @@ def profile(step, repeats: int = 5) -> dict:
         "step_built_s": step_built, "step_cached_s": step_cached,
         "phases": out, "conv_forward_s": fwd, "conv_backward_s": bwd, "adam_s": t_adam,
         "adam_compiled_s": t_adam_compiled, "primitive_s": t_chain / 1000,
+        "map_stages_s": map_stages(step.coords, repeats),
     }
 
 
@@ -190,6 +244,9 @@ def format_profile(p: dict) -> str:
         f"(compiled: {p['adam_compiled_s']*1e3:.1f} ms)",
         f"one small primitive (a chain of 1000 adds): {p['primitive_s']*1e6:.1f} us",
     ]
+    lines.append("map stages (each evaluated on its own):")
+    for name, t in p["map_stages_s"].items():
+        lines.append(f"   {name:<44} {t*1e3:8.3f} ms")
     for name, (host, ev, acc, calls, syncs, nodes) in p["phases"].items():
         top = ", ".join(f"{k} {v}" for k, v in nodes.most_common(8))
         lines.append(f"-- {name}: host graph building {host*1e3:.1f} ms, eval {ev*1e3:.1f} ms, "
