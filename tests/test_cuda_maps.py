@@ -47,9 +47,16 @@ GEOMETRIES = [
 ]
 
 
+@pytest.fixture(params=["hash", "sort"])
+def dedup(request, monkeypatch):
+    """Both ways supports deduplicate their candidates."""
+    monkeypatch.setattr(maps, "SUPPORT_DEDUP", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("n", [0, 1, 300])
 @pytest.mark.parametrize("geometry", GEOMETRIES)
-def test_relations_equal_cpu(rng, n, geometry):
+def test_relations_equal_cpu(rng, n, geometry, dedup):
     coords = voxel_cloud(rng, n, batches=3) if n else mx.zeros((0, 4), mx.int32)
     mx.eval(coords)
     cpu_table = _ext.CoordTable(coords)
@@ -140,7 +147,15 @@ def test_bad_coordinates_raise_cpu_message(rows, message):
         maps.CudaTable(coords)
 
 
-def test_support_out_of_range_raises():
+def test_large_cloud_supports(rng, dedup):
+    coords = voxel_cloud(rng, 40000, batches=2, extent=40)
+    table, cpu = maps.CudaTable(coords), _ext.CoordTable(coords)
+    for geometry in (((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1)), ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1))):
+        assert_same(maps.forward_support(table, geometry), _ext.forward_support(cpu, *geometry))
+        assert_same(maps.generative_support(table, geometry), _ext.generative_support(cpu, *geometry))
+
+
+def test_support_out_of_range_raises(dedup):
     coords = mx.array(np.array([[0, 65535, 0, 0]], dtype=np.int32))
     geometry = ((3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
     with pytest.raises(ValueError, match="leaves the supported range"):

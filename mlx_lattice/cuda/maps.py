@@ -231,6 +231,60 @@ UNPACK_SOURCE = """
 """
 
 
+# Supports by hashing: one thread per (input row, offset) inserts the output
+# key it reaches into a table of twice as many slots as candidates; the
+# insert that claims a key's slot marks its candidate the key's winner;
+# flags[0] when a candidate lies outside the range.
+SUPPORT_INSERT_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  const int kv = params[1];
+  if (idx >= (long)n * kv) return;
+  const unsigned long long mask = (unsigned long long)(unsigned int)params[2];
+  bool overflow = false;
+  const unsigned long long key = lattice_key(
+      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
+  if (overflow) atomicExch(&flags[0], 1);
+  int won = 0;
+  if (key != kEmpty) {
+    unsigned long long* ks = reinterpret_cast<unsigned long long*>(keys);
+    unsigned long long h = lattice_hash(key) & mask;
+    for (;;) {
+      const unsigned long long prev = atomicCAS(ks + h, 0ull, key + 1ull);
+      if (prev == 0ull) { won = 1; break; }
+      if (prev == key + 1ull) break;
+      h = (h + 1ull) & mask;
+    }
+  }
+  winner[idx] = won;
+"""
+
+# One thread per candidate: each winner writes its key at its rank (the
+# winners' order depends on scheduling; the sort after it does not).
+SUPPORT_COMPACT_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  const int kv = params[1];
+  if (idx >= (long)n * kv || winner[idx] == 0) return;
+  bool overflow = false;
+  reinterpret_cast<unsigned long long*>(uniq)[rank[idx] - 1] = lattice_key(
+      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
+"""
+
+# One thread per sorted unique key: its coordinates.
+UNPACK_UNIQUE_SOURCE = """
+  const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= params[0]) return;
+  const unsigned long long k = reinterpret_cast<const unsigned long long*>(sorted)[i];
+  const unsigned long long m17 = (1ull << 17) - 1ull;
+  int* o = out + 4 * i;
+  o[0] = (int)(k >> 51);
+  o[1] = (int)((long long)((k >> 34) & m17) + kCoordMin);
+  o[2] = (int)((long long)((k >> 17) & m17) + kCoordMin);
+  o[3] = (int)((long long)(k & m17) + kCoordMin);
+"""
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(name: str):
     spec = {
@@ -242,6 +296,9 @@ def _kernel(name: str):
         "candidates": (["coords", "params"], ["cand", "flags"], CANDIDATES_SOURCE),
         "first": (["sorted", "params"], ["first"], FIRST_SOURCE),
         "unpack": (["sorted", "rank", "params"], ["out"], UNPACK_SOURCE),
+        "support_insert": (["coords", "params"], ["keys", "winner", "flags"], SUPPORT_INSERT_SOURCE),
+        "support_compact": (["coords", "winner", "rank", "params"], ["uniq"], SUPPORT_COMPACT_SOURCE),
+        "unpack_unique": (["sorted", "params"], ["out"], UNPACK_UNIQUE_SOURCE),
     }[name]
     return mx.fast.cuda_kernel(
         name=f"mlx_lattice_map_{name}", input_names=spec[0], output_names=spec[1],
@@ -305,10 +362,26 @@ class CudaTable:
         self.keys, self.vals = keys, vals
 
 
+# How output supports deduplicate their N * K candidate keys: "hash" (insert
+# them into a table, compact the winners, sort the M unique keys) or "sort"
+# (sort all N * K, keep the first of each run).
+SUPPORT_DEDUP = "hash"
+
+
+def _support_error(table: CudaTable, geometry, generative: bool):
+    fn = _ext.generative_support if generative else _ext.forward_support
+    fn(_ext.CoordTable(table.coords), *geometry)  # raises the CPU builder's message
+    raise AssertionError("GPU support flagged a range error the CPU builder accepts")
+
+
 def _support(table: CudaTable, geometry, generative: bool) -> mx.array:
+    if SUPPORT_DEDUP not in ("hash", "sort"):
+        raise ValueError(f"SUPPORT_DEDUP must be 'hash' or 'sort', got {SUPPORT_DEDUP!r}")
     n, kv = table.size, int(np.prod(geometry[0]))
     if n == 0:
         return mx.zeros((0, 4), mx.int32)
+    if SUPPORT_DEDUP == "hash":
+        return _support_by_hash(table, geometry, generative)
     params = _params(n, kv, 0, *_geometry_params(*geometry))
     cand, flags = _launch(
         "candidates", n * kv, [table.coords, params], [(n * kv,), (1,)], [mx.uint64, mx.int32],
@@ -320,12 +393,37 @@ def _support(table: CudaTable, geometry, generative: bool) -> mx.array:
     rank = mx.cumsum(first)
     m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
     if bad:
-        fn = _ext.generative_support if generative else _ext.forward_support
-        fn(_ext.CoordTable(table.coords), *geometry)  # raises the CPU builder's message
-        raise AssertionError("GPU support flagged a range error the CPU builder accepts")
+        _support_error(table, geometry, generative)
     if m == 0:
         return mx.zeros((0, 4), mx.int32)
     return _launch("unpack", total, [srt, rank, _params(total)], [(m, 4)], [mx.int32])[0]
+
+
+def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
+    """The support through a table of the candidates: only the M unique keys
+    are sorted (M is read in the support's one synchronisation)."""
+    n, kv = table.size, int(np.prod(geometry[0]))
+    total = n * kv
+    cap = 16
+    while cap < 2 * total:
+        cap *= 2
+    if cap > 2**31:
+        raise ValueError(f"{n} rows times a kernel volume of {kv} is more than 2**30 candidate outputs")
+    params = _params(n, kv, cap - 1, *_geometry_params(*geometry))
+    tmpl = [("TRANSPOSED", not generative)]
+    _, winner, flags = _launch(
+        "support_insert", total, [table.coords, params], [(cap,), (total,), (1,)],
+        [mx.uint64, mx.int32, mx.int32], template=tmpl, init_value=0,
+    )
+    rank = mx.cumsum(winner)
+    m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
+    if bad:
+        _support_error(table, geometry, generative)
+    if m == 0:
+        return mx.zeros((0, 4), mx.int32)
+    uniq = _launch("support_compact", total, [table.coords, winner, rank, params], [(m,)], [mx.uint64],
+                   template=tmpl)[0]
+    return _launch("unpack_unique", m, [mx.sort(uniq), _params(m)], [(m, 4)], [mx.int32])[0]
 
 
 def forward_support(table: CudaTable, geometry) -> mx.array:

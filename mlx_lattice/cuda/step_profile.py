@@ -143,7 +143,14 @@ def map_stages(coords, repeats: int) -> dict:
         if geom[1] == (1, 1, 1):
             dst = c
         else:
-            out[f"{name}: output support"] = _best(lambda: mx.eval(maps.forward_support(table, geom)), repeats)
+            chosen = maps.SUPPORT_DEDUP
+            for dedup in ("hash", "sort"):
+                maps.SUPPORT_DEDUP = dedup
+                try:
+                    out[f"{name}: output support ({dedup})"] = _best(
+                        lambda: mx.eval(maps.forward_support(table, geom)), repeats)
+                finally:
+                    maps.SUPPORT_DEDUP = chosen
             dst = maps.forward_support(table, geom)
             mx.eval(dst)
         kind = "submanifold" if dst is c else "forward"
