@@ -341,10 +341,11 @@ def map_rows(wl, coords, repeats, spconv_maps=None) -> list[dict]:
             t = maps.CudaTable(c)
             out = c if stride == 1 else maps.forward_support(t, geom)
             kind = "submanifold" if stride == 1 else "forward"
-            native, max_out, max_in = maps.build(t, out, geom, False, kind)
-            view = cuda.view_of(Relation(native, KernelGeometry(*geom), gpu=True,
+            native, max_out, max_in, sym = maps.build(t, out, geom, False, kind)
+            view = cuda.view_of(Relation(native, KernelGeometry(*geom), gpu=True, symmetric=sym,
                                          max_neighbors=max_out, max_in_neighbors=max_in))
-            return vars(view.plan()), vars(view.flipped().plan()), view.wgrad_chunks()[:2]
+            back = view if view.symmetric else view.flipped()  # input gradients' view
+            return vars(view.plan()), vars(back.plan()), view.wgrad_chunks()[:2]
 
         with mx.stream(mx.cpu):
             t_cpu = best_time(lambda: mx.eval(cpu().neighbor_map), max(2, repeats // 3))

@@ -149,8 +149,9 @@ class CoordinateManager:
             from . import cuda
 
             build = cuda.find("cuda.hash_map", "map").run
-            native, max_out, max_in = build(src.gpu_table, out_coords, geom.args(), transposed, kind)
-            return Relation(native, geom, gpu=True, max_neighbors=max_out, max_in_neighbors=max_in)
+            native, max_out, max_in, symmetric = build(src.gpu_table, out_coords, geom.args(), transposed, kind)
+            return Relation(native, geom, gpu=True, max_neighbors=max_out, max_in_neighbors=max_in,
+                            symmetric=symmetric)
         native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
         return Relation(native, geom)
 

@@ -74,13 +74,18 @@ class Relation:
     neighbour map (mlx_lattice/cuda/plans.py), with the same arrays; its
     largest row counts (``max_neighbors``: output rows, ``max_in_neighbors``:
     input rows) come with it, read in the synchronisation of its size, so
-    that nothing reads its arrays on the host.
+    that nothing reads its arrays on the host. ``symmetric`` (set by the CUDA
+    builder): edge (q, p, k) exists exactly when (p, q, K - 1 - k) does (a
+    centred odd kernel at stride 1 onto the same rows), so input gradients
+    can run on this relation with the kernel offsets mirrored.
     """
 
     def __init__(self, native, geometry: KernelGeometry, gpu: bool = False,
-                 max_neighbors: int | None = None, max_in_neighbors: int | None = None, plans=None):
+                 max_neighbors: int | None = None, max_in_neighbors: int | None = None, plans=None,
+                 symmetric: bool = False):
         self._native = native
         self.geometry = geometry
+        self.symmetric = symmetric
         self._stats = None
         self._plans = None
         self._max = (max_neighbors, max_in_neighbors)

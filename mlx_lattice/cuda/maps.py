@@ -453,8 +453,10 @@ def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed:
 
 def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
     """(the native relation, the most edges of an output row, the most edges
-    of an input row), built on the GPU with one synchronisation (route
-    ``cuda.hash_map``)."""
+    of an input row, whether it is symmetric), built on the GPU with one
+    synchronisation (route ``cuda.hash_map``). Symmetric: a centred odd
+    kernel at stride 1 onto the table's own rows, so that edge (q, p, k)
+    exists exactly when (p, q, K - 1 - k) does."""
     for k in geometry[0]:
         if k > 64:
             raise ValueError("kernel sizes above 64 are not supported")
@@ -501,4 +503,4 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
     # them first.
     native = _ext.Relation(kind, table.size, m, kv, offsets, in_idx, k_idx)
     native.set_neighbor_map(nmap)
-    return native, max_out, max_in
+    return native, max_out, max_in, bool(symmetric)

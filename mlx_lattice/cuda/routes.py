@@ -140,7 +140,8 @@ def grouped_wgrad(x, ct, view: View | None, k, groups: int):
 @dataclass(frozen=True)
 class Route:
     op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k);
-    # "map": run(table, out_coords, geometry, transposed, kind) -> (native relation, max neighbours)
+    # "map": run(table, out_coords, geometry, transposed, kind)
+    #   -> (native relation, max output-row edges, max input-row edges, symmetric)
     run: Callable
     grouped: bool = False  # run takes groups as its last argument
 

@@ -156,7 +156,7 @@ def map_stages(coords, repeats: int) -> dict:
         kind = "submanifold" if dst is c else "forward"
 
         def build():
-            native, a, b = maps.build(table, dst, geom, False, kind)
+            native, a, b, _ = maps.build(table, dst, geom, False, kind)
             mx.eval(native.in_idx, native.k_idx, native.neighbor_map)
             return Relation(native, KernelGeometry(*geom), gpu=True, max_neighbors=a, max_in_neighbors=b)
 

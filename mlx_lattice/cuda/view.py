@@ -19,6 +19,12 @@ class View:
     def rows(self) -> int:
         return self.rel.n_out
 
+    @property
+    def symmetric(self) -> bool:
+        """Input gradients may run on this view with mirrored offsets
+        (``Relation.symmetric``) rather than on the flipped view."""
+        return self.rel.symmetric
+
     def flipped(self) -> "View":
         if self._flipped is None:
             swapped = self.rel.swapped(self.rel.kind, self.rel.geometry)
