@@ -314,7 +314,7 @@ def _read(what: str, *arrays) -> list[int]:
     """Evaluate small integer arrays and read them on the host: one
     synchronisation, counted in SYNCS under `what`."""
     SYNCS[what] += 1
-    flat = mx.concatenate([mx.reshape(a, (-1,)).astype(mx.int64) for a in arrays])
+    flat = mx.concatenate([mx.reshape(a, (-1,)).astype(mx.int32) for a in arrays])  # int32: no casts
     return np.array(flat).tolist()
 
 
