@@ -69,11 +69,10 @@ class Grid:
 
 def layer_times(coords, kind: str, k: int, c_in: int, c_out: int, w5: np.ndarray, x: np.ndarray,
                 dtype: str, repeats: int) -> dict:
-    """spconv's times for one layer (maps cached unless named): forward,
-    forward + backward (input and weight gradients), map building (the first
-    call on a fresh tensor minus a cached call), and its forward output on our
-    rows for a correctness check. kind: subm (3x3x3), down (k2s2), up (the
-    transposed k2s2 back onto the finer voxels)."""
+    """spconv's times for one layer, maps cached: forward, forward + backward
+    (input and weight gradients), and its forward output for a correctness
+    check. kind: subm (3x3x3), down (k2s2), up (the transposed k2s2 back onto
+    the finer voxels). Its map building is timed by ``map_times``."""
     import spconv.pytorch as spconv
     import torch
 
@@ -104,8 +103,6 @@ def layer_times(coords, kind: str, k: int, c_in: int, c_out: int, w5: np.ndarray
         cached = source(feats)
         out = conv(cached)
         t_fwd = best_time(lambda: conv(cached), repeats)
-        t_first = best_time(lambda: conv(source(feats)), repeats)
-        t_pre = best_time(lambda: source(feats), repeats) if pre is not None else 0.0
     fg = feats.clone().requires_grad_(True)
     ct = torch.randn(out.features.shape, dtype=tdt, device="cuda")
 
@@ -116,7 +113,7 @@ def layer_times(coords, kind: str, k: int, c_in: int, c_out: int, w5: np.ndarray
 
     t_fb = best_time(fwd_bwd, repeats)
     return {
-        "forward_s": t_fwd, "fwd_bwd_s": t_fb, "map_s": max(t_first - t_pre - t_fwd, 0.0),
+        "forward_s": t_fwd, "fwd_bwd_s": t_fb,
         "out_indices": out.indices.cpu().numpy(), "out": out.features.float().cpu().numpy(),
         "lo": grid.lo,
     }
