@@ -440,3 +440,33 @@ def test_layers_on_metal_maps_match_cpu_maps(monkeypatch, steps):
         results.append([np.array(loss)] + [np.array(g) for g in grads])
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
+
+
+def test_map_records(monkeypatch, steps):
+    """Each map the Metal path builds is on record with its route, sizes and
+    host synchronisations: one per table, support and relation (none for
+    the views), one per swapped relation, none for an empty set."""
+    from mlx_lattice import diagnostics
+
+    monkeypatch.setattr(metal_maps, "available", lambda: True)
+    rng = np.random.default_rng(70)
+    coords = mx.array(oracle.random_coords(rng, 150, 7, batches=2))
+    down = KernelGeometry((2, 2, 2), stride=(2, 2, 2))
+    sub = KernelGeometry((3, 3, 3), padding=(1, 1, 1))
+    with diagnostics.record(maps=True) as log:
+        m = ml.CoordinateManager()
+        s = m.register(coords)
+        m.submanifold_kernel_relation(s, sub)
+        rel, out = m.kernel_relation(s, down)
+        back, _ = m.transposed_kernel_relation(out, down)
+        m.register(mx.zeros((0, 4), mx.int32))
+    got = [(r["product"], r["map_kind"], r["swapped"], r["syncs"]) for r in log]
+    assert got == [
+        ("table", None, False, 1), ("relation", "submanifold", False, 1),
+        ("support", "forward", False, 1), ("table", None, False, 1), ("relation", "forward", False, 1),
+        ("relation", "transposed", True, 1), ("table", None, False, 0),
+    ]
+    assert all(r["route"] == "metal.hash_map" and r["backend"] == "metal" for r in log)
+    fwd, tr = log[4], log[5]
+    assert (fwd["n_in"], fwd["n_out"], fwd["k"], fwd["edges"]) == (s.size, out.size, 8, rel.edges)
+    assert (tr["n_in"], tr["n_out"], tr["edges"]) == (out.size, s.size, back.edges) and back.metal
