@@ -146,7 +146,9 @@ class Plans:
     Metal counterpart of mlx_lattice/cuda/plans.py's ``Plans``.
     ``attach()`` hands them all to the native relation, whose getters the
     routes read, so nothing is derived on the CPU. A view of a relation with
-    no edges is made without a launch."""
+    no edges is made without a launch. The input-major program takes each
+    (input row, offset) pair to have at most one edge, which holds when the
+    output coordinates are unique (every set the manager registers is)."""
 
     def __init__(self, native, geometry):
         self.native, self.geometry = native, tuple(tuple(int(v) for v in g) for g in geometry)

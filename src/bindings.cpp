@@ -140,8 +140,10 @@ NB_MODULE(_ext, m) {
       .def("lookup", &CoordTable::lookup, "queries"_a);
 
   nb::class_<Relation>(m, "Relation")
-      // A relation from CSR arrays built elsewhere (the GPU map builders);
-      // the arrays must be evaluated, in the CPU builder's edge order.
+      // A relation from CSR arrays built elsewhere (the GPU map builders), in
+      // the CPU builder's edge order. out_offsets must be evaluated (the
+      // statistics read it); in_idx and k_idx too unless every view they
+      // derive is provided (set_* below), as the Metal builder does.
       .def(
           nb::init<std::string, int64_t, int64_t, int64_t, mx::array, mx::array, mx::array>(),
           "kind"_a, "n_in"_a, "n_out"_a, "k"_a, "out_offsets"_a, "in_idx"_a, "k_idx"_a)

@@ -470,3 +470,28 @@ def test_map_records(monkeypatch, steps):
     fwd, tr = log[4], log[5]
     assert (fwd["n_in"], fwd["n_out"], fwd["k"], fwd["edges"]) == (s.size, out.size, 8, rel.edges)
     assert (tr["n_in"], tr["n_out"], tr["edges"]) == (out.size, s.size, back.edges) and back.metal
+
+
+def test_path_with_unevaluated_steps(monkeypatch):
+    """As on a GPU, each step's array is unevaluated when the path gets it
+    (here: the harness output behind a pending add), through the manager's
+    relations, a swapped relation and their statistics. (The harness reads
+    a step's inputs when the step is made, so this cannot show that the
+    swapped relation's own evaluation of its offsets is needed.)"""
+    run = HarnessSteps()
+    monkeypatch.setattr(metal_maps, "_run", lambda *a: run(*a) + 0)
+    monkeypatch.setattr(metal_maps, "available", lambda: True)
+    rng = np.random.default_rng(71)
+    coords = mx.array(oracle.random_coords(rng, 200, 8, batches=2))
+    down = KernelGeometry((3, 3, 3), stride=(2, 2, 2), padding=(1, 1, 1))
+    m, c = ml.CoordinateManager(), ml.CoordinateManager()
+    gs = m.register(coords)
+    rel, out = m.kernel_relation(gs, down)
+    back, _ = m.transposed_kernel_relation(out, down)
+    monkeypatch.setattr(metal_maps, "available", lambda: False)
+    cs = c.register(coords)
+    crel, cout = c.kernel_relation(cs, down)
+    cback, _ = c.transposed_kernel_relation(cout, down)
+    for g, w in ((rel, crel), (back, cback)):
+        assert g.metal and g.stats() == w.stats()
+        assert_same_relation(g._native, w._native, g.kind)
