@@ -187,6 +187,7 @@ def test_manager_uses_the_metal_path(monkeypatch, steps):
     cpu = ml.CoordinateManager()
     cs = cpu.register(coords)
     monkeypatch.setattr(metal_maps, "available", lambda: True)
+    monkeypatch.setattr(manager, "_cuda_maps", lambda: False)  # a Mac has no CUDA
     assert manager.map_route() == "metal.hash_map"
     gpu = ml.CoordinateManager()
     gs = gpu.register(coords)
