@@ -220,6 +220,7 @@ def test_manager_uses_the_metal_path(monkeypatch, steps):
     relation and support, with its views, equals a CPU manager's."""
     rng = np.random.default_rng(64)
     coords = mx.array(oracle.random_coords(rng, 200, 8, batches=2))
+    monkeypatch.setattr(manager, "_cuda_maps", lambda: False)  # a Mac has no CUDA
     sub = KernelGeometry((3, 3, 3), padding=(1, 1, 1))
     down = KernelGeometry((2, 2, 2), stride=(2, 2, 2))
     gen = KernelGeometry((2, 2, 2), stride=(2, 2, 2))
