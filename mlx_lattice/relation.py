@@ -77,14 +77,18 @@ class Relation:
     that nothing reads its arrays on the host. ``symmetric`` (set by the CUDA
     builder): edge (q, p, k) exists exactly when (p, q, K - 1 - k) does (a
     centred odd kernel at stride 1 onto the same rows), so input gradients
-    can run on this relation with the kernel offsets mirrored.
+    can run on this relation with the kernel offsets mirrored. One built on
+    Metal (``metal``) carries them in its native relation, made by the Metal
+    map programs (mlx_lattice/metal_maps.py), and so does its swapped
+    relation.
     """
 
-    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False,
+    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False, metal: bool = False,
                  max_neighbors: int | None = None, max_in_neighbors: int | None = None, plans=None,
                  symmetric: bool = False):
         self._native = native
         self.geometry = geometry
+        self.metal = metal
         self.symmetric = symmetric
         self._stats = None
         self._plans = None
@@ -143,6 +147,10 @@ class Relation:
             native, plans = self._plans.swapped(kind)
             return Relation(native, geometry, gpu=True, plans=plans,
                             max_neighbors=self._max[1], max_in_neighbors=self._max[0])
+        if self.metal:
+            from . import metal_maps
+
+            return Relation(metal_maps.swapped(self._native, kind, geometry.args()), geometry, metal=True)
         return Relation(self._native.swapped(kind), geometry)
 
     def __repr__(self) -> str:

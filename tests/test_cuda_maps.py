@@ -171,19 +171,19 @@ def test_relation_sizes_and_synchronisations(rng):
     cpu_table = _ext.CoordTable(coords)
     for geometry in GEOMETRIES:
         table = maps.CudaTable(coords)
-        maps.SYNCS.clear()
+        maps.READS.clear()
         out = maps.forward_support(table, geometry)
         out_table = maps.CudaTable(out, trusted=True)
         native, max_out, max_in, _ = maps.build(table, out, geometry, False, "forward")
-        assert dict(maps.SYNCS) == {"support size": 1, "relation size": 1}
+        assert dict(maps.READS) == {"support size": 1, "relation size": 1}
         assert out_table.size == out.shape[0]
         c = _ext.build_relation(cpu_table, _ext.forward_support(cpu_table, *geometry), *geometry, False, "forward")
         assert max_out == c.max_neighbors
         assert max_in == c.swapped("transposed").max_neighbors
         for kind, out in (("submanifold", coords), ("target", voxel_cloud(rng, 300, batches=3))):
-            maps.SYNCS.clear()
+            maps.READS.clear()
             native, max_out, max_in, _ = maps.build(table, out, geometry, False, kind)
-            assert dict(maps.SYNCS) == {"relation size": 1}
+            assert dict(maps.READS) == {"relation size": 1}
             c = _ext.build_relation(cpu_table, out, *geometry, False, kind)
             assert (max_out, max_in) == (c.max_neighbors, c.swapped("transposed").max_neighbors)
 
@@ -197,9 +197,9 @@ def test_manager_synchronisations(rng, on_gpu):
     from mlx_lattice.relation import KernelGeometry
 
     m = CoordinateManager()
-    maps.SYNCS.clear()
+    maps.READS.clear()
     s = m.register(voxel_cloud(rng, 600, extent=10))
-    assert dict(maps.SYNCS) == {"table flags": 1}
+    assert dict(maps.READS) == {"table flags": 1}
     down = KernelGeometry((2, 2, 2), (2, 2, 2))
     rel, out = m.kernel_relation(s, down)
     sub = m.submanifold_kernel_relation(out, KernelGeometry((3, 3, 3), padding=(1, 1, 1)))
@@ -207,4 +207,4 @@ def test_manager_synchronisations(rng, on_gpu):
     for r in (rel, sub, up):
         view = cuda_routes.view_of(r)
         mx.eval(vars(view.plan()), vars(view.flipped().plan()), view.wgrad_chunks()[:2])
-    assert dict(maps.SYNCS) == {"table flags": 1, "support size": 1, "relation size": 2}
+    assert dict(maps.READS) == {"table flags": 1, "support size": 1, "relation size": 2}

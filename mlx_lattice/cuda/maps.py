@@ -5,11 +5,12 @@ The arrays equal the CPU builder's (src/coord_table.cpp, src/kernel_map.cpp)
 element for element: edges in (output row, offset) order, supports sorted by
 packed key. Sizes are unknown before building, so each map is count-then-fill
 with one host synchronisation (the edge or support count, read together with
-the error flags and, for a relation, its largest row); a coordinate set given
+the error flags and, for a relation, its largest rows); a coordinate set given
 by the user costs one synchronisation (its error flags), a set made here (an
 output support) none, since it is valid by construction. Every host read goes
-through ``_read``, which counts them in ``SYNCS``. There are no capacities to
-overflow: the table has twice as many slots as rows. On an error the CPU
+through ``_read``, which counts them: ``SYNCS`` in all (read by the manager's
+map records), ``READS`` by what was read. There are no capacities to
+overflow: the tables have twice as many slots as keys. On an error the CPU
 builder is run on the same input to raise its exact message.
 """
 
@@ -306,14 +307,16 @@ def _kernel(name: str):
     )
 
 
-# Host synchronisations of map building, by what was read (profiling).
-SYNCS: Counter = Counter()
+SYNCS = 0  # host synchronisations of map building so far (read by the manager's records)
+READS: Counter = Counter()  # the same, by what was read (tests, the step profile)
 
 
 def _read(what: str, *arrays) -> list[int]:
     """Evaluate small integer arrays and read them on the host: one
-    synchronisation, counted in SYNCS under `what`."""
-    SYNCS[what] += 1
+    synchronisation, counted in SYNCS and in READS under `what`."""
+    global SYNCS
+    SYNCS += 1
+    READS[what] += 1
     flat = mx.concatenate([mx.reshape(a, (-1,)).astype(mx.int32) for a in arrays])  # int32: no casts
     return np.array(flat).tolist()
 
