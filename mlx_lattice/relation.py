@@ -78,8 +78,8 @@ class Relation:
     builder): edge (q, p, k) exists exactly when (p, q, K - 1 - k) does (a
     centred odd kernel at stride 1 onto the same rows), so input gradients
     can run on this relation with the kernel offsets mirrored. One built on
-    Metal (``metal``) carries them in its native relation, made by the Metal
-    map programs (mlx_lattice/metal_maps.py), and so does its swapped
+    Metal (``metal``) carries its views in its native relation, made by the
+    Metal map programs (mlx_lattice/metal_maps.py), and so does its swapped
     relation.
     """
 
