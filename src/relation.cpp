@@ -8,10 +8,35 @@
 
 #include "coords.h"
 #include "mlx/allocator.h"
+#include "mlx/transforms.h"
 #include "sort.h"
 #include "threadpool.h"
 
 namespace mlx_lattice {
+
+namespace {
+
+// A GPU builder may hand over arrays that are not evaluated yet; the host
+// derivations here read them, so they are evaluated (and waited on) first.
+// Relations built on the CPU hold evaluated arrays, so nothing runs for them
+// (and nothing is scheduled from inside another primitive's evaluation).
+void host_ready(std::initializer_list<const mx::array*> arrays) {
+  std::vector<mx::array> pending;
+  for (const mx::array* a : arrays) {
+    if (!a->is_available()) {
+      pending.push_back(*a);
+    }
+  }
+  if (pending.empty()) {
+    return;
+  }
+  mx::eval(pending);
+  for (mx::array& a : pending) {
+    a.wait();
+  }
+}
+
+} // namespace
 
 Relation::Relation(
     std::string kind,
@@ -32,6 +57,7 @@ Relation::Relation(
 
 const mx::array& Relation::out_idx() {
   std::call_once(out_once_, [&] {
+    host_ready({&out_offsets_});
     mx::array a = make_int32(e_);
     int32_t* o = a.data<int32_t>();
     const int32_t* off = out_offsets_.data<int32_t>();
@@ -47,6 +73,7 @@ const mx::array& Relation::out_idx() {
 
 const Relation::KernelMajor& Relation::kernel_major() {
   std::call_once(k_once_, [&] {
+    host_ready({&out_idx(), &in_idx_, &k_idx_});
     const int32_t* out = out_idx().data<int32_t>();
     const int32_t* in = in_idx_.data<int32_t>();
     const int32_t* kk = k_idx_.data<int32_t>();
@@ -73,6 +100,7 @@ const Relation::InputMajor& Relation::input_major() {
     // Stable counting sort of the (k, out)-ordered view by input row gives
     // edges ordered by (in, k).
     const KernelMajor& km = kernel_major();
+    host_ready({&km.perm, &km.in_idx, &km.out_idx, &k_idx_});
     const int32_t* kp = km.perm.data<int32_t>();
     const int32_t* kin = km.in_idx.data<int32_t>();
     const int32_t* kout = km.out_idx.data<int32_t>();
@@ -129,6 +157,7 @@ const mx::array& Relation::neighbor_map() {
         mx::allocator::malloc(std::max<int64_t>(n_out_ * k_, 1) * 4),
         {static_cast<int>(n_out_), static_cast<int>(k_)},
         mx::int32);
+    host_ready({&out_offsets_, &in_idx_, &k_idx_});
     int32_t* m = a.data<int32_t>();
     const int32_t* off = out_offsets_.data<int32_t>();
     const int32_t* in = in_idx_.data<int32_t>();
@@ -152,6 +181,7 @@ const Relation::SortedPlan& Relation::sorted_plan() {
       throw std::invalid_argument(
           "the sorted plan needs a kernel volume of at most 64");
     }
+    host_ready({&neighbor_map()});
     const int32_t* nm = neighbor_map().data<int32_t>();
     std::vector<uint64_t> mask(n_out_);
     parallel_for(n_out_, kRowGrain, [&](int64_t b, int64_t e) {
@@ -216,6 +246,7 @@ const Relation::SortedPlan& Relation::sorted_plan() {
 }
 
 int64_t Relation::max_neighbors() const {
+  host_ready({&out_offsets_});
   const int32_t* off = out_offsets_.data<int32_t>();
   int64_t mx_n = 0;
   for (int64_t r = 0; r < n_out_; ++r) {
@@ -227,6 +258,7 @@ int64_t Relation::max_neighbors() const {
 const mx::array& Relation::input_neighbor_map() {
   std::call_once(in_nmap_once_, [&] {
     const InputMajor& im = input_major();
+    host_ready({&im.offsets, &im.out_idx, &im.k_idx});
     mx::array a(
         mx::allocator::malloc(std::max<int64_t>(n_in_ * k_, 1) * 4),
         {static_cast<int>(n_in_), static_cast<int>(k_)},
