@@ -330,7 +330,9 @@ def _geometry_params(kernel_size, stride, padding, dilation):
 
 
 def _launch(name, n, inputs, shapes, dtypes, template=(), init_value=None):
-    kw = {} if init_value is None else {"init_value": init_value}
+    # On the GPU stream whatever the default: a set hashed on the GPU keeps
+    # building its maps there when a later call runs under mx.stream(mx.cpu).
+    kw = {"stream": mx.gpu} if init_value is None else {"init_value": init_value, "stream": mx.gpu}
     return _kernel(name)(
         inputs=inputs, template=list(template), grid=(max(n, 1), 1, 1), threadgroup=(256, 1, 1),
         output_shapes=shapes, output_dtypes=dtypes, **kw,

@@ -172,7 +172,8 @@ def _params(*vals):
 
 
 def _launch(name, n, inputs, shapes, dtypes, init_value=None):
-    kw = {} if init_value is None else {"init_value": init_value}
+    # On the GPU stream whatever the default (see maps._launch).
+    kw = {"stream": mx.gpu} if init_value is None else {"init_value": init_value, "stream": mx.gpu}
     return _kernel(name)(
         inputs=inputs, grid=(max(n, 1), 1, 1), threadgroup=(256, 1, 1),
         output_shapes=shapes, output_dtypes=dtypes, **kw,
