@@ -177,8 +177,17 @@ void run_packed(
 }
 
 template <typename T>
-void run(const T* x, const T* w, CsrView v, int64_t n_x, int64_t K, int A, int B, T* y) {
-  run_packed(x, pack_weights(w, K, A, B), v, n_x, K, A, B, y);
+void run(
+    const T* x,
+    const T* w,
+    WeightStrides ws,
+    CsrView v,
+    int64_t n_x,
+    int64_t K,
+    int A,
+    int B,
+    T* y) {
+  run_packed(x, pack_weights(w, ws, K, A, B), v, n_x, K, A, B, y);
 }
 
 } // namespace
@@ -187,6 +196,7 @@ void gather_conv(
     Float t,
     const void* x,
     const void* w,
+    WeightStrides ws,
     CsrView v,
     int64_t n_x,
     int64_t K,
@@ -194,7 +204,9 @@ void gather_conv(
     int B,
     void* y) {
   dispatch_float(t, [&]<typename T>() {
-    run<T>(static_cast<const T*>(x), static_cast<const T*>(w), v, n_x, K, A, B, static_cast<T*>(y));
+    run<T>(
+        static_cast<const T*>(x), static_cast<const T*>(w), ws, v, n_x, K, A, B,
+        static_cast<T*>(y));
   });
 }
 

@@ -166,7 +166,16 @@ void gathered_product(
 }
 
 template <typename T>
-void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, int B, T* out) {
+void run(
+    const T* x,
+    const T* ct,
+    PairView v,
+    int64_t n_x,
+    int64_t n_ct,
+    int A,
+    int B,
+    WeightStrides os,
+    T* out) {
   const int bp = static_cast<int>(round_up(B, simd::kWidth));
   // Room for the last row tile (up to 14 rows) past A.
   const int ap = static_cast<int>(round_up(A, 16) + 16);
@@ -257,8 +266,12 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
       }
     }
   });
+  // Rows (k, a) go to out through its strides: a row of B when B is the
+  // contiguous axis, else B elements K * A apart in the parameter's own
+  // (C_out, K, C_in) layout, whose neighbouring rows fill the same lines.
   parallel_for(v.k * A, 64, [&](int64_t i0, int64_t i1) {
     std::vector<float> sum(bp);
+    std::vector<T> row(B);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t k = i / A, a = i % A;
       std::fill(sum.begin(), sum.end(), 0.0f);
@@ -268,7 +281,15 @@ void run(const T* x, const T* ct, PairView v, int64_t n_x, int64_t n_ct, int A, 
           sum[b] += p[b];
         }
       }
-      from_float(sum.data(), out + i * B, B);
+      T* dst = out + k * os.k + a * os.a;
+      if (os.b == 1) {
+        from_float(sum.data(), dst, B);
+      } else {
+        from_float(sum.data(), row.data(), B);
+        for (int b = 0; b < B; ++b) {
+          dst[b * os.b] = row[b];
+        }
+      }
     }
   });
 }
@@ -284,9 +305,12 @@ void weight_grad(
     int64_t n_ct,
     int A,
     int B,
+    WeightStrides os,
     void* out) {
   dispatch_float(t, [&]<typename T>() {
-    run<T>(static_cast<const T*>(x), static_cast<const T*>(ct), v, n_x, n_ct, A, B, static_cast<T*>(out));
+    run<T>(
+        static_cast<const T*>(x), static_cast<const T*>(ct), v, n_x, n_ct, A, B, os,
+        static_cast<T*>(out));
   });
 }
 
