@@ -128,3 +128,25 @@ def test_parameter_gradient_through_ops(rng, isa):
     np.testing.assert_allclose(np.array(dx), e_dx, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.array(dw), e_dw, rtol=1e-4, atol=1e-4 * np.abs(e_dw).max())
     np.testing.assert_allclose(np.array(step), to_np(w5) - 0.1 * e_dw, rtol=1e-4, atol=1e-4 * np.abs(e_dw).max())
+
+
+@pytest.mark.parametrize("c_out", [16, 32, 64])
+def test_rows_without_edges_are_zero(rng, isa, c_out):
+    # Float32 outputs of whole vectors with few edges per row are written in
+    # place: target rows no input reaches must come out zero even in a
+    # reused (dirty) buffer.
+    coords = oracle.random_coords(rng, 200, 8, 2)
+    far = coords[:50].copy()
+    far[:, 1:] += 100
+    target = np.concatenate([coords[::3], far])
+    feats = mx.array(rng.standard_normal((len(coords), 8)).astype(np.float32))
+    w5 = mx.array(rng.standard_normal((c_out, 2, 2, 2, 8)).astype(np.float32))
+    x = ml.SparseTensor(coords, feats)
+    for _ in range(3):
+        mx.eval(mx.full((len(target), c_out), 7.0) * 3)  # leave dirty buffers behind
+        y = ops.conv3d(x, w5, coordinates=target).feats
+        mx.eval(y)
+        edges = oracle.conv_edges(coords, target, 2)
+        expected = oracle.apply(edges, np.array(feats), np.array(w5), len(target))
+        np.testing.assert_allclose(np.array(y), expected, rtol=1e-5, atol=1e-5)
+        assert not np.array(y)[-50:].any()

@@ -7,6 +7,12 @@
 // share an output row, so a tile never conflicts with itself, and every
 // output element sums its offsets in increasing order: the result does not
 // depend on the thread count.
+//
+// Float32 outputs whose width is whole vectors, of relations with few edges
+// per row, are accumulated in place (no zeroed block, no copy out): a row's
+// first offset adds its tile to a zero row and stores, later ones add to the
+// row, the same sums as in a zeroed block; rows without edges are zeroed.
+// Results are identical whichever way a call takes.
 #include "cpu/isa_begin.h"
 
 #include "cpu/pack.h"
@@ -17,8 +23,15 @@ namespace {
 
 using simd::vec;
 
+// yr[i] = sr[i] + x_i W_k over the tile's columns; sr[i] is yr[i] (add) or
+// a zero row (a row's first offset, written in place).
 template <int MR, int NV>
-inline void tile(const float* const* xr, const float* wk, int A, float* const* yr) {
+inline void tile(
+    const float* const* xr,
+    const float* wk,
+    int A,
+    const float* const* sr,
+    float* const* yr) {
   constexpr int W = NV * simd::kWidth;
   vec acc[MR][NV];
 #pragma GCC unroll 16
@@ -47,8 +60,7 @@ inline void tile(const float* const* xr, const float* wk, int A, float* const* y
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
-      float* p = yr[i] + j * simd::kWidth;
-      simd::store(p, simd::load(p) + acc[i][j]);
+      simd::store(yr[i] + j * simd::kWidth, simd::load(sr[i] + j * simd::kWidth) + acc[i][j]);
     }
   }
 }
@@ -57,6 +69,8 @@ struct BlockEdges {
   std::vector<int32_t> offsets; // per kernel offset, into out/in
   std::vector<int32_t> out;     // output row within the block
   std::vector<int32_t> in;      // gathered row
+  std::vector<uint8_t> first;   // the edge is its row's first (lowest offset)
+  std::vector<uint8_t> seen;    // per row of the block: has an edge
 };
 
 // Edges of rows [r0, r1) grouped by kernel offset, rows ascending within.
@@ -66,6 +80,8 @@ void group_edges(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockEdges
     b.offsets[1] = static_cast<int32_t>(r1 - r0);
     b.out.resize(r1 - r0);
     b.in.resize(r1 - r0);
+    b.first.assign(r1 - r0, 1);
+    b.seen.assign(r1 - r0, 1);
     for (int64_t r = r0; r < r1; ++r) {
       b.out[r - r0] = static_cast<int32_t>(r - r0);
       b.in[r - r0] = static_cast<int32_t>(r);
@@ -89,6 +105,14 @@ void group_edges(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockEdges
       b.in[dst] = v.gather[e];
     }
   }
+  // Offsets are visited in increasing order: a row's first edge in that
+  // order starts its sum.
+  b.seen.assign(r1 - r0, 0);
+  b.first.resize(e1 - e0);
+  for (int64_t i = 0; i < e1 - e0; ++i) {
+    b.first[i] = !b.seen[b.out[i]];
+    b.seen[b.out[i]] = 1;
+  }
 }
 
 template <int NV>
@@ -101,11 +125,13 @@ void block_product(
     int c0,
     float* yblk,
     int ldy,
+    bool in_place,
     const float* zero_row,
     float* dummy_row) {
   constexpr int MR = simd::rows_for(NV);
   constexpr int W = NV * simd::kWidth;
   const float* xr[MR];
+  const float* sr[MR];
   float* yr[MR];
   for (int64_t k = 0; k < K; ++k) {
     const int32_t g0 = b.offsets[k], g1 = b.offsets[k + 1];
@@ -122,17 +148,27 @@ void block_product(
         for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
           __builtin_prefetch(p + off);
         }
+        // In place, the rows written are the output's own, not a block
+        // already in cache: fetch them for writing too.
+        if (in_place) {
+          const char* q = reinterpret_cast<const char*>(yblk + int64_t(b.out[i]) * ldy + c0);
+          for (int64_t off = 0; off < int64_t(W) * 4; off += 64) {
+            __builtin_prefetch(q + off, 1);
+          }
+        }
       }
       for (int i = 0; i < MR; ++i) {
         if (i < n) {
           xr[i] = xf + int64_t(b.in[g + i]) * A;
           yr[i] = yblk + int64_t(b.out[g + i]) * ldy + c0;
+          sr[i] = in_place && b.first[g + i] ? zero_row : yr[i];
         } else {
           xr[i] = zero_row;
           yr[i] = dummy_row;
+          sr[i] = dummy_row;
         }
       }
-      tile<MR, NV>(xr, wk, A, yr);
+      tile<MR, NV>(xr, wk, A, sr, yr);
     }
   }
 }
@@ -153,25 +189,46 @@ void run_packed(
   const float* xf = float_rows(x, n_x, A, xbuf);
   const int bp = static_cast<int>(round_up(B, simd::kWidth));
   const auto blocks = column_blocks(bp);
+  // In place where rows have few edges (measured: 10-20% faster on strided
+  // layers, 2-4% on LiDAR submanifold layers, 1-4% slower at 14 edges a row,
+  // where the block's accumulation in L2 amortises its copy).
+  const bool in_place = std::is_same_v<T, float> && bp == B && v.edges <= 8 * v.rows;
   // Block rows: ~256 KiB of accumulators, fixed by the problem alone.
   const int64_t rows_per_block = std::clamp<int64_t>((int64_t(1) << 16) / bp, 16, 2048);
   parallel_for(v.rows, rows_per_block, [&](int64_t r0, int64_t r1) {
     thread_local BlockEdges edges;
     thread_local std::vector<float> yblk, dummy_row, zero_row;
     group_edges(v, K, r0, r1, edges);
-    yblk.assign((r1 - r0) * bp, 0.0f);
-    zero_row.assign(A + 1, 0.0f);
+    float* acc;
+    if constexpr (std::is_same_v<T, float>) {
+      if (in_place) {
+        acc = y + r0 * B;
+      }
+    }
+    if (!in_place) {
+      yblk.assign((r1 - r0) * bp, 0.0f);
+      acc = yblk.data();
+    }
+    zero_row.assign(std::max(A + 1, bp), 0.0f);
     dummy_row.assign(bp, 0.0f);
     for (auto [c0, nv] : blocks) {
       auto product = [&]<int NV>() {
         block_product<NV>(
-            edges, K, xf, A, packed.data(), c0, yblk.data(), bp,
-            zero_row.data(), dummy_row.data());
+            edges, K, xf, A, packed.data(), c0, acc, bp, in_place, zero_row.data(),
+            dummy_row.data());
       };
       dispatch_vectors(nv, product);
     }
-    for (int64_t r = r0; r < r1; ++r) {
-      from_float(yblk.data() + (r - r0) * bp, y + r * B, B);
+    if (in_place) {
+      for (int64_t r = r0; r < r1; ++r) {
+        if (!edges.seen[r - r0]) {
+          std::fill(acc + (r - r0) * B, acc + (r - r0 + 1) * B, 0.0f);
+        }
+      }
+    } else {
+      for (int64_t r = r0; r < r1; ++r) {
+        from_float(yblk.data() + (r - r0) * bp, y + r * B, B);
+      }
     }
   });
 }
