@@ -16,6 +16,7 @@ namespace {
 using simd::vec;
 
 constexpr int64_t kPanel = 256; // edges packed at a time
+constexpr int64_t kMinChunkEdges = 512; // average edges of a chunk (see run)
 
 struct Chunk {
   int64_t k, e0, e1;
@@ -194,7 +195,8 @@ void run(
   // block by block, every offset's edges into that block, so that the rows
   // of x and ct a block touches are fetched once for all offsets rather than
   // once per offset. Blocks hold about 512 KB of rows (to stay in L2) and
-  // grow where the partial sums' memory bound requires.
+  // grow where the partial sums' memory bound requires or chunks would be
+  // small.
   const int64_t budget = int64_t(1) << 23; // floats
   const int64_t bound_floats = int64_t(ap) * round_up(B, 16);
   int64_t rows_per_block = 256;
@@ -202,6 +204,14 @@ void run(
     rows_per_block *= 2;
   }
   while (rows_per_block < n_ct && (n_ct / rows_per_block + 1) * v.k * bound_floats > budget) {
+    rows_per_block *= 2;
+  }
+  // A chunk of few edges spends more on its partial sum (zeroed, loaded and
+  // stored by the tiles, then reduced: all A x B) than on products, as in
+  // the coarse levels of a U-Net (~1000 edges per offset at C = 128): grow
+  // the blocks until chunks average kMinChunkEdges edges.
+  while (rows_per_block < n_ct &&
+         v.edges < kMinChunkEdges * v.k * ((n_ct + rows_per_block - 1) / rows_per_block)) {
     rows_per_block *= 2;
   }
   const int64_t n_blocks = std::max<int64_t>(1, (n_ct + rows_per_block - 1) / rows_per_block);
