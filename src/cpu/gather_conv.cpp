@@ -67,6 +67,7 @@ inline void tile(
 
 struct BlockEdges {
   std::vector<int32_t> offsets; // per kernel offset, into out/in
+  std::vector<int32_t> cursor;  // fill position per kernel offset
   std::vector<int32_t> out;     // output row within the block
   std::vector<int32_t> in;      // gathered row
   std::vector<uint8_t> first;   // the edge is its row's first (lowest offset)
@@ -97,21 +98,42 @@ void group_edges(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockEdges
   }
   b.out.resize(e1 - e0);
   b.in.resize(e1 - e0);
-  std::vector<int32_t> cursor(b.offsets.begin(), b.offsets.end() - 1);
-  for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t e = v.offsets[r]; e < v.offsets[r + 1]; ++e) {
-      int32_t dst = cursor[v.k[e]]++;
-      b.out[dst] = static_cast<int32_t>(r - r0);
-      b.in[dst] = v.gather[e];
-    }
-  }
-  // Offsets are visited in increasing order: a row's first edge in that
-  // order starts its sum.
-  b.seen.assign(r1 - r0, 0);
   b.first.resize(e1 - e0);
-  for (int64_t i = 0; i < e1 - e0; ++i) {
-    b.first[i] = !b.seen[b.out[i]];
-    b.seen[b.out[i]] = 1;
+  b.seen.resize(r1 - r0);
+  b.cursor.assign(b.offsets.begin(), b.offsets.end() - 1);
+  // Offsets are visited in increasing order, so a row's first edge in that
+  // order starts its sum: the row's first in the view when its offsets
+  // ascend (relations sort each row's edges by offset), else found below.
+  // (Raw pointers: the byte stores could otherwise alias the vectors' own.)
+  const int32_t* row = v.offsets;
+  const int32_t* ks = v.k;
+  const int32_t* gather = v.gather;
+  int32_t* cursor = b.cursor.data();
+  int32_t* out = b.out.data();
+  int32_t* in = b.in.data();
+  uint8_t* first = b.first.data();
+  uint8_t* seen = b.seen.data();
+  bool ascending = true;
+  for (int64_t r = r0; r < r1; ++r) {
+    int32_t previous = -1;
+    const int32_t start = row[r], end = row[r + 1];
+    for (int32_t e = start; e < end; ++e) {
+      const int32_t k = ks[e];
+      ascending = ascending && k > previous;
+      previous = k;
+      const int32_t dst = cursor[k]++;
+      out[dst] = static_cast<int32_t>(r - r0);
+      in[dst] = gather[e];
+      first[dst] = e == start;
+    }
+    seen[r - r0] = start < end;
+  }
+  if (!ascending) {
+    std::fill(b.seen.begin(), b.seen.end(), 0);
+    for (int64_t i = 0; i < e1 - e0; ++i) {
+      b.first[i] = !b.seen[b.out[i]];
+      b.seen[b.out[i]] = 1;
+    }
   }
 }
 
