@@ -153,7 +153,8 @@ def _run(fn, feats, w, ct):
         ("subm", 17, 33, mx.float32),
         ("subm", 64, 64, mx.float32),  # weight gradient read in place
         ("subm", 72, 40, mx.float32),
-        ("subm", 96, 64, mx.float32),  # weight gradient over packed panels
+        ("subm", 96, 64, mx.float32),  # weight gradient read in place (A + B <= 192)
+        ("subm", 128, 80, mx.float32),  # weight gradient over packed panels (A + B > 192)
         ("down", 32, 64, mx.float32),
         ("down", 33, 13, mx.float16),
         ("up", 48, 24, mx.bfloat16),

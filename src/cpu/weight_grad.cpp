@@ -183,9 +183,11 @@ void run(
   const int64_t tile_floats = int64_t(ap) * bp;
   const auto blocks = column_blocks(bp);
   // Narrow dtypes are widened while packing, cheaper than whole-array copies;
-  // wide rows (A + B > 128) gain more from contiguous panels than they lose
-  // packing them (measured on the LiDAR and mesh workloads).
-  const bool direct = std::is_same_v<T, float> && B % simd::kWidth == 0 && A + B <= 128;
+  // wide rows (A + B > 192) gain more from contiguous panels than they lose
+  // packing them (measured on the LiDAR and mesh workloads and the layers of
+  // MinkUNet: 96 -> 64 takes 21% less time read in place, 128 -> 128 the
+  // same, 192 -> 128 2% more). Both ways sum every element's edges in order.
+  const bool direct = std::is_same_v<T, float> && B % simd::kWidth == 0 && A + B <= 192;
   Scratch xbuf, cbuf;
   const float* xf = direct ? float_rows(x, n_x, A, xbuf) : nullptr;
   const float* cf = direct ? float_rows(ct, n_ct, B, cbuf) : nullptr;
