@@ -8,11 +8,11 @@
 // output element sums its offsets in increasing order: the result does not
 // depend on the thread count.
 //
-// Float32 outputs whose width is whole vectors, of relations with few edges
-// per row, are accumulated in place (no zeroed block, no copy out): a row's
-// first offset adds its tile to a zero row and stores, later ones add to the
-// row, the same sums as in a zeroed block; rows without edges are zeroed.
-// Results are identical whichever way a call takes.
+// Float32 outputs whose width is whole vectors, where rows have few edges
+// and short products, are accumulated in place (no zeroed block, no copy
+// out): a row's first offset adds its tile to a zero row and stores, later
+// ones add to the row, the same sums as in a zeroed block; rows without
+// edges are zeroed. Results are identical whichever way a call takes.
 #include "cpu/isa_begin.h"
 
 #include "cpu/pack.h"
@@ -211,10 +211,13 @@ void run_packed(
   const float* xf = float_rows(x, n_x, A, xbuf);
   const int bp = static_cast<int>(round_up(B, simd::kWidth));
   const auto blocks = column_blocks(bp);
-  // In place where rows have few edges (measured: 10-20% faster on strided
-  // layers, 2-4% on LiDAR submanifold layers, 1-4% slower at 14 edges a row,
-  // where the block's accumulation in L2 amortises its copy).
-  const bool in_place = std::is_same_v<T, float> && bp == B && v.edges <= 8 * v.rows;
+  // In place where a row's products are short (edges per row x A <= 200):
+  // the block's zeroing and copy out then weigh against them (measured on
+  // MinkUNet's layers: 10-25% less time on the strided layers and C16, 2-9%
+  // at C32 with 8 edges a row), while longer rows amortise them and gain
+  // from accumulating in L2 (C48-C64 at 5-8 edges a row: 2-6% slower in
+  // place; the mesh's 14 edges a row: 1-4%).
+  const bool in_place = std::is_same_v<T, float> && bp == B && v.edges * A <= 200 * v.rows;
   // Block rows: ~256 KiB of accumulators, fixed by the problem alone.
   const int64_t rows_per_block = std::clamp<int64_t>((int64_t(1) << 16) / bp, 16, 2048);
   parallel_for(v.rows, rows_per_block, [&](int64_t r0, int64_t r1) {
