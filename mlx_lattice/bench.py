@@ -210,8 +210,10 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit, com
     w5 = mx.array(
         (rng.standard_normal((layer.c_out, *ks, layer.c_in)) / np.sqrt(layer.c_in * layer.k**3)).astype(np.float32)
     ).astype(dtype)
-    w = mx.contiguous(mapped_weight(w5))
-    wt = mx.contiguous(mx.swapaxes(w, 1, 2))
+    # The parameter's own layout, read in place as in training (the CPU
+    # kernels pack weight panels through the strides).
+    w = mapped_weight(w5)
+    wt = mx.swapaxes(w, 1, 2)
     ct = mx.array(rng.standard_normal((n_out, layer.c_out)).astype(np.float32)).astype(dtype)
     mx.eval(x, w, wt, ct)
     cpu = mx.default_stream(mx.cpu)

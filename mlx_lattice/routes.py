@@ -267,12 +267,13 @@ register(Route(
     name="cpu.gather_gemm", backend="cpu", priority=0, conditions=(DENSE,),
     passes=("forward", "dgrad"), kernel_file="src/cpu/gather_conv.cpp",
     summary="blocked gather-GEMM: per block of output rows, edges grouped by offset, "
-    "SIMD register tiles, float32 accumulation",
+    "SIMD register tiles, float32 accumulation (in the float32 output itself where "
+    "edges per row x C_in <= 200); weight panels packed through W's strides",
 ))
 register(Route(
     name="cpu.wgrad_gemm", backend="cpu", priority=0, conditions=(DENSE,),
     passes=("wgrad",), kernel_file="src/cpu/weight_grad.cpp",
-    summary="per-offset GEMM over packed panels of gathered rows; chunks by output-row block (all offsets of a block together), reduced in block order",
+    summary="per-offset GEMM over packed panels of gathered rows; chunks by output-row block (all offsets of a block together, >= 512 edges a chunk on average), reduced in block order; written in the (C_out, K, C_in) parameter order",
 ))
 
 register(Route(

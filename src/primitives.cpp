@@ -174,8 +174,12 @@ std::vector<mx::array> conv_inputs(
   }
   check_route(route, Op::Conv);
   auto stream = mx::to_stream(s);
+  // The CPU gather-GEMM packs its weight panels through w's strides, so the
+  // transposed view of a (C_out, Kx, Ky, Kz, C_in) parameter is read in place
+  // rather than copied to (K, A, B) on every call.
+  const bool strided_w = !is_metal(route) && !is_grouped(route);
   std::vector<mx::array> inputs = {
-      mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
+      mx::contiguous(x, false, stream), strided_w ? w : mx::contiguous(w, false, stream)};
   if (rel) {
     append_view_inputs(inputs, x, rel, view, route, Op::Conv, "gather_conv");
   }

@@ -9,6 +9,7 @@ results must be bitwise identical across thread counts on each path, and
 across the paths that share fused multiply-adds (avx2, avx512).
 """
 
+import functools
 import os
 import platform
 import re
@@ -152,7 +153,8 @@ def _run(fn, feats, w, ct):
         ("subm", 17, 33, mx.float32),
         ("subm", 64, 64, mx.float32),  # weight gradient read in place
         ("subm", 72, 40, mx.float32),
-        ("subm", 96, 64, mx.float32),  # weight gradient over packed panels
+        ("subm", 96, 64, mx.float32),  # weight gradient read in place (A + B <= 192)
+        ("subm", 128, 80, mx.float32),  # weight gradient over packed panels (A + B > 192)
         ("down", 32, 64, mx.float32),
         ("down", 33, 13, mx.float16),
         ("up", 48, 24, mx.bfloat16),
@@ -219,6 +221,33 @@ def test_bitwise_across_threads(rng, isa, dtype):
     for n in (2, 5):
         ml.set_num_threads(n)
         assert [_bytes(a) for a in _run(fn, feats, w, ct)] == ref
+
+
+@functools.lru_cache(maxsize=1)
+def _block_case():
+    coords = oracle.random_coords(np.random.default_rng(7), 12000, 30, 1)
+    return coords, np.asarray(oracle.conv_edges(coords, coords, 3, 1, 1)).T
+
+
+@pytest.mark.parametrize("c_in,c_out", [(8, 16), (40, 24)])
+def test_weight_gradient_row_blocks_bitwise_across_threads(rng, isa, c_in, c_out):
+    # Enough rows and edges that the weight gradient cuts every offset into
+    # several row blocks (partials reduced in block order).
+    coords, (o, i, k) = _block_case()
+    x = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)))
+    w = mx.zeros((c_out, 3, 3, 3, c_in))
+    ct = mx.array(rng.standard_normal((len(coords), c_out)).astype(np.float32))
+    grad = lambda: mx.vjp(lambda w: ops.subm_conv3d(x, w).feats, [w], [ct])[1][0]  # noqa: E731
+    ml.set_num_threads(1)
+    ref = grad()
+    mx.eval(ref)
+    for n in (2, 3):
+        ml.set_num_threads(n)
+        assert _bytes(grad()) == _bytes(ref)
+    # per offset x[i]^T ct[o] over the oracle's edges, in float64
+    xf, cf = np.array(x.feats).astype(np.float64), np.array(ct).astype(np.float64)
+    e_dw = np.stack([cf[o[k == d]].T @ xf[i[k == d]] for d in range(27)], 1).reshape(c_out, 3, 3, 3, c_in)
+    np.testing.assert_allclose(np.array(ref), e_dw, rtol=1e-4, atol=1e-4 * np.abs(e_dw).max())
 
 
 @pytest.mark.skipif(len(FMA_PATHS) < 2, reason="needs two paths with fused multiply-adds (avx2 and avx512)")

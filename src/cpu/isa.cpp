@@ -10,13 +10,13 @@ namespace mlx_lattice::cpu {
 // Each path's entry points, defined by the kernel sources compiled for it.
 #define LATTICE_DECLARE_PATH(isa)                                              \
   namespace isa {                                                              \
-  void gather_conv(Float, const void*, const void*, CsrView, int64_t, int64_t, \
-                   int, int, void*);                                           \
+  void gather_conv(Float, const void*, const void*, WeightStrides, CsrView,    \
+                   int64_t, int64_t, int, int, void*);                         \
   void gather_conv_quantized(Float, Float, const void*, const uint32_t*,       \
                              const void*, const void*, int, int, CsrView,      \
                              int64_t, int64_t, int, int, void*);               \
   void weight_grad(Float, const void*, const void*, PairView, int64_t,         \
-                   int64_t, int, int, void*);                                  \
+                   int64_t, int, int, WeightStrides, void*);                   \
   void grouped_conv(Float, const void*, const void*, int, CsrView, int64_t,    \
                     int64_t, int, int, void*);                                 \
   void grouped_weight_grad(Float, const void*, const void*, int, PairView,     \

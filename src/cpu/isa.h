@@ -25,6 +25,15 @@ struct CsrView {
   int64_t edges = 0;
 };
 
+// Element strides of a (K, A, B) weight (kernel offset, input channel,
+// output channel): {A * B, B, 1} row-major; {A, 1, K * A} for the
+// (C_out, Kx, Ky, Kz, C_in) parameter itself, read as (K, C_in, C_out).
+struct WeightStrides {
+  int64_t k = 0;
+  int64_t a = 0;
+  int64_t b = 1;
+};
+
 // Kernel-major pairs: for offset k, edges [offsets[k], offsets[k+1]) pair
 // gather row g[e] of x with row r[e] of ct. identity: K = 1, g = r = e.
 struct PairView {
@@ -65,10 +74,11 @@ struct NormShape {
 
 // One path's kernels on raw rows (row-major, features of dtype t):
 //   gather_conv: y (v.rows, B) = per-row sum of x[gather] @ w[k];
-//                x (n_x, A), w (K, A, B).
+//                x (n_x, A), w (K, A, B) read through its strides.
 //   gather_conv_quantized: the same with affine-quantized weights (MLX
 //                packing, logical shape (B, K, A), scales/biases of dtype s).
-//   weight_grad: out (v.k, A, B) = per-offset sum of x[g]^T ct[r].
+//   weight_grad: out (v.k, A, B) = per-offset sum of x[g]^T ct[r],
+//                written through the strides `os` (any dense layout).
 //   grouped_conv, grouped_weight_grad: the same with `groups` groups of
 //                channels, w and out (K, A / groups, B).
 //   attention_forward: o (contiguous, dtype t) and lse (float32,
@@ -85,15 +95,15 @@ struct NormShape {
 struct KernelTable {
   const char* name;
   void (*gather_conv)(
-      Float t, const void* x, const void* w, CsrView v, int64_t n_x,
-      int64_t K, int A, int B, void* y);
+      Float t, const void* x, const void* w, WeightStrides ws, CsrView v,
+      int64_t n_x, int64_t K, int A, int B, void* y);
   void (*gather_conv_quantized)(
       Float t, Float s, const void* x, const uint32_t* codes,
       const void* scales, const void* biases, int bits, int group,
       CsrView v, int64_t n_x, int64_t K, int A, int B, void* y);
   void (*weight_grad)(
       Float t, const void* x, const void* ct, PairView v, int64_t n_x,
-      int64_t n_ct, int A, int B, void* out);
+      int64_t n_ct, int A, int B, WeightStrides os, void* out);
   void (*grouped_conv)(
       Float t, const void* x, const void* w, int groups, CsrView v,
       int64_t n_x, int64_t K, int A, int B, void* y);

@@ -42,6 +42,29 @@ void check_groups(int A, int B, int groups, const char* op) {
   }
 }
 
+WeightStrides weight_strides(const mx::array& w) {
+  return {w.strides()[0], w.strides()[1], w.strides()[2]};
+}
+
+// Flags of a dense array with the given strides (MLX's definitions).
+mx::array::Flags dense_flags(const mx::Shape& shape, const mx::Strides& strides) {
+  mx::array::Flags f;
+  f.contiguous = true;
+  f.row_contiguous = true;
+  f.col_contiguous = true;
+  const int n = static_cast<int>(shape.size());
+  int64_t row = 1, col = 1;
+  for (int i = n - 1; i >= 0; --i) {
+    f.row_contiguous = f.row_contiguous && (shape[i] == 1 || strides[i] == row);
+    row *= shape[i];
+  }
+  for (int i = 0; i < n; ++i) {
+    f.col_contiguous = f.col_contiguous && (shape[i] == 1 || strides[i] == col);
+    col *= shape[i];
+  }
+  return f;
+}
+
 AttentionShape attention_shape(const mx::array& q, float scale) {
   return {q.shape(0), q.shape(1), q.shape(2), q.shape(3), scale};
 }
@@ -64,12 +87,13 @@ void gather_conv(
                 t,
                 xp = x.data<void>(),
                 wp = w.data<void>(),
+                ws = weight_strides(w),
                 yp = out.data<void>(),
                 view,
                 n_x = int64_t(x.shape(0)),
                 K = int64_t(w.shape(0)),
                 A = int(x.shape(1)),
-                B = int(w.shape(2))]() { fn(t, xp, wp, view, n_x, K, A, B, yp); });
+                B = int(w.shape(2))]() { fn(t, xp, wp, ws, view, n_x, K, A, B, yp); });
 }
 
 void gather_conv_quantized(
@@ -117,7 +141,14 @@ void weight_grad(
     mx::array& out,
     mx::Stream s) {
   const Float t = feature_type(out.dtype());
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  // Stored in the (C_out, K, C_in) order of the parameter it is the gradient
+  // of: read back through mapped_weight's transpose it is row-contiguous, so
+  // no copy runs between it and the optimizer.
+  const int64_t K = out.shape(0), A = out.shape(1);
+  const mx::Strides strides = {A, 1, K * A};
+  out.set_data(
+      mx::allocator::malloc(out.nbytes()), out.size(), strides,
+      dense_flags(out.shape(), strides));
   auto& enc = mx::cpu::get_command_encoder(s);
   enc.set_input_array(x);
   enc.set_input_array(ct);
@@ -131,7 +162,10 @@ void weight_grad(
                 n_x = int64_t(x.shape(0)),
                 n_ct = int64_t(ct.shape(0)),
                 A = int(x.shape(1)),
-                B = int(ct.shape(1))]() { fn(t, xp, cp, view, n_x, n_ct, A, B, op); });
+                B = int(ct.shape(1)),
+                os = WeightStrides{strides[0], strides[1], strides[2]}]() {
+    fn(t, xp, cp, view, n_x, n_ct, A, B, os, op);
+  });
 }
 
 void grouped_conv(

@@ -18,7 +18,8 @@ namespace mx = mlx::core;
 // any other dtype.
 Float feature_type(mx::Dtype dt);
 
-// out (rows, B) = per-row sum of x[gather] @ w[k]; x (N, A), w (K, A, B).
+// out (rows, B) = per-row sum of x[gather] @ w[k]; x (N, A), w (K, A, B)
+// of any strides (packed into panels, so no layout is copied first).
 void gather_conv(
     const mx::array& x,
     const mx::array& w,
@@ -41,6 +42,8 @@ void gather_conv_quantized(
     mx::Stream s);
 
 // out (K, A, B) = per-offset sum of x[g]^T ct[r]; x (N, A), ct (M, B).
+// out is stored in (B, K, A) order, the layout of the (C_out, K, C_in)
+// parameter whose gradient it is (strides {A, 1, K * A}).
 void weight_grad(
     const mx::array& x,
     const mx::array& ct,

@@ -46,22 +46,55 @@ inline void dispatch_vectors(int nv, F&& fn) {
   }
 }
 
-// W (K, A, B) -> float32 [block][k][a][block width], zero-padded columns.
+// W (K, A, B), read through its element strides `ws` -> float32
+// [block][k][a][block width], zero-padded columns. Values are copied, so the
+// layout changes no result. A weight contiguous along B is widened a row
+// (one a) at a time; any other, such as the (C_out, Kx, Ky, Kz, C_in)
+// parameter read in place, a column (one b, every a) at a time.
 template <typename T>
-std::vector<float> pack_weights(const T* w, int64_t K, int A, int B) {
+std::vector<float> pack_weights(const T* w, WeightStrides ws, int64_t K, int A, int B) {
   const int bp = static_cast<int>(round_up(B, simd::kWidth));
   std::vector<float> out(K * A * bp, 0.0f);
   auto blocks = column_blocks(bp);
+  // Block of column c: its first column and width.
+  std::vector<std::pair<int, int>> block_of(B);
+  for (auto [c0, nv] : blocks) {
+    for (int c = c0; c < std::min(B, c0 + nv * simd::kWidth); ++c) {
+      block_of[c] = {c0, nv * simd::kWidth};
+    }
+  }
   parallel_for(K, 1, [&](int64_t k0, int64_t k1) {
-    std::vector<float> row(B);
+    std::vector<T> gathered(std::max(A, B));
+    std::vector<float> line(std::max(A, B));
+    // Widens n elements at p with stride s (vectorized for half types when s = 1).
+    auto widen = [&](const T* p, int64_t s, int n) {
+      const T* src = p;
+      if (s != 1) {
+        for (int i = 0; i < n; ++i) {
+          gathered[i] = p[i * s];
+        }
+        src = gathered.data();
+      }
+      to_float(src, line.data(), n);
+    };
     for (int64_t k = k0; k < k1; ++k) {
-      for (int a = 0; a < A; ++a) {
-        // Widen a whole row at once (vectorized for half types).
-        to_float(w + (k * A + a) * B, row.data(), B);
-        for (auto [c0, nv] : blocks) {
-          const int width = nv * simd::kWidth;
-          float* dst = out.data() + (int64_t(c0) * K + k * width) * A + int64_t(a) * width;
-          std::copy(row.begin() + c0, row.begin() + std::min(B, c0 + width), dst);
+      if (ws.b == 1) {
+        for (int a = 0; a < A; ++a) {
+          widen(w + k * ws.k + a * ws.a, 1, B);
+          for (auto [c0, nv] : blocks) {
+            const int width = nv * simd::kWidth;
+            float* dst = out.data() + (int64_t(c0) * K + k * width) * A + int64_t(a) * width;
+            std::copy(line.begin() + c0, line.begin() + std::min(B, c0 + width), dst);
+          }
+        }
+      } else {
+        for (int b = 0; b < B; ++b) {
+          widen(w + k * ws.k + b * ws.b, ws.a, A);
+          auto [c0, width] = block_of[b];
+          float* dst = out.data() + (int64_t(c0) * K + k * width) * A + (b - c0);
+          for (int a = 0; a < A; ++a) {
+            dst[int64_t(a) * width] = line[a];
+          }
         }
       }
     }

@@ -26,11 +26,13 @@
 #define LATTICE_STRING(x) LATTICE_STRING_(x)
 
 namespace mlx_lattice::cpu::LATTICE_ISA_NAME {
-void gather_conv(Float, const void*, const void*, CsrView, int64_t, int64_t, int, int, void*);
+void gather_conv(
+    Float, const void*, const void*, WeightStrides, CsrView, int64_t, int64_t, int, int, void*);
 void gather_conv_quantized(
     Float, Float, const void*, const uint32_t*, const void*, const void*, int, int, CsrView,
     int64_t, int64_t, int, int, void*);
-void weight_grad(Float, const void*, const void*, PairView, int64_t, int64_t, int, int, void*);
+void weight_grad(
+    Float, const void*, const void*, PairView, int64_t, int64_t, int, int, WeightStrides, void*);
 void grouped_conv(Float, const void*, const void*, int, CsrView, int64_t, int64_t, int, int, void*);
 void grouped_weight_grad(
     Float, const void*, const void*, int, PairView, int64_t, int64_t, int, int, void*);
@@ -193,8 +195,10 @@ void run_case(std::mt19937& gen, int64_t rows, int64_t n_in, int64_t K, int A, i
   for (int threads : {1, 3}) {
     set_num_threads(threads);
     std::vector<T> y(rows * B), dw(K * A * B);
-    path::gather_conv(Typed<T>::tag, x.data(), w.data(), csr, n_in, K, A, B, y.data());
-    path::weight_grad(Typed<T>::tag, x.data(), ct.data(), pairs, n_in, rows, A, B, dw.data());
+    const WeightStrides row_major{int64_t(A) * B, B, 1};
+    path::gather_conv(Typed<T>::tag, x.data(), w.data(), row_major, csr, n_in, K, A, B, y.data());
+    path::weight_grad(
+        Typed<T>::tag, x.data(), ct.data(), pairs, n_in, rows, A, B, row_major, dw.data());
     static std::vector<T> y1, dw1;
     if (threads == 1) {
       check_close("gather_conv", y, y_ref, y_mag, A, B, K, y_terms);
@@ -208,6 +212,24 @@ void run_case(std::mt19937& gen, int64_t rows, int64_t n_in, int64_t K, int A, i
         fail("bitwise across thread counts", A, B, K, Typed<T>::name, 1, 0);
       }
     }
+  }
+  // Each output sums its offsets in increasing order whatever the order of
+  // a row's edges in the view: reversed rows give the same bits.
+  std::vector<int32_t> gather_rev(rel.gather), k_rev(rel.k);
+  for (int64_t o = 0; o < rows; ++o) {
+    std::reverse(gather_rev.begin() + rel.offsets[o], gather_rev.begin() + rel.offsets[o + 1]);
+    std::reverse(k_rev.begin() + rel.offsets[o], k_rev.begin() + rel.offsets[o + 1]);
+  }
+  CsrView reversed{rel.offsets.data(), gather_rev.data(), k_rev.data(), rows, edges};
+  std::vector<T> y_rev(rows * B);
+  const WeightStrides row_major{int64_t(A) * B, B, 1};
+  path::gather_conv(
+      Typed<T>::tag, x.data(), w.data(), row_major, reversed, n_in, K, A, B, y_rev.data());
+  std::vector<T> y_sorted(rows * B);
+  path::gather_conv(Typed<T>::tag, x.data(), w.data(), row_major, csr, n_in, K, A, B, y_sorted.data());
+  ++checks;
+  if (std::memcmp(y_rev.data(), y_sorted.data(), y_rev.size() * sizeof(T)) != 0) {
+    fail("gather_conv: edge order within rows", A, B, K, Typed<T>::name, 1, 0);
   }
 }
 
