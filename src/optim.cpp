@@ -2,6 +2,7 @@
 // per instruction-set path (src/cpu/adam.cpp).
 #include "optim.h"
 
+#include <algorithm>
 #include <array>
 #include <stdexcept>
 #include <string>
@@ -10,37 +11,65 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
+#include "threadpool.h"
 
 namespace mlx_lattice {
 
 namespace {
 
-// A float32 input; shape and strides are set only when it is not dense.
+// A float32 input; shape and strides are set only when it is not dense
+// (weight gradients usually arrive as transposed views of the convolution's
+// kernel-major layout).
 struct Strided {
   const float* data = nullptr;
   std::vector<int64_t> shape, strides;
 
-  // Row-major copy into buf.
+  // Row-major copy into buf: rows of the last dimension in parallel, the
+  // dimensions that are contiguous in the source merged first.
   const float* gather(std::vector<float>& buf) const {
+    std::vector<int64_t> sh, st;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == 1) {
+        continue;
+      }
+      if (!sh.empty() && st.back() == strides[d] * shape[d]) {
+        sh.back() *= shape[d];
+        st.back() = strides[d];
+      } else {
+        sh.push_back(shape[d]);
+        st.push_back(strides[d]);
+      }
+    }
     int64_t n = 1;
     for (auto d : shape) {
       n *= d;
     }
     buf.resize(n);
-    std::vector<int64_t> idx(shape.size(), 0);
-    for (int64_t e = 0; e < n; ++e) {
-      int64_t off = 0;
-      for (size_t d = 0; d < shape.size(); ++d) {
-        off += idx[d] * strides[d];
-      }
-      buf[e] = data[off];
-      for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
-        if (++idx[d] < shape[d]) {
-          break;
-        }
-        idx[d] = 0;
-      }
+    if (n == 0) {
+      return buf.data();
     }
+    if (sh.empty()) {
+      std::fill(buf.begin(), buf.end(), data[0]);
+      return buf.data();
+    }
+    const int64_t inner = sh.back(), step = st.back();
+    const int64_t rows = n / inner;
+    float* out = buf.data();
+    const float* src = data;
+    parallel_for(rows, std::max<int64_t>(1, 16384 / inner), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        int64_t off = 0, rem = r;
+        for (int d = static_cast<int>(sh.size()) - 2; d >= 0; --d) {
+          off += (rem % sh[d]) * st[d];
+          rem /= sh[d];
+        }
+        const float* a = src + off;
+        float* o = out + r * inner;
+        for (int64_t j = 0; j < inner; ++j) {
+          o[j] = a[j * step];
+        }
+      }
+    });
     return buf.data();
   }
 };

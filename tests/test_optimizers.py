@@ -200,10 +200,15 @@ def test_strided_and_broadcast_inputs(rng):
     p = {
         "a": mx.array(rng.standard_normal((7, 5)).astype(np.float32)),
         "b": mx.array(rng.standard_normal((3, 4)).astype(np.float32)),
+        "c": mx.array(rng.standard_normal((6, 3, 3, 3, 4)).astype(np.float32)),
+        "d": mx.array(rng.standard_normal((2, 5, 7)).astype(np.float32)),
     }
     g = {
         "a": mx.array(rng.standard_normal((5, 7)).astype(np.float32)).T,
         "b": mx.broadcast_to(mx.array(0.7, mx.float32), (3, 4)),
+        # a convolution weight's gradient: kernel-major, viewed channel-first
+        "c": mx.transpose(mx.array(rng.standard_normal((3, 3, 3, 4, 6)).astype(np.float32)), (4, 0, 1, 2, 3)),
+        "d": mx.array(rng.standard_normal((2, 9, 7)).astype(np.float32))[:, 2:7],
     }
     fused, ref = optim.Adam(learning_rate=1e-2), mopt.Adam(learning_rate=1e-2)
     a = fused.apply_gradients(g, dict(p))

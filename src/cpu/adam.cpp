@@ -7,9 +7,6 @@
 // file is compiled without floating-point contraction (CMakeLists.txt): the
 // results are bitwise those of mlx.optimizers.Adam / AdamW on float32.
 #include <cmath>
-#if defined(__aarch64__)
-#include <arm_neon.h>
-#endif
 
 #include "cpu/isa_begin.h"
 
@@ -51,8 +48,6 @@ inline V vsqrt(V x) {
     return reinterpret_cast<vec>(_mm512_sqrt_ps(reinterpret_cast<__m512>(x)));
 #elif LATTICE_ISA_ID == 1
     return reinterpret_cast<vec>(_mm256_sqrt_ps(reinterpret_cast<__m256>(x)));
-#elif LATTICE_ISA_ID == 3
-    return reinterpret_cast<vec>(vsqrtq_f32(reinterpret_cast<float32x4_t>(x)));
 #elif defined(__x86_64__) || defined(_M_X64)
     return reinterpret_cast<vec>(_mm_sqrt_ps(reinterpret_cast<__m128>(x)));
 #else
