@@ -280,6 +280,21 @@ inline void map_row_scatter(
   }
 }
 
+// One thread per output row: the row of each of its edges (out_idx).
+[[kernel]] void map_out_idx(
+    device const int* offsets [[buffer(0)]],
+    device int* out_idx [[buffer(1)]],
+    constant MapParams& p [[buffer(2)]],
+    uint tid [[thread_position_in_grid]]) {
+  const int r = int(tid);
+  if (r >= p.n_out) {
+    return;
+  }
+  for (int j = offsets[r]; j < offsets[r + 1]; ++j) {
+    out_idx[j] = r;
+  }
+}
+
 [[kernel]] void map_edge_map(
     device const int* offsets [[buffer(0)]],
     device const int* in_idx [[buffer(1)]],
@@ -632,9 +647,11 @@ constant ulong kEmptyKey = ~0UL;
 // The sorted plan (src/relation.cpp): output rows stably sorted by their
 // neighbour bitmask (bit k: an input through offset k; K <= 64), as sort
 // elements (mask, row) in a temporary; padding (~0, n_out + i) sorts last.
-// The plan buffer: reorder rows (n_out), the neighbour map in sorted order
-// (n_out, K), its transpose (K, n_out), then the OR of each tile's masks
-// (MAP_PLAN_TILE rows; two words each, low first: uint64 little-endian).
+// The plan buffer: the OR of each tile's masks first (MAP_PLAN_TILE rows;
+// two words each, low first: uint64 little-endian, 8-byte aligned at the
+// buffer's start, so the host views them as uint64 in place), then reorder
+// rows (n_out), the neighbour map in sorted order (n_out, K) and its
+// transpose (K, n_out).
 
 inline ulong map_row_mask(device const int* nmap, int kv, long r) {
   ulong m = 0;
@@ -672,11 +689,12 @@ inline ulong map_row_mask(device const int* nmap, int kv, long r) {
   const long n = s.count;
   const int kv = s.map.kv;
   const int r = map_load(words, s, i).value;
-  plan[i] = r;
+  device int* rows = plan + 2 * ((n + MAP_PLAN_TILE - 1) / MAP_PLAN_TILE);
+  rows[i] = r;
   for (int k = 0; k < kv; ++k) {
     const int v = nmap[long(r) * kv + k];
-    plan[n + i * kv + k] = v;
-    plan[n + n * kv + long(k) * n + i] = v;
+    rows[n + i * kv + k] = v;
+    rows[n + n * kv + long(k) * n + i] = v;
   }
 }
 
@@ -696,7 +714,7 @@ inline ulong map_row_mask(device const int* nmap, int kv, long r) {
   for (long i = t * MAP_PLAN_TILE; i < end; ++i) {
     m |= map_load(words, s, i).key;
   }
-  device int* w = plan + n + 2 * n * s.map.kv + 2 * t;
+  device int* w = plan + 2 * t;
   w[0] = int(uint(m));
   w[1] = int(uint(m >> 32));
 }

@@ -16,24 +16,88 @@ def accumulation_dtype(dtype):
     return mx.float32 if dtype in (mx.float16, mx.bfloat16) else dtype
 
 
+def _on_gpu() -> bool:
+    return mx.default_device().type == mx.gpu
+
+
+def _host_ids(segments: mx.array):
+    """The segment ids as NumPy, or None for an array traced by ``mx.compile``
+    (which cannot be read on the host)."""
+    try:
+        return np.asarray(segments, dtype=np.int64)
+    except (ValueError, RuntimeError):
+        return None
+
+
+def _ordered_levels(ids: np.ndarray, n_segments: int, piece: int = 32):
+    """Gather plans of a fixed-order segment sum.
+
+    Each level cuts every segment's rows (in row order) into pieces of at most
+    ``piece`` rows and lists each piece's rows, padded with the index of an
+    appended zero row; a piece's sum is then an ordinary reduction over a
+    short axis. The piece sums are the next level's rows, until every segment
+    has at most one piece; the last entry maps segments to that piece (or to
+    the zero row). The order of every addition depends on the ids alone.
+    """
+    levels = []
+    while True:
+        n = len(ids)
+        counts = np.bincount(ids, minlength=n_segments)
+        if counts.max(initial=0) <= 1:
+            last = np.full(n_segments, n, np.int32)
+            last[ids] = np.arange(n, dtype=np.int32)
+            return levels, last
+        width = int(min(piece, counts.max()))
+        order = np.argsort(ids, kind="stable")
+        starts = np.cumsum(counts) - counts
+        pos = np.arange(n) - starts[ids[order]]
+        pieces = -(-counts // width)
+        first_piece = np.cumsum(pieces) - pieces
+        row = first_piece[ids[order]] + pos // width
+        plan = np.full((int(pieces.sum()), width), n, np.int32)
+        plan[row, pos % width] = order
+        levels.append(mx.array(plan))
+        ids = np.repeat(np.arange(n_segments), pieces)
+
+
+def _ordered_sum(v: mx.array, levels, last) -> mx.array:
+    zero = mx.zeros((1, v.shape[1]), dtype=v.dtype)
+    for plan in levels:
+        v = mx.concatenate([v, zero])[plan].sum(axis=1)
+    return mx.concatenate([v, zero])[mx.array(last)]
+
+
 def segment_sum(values: mx.array, segments: mx.array, n_segments: int) -> mx.array:
     """``out[s] = sum of values[i] with segments[i] == s``; (n_segments, C).
 
     Accumulates in float32 for half-precision values and returns that dtype;
-    callers cast back. The scatter adds rows in row order on the CPU. MLX has
-    no forward-mode rule for scatters, so this (linear) map carries its own:
-    the JVP is the same segment sum of the tangent, the VJP a gather.
+    callers cast back. The sums are reproducible bit for bit on every device:
+    on the CPU the scatter adds rows in row order; on a GPU (where MLX's
+    scatter-add commits rows in whatever order its atomics land) the rows are
+    summed in fixed pieces by gathers and reductions, planned on the host
+    from the segment ids. Inside ``mx.compile`` with traced segment ids the
+    GPU plan cannot be made, and the scatter runs (equal up to rounding, not
+    bitwise reproducible). MLX has no forward-mode rule for scatters, so this
+    (linear) map carries its own: the JVP is the same segment sum of the
+    tangent, the VJP a gather.
     """
     acc = accumulation_dtype(values.dtype)
     shape = (n_segments, values.shape[1])
     if values.shape[0] == 0:
         return mx.zeros(shape, dtype=acc)
+    ids = _host_ids(segments) if _on_gpu() else None
+    plan = _ordered_levels(ids, n_segments) if ids is not None else None
+
+    def total(v, seg):
+        if plan is not None:
+            return _ordered_sum(v, *plan)
+        return mx.zeros(shape, dtype=v.dtype).at[seg].add(v)
 
     @mx.custom_function
     def scatter_sum(v, seg):
         # stop_gradient keeps MLX's forward-mode pass from visiting the
         # scatter itself; the rules below define both derivatives.
-        return mx.zeros(shape, dtype=v.dtype).at[seg].add(mx.stop_gradient(v))
+        return total(mx.stop_gradient(v), seg)
 
     @scatter_sum.vjp
     def scatter_sum_vjp(primals, cotangent, output):
@@ -43,7 +107,7 @@ def segment_sum(values: mx.array, segments: mx.array, n_segments: int) -> mx.arr
     @scatter_sum.jvp
     def scatter_sum_jvp(primals, tangents):
         v, seg = primals
-        return mx.zeros(shape, dtype=v.dtype).at[seg].add(tangents[0].astype(v.dtype))
+        return total(tangents[0].astype(v.dtype), seg)
 
     return scatter_sum(values.astype(acc), segments)
 

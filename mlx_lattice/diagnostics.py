@@ -1,7 +1,12 @@
-"""Route diagnostics: what every convolution call chose and why.
+"""Route diagnostics: what every convolution call chose and why, and how
+every map was built.
 
 ``with mlx_lattice.diagnostics.record() as log: ...`` collects one dict per
-call; ``MLX_LATTICE_ROUTE_LOG=<path>`` appends each as a JSON line.
+convolution call; ``record(maps=True)`` also the map records (``op ==
+"map"``: a coordinate table, support or relation built, by which route, its
+sizes and host synchronisations; see :func:`map_record`).
+``MLX_LATTICE_ROUTE_LOG=<path>`` appends every record, of both kinds, as a
+JSON line.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import mlx.core as mx
 
 from . import _ext
 
-_active: list["RouteLog"] = []
+_active: list[tuple["RouteLog", bool]] = []  # (log, whether it takes map records)
 _lock = threading.Lock()
 
 
@@ -35,6 +40,11 @@ class RouteLog(list):
     def table(self) -> str:
         rows = [("op", "map kind", "route", "backend", "dtype", "K", "C_in->C_out", "n_out", "edges")]
         for r in self:
+            if r["op"] == "map":
+                kind = f"{r['product']}" + (f" {r['map_kind']}" if r["map_kind"] else "")
+                rows.append(("map", kind, r["route"], r["backend"], "-", str(r["k"]), "-",
+                             str(r["n_out"]), str(r["edges"])))
+                continue
             rows.append(
                 (
                     r["op"], r["map_kind"], r["route"], r["backend"], r["dtype"], str(r["k"]),
@@ -51,26 +61,59 @@ class RouteLog(list):
 
 
 @contextlib.contextmanager
-def record():
-    """Collect the route record of every convolution call in the block."""
+def record(maps: bool = False):
+    """Collect the route record of every convolution call in the block and,
+    with ``maps``, the record of every map built in it."""
     log = RouteLog()
+    item = (log, bool(maps))
     with _lock:
-        _active.append(log)
+        _active.append(item)
     try:
         yield log
     finally:
         with _lock:
-            _active.remove(log)
+            _active.remove(item)
 
 
 def emit(entry: dict) -> None:
+    is_map = entry.get("op") == "map"
     with _lock:
-        for log in _active:
-            log.append(entry)
+        for log, maps in _active:
+            if maps or not is_map:
+                log.append(entry)
         path = os.environ.get("MLX_LATTICE_ROUTE_LOG")
         if path:
             with open(path, "a") as f:
                 f.write(json.dumps(entry) + "\n")
+
+
+MAP_PRODUCTS = ("table", "support", "relation")
+
+
+def map_record(product: str, route: str, *, map_kind: str | None, n_in: int, n_out: int, k: int,
+               edges: int, syncs: int | None, geometry=None, swapped: bool = False) -> dict:
+    """Record one map built (``op == "map"``) and return the record.
+
+    ``product``: ``table`` (a coordinate set hashed: n_in = n_out = its
+    rows), ``support`` (the output coordinates of a strided or generative
+    layer: n_out rows) or ``relation`` (its edges; ``swapped``: made from
+    another relation with roles exchanged, no hashing). ``route``: the map
+    route of the registry (``cpu.hash_map``, ``metal.hash_map``,
+    ``cuda.hash_map``); ``syncs``: host synchronisations the build made
+    (None where its builder does not count them); ``geometry``: (kernel
+    size, stride, padding, dilation).
+    """
+    if product not in MAP_PRODUCTS:
+        raise ValueError(f"product must be one of {MAP_PRODUCTS}, got {product!r}")
+    size, stride, padding, dilation = geometry if geometry is not None else (None,) * 4
+    entry = {
+        "op": "map", "product": product, "route": route, "backend": route.split(".")[0],
+        "map_kind": map_kind, "n_in": int(n_in), "n_out": int(n_out), "k": int(k), "edges": int(edges),
+        "syncs": syncs, "swapped": bool(swapped), "kernel_size": size, "stride": stride,
+        "padding": padding, "dilation": dilation,
+    }
+    emit(entry)
+    return entry
 
 
 # TensorOps need an Apple10-family GPU (architecture generation 17 and later)

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import mlx.core as mx
 
-from . import _ext
+from . import _ext, diagnostics
 from .relation import KernelGeometry, Relation
 
 
@@ -48,6 +48,33 @@ def map_route() -> str:
     return "metal.hash_map" if _metal_maps() else "cpu.hash_map"
 
 
+def _sync_count(route: str):
+    """The host synchronisations a map route has made so far (None: its
+    builder does not count them); the CPU builder makes none."""
+    if route == "metal.hash_map":
+        from . import metal_maps
+
+        return metal_maps.SYNCS
+    if route == "cuda.hash_map":
+        from .cuda import maps
+
+        return getattr(maps, "SYNCS", None)
+    return 0
+
+
+def _record_map(product: str, route: str, before, **fields) -> None:
+    """The map record of a build that started at sync count ``before``."""
+    after = _sync_count(route)
+    syncs = None if before is None or after is None else after - before
+    diagnostics.map_record(product, route, syncs=syncs, **fields)
+
+
+def _route_of(s: "CoordinateSet") -> str:
+    if s.metal_table is not None:
+        return "metal.hash_map"
+    return "cuda.hash_map" if s.gpu_table is not None else "cpu.hash_map"
+
+
 class CoordinateSet:
     """One registered coordinate set (row order is the tensor's row order)."""
 
@@ -63,16 +90,20 @@ class CoordinateSet:
         self.gpu_table = None
         self.metal_table = None
         self._table = None
-        if _cuda_maps():
+        route = map_route()
+        before = _sync_count(route)
+        if route == "cuda.hash_map":
             from .cuda import maps
 
             self.gpu_table = maps.CudaTable(coords)
-        elif _metal_maps():
+        elif route == "metal.hash_map":
             from . import metal_maps
 
             self.metal_table = metal_maps.MetalTable(coords)
         else:
             self._table = _ext.CoordTable(coords)
+        n = coords.shape[0]
+        _record_map("table", route, before, map_kind=None, n_in=n, n_out=n, k=1, edges=0)
         self._batch_counts = None
 
     @property
@@ -141,8 +172,16 @@ class CoordinateManager:
             return value
 
     def _build(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind):
+        route = _route_of(src)
+        before = _sync_count(route)
+        rel = self._build_on(src, out_coords, geom, transposed, kind)
+        _record_map("relation", route, before, map_kind=kind, n_in=rel.n_in, n_out=rel.n_out,
+                    k=rel.kernel_volume, edges=rel.edges, geometry=geom.args())
+        return rel
+
+    def _build_on(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind):
         if src.metal_table is not None:
-            return Relation(_metal_build(src, out_coords, geom, transposed, kind), geom)
+            return Relation(_metal_build(src, out_coords, geom, transposed, kind), geom, metal=True)
         if src.gpu_table is not None:
             from . import cuda
 
@@ -154,6 +193,15 @@ class CoordinateManager:
 
     @staticmethod
     def _support(src: CoordinateSet, geom: KernelGeometry, generative: bool):
+        route = _route_of(src)
+        before = _sync_count(route)
+        out = CoordinateManager._support_on(src, geom, generative)
+        _record_map("support", route, before, map_kind="generative" if generative else "forward",
+                    n_in=src.size, n_out=out.shape[0], k=geom.volume, edges=0, geometry=geom.args())
+        return out
+
+    @staticmethod
+    def _support_on(src: CoordinateSet, geom: KernelGeometry, generative: bool):
         if src.metal_table is not None:
             return _metal_support(src, geom, generative)
         if src.gpu_table is not None:
@@ -202,7 +250,7 @@ class CoordinateManager:
                     if fwd is not None:
                         key = ("transposed", src.id, dst.id, geom)
                         return self._cached(
-                            key, lambda: (fwd[0].swapped("transposed", geom), dst)
+                            key, lambda: (self._swapped(fwd[0], geom), dst)
                         )
             else:
                 key = ("upsampled", src.id, geom.stride)
@@ -218,6 +266,15 @@ class CoordinateManager:
                 dst = self._cached(key, make_dst)[1]
         key = ("transposed", src.id, dst.id, geom)
         return self._cached(key, lambda: (self._build(src, dst.coords, geom, True, "transposed"), dst))
+
+    @staticmethod
+    def _swapped(fwd: Relation, geom: KernelGeometry) -> Relation:
+        route = "metal.hash_map" if fwd.metal else "cuda.hash_map" if fwd.gpu else "cpu.hash_map"
+        before = _sync_count(route)
+        rel = fwd.swapped("transposed", geom)
+        _record_map("relation", route, before, map_kind="transposed", n_in=rel.n_in, n_out=rel.n_out,
+                    k=rel.kernel_volume, edges=rel.edges, geometry=geom.args(), swapped=True)
+        return rel
 
     def generative_relation(self, src: CoordinateSet, geom: KernelGeometry):
         """Transposed convolution onto every reachable point (the set grows)."""

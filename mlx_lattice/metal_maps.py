@@ -1,15 +1,22 @@
 """Map building on a Metal GPU (route ``metal.hash_map``): coordinate hash
-tables, output supports and relations from the programs of
-src/metal/map_build.cpp, each step an array of the ``MetalMapStep``
-primitive (``_ext.metal_map_step``) whose ``eval_gpu`` encodes the step's
-program.
+tables, output supports, relations and everything a layer reads from a
+relation (``out_idx``, the kernel-major and input-major views, the input
+neighbour map, the swapped relation of a transposed convolution, the sorted
+plan), from the programs of src/metal/map_build.cpp, each step an array of
+the ``MetalMapStep`` primitive (``_ext.metal_map_step``) whose ``eval_gpu``
+encodes the step's program.
 
-The arrays equal the CPU builder's (src/coord_table.cpp, src/kernel_map.cpp)
-element for element. Sizes are decided on the host: a coordinate set costs
-one synchronisation (the table's two error words), a support one (its row
-count and error word), a relation one (its edge count, between count and
-fill). On an error the CPU builder runs on the same input to raise its exact
-message.
+The arrays equal the CPU builder's (src/coord_table.cpp, src/kernel_map.cpp,
+src/relation.cpp) element for element. Sizes are decided on the host: a
+coordinate set costs one synchronisation (the table's two error words), a
+support one (its row count and error word), a relation one (its edge count,
+between count and fill), a swapped relation one (its row offsets, which the
+native relation reads for its statistics). The views cost none: their sizes
+follow from the relation's, and they are handed to the native relation as
+unevaluated arrays, computed on the GPU only when a route reads them (the
+Metal routes take them from the native relation as primitive inputs). On an
+error the CPU builder runs on the same input to raise its exact message.
+``SYNCS`` counts the synchronisations, for the route log.
 """
 
 from __future__ import annotations
@@ -21,6 +28,14 @@ from . import _ext
 
 NONE = np.iinfo(np.int32).max  # an error word with nothing to report
 _NO_GEOMETRY = ((1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+SYNCS = 0  # host synchronisations of map building so far (read by the manager's records)
+
+
+def _read(a: mx.array) -> np.ndarray:
+    """A read-back: one host synchronisation."""
+    global SYNCS
+    SYNCS += 1
+    return np.array(a)
 
 
 def available() -> bool:
@@ -52,7 +67,7 @@ class MetalTable:
         self.table = None
         if n:
             self.table = _run("table", [coords], n, 0, _NO_GEOMETRY, False, 0)
-            if (np.array(self.table[-2:]) != NONE).any():  # the one synchronisation of a set
+            if (_read(self.table[-2:]) != NONE).any():  # the one synchronisation of a set
                 _ext.CoordTable(coords)  # raises the CPU builder's message
                 raise AssertionError("GPU table flagged coordinates the CPU table accepts")
 
@@ -64,7 +79,7 @@ def _support(table: MetalTable, geometry, generative: bool) -> mx.array:
     step = "generative_support" if generative else "forward_support"
     words = _run(step, [table.coords], n, 0, geometry, False, 0)
     count = n * kv
-    rows, error = (int(v) for v in np.array(words[count : count + 2]))  # the one synchronisation
+    rows, error = (int(v) for v in _read(words[count : count + 2]))  # the one synchronisation
     if error != NONE:
         fn = _ext.generative_support if generative else _ext.forward_support
         fn(_ext.CoordTable(table.coords), *geometry)  # raises the CPU builder's message
@@ -86,7 +101,7 @@ def generative_support(table: MetalTable, geometry) -> mx.array:
 
 def build_relation(table: MetalTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
     """The native relation of ``_ext.build_relation``, built on the GPU with
-    its neighbour map attached."""
+    its neighbour map and views attached (``Plans.attach``)."""
     for k in geometry[0]:
         if k > 64:
             raise ValueError("kernel sizes above 64 are not supported")
@@ -94,12 +109,12 @@ def build_relation(table: MetalTable, out_coords: mx.array, geometry, transposed
     n, m, kv = table.size, out_coords.shape[0], int(np.prod(geometry[0]))
     empty = mx.zeros((0,), mx.int32)
     if n == 0 or m == 0:
-        native = _ext.Relation(kind, n, m, kv, mx.zeros((m + 1,), mx.int32), empty, empty)
+        native = _ext.Relation(kind, n, m, kv, _zeros(m + 1), empty, empty)
         native.set_neighbor_map(mx.full((m, kv), -1, mx.int32))
-        return native
+        return Plans(native, geometry).attach()
     ins = [table.coords, table.table, mx.contiguous(out_coords)]
     offsets = _run("count", ins, n, m, geometry, transposed, 0)
-    edges = int(np.array(offsets[m : m + 1])[0])  # the one synchronisation of a relation
+    edges = int(_read(offsets[m : m + 1])[0])  # the one synchronisation of a relation
     if edges:
         pairs = _run("fill", ins + [offsets], n, m, geometry, transposed, edges)
         in_idx, k_idx = mx.contiguous(pairs[0]), mx.contiguous(pairs[1])
@@ -107,7 +122,143 @@ def build_relation(table: MetalTable, out_coords: mx.array, geometry, transposed
     else:
         in_idx = k_idx = empty
         nmap = mx.full((m, kv), -1, mx.int32)
-    mx.eval(offsets, in_idx, k_idx, nmap)
+    # The offsets were evaluated by the read-back (the native relation reads
+    # them for its statistics); the rest stays lazy, read only by primitives.
     native = _ext.Relation(kind, n, m, kv, offsets, in_idx, k_idx)
     native.set_neighbor_map(nmap)
-    return native
+    return Plans(native, geometry).attach()
+
+
+def swapped(native, kind: str, geometry):
+    """The relation with input and output roles exchanged (a transposed
+    convolution with the geometry of a strided one), its views attached.
+    ``native`` is a relation of ``build_relation`` (or of this function):
+    the views it carries are reused, not made again."""
+    plans = Plans(native, geometry)
+    plans._cache["input_major"] = native.input_major()
+    plans._cache["input_map"] = native.input_neighbor_map
+    return plans.swapped(kind)
+
+
+class Plans:
+    """The derived arrays of one relation built on Metal, each an
+    unevaluated array of the map programs made on first use and kept; the
+    Metal counterpart of mlx_lattice/cuda/plans.py's ``Plans``.
+    ``attach()`` hands them all to the native relation, whose getters the
+    routes read, so nothing is derived on the CPU. A view of a relation with
+    no edges is made without a launch. The input-major program takes each
+    (input row, offset) pair to have at most one edge, which holds when the
+    output coordinates are unique (every set the manager registers is)."""
+
+    def __init__(self, native, geometry):
+        self.native, self.geometry = native, tuple(tuple(int(v) for v in g) for g in geometry)
+        self.n_in, self.n_out = native.n_in, native.n_out
+        self.k, self.edges = native.kernel_volume, native.edges
+        if int(np.prod(self.geometry[0])) != self.k:
+            raise ValueError(
+                f"geometry kernel size {self.geometry[0]} does not match the relation's kernel volume {self.k}")
+        self._cache = {}
+
+    def _once(self, name, build):
+        if name not in self._cache:
+            self._cache[name] = build()
+        return self._cache[name]
+
+    def _run(self, step, inputs, n_in, n_out):
+        return _run(step, inputs, n_in, n_out, self.geometry, False, self.edges)
+
+    def _csr(self):
+        return [self.native.out_offsets, self.native.in_idx, self.native.k_idx]
+
+    def out_idx(self):
+        def build():
+            if self.edges == 0:
+                return mx.zeros((0,), mx.int32)
+            return self._run("out_idx", [self.native.out_offsets], self.n_in, self.n_out)
+        return self._once("out_idx", build)
+
+    def kernel_major(self):
+        """(offsets (K+1), perm, in_idx, out_idx): edges by (offset, output row)."""
+        def build():
+            kv, e = self.k, self.edges
+            if e == 0:
+                empty = mx.zeros((0,), mx.int32)
+                return _zeros(kv + 1), empty, empty, empty
+            view = self._run("kernel_major", self._csr(), self.n_in, self.n_out)
+            return _split(view, kv + 1, e)
+        return self._once("kernel_major", build)
+
+    def input_major(self):
+        """(offsets (N_in+1), perm, out_idx, k_idx): edges by (input row, offset)."""
+        def build():
+            n, e = self.n_in, self.edges
+            if e == 0:
+                empty = mx.zeros((0,), mx.int32)
+                return _zeros(n + 1), empty, empty, empty
+            view = self._run("input_major", self._csr(), n, self.n_out)
+            return _split(view, n + 1, e)
+        return self._once("input_major", build)
+
+    def input_map(self):
+        """(N_in, K): the output row of edge (input row, offset), -1 where
+        none: the neighbour map of the input-major view."""
+        def build():
+            if self.edges == 0:
+                return mx.full((self.n_in, self.k), -1, mx.int32)
+            offsets, _, out_idx, k_idx = self.input_major()
+            return self._run("neighbor_map", [offsets, out_idx, k_idx], self.n_out, self.n_in)
+        return self._once("input_map", build)
+
+    def sorted_plan(self):
+        """(reorder_rows, sorted_out_in_map, sorted_kv_out_in_map, tile_masks)."""
+        def build():
+            m, kv = self.n_out, self.k
+            if kv > 64:
+                raise ValueError("the sorted plan needs a kernel volume of at most 64")
+            tiles = -(-m // _ext.Relation.plan_tile)
+            if m == 0:
+                return (mx.zeros((0,), mx.int32), mx.zeros((0, kv), mx.int32),
+                        mx.zeros((kv, 0), mx.int32), mx.zeros((0,), mx.uint64))
+            plan = _run("sorted_plan", [self.native.neighbor_map], 0, m, self.geometry, False, 0)
+            masks, rows = plan[: 2 * tiles], plan[2 * tiles :]  # masks first: 8-byte aligned
+            return (rows[:m], rows[m : m + m * kv].reshape(m, kv),
+                    rows[m + m * kv :].reshape(kv, m), masks.view(mx.uint64))
+        return self._once("sorted_plan", build)
+
+    def attach(self):
+        """Hands every view to the native relation (unevaluated); returns it."""
+        rel = self.native
+        rel.set_out_idx(self.out_idx())
+        rel.set_kernel_major(*self.kernel_major())
+        rel.set_input_major(*self.input_major())
+        rel.set_input_neighbor_map(self.input_map())
+        if self.k <= 64:  # otherwise the CPU's sorted_plan raises, as this one does
+            rel.set_sorted_plan(*self.sorted_plan())
+        return rel
+
+    def swapped(self, kind: str):
+        """The native relation with roles exchanged, views attached: its CSR
+        arrays are this one's input-major view, its neighbour map this one's
+        input map and its input map this one's neighbour map. Its row offsets
+        are evaluated (one synchronisation): the native relation reads them."""
+        global SYNCS
+        offsets, _, out_idx, k_idx = self.input_major()
+        if self.edges:
+            mx.eval(offsets)
+            SYNCS += 1
+        native = _ext.Relation(kind, self.n_out, self.n_in, self.k, offsets, out_idx, k_idx)
+        native.set_neighbor_map(self.input_map())
+        plans = Plans(native, self.geometry)
+        plans._cache["input_map"] = self.native.neighbor_map
+        return plans.attach()
+
+
+def _zeros(n: int) -> mx.array:
+    """Zero offsets made on the host: evaluated without a synchronisation
+    (the native relation reads its offsets)."""
+    return mx.array(np.zeros(n, np.int32))
+
+
+def _split(view: mx.array, head: int, e: int):
+    """A view buffer (head offsets, then three arrays of e) as its arrays."""
+    return view[:head], view[head : head + e], view[head + e : head + 2 * e], view[head + 2 * e :]

@@ -71,12 +71,16 @@ class Relation:
     ``in_idx``/``k_idx``. The input-major and kernel-major views, ``out_idx``
     and the dense ``neighbor_map`` (N_out, K) are built on first use and kept.
     A relation built on CUDA (``gpu``) builds them there too, from its
-    neighbour map (mlx_lattice/cuda/plans.py), with the same arrays.
+    neighbour map (mlx_lattice/cuda/plans.py), with the same arrays; one
+    built on Metal (``metal``) carries them in its native relation, made by
+    the Metal map programs (mlx_lattice/metal_maps.py), and so does its
+    swapped relation.
     """
 
-    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False):
+    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False, metal: bool = False):
         self._native = native
         self.geometry = geometry
+        self.metal = metal
         self._stats = None
         self._plans = None
         if gpu:
@@ -129,6 +133,10 @@ class Relation:
     def swapped(self, kind: str, geometry: KernelGeometry) -> "Relation":
         if self.gpu:
             return Relation(self._plans.swapped(kind), geometry, gpu=True)
+        if self.metal:
+            from . import metal_maps
+
+            return Relation(metal_maps.swapped(self._native, kind, geometry.args()), geometry, metal=True)
         return Relation(self._native.swapped(kind), geometry)
 
     def __repr__(self) -> str:

@@ -96,6 +96,27 @@ nb::dict program_dict(const metal::Program& prog) {
   return out;
 }
 
+// A view handed to a relation: its dtype and shape, named in the error.
+void check_view_array(
+    const mx::array& a,
+    std::vector<int64_t> shape,
+    const char* what,
+    mx::Dtype dtype = mx::int32) {
+  bool ok = a.dtype() == dtype && a.ndim() == static_cast<int>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) {
+    ok = a.shape(static_cast<int>(i)) == shape[i];
+  }
+  if (!ok) {
+    std::string want;
+    for (auto d : shape) {
+      want += (want.empty() ? "" : ", ") + std::to_string(d);
+    }
+    throw std::invalid_argument(
+        std::string(what) + " must be a (" + want + ") " +
+        (dtype == mx::int32 ? "int32" : "uint64") + " array for this relation");
+  }
+}
+
 mx::Stream stream_or_default(std::optional<mx::Stream> s) {
   return s ? *s : mx::to_stream(mx::StreamOrDevice{});
 }
@@ -120,12 +141,65 @@ NB_MODULE(_ext, m) {
       .def("lookup", &CoordTable::lookup, "queries"_a);
 
   nb::class_<Relation>(m, "Relation")
-      // A relation from CSR arrays built elsewhere (the GPU map builders);
-      // the arrays must be evaluated, in the CPU builder's edge order.
+      // A relation from CSR arrays built elsewhere (the GPU map builders), in
+      // the CPU builder's edge order. out_offsets must be evaluated (the
+      // statistics read it); in_idx and k_idx too unless every view they
+      // derive is provided (set_* below), as the Metal builder does.
       .def(
           nb::init<std::string, int64_t, int64_t, int64_t, mx::array, mx::array, mx::array>(),
           "kind"_a, "n_in"_a, "n_out"_a, "k"_a, "out_offsets"_a, "in_idx"_a, "k_idx"_a)
       .def("set_neighbor_map", &Relation::set_neighbor_map, "neighbor_map"_a)
+      // Views a GPU builder made (mlx_lattice/metal_maps.py); they may be
+      // unevaluated. Shapes are checked against the relation's sizes.
+      .def(
+          "set_out_idx",
+          [](Relation& r, const mx::array& out_idx) {
+            check_view_array(out_idx, {r.edges()}, "out_idx");
+            r.set_out_idx(out_idx);
+          },
+          "out_idx"_a)
+      .def(
+          "set_kernel_major",
+          [](Relation& r, const mx::array& offsets, const mx::array& perm,
+             const mx::array& in_idx, const mx::array& out_idx) {
+            check_view_array(offsets, {r.kernel_volume() + 1}, "kernel_major offsets");
+            for (const auto* a : {&perm, &in_idx, &out_idx}) {
+              check_view_array(*a, {r.edges()}, "kernel_major edges");
+            }
+            r.set_kernel_major({offsets, perm, in_idx, out_idx});
+          },
+          "offsets"_a, "perm"_a, "in_idx"_a, "out_idx"_a)
+      .def(
+          "set_input_major",
+          [](Relation& r, const mx::array& offsets, const mx::array& perm,
+             const mx::array& out_idx, const mx::array& k_idx) {
+            check_view_array(offsets, {r.n_in() + 1}, "input_major offsets");
+            for (const auto* a : {&perm, &out_idx, &k_idx}) {
+              check_view_array(*a, {r.edges()}, "input_major edges");
+            }
+            r.set_input_major({offsets, perm, out_idx, k_idx});
+          },
+          "offsets"_a, "perm"_a, "out_idx"_a, "k_idx"_a)
+      .def(
+          "set_input_neighbor_map",
+          [](Relation& r, const mx::array& map) {
+            check_view_array(map, {r.n_in(), r.kernel_volume()}, "input_neighbor_map");
+            r.set_input_neighbor_map(map);
+          },
+          "input_neighbor_map"_a)
+      .def(
+          "set_sorted_plan",
+          [](Relation& r, const mx::array& reorder_rows, const mx::array& out_in_map,
+             const mx::array& kv_out_in_map, const mx::array& tile_masks) {
+            const int64_t n = r.n_out(), k = r.kernel_volume();
+            check_view_array(reorder_rows, {n}, "reorder_rows");
+            check_view_array(out_in_map, {n, k}, "sorted_out_in_map");
+            check_view_array(kv_out_in_map, {k, n}, "sorted_kv_out_in_map");
+            const int64_t tiles = (n + Relation::kPlanTile - 1) / Relation::kPlanTile;
+            check_view_array(tile_masks, {tiles}, "tile_masks", mx::uint64);
+            r.set_sorted_plan({reorder_rows, out_in_map, kv_out_in_map, tile_masks});
+          },
+          "reorder_rows"_a, "sorted_out_in_map"_a, "sorted_kv_out_in_map"_a, "tile_masks"_a)
       .def_prop_ro("kind", &Relation::kind)
       .def_prop_ro("n_in", &Relation::n_in)
       .def_prop_ro("n_out", &Relation::n_out)

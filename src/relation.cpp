@@ -103,6 +103,26 @@ void Relation::set_neighbor_map(mx::array nmap) {
   std::call_once(nmap_once_, [&] { nmap_ = std::move(nmap); });
 }
 
+void Relation::set_out_idx(mx::array out_idx) {
+  std::call_once(out_once_, [&] { out_idx_ = std::move(out_idx); });
+}
+
+void Relation::set_kernel_major(KernelMajor view) {
+  std::call_once(k_once_, [&] { k_view_ = std::move(view); });
+}
+
+void Relation::set_input_major(InputMajor view) {
+  std::call_once(in_once_, [&] { in_view_ = std::move(view); });
+}
+
+void Relation::set_input_neighbor_map(mx::array map) {
+  std::call_once(in_nmap_once_, [&] { in_nmap_ = std::move(map); });
+}
+
+void Relation::set_sorted_plan(SortedPlan plan) {
+  std::call_once(plan_once_, [&] { plan_ = std::move(plan); });
+}
+
 const mx::array& Relation::neighbor_map() {
   std::call_once(nmap_once_, [&] {
     mx::array a(

@@ -229,6 +229,16 @@ class Relation {
   // The same edges with input and output roles exchanged.
   std::shared_ptr<Relation> swapped(const std::string& kind);
 
+  // Views made by a GPU builder (mlx_lattice/metal_maps.py), used instead of
+  // deriving them here. They may be unevaluated: the primitives take them as
+  // inputs, and nothing here reads them once provided. A view already built
+  // or provided is kept.
+  void set_out_idx(mx::array out_idx);
+  void set_kernel_major(KernelMajor view);
+  void set_input_major(InputMajor view);
+  void set_input_neighbor_map(mx::array map);
+  void set_sorted_plan(SortedPlan plan);
+
  private:
   std::string kind_;
   int64_t n_in_, n_out_, k_, e_;

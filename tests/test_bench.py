@@ -38,7 +38,20 @@ def test_bench_unet_case():
     assert bench.format_row(case)
 
 
-def test_network_profile_stages():
+def test_useful_flops_match_the_recorded_products(on_cpu):
+    """The route-record count (any backend) equals the count over the CPU
+    primitive's own recorded products."""
+    from mlx_lattice import network_bench
+
+    step = network_bench.TrainingStep(scenes.uniform_random(1500, 20), width=0.25)
+    with network_bench._recording() as rec:
+        step.model(step.tensor())
+    by_products = sum(network_bench.conv_flops(rec, step.feats))
+    assert by_products > 0
+    assert network_bench.useful_flops(step) == pytest.approx(by_products, rel=1e-12)
+
+
+def test_network_profile_stages(on_cpu):  # the stage profile replays CPU primitives
     from mlx_lattice import network_bench
 
     coords = scenes.uniform_random(1500, 20)

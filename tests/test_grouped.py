@@ -275,7 +275,7 @@ def test_route_selection():
         assert r["predicate"].startswith(routes.GROUPED_TEXT) == routes.get(r["name"]).grouped
 
 
-def test_routes_recorded(rng):
+def test_routes_recorded(rng, on_cpu):  # CPU route names
     x, coords, _ = make(rng, 6)
     w = grouped_weight(rng, 6, 3, 6, 6)
     with diagnostics.record() as log:

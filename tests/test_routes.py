@@ -131,7 +131,9 @@ def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch, on_cpu):
     assert rec["quantized"] is False and rec["tier"] == f"cpu:{_ext.cpu_isa()}" and rec["coord_dtype"] == "int32"
     assert all({"route", "reason"} <= set(r) for r in rec["rejected"])
     lines = [json.loads(line) for line in log_path.read_text().splitlines()]
-    assert [l["route"] for l in lines] == ["cpu.gather_gemm", "cpu.pointwise"]
+    # the file also takes the map records (op "map"): x's table, the relation
+    assert [l["route"] for l in lines if l["op"] != "map"] == ["cpu.gather_gemm", "cpu.pointwise"]
+    assert [l["product"] for l in lines if l["op"] == "map"] == ["table", "relation"]
     assert json.loads(log.to_json())[1]["op"] == "conv3d"
     assert "cpu.pointwise" in log.table()
 

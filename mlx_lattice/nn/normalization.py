@@ -128,9 +128,7 @@ class BatchNorm(mnn.Module):
             return f
         if _fusable(f, act):
             return self._fused(f, act, residual)
-        y = self._reference(f)
-        if residual is not None:
-            y = y + residual
+        y = self._reference(f, residual)
         return y if act is None else act(y)
 
     def _fused(self, f, act, residual):
@@ -150,8 +148,10 @@ class BatchNorm(mnn.Module):
         )
         return y
 
-    def _reference(self, f: mx.array) -> mx.array:
-        """The MLX-op path (GPUs, and activations the fused kernel lacks)."""
+    def _reference(self, f: mx.array, residual=None) -> mx.array:
+        """The MLX-op path (GPUs, and activations the fused kernel lacks);
+        the residual is added before the one rounding to f's dtype, as the
+        fused kernel does."""
         n = f.shape[0]
         acc = accumulation_dtype(f.dtype)
         x = f.astype(acc)
@@ -170,6 +170,8 @@ class BatchNorm(mnn.Module):
         y = centred * mx.rsqrt(var + self.eps)
         if "weight" in self:
             y = y * self.weight + self.bias
+        if residual is not None:
+            y = y + residual.astype(acc)
         return y.astype(f.dtype)
 
     def __call__(self, x, act=None, residual=None):
@@ -212,14 +214,12 @@ class InstanceNorm(mnn.Module):
             w, bias = _affine(self, f.shape[1])
             y, _, _ = _ext.norm_act(f, w, bias, residual, b, n_b, None, None, self.eps, code, slope)
             return x.replace(y)
-        y = self._reference(f, b, x.batch_counts)
-        if residual is not None:
-            y = y + residual
-        y = x.replace(y)
+        y = x.replace(self._reference(f, b, x.batch_counts, residual))
         return y if act is None else act(y)
 
-    def _reference(self, f, b, counts):
-        """The MLX-op path (GPUs, and activations the fused kernel lacks)."""
+    def _reference(self, f, b, counts, residual=None):
+        """The MLX-op path (GPUs, and activations the fused kernel lacks);
+        the residual is added before rounding, as in BatchNorm."""
         n_b = len(counts)
         inv_n = mx.array((1.0 / np.maximum(counts, 1)).astype(np.float32))[:, None]
         acc = accumulation_dtype(f.dtype)
@@ -230,6 +230,8 @@ class InstanceNorm(mnn.Module):
         y = centred * mx.rsqrt(var + self.eps)[b]
         if "weight" in self:
             y = y * self.weight + self.bias
+        if residual is not None:
+            y = y + residual.astype(acc)
         return y.astype(f.dtype)
 
 

@@ -128,10 +128,23 @@ class QuantizedLinear(mnn.Module):
     def __call__(self, x):
         if isinstance(x, SparseTensor):
             return ops.conv3d(x, self.quantized_weight(), self.get("bias"))
-        y = mx.quantized_matmul(
-            x, self.weight, self.scales, self.biases, transpose=True, group_size=self.group_size, bits=self.bits
-        )
+        if self.scales.shape[-1] == 1 and _cuda_default():
+            # MLX 0.32's CUDA quantized_matmul returns wrong values when a
+            # row holds a single group (C_in == group_size) and x has more
+            # than one row; the dequantized product is exact to rounding.
+            w = mx.dequantize(self.weight, self.scales, self.biases, group_size=self.group_size, bits=self.bits)
+            y = x @ w.astype(x.dtype).T
+        else:
+            y = mx.quantized_matmul(
+                x, self.weight, self.scales, self.biases, transpose=True, group_size=self.group_size,
+                bits=self.bits,
+            )
         return y + self.bias if "bias" in self else y
+
+
+def _cuda_default() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    return mx.default_device().type == mx.gpu and cuda is not None and cuda.is_available()
 
 
 # Most specific classes first (SubmConv3d etc. are not subclasses of Conv3d,

@@ -120,6 +120,12 @@ Program map_neighbor_map_program(const MapParams& p) {
   return {{}, {s}};
 }
 
+Program map_out_idx_program(const MapParams& p) {
+  Step s = rows_step(
+      "map_out_idx", p.n_out, {input(0, "offsets"), output("out_idx"), bytes(p)});
+  return {{}, {s}};
+}
+
 Program map_kernel_major_program(const MapParams& p) {
   Temp emap{mx::int32, std::max<int64_t>(int64_t(p.n_out) * p.kv, 1)};
   Step edge_map = rows_step(
@@ -283,6 +289,9 @@ Program map_program(const std::string& step, const MapParams& p) {
   if (step == "neighbor_map") {
     return map_neighbor_map_program(p);
   }
+  if (step == "out_idx") {
+    return map_out_idx_program(p);
+  }
   if (step == "kernel_major") {
     return map_kernel_major_program(p);
   }
@@ -299,7 +308,7 @@ Program map_program(const std::string& step, const MapParams& p) {
     return map_plan_program(p);
   }
   throw std::invalid_argument(
-      "map step must be 'table', 'count', 'fill', 'neighbor_map', "
+      "map step must be 'table', 'count', 'fill', 'neighbor_map', 'out_idx', "
       "'kernel_major', 'input_major', 'forward_support', "
       "'generative_support', 'support_fill' or 'sorted_plan', got '" + step +
       "'");

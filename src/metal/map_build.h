@@ -43,6 +43,8 @@ Program map_fill_program(const MapParams& p);
 // Views of a built relation (out_offsets, in_idx, k_idx; p.edges = E):
 // -> the neighbour map (n_out, K) of input rows, -1 where none.
 Program map_neighbor_map_program(const MapParams& p);
+// -> out_idx (E): the output row of each edge.
+Program map_out_idx_program(const MapParams& p);
 // -> the kernel-major view as one int32 buffer (K + 1 + 3E): offsets per
 // kernel offset, then perm (CSR edge), in and out rows, edges stably
 // sorted by offset (src/relation.cpp).
@@ -69,13 +71,14 @@ Program map_support_fill_program(const MapParams& p);
 
 // The sorted plan of n_out rows with kernel volume K <= 64 (the CPU's
 // Relation::sorted_plan): (neighbour map (n_out, K)) -> one int32 buffer of
-// map_plan_words: reorder rows (n_out), the sorted neighbour map (n_out,
-// K), its transpose (K, n_out), the tile masks (uint64 per MAP_PLAN_TILE
-// rows).
+// map_plan_words: the tile masks (uint64 per MAP_PLAN_TILE rows, first so
+// that they are 8-byte aligned), reorder rows (n_out), the sorted
+// neighbour map (n_out, K), its transpose (K, n_out).
 int64_t map_plan_words(const MapParams& p);
 Program map_plan_program(const MapParams& p);
 
-// "table", "count", "fill", "neighbor_map", "kernel_major", "input_major",
+// "table", "count", "fill", "neighbor_map", "out_idx", "kernel_major",
+// "input_major",
 // "forward_support", "generative_support", "support_fill" or "sorted_plan".
 Program map_program(const std::string& step, const MapParams& p);
 

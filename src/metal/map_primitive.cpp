@@ -30,6 +30,9 @@ mx::Shape map_output_shape(const std::string& step, const MapParams& p) {
   if (step == "neighbor_map") {
     return {dim(p.n_out), p.kv};
   }
+  if (step == "out_idx") {
+    return {dim(e)};
+  }
   if (step == "kernel_major") {
     return {dim(p.kv + 1 + 3 * e)};
   }

@@ -27,7 +27,7 @@ if metal_programs.BACKEND == "metal":
 
 KERNELS = (
     "map_table_clear", "map_table_insert", "map_count", "map_scan", "map_fill",
-    "map_neighbor_map", "map_edge_map", "map_column_count", "map_column_fill",
+    "map_neighbor_map", "map_out_idx", "map_edge_map", "map_column_count", "map_column_fill",
     "map_fill_minus_one", "map_input_edge_map", "map_input_count", "map_input_fill",
     "map_support_keys", "map_sort_pass", "map_sort_block", "map_support_flags", "map_support_fill",
     "map_plan_keys", "map_plan_rows", "map_plan_tiles",
@@ -71,8 +71,8 @@ def metal_relation(in_coords, out_coords, spec, transposed, schedule="forward", 
 
 def metal_views(rel, n_in, n_out, spec):
     """(neighbour map, kernel-major (offsets, perm, in, out), input-major
-    (offsets, perm, out, k)) of the Metal view programs over the relation
-    arrays `rel`."""
+    (offsets, perm, out, k), out_idx) of the Metal view programs over the
+    relation arrays `rel`."""
     off, i, k = rel
     e, kv = len(i), int(np.prod(spec[0]))
     prog = lambda step: _ext.metal_map_program(step, n_in, n_out, *spec, False, e)
@@ -82,7 +82,8 @@ def metal_views(rel, n_in, n_out, spec):
     km = (view[: kv + 1],) + tuple(view[kv + 1 + j * e : kv + 1 + (j + 1) * e] for j in range(3))
     view = run_step(prog("input_major"), ins, garbage(n_in + 1 + 3 * e), "reverse", 3)
     im = (view[: n_in + 1],) + tuple(view[n_in + 1 + j * e : n_in + 1 + (j + 1) * e] for j in range(3))
-    return nmap.reshape(n_out, kv), km, im
+    out_idx = run_step(prog("out_idx"), ins[:1], garbage(e), "reverse", 4)[:e]
+    return nmap.reshape(n_out, kv), km, im, out_idx
 
 
 def table_flags(in_coords, schedule="forward"):
@@ -128,8 +129,10 @@ def check_views(got, n_in, n_out, spec, rel):
     """The Metal views of `got` against the CPU relation's and brute force."""
     off, i, k = got
     kv = int(np.prod(spec[0]))
-    nmap, km, im = metal_views(got, n_in, n_out, spec)
+    nmap, km, im, out_idx = metal_views(got, n_in, n_out, spec)
     out = np.repeat(np.arange(n_out), np.diff(off))
+    np.testing.assert_array_equal(out_idx, np.array(rel.out_idx), err_msg="out_idx: Metal vs CPU")
+    np.testing.assert_array_equal(out_idx, out, err_msg="out_idx: Metal vs brute force")
     ref_nmap = np.full((n_out, kv), -1, np.int32)
     ref_nmap[out, k] = i
     np.testing.assert_array_equal(nmap, np.array(rel.neighbor_map).reshape(n_out, kv))
@@ -357,9 +360,10 @@ def metal_plan(nmap, kv, schedule="forward", seed=0):
     tiles = -(-n // 64)
     src = garbage(0) if n == 0 else np.ascontiguousarray(nmap, np.int32).reshape(-1)
     plan = run_step(prog, [src], garbage(n + 2 * n * kv + 2 * tiles), schedule, seed)
+    masks, rows = plan[: 2 * tiles], plan[2 * tiles :]  # tile masks first (8-byte aligned)
     return (
-        plan[:n], plan[n : n + n * kv].reshape(n, kv), plan[n + n * kv : n + 2 * n * kv].reshape(kv, n),
-        plan[n + 2 * n * kv : n + 2 * n * kv + 2 * tiles].view(np.uint64),
+        rows[:n], rows[n : n + n * kv].reshape(n, kv), rows[n + n * kv : n + 2 * n * kv].reshape(kv, n),
+        masks.view(np.uint64),
     )
 
 
