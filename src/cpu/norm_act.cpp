@@ -199,40 +199,71 @@ inline void segment_runs(const int32_t* seg, int64_t i0, int64_t i1, F&& fn) {
 }
 
 // out[k][c] += sum over rows r in [0, n) of term k of f(r, c), for NT terms
-// and C columns. Each column vector's rows are summed in registers (two
-// partial sums, even and odd rows, added at the end: a fixed order), so
-// the accumulators do not round-trip through memory on every row.
-// f.template operator()<V>(r, c, t) fills t[0..NT) for rows r, columns c.
+// and the NV column vectors from column c0: the rows stream through once,
+// NV vectors wide, and the sums stay in registers (rows in order: a fixed
+// summation order). f.template operator()<V>(r, c, t) fills t[0..NT).
+template <int NT, int NV, typename F>
+inline void panel_sums(int64_t n, int64_t c0, float* const (&out)[NT], F& f) {
+  rvec a[NT][NV], t[NT];
+  for (int k = 0; k < NT; ++k) {
+    for (int v = 0; v < NV; ++v) {
+      a[k][v] = rvec{};
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      f.template operator()<rvec>(r, c0 + v * kLanes, t);
+      for (int k = 0; k < NT; ++k) {
+        a[k][v] += t[k];
+      }
+    }
+  }
+  for (int k = 0; k < NT; ++k) {
+    for (int v = 0; v < NV; ++v) {
+      float* o = out[k] + c0 + v * kLanes;
+      st(o, ld<rvec>(o) + a[k][v]);
+    }
+  }
+}
+
+// panel_sums over all C columns: panels of up to four vectors (the
+// accumulators fit the 16 vector registers of every path), then single
+// columns.
 template <int NT, typename F>
 inline void column_sums(int64_t n, int64_t C, float* const (&out)[NT], F&& f) {
-  auto block = [&]<typename V>(int64_t c) {
-    V a[NT], b[NT], t[NT];
-    for (int k = 0; k < NT; ++k) {
-      a[k] = V{};
-      b[k] = V{};
-    }
-    int64_t r = 0;
-    for (; r + 2 <= n; r += 2) {
-      f.template operator()<V>(r, c, t);
+  constexpr int kPanel = 4;
+  int64_t c = 0;
+  for (; c + kPanel * kLanes <= C; c += kPanel * kLanes) {
+    panel_sums<NT, kPanel>(n, c, out, f);
+  }
+  switch ((C - c) / kLanes) {
+    case 3:
+      panel_sums<NT, 3>(n, c, out, f);
+      c += 3 * kLanes;
+      break;
+    case 2:
+      panel_sums<NT, 2>(n, c, out, f);
+      c += 2 * kLanes;
+      break;
+    case 1:
+      panel_sums<NT, 1>(n, c, out, f);
+      c += kLanes;
+      break;
+    default:
+      break;
+  }
+  for (; c < C; ++c) {
+    float a[NT] = {}, t[NT];
+    for (int64_t r = 0; r < n; ++r) {
+      f.template operator()<float>(r, c, t);
       for (int k = 0; k < NT; ++k) {
         a[k] += t[k];
       }
-      f.template operator()<V>(r + 1, c, t);
-      for (int k = 0; k < NT; ++k) {
-        b[k] += t[k];
-      }
-    }
-    if (r < n) {
-      f.template operator()<V>(r, c, t);
-      for (int k = 0; k < NT; ++k) {
-        a[k] += t[k];
-      }
     }
     for (int k = 0; k < NT; ++k) {
-      st(out[k] + c, ld<V>(out[k] + c) + (a[k] + b[k]));
+      out[k][c] += a[k];
     }
-  };
-  lanes(C, block);
+  }
 }
 
 // Chunk partials: fn(first row, end row, the chunk's accumulators).
