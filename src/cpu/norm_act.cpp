@@ -4,8 +4,12 @@
 // AVX-512 (cpu/convert.h).
 //
 // The activation is y = z > 0 ? z : low * z with low >= 0, so the sign of y
-// is the sign of z and the backward pass reads act' from y. Written without
-// branches (signs of ReLU inputs are random: branches mispredict).
+// is the sign of z: the backward pass takes act' from z recomputed from x
+// (or from y when a residual was added). Written without branches (signs of
+// ReLU inputs are random: branches mispredict).
+//
+// Passes over memory: forward, one statistics sweep and one normalising
+// sweep; backward, one sweep for the per-channel sums and one for dx.
 #include <cmath>
 
 #include "cpu/isa_begin.h"
@@ -19,6 +23,7 @@ namespace {
 
 // Rows per reduction chunk: fixed, so the summation order (float32 within a
 // chunk, float64 across chunks in chunk order) never depends on threads.
+// A chunk of up to 256 channels stays in L2 for a second in-cache sweep.
 constexpr int64_t kRows = 256;
 
 int64_t n_chunks(int64_t n) {
