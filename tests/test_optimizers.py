@@ -216,3 +216,38 @@ def test_strided_and_broadcast_inputs(rng):
     mx.eval(a, b)
     for k in p:
         np.testing.assert_array_equal(np.array(a[k]), np.array(b[k]))
+
+
+def test_compiled_update_matches_eager(rng):
+    # The fused update inside mx.compile, with the optimizer state as the
+    # compiled function's inputs and outputs (as for mlx.optimizers).
+    from functools import partial
+
+    def build():
+        m = mnn.Sequential(mnn.Linear(6, 9), mnn.ReLU(), mnn.Linear(9, 3))
+        return m, optim.AdamW(learning_rate=1e-2, weight_decay=0.01, bias_correction=True)
+
+    mx.random.seed(5)
+    a, opt_a = build()
+    b, opt_b = build()
+    b.update(a.parameters())
+    x = mx.array(rng.standard_normal((11, 6)).astype(np.float32))
+
+    def loss(m):
+        return (m(x) ** 2).mean()
+
+    state = [b.state, opt_b.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step():
+        _, g = mnn.value_and_grad(b, loss)(b)
+        opt_b.update(b, g)
+
+    for _ in range(3):
+        _, g = mnn.value_and_grad(a, loss)(a)
+        opt_a.update(a, g)
+        mx.eval(a.parameters(), opt_a.state)
+        step()
+        mx.eval(state)
+    for (_, va), (_, vb) in zip(tree_flatten(a.parameters()), tree_flatten(b.parameters())):
+        np.testing.assert_array_equal(np.array(va), np.array(vb))
