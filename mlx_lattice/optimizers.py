@@ -39,14 +39,14 @@ class _FusedAdam:
 
     _decay = 0.0
 
-    def apply_gradients(self, gradients: dict, parameters: dict):
-        self._scalars = None  # the step's learning-rate factors, built once per step
-        return super().apply_gradients(gradients, parameters)
-
     def _step_scalars(self) -> mx.array:
-        # The same MLX expressions as mlx.optimizers.Adam / AdamW, once for all
-        # parameters: (lr or lr / (1 - b1^t), 1 / sqrt(1 - b2^t), 1 - lr * decay).
-        if getattr(self, "_scalars", None) is None:
+        # The same MLX expressions as mlx.optimizers.Adam / AdamW, once per
+        # step for all parameters (the step and learning-rate arrays are new
+        # objects on every step): (lr or lr / (1 - b1^t), 1 / sqrt(1 - b2^t),
+        # 1 - lr * decay).
+        key = getattr(self, "_scalars_key", None)
+        if key is None or key[0] is not self.step or key[1] is not self.learning_rate:
+            self._scalars_key = (self.step, self.learning_rate)
             lr = self.learning_rate.astype(mx.float32)
             b1, b2 = self.betas
             one = mx.array(1.0, mx.float32)

@@ -251,3 +251,17 @@ def test_compiled_update_matches_eager(rng):
         mx.eval(state)
     for (_, va), (_, vb) in zip(tree_flatten(a.parameters()), tree_flatten(b.parameters())):
         np.testing.assert_array_equal(np.array(va), np.array(vb))
+
+
+def test_learning_rate_set_between_steps(rng):
+    p = {"w": mx.array(rng.standard_normal((40,)).astype(np.float32))}
+    g = {"w": mx.array(rng.standard_normal((40,)).astype(np.float32))}
+    fused, ref = optim.Adam(learning_rate=1e-2), mopt.Adam(learning_rate=1e-2)
+    a, b = dict(p), dict(p)
+    for lr in (1e-2, 3e-1, 2e-3):
+        fused.learning_rate = lr
+        ref.learning_rate = lr
+        a = fused.apply_gradients(g, a)
+        b = ref.apply_gradients(g, b)
+        mx.eval(a, b)
+        np.testing.assert_array_equal(np.array(a["w"]), np.array(b["w"]))
