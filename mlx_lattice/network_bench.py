@@ -224,6 +224,7 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
                 r_b += _vjp_time(lambda a, b: a + b, [f, res], [0, 1], repeats) - t
     stages[keys[0]] = n_f
     stages[keys[1]] = max(n_b, 0.0)
+    norm_bytes = _norm_bytes(rec["norm"]) if fused else None
     if not fused:
         stages["activation forward"] = a_f
         stages["activation backward"] = max(a_b, 0.0)
@@ -255,7 +256,28 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
     stages["optimizer (Adam)"] = best_time(update, repeats)
     staged = sum(stages.values())
     stages["other (scheduling, gathers, casts)"] = max(total - staged, 0.0)
-    return {"total": total, "stages": stages, "flops": conv_flops(rec, step.feats)}
+    return {"total": total, "stages": stages, "flops": conv_flops(rec, step.feats),
+            "norm_bytes": norm_bytes, "copy_gbs": copy_bandwidth() if fused else None}
+
+
+def _norm_bytes(norms) -> tuple[float, float]:
+    """Bytes the fused norms move per step (forward, backward), counting every
+    array pass of the kernels (src/cpu/norm_act.cpp): forward, x twice (the
+    statistics sweep, the normalising sweep), the residual, y; backward, x
+    and ct twice and dx, and with a residual y twice and its gradient."""
+    fwd = bwd = 0.0
+    for _, f, _, res in norms:
+        b = f.size * f.dtype.size
+        fwd += b * (4 if res is not None else 3)
+        bwd += b * (8 if res is not None else 5)
+    return fwd, bwd
+
+
+def copy_bandwidth(nbytes: int = 1 << 26) -> float:
+    """GB/s of a NumPy copy (bytes read + written) of a 64 MB array."""
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.empty_like(a)
+    return 2 * nbytes / best_time(lambda: np.copyto(b, a), 5) / 1e9
 
 
 def format_profile(prof: dict, sgemm: float, title: str) -> str:
@@ -270,6 +292,11 @@ def format_profile(prof: dict, sgemm: float, title: str) -> str:
     ]
     for k, v in prof["stages"].items():
         lines.append(f"| {k} | {v * 1e3:.1f} | {v / total:.0%} |")
+    if prof.get("norm_bytes"):
+        (fb, bb), gbs = prof["norm_bytes"], prof["copy_gbs"]
+        lines += ["", f"fused norms move {fb / 1e9:.2f} GB forward and {bb / 1e9:.2f} GB backward per "
+                  f"step: {fb / gbs / 1e6:.0f} + {bb / gbs / 1e6:.0f} ms at the same run's NumPy copy "
+                  f"bandwidth ({gbs:.1f} GB/s)"]
     return "\n".join(lines)
 
 
