@@ -5,8 +5,7 @@ arguments, state layout ``{"step", "learning_rate", <param>: {"m", "v"}}``,
 schedules, ``init`` / ``update`` / ``apply_gradients``, saving and loading
 state). On the CPU a float32 parameter is updated by one multithreaded
 primitive that reads the parameter, its gradient and both moments once and
-writes the three results (in place when nothing else holds the old arrays),
-where MLX runs about a dozen elementwise ops with a temporary each. The
+writes the three results, where MLX runs about a dozen elementwise ops with a temporary each. The
 results are bitwise those of the MLX optimizers: every step rounds to
 float32 in MLX's order. Other dtypes and GPU streams take MLX's update.
 

@@ -95,16 +95,11 @@ void AdamUpdate::eval_cpu(
       src[i].strides.assign(in[i].strides().begin(), in[i].strides().end());
     }
   }
-  // The parameter and the moments are usually dropped once updated: write
-  // in place when nothing else holds them (elementwise, so aliasing is safe).
-  for (int i = 0; i < 3; ++i) {
-    const auto& a = in[i + 1];
-    if (a.is_donatable() && dense(a)) {
-      out[i].copy_shared_buffer(a);
-    } else {
-      out[i].set_data(mx::allocator::malloc(out[i].nbytes()));
-    }
-    enc.set_output_array(out[i]);
+  // Fresh outputs: the inputs of a primitive with several outputs are held
+  // by every output, so MLX never reports them donatable here.
+  for (auto& o : out) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    enc.set_output_array(o);
   }
   enc.dispatch([fn = cpu::active_kernels().adam_update,
                 n = static_cast<int64_t>(out[0].size()),

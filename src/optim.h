@@ -17,7 +17,7 @@ namespace mx = mlx::core;
 // Inputs: gradient, parameter, m, v (same shape, float32)
 // and scalars (3,) float32: the learning rate (lr / (1 - b1^t) with bias
 // correction), 1 / sqrt(1 - b2^t) and 1 - lr * weight_decay.
-// Outputs: the new parameter, m and v; each may take its input's buffer.
+// Outputs: the new parameter, m and v.
 class AdamUpdate : public mx::Primitive {
  public:
   AdamUpdate(mx::Stream s, cpu::AdamCoefficients k) : mx::Primitive(s), k_(k) {}

@@ -146,7 +146,7 @@ def test_bitwise_across_threads(rng):
 
 
 def test_inputs_stay_intact_when_still_held(rng):
-    # The update may write in place only into arrays nothing else holds.
+    # The update never writes into its inputs.
     p = {"w": mx.array(rng.standard_normal((300,)).astype(np.float32))}
     g = {"w": mx.array(rng.standard_normal((300,)).astype(np.float32))}
     before = np.array(p["w"])
