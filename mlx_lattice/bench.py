@@ -309,10 +309,15 @@ def format_row(case) -> str:
 
 
 # ------------------------------------------------------------------ GPU (CUDA)
-def map_rows(wl, coords, repeats) -> list[dict]:
+def map_rows(wl, coords, repeats, spconv_maps=None) -> list[dict]:
     """Map building on the CPU builder and on CUDA (hash table + relation
-    CSR + neighbour map; forward maps include the output support), same run."""
+    CSR + neighbour map; forward maps include the output support), same run;
+    ``plans ms``: the same plus everything a training layer needs beyond
+    (sorted plans of both directions, weight-gradient chunks); spconv: its
+    ``get_indice_pairs_implicit_gemm`` (pairs and masks of both directions)."""
+    from . import cuda
     from .cuda import maps
+    from .relation import KernelGeometry, Relation
 
     c = mx.array(np.ascontiguousarray(coords, dtype=np.int32))
     mx.eval(c)
@@ -332,24 +337,114 @@ def map_rows(wl, coords, repeats) -> list[dict]:
             kind = "submanifold" if stride == 1 else "forward"
             return maps.build_relation(t, out, geom, False, kind)
 
+        def gpu_plans():
+            t = maps.CudaTable(c)
+            out = c if stride == 1 else maps.forward_support(t, geom)
+            kind = "submanifold" if stride == 1 else "forward"
+            native, max_out, max_in, sym = maps.build(t, out, geom, False, kind)
+            view = cuda.view_of(Relation(native, KernelGeometry(*geom), gpu=True, symmetric=sym,
+                                         max_neighbors=max_out, max_in_neighbors=max_in))
+            back = view if view.symmetric else view.flipped()  # input gradients' view
+            return vars(view.plan()), vars(back.plan()), view.wgrad_chunks()[:2]
+
         with mx.stream(mx.cpu):
             t_cpu = best_time(lambda: mx.eval(cpu().neighbor_map), max(2, repeats // 3))
         t_gpu = best_time(lambda: mx.eval(gpu().neighbor_map), repeats)
+        t_plans = best_time(lambda: mx.eval(gpu_plans()), repeats)
         edges = gpu().edges
+        t_sp = spconv_maps.get(name) if spconv_maps else None
         rows.append(dict(
             workload=wl, layer=f"map {name}", **{"pass": "map"}, n=len(coords), edges=edges,
-            ms=t_gpu * 1e3, cpu_ms=t_cpu * 1e3, speedup_vs_cpu=t_cpu / t_gpu, route="cuda.hash_map",
-            device=str(mx.default_device()),
+            ms=t_gpu * 1e3, plans_ms=t_plans * 1e3, cpu_ms=t_cpu * 1e3, speedup_vs_cpu=t_cpu / t_gpu,
+            route="cuda.hash_map", device=str(mx.default_device()),
+            **({"spconv_ms": t_sp * 1e3, "speedup_vs_spconv": t_sp / t_plans} if t_sp else {}),
         ))
+        sp = f", spconv {t_sp*1e3:.3f} ms: {t_sp/t_plans:.2f}x" if t_sp else ""
         print(f"{wl:<7} {'map ' + name:<18} {'map':<8} {'int32':<9} {len(coords):>9,} {edges:>10,} "
-              f"{t_gpu*1e3:>8.3f} {'':>8} {'':>6} {t_cpu/t_gpu:>8.1f}x  cuda.hash_map (CPU builder {t_cpu*1e3:.1f} ms)",
+              f"{t_gpu*1e3:>8.3f} {'':>8} {'':>6} {t_cpu/t_gpu:>8.1f}x  cuda.hash_map (CPU builder {t_cpu*1e3:.1f} ms;"
+              f" with plans {t_plans*1e3:.3f} ms{sp})", flush=True)
+    return rows
+
+
+def side_by_side_rows(wl, coords, dtype_name, repeats, chans) -> list[dict]:
+    """Whole layers through the public ops (maps cached: forward, and forward
+    + both gradients) against spconv's modules on the same coordinates and
+    weights, same run."""
+    from .cuda import spconv_side
+
+    dtype = DTYPES[dtype_name]
+    rng = np.random.default_rng(3)
+    base = SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    lyrs = [Layer(f"subm3 C{c}", "subm", 3, c, c) for c in chans]
+    lyrs += [Layer("down k2s2 32->64", "down", 2, 32, 64), Layer("up k2s2 64->32", "up", 2, 64, 32)]
+    rows = []
+    for layer in lyrs:
+        ks = (layer.k,) * 3
+        w5_np = (rng.standard_normal((layer.c_out, *ks, layer.c_in)) / np.sqrt(layer.c_in * layer.k**3)).astype(np.float32)
+        if layer.kind == "subm":
+            src, op = base, (lambda t, w: ops.subm_conv3d(t, w))
+        elif layer.kind == "down":
+            src, op = base, (lambda t, w: ops.conv3d(t, w, stride=2))
+        else:
+            w_down = mx.zeros((layer.c_in, *ks, layer.c_out), dtype)
+            src = ops.conv3d(base.replace(mx.zeros((len(coords), layer.c_out), dtype)), w_down, stride=2)
+            op = lambda t, w: ops.conv_transpose3d(t, w, stride=2)  # noqa: E731
+        x_np = rng.standard_normal((len(src), layer.c_in)).astype(np.float32)
+        x, w5 = mx.array(x_np).astype(dtype), mx.array(w5_np).astype(dtype)
+        y = op(src.replace(x), w5)
+        ct = mx.random.normal(y.feats.shape).astype(dtype)
+        mx.eval(y.feats, ct)
+        t_f = best_time(lambda: mx.eval(op(src.replace(x), w5).feats), repeats)
+        t_fb = best_time(lambda: mx.eval(mx.vjp(lambda f, w: op(src.replace(f), w).feats, [x, w5], [ct])), repeats)
+        sp = spconv_side.layer_times(np.asarray(coords), layer.kind, layer.k, layer.c_in, layer.c_out,
+                                     w5_np, x_np, dtype_name, repeats)
+        diff = None
+        if layer.kind != "up":  # spconv orders the coarse rows otherwise: its up-layer inputs differ
+            ours = np.array(y.feats.astype(mx.float32))
+            oc = sp["out_indices"].astype(np.int64)
+            oc[:, 1:] += sp["lo"] if layer.kind == "subm" else sp["lo"] // 2
+            where = {tuple(r): i for i, r in enumerate(np.array(y.coords).tolist())}
+            rows_ = [where.get(tuple(r)) for r in oc.tolist()]
+            if None not in rows_ and len(rows_) == len(where):
+                scale = max(float(np.abs(ours).max()), 1e-6)
+                diff = float(np.abs(sp["out"] - ours[np.array(rows_)]).max()) / scale
+            else:
+                diff = float("inf")
+        row = dict(
+            workload=wl, layer=layer.name, **{"pass": "layer vs spconv"}, dtype=dtype_name, n=len(y),
+            c_in=layer.c_in, c_out=layer.c_out, forward_ms=t_f * 1e3, fwd_bwd_ms=t_fb * 1e3,
+            spconv_forward_ms=sp["forward_s"] * 1e3, spconv_fwd_bwd_ms=sp["fwd_bwd_s"] * 1e3,
+            forward_vs_spconv=sp["forward_s"] / t_f,
+            fwd_bwd_vs_spconv=sp["fwd_bwd_s"] / t_fb, max_rel_diff=diff, route="public op",
+            device=str(mx.default_device()), sgemm_fraction=None,
+        )
+        rows.append(row)
+        print(f"{wl:<7} {layer.name:<18} {dtype_name:<9} forward {t_f*1e3:7.3f} ms (spconv {sp['forward_s']*1e3:7.3f}:"
+              f" {sp['forward_s']/t_f:5.2f}x)  fwd+bwd {t_fb*1e3:7.3f} ms (spconv {sp['fwd_bwd_s']*1e3:7.3f}:"
+              f" {sp['fwd_bwd_s']/t_fb:5.2f}x)" + (f"  max rel diff {diff:.1e}" if diff is not None else ""),
               flush=True)
     return rows
 
 
-def network_rows(wl, coords, repeats, dtype_name="float16") -> list[dict]:
+def compiled_update_step(step):
+    """The same training step with Adam's update compiled (``mx.compile``)
+    into fused kernels, as MLX training loops write it."""
+    state = [step.model.state, step.optimizer.state]
+    update = mx.compile(lambda g: step.optimizer.update(step.model, g), inputs=state, outputs=state)
+
+    def run():
+        loss, grads = step.loss_grad(step.model, step.tensor())
+        update(grads)
+        mx.eval(loss, step.model.state, step.optimizer.state)
+        return loss
+
+    return run
+
+
+def network_rows(wl, coords, repeats, dtype_name="float16", use_spconv=False) -> list[dict]:
     """A whole MinkUNet training step on CUDA (maps built inside: every call
-    starts from a new coordinate manager), with the peak GPU memory of a step."""
+    starts from a new coordinate manager), with the peak GPU memory of a step;
+    with ``use_spconv`` the same network from spconv.pytorch modules beside it."""
     from . import diagnostics
     from .network_bench import TrainingStep
 
@@ -364,15 +459,51 @@ def network_rows(wl, coords, repeats, dtype_name="float16") -> list[dict]:
         mx.reset_peak_memory()
         t = best_time(step, repeats)
         peak = mx.get_peak_memory()
+        t_compiled = best_time(compiled_update_step(step), repeats)
         rows.append(dict(
             workload=wl, layer=f"MinkUNet {width}x", **{"pass": "train step"}, dtype=dtype_name,
             n=len(coords), edges=0, ms=t * 1e3, gflops=flops / t / 1e9, tflops=flops / t / 1e12,
             useful_gflop=flops / 1e9, peak_gib=peak / 2**30, route="network", sgemm_fraction=None,
-            device=str(mx.default_device()),
+            device=str(mx.default_device()), compiled_adam_ms=t_compiled * 1e3,
         ))
+        sp = ""
+        if use_spconv:
+            from .cuda import spconv_side
+
+            r = spconv_side.network_step(coords, width, dtype_name, repeats)
+            rows[-1].update(spconv_ms=r["step_s"] * 1e3, spconv_peak_gib=r["peak_bytes"] / 2**30,
+                            speedup_vs_spconv=r["step_s"] / t)
+            sp = (f"; spconv {r['step_s']*1e3:.2f} ms ({r['step_s']/t:.2f}x), "
+                  f"peak {r['peak_bytes']/2**30:.2f} GiB allocated")
         print(f"{wl:<7} {'MinkUNet ' + str(width) + 'x':<18} {'step':<8} {dtype_name:<9} {len(coords):>9,} "
-              f"{'':>10} {t*1e3:>8.2f} {flops/t/1e12:>8.2f}  maps inside, peak {peak/2**30:.2f} GiB", flush=True)
+              f"{'':>10} {t*1e3:>8.2f} {flops/t/1e12:>8.2f}  maps inside, peak {peak/2**30:.2f} GiB"
+              f" (Adam compiled: {t_compiled*1e3:.2f} ms){sp}", flush=True)
     return rows
+
+
+def run_gpu_profile(args) -> int:
+    """The GPU step profile (mlx_lattice/cuda/step_profile.py) of MinkUNet on
+    the first workload, per width and dtype."""
+    from .cuda import step_profile
+    from .network_bench import TrainingStep
+
+    wl = (args.workloads or "lidar").split(",")[0]
+    coords, desc = workload(wl, False)
+    results = []
+    for dt in (args.dtypes or "float16").split(","):
+        for width in (0.5,):
+            print(f"-- MinkUNet {width}x {dt} training step on {mx.default_device()}, {desc}: {len(coords):,} voxels",
+                  flush=True)
+            p = step_profile.profile(TrainingStep(coords, width=width, dtype=DTYPES[dt]), args.repeats or 5)
+            print(step_profile.format_profile(p), flush=True)
+            results.append(dict(workload=wl, width=width, dtype=dt, **{
+                k: v for k, v in p.items() if k != "phases"},
+                phases={k: dict(host_s=v[0], eval_s=v[1], host_by_category_s=v[2], calls=v[3], syncs=v[4],
+                                primitives=dict(v[5])) for k, v in p["phases"].items()}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
 
 
 def run_gpu(args) -> int:
@@ -384,12 +515,20 @@ def run_gpu(args) -> int:
     if not cuda.available():
         print("no CUDA device: python -m mlx_lattice.bench --device gpu needs MLX's CUDA backend")
         return 2
+    from .cuda import spconv_side
+
     wls = (args.workloads or "lidar,mesh").split(",")
     dtypes = (args.dtypes or "float16,bfloat16").split(",")
     repeats = args.repeats or 10
     chans = (64,) if args.quick else (32, 64, 128, 256, 512)
+    if args.channels:
+        chans = tuple(int(c) for c in args.channels.split(","))
     cases = []
-    print(f"mlx_lattice bench on {mx.default_device()}: CUDA routes, {repeats} repeats (best)")
+    use_spconv = not args.no_spconv and spconv_side.available()
+    if args.profile:
+        return run_gpu_profile(args)
+    print(f"mlx_lattice bench on {mx.default_device()}: CUDA routes, {repeats} repeats (best)"
+          + ("; spconv side by side" if use_spconv else "; spconv not installed: no spconv columns"))
     hdr = f"{'workload':<7} {'layer':<18} {'pass':<8} {'dtype':<9} {'n':>9} {'edges':>10} {'ms':>8} {'TFLOP/s':>8} {'dense':>6} {'vs gather':>9}  route"
     print(hdr, flush=True)
 
@@ -399,7 +538,9 @@ def run_gpu(args) -> int:
     for wl in wls:
         coords, desc = workload(wl, args.quick)
         print(f"-- {wl}: {desc}: {len(coords):,} voxels", flush=True)
-        cases += map_rows(wl, coords, repeats)
+        cases += map_rows(wl, coords, repeats, spconv_side.map_times(coords, repeats) if use_spconv else None)
+        if use_spconv:
+            cases += side_by_side_rows(wl, coords, dtypes[0], repeats, [c for c in chans if c <= 256])
         lyrs = [Layer(f"subm3 C{c}", "subm", 3, c, c) for c in chans]
         lyrs += [Layer("down k2s2 32->64", "down", 2, 32, 64), Layer("up k2s2 64->32", "up", 2, 64, 32)]
         for layer in lyrs:
@@ -483,7 +624,7 @@ def run_gpu(args) -> int:
             where = "CUDA" if cset.gpu_table is not None else "the CPU"
             print(f"   map building for {layer.name}: {t_map*1e3:.1f} ms (relation, swapped relation, "
                   f"sorted plans and wgrad chunks on {where}; first call, kernels compiled)", flush=True)
-        cases += network_rows(wl, coords, max(2, repeats // 3))
+        cases += network_rows(wl, coords, max(2, repeats // 3), use_spconv=use_spconv)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(cases, f, indent=1)
@@ -607,6 +748,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="skip the NumPy gather-matmul baseline")
     p.add_argument("--no-spconv", action="store_true", help="skip spconv even when it is installed")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="gpu: the CUDA routes")
+    p.add_argument("--channels", default=None, help="with --device gpu: comma list of subm channel counts")
+    p.add_argument("--profile", action="store_true",
+                   help="with --device gpu: where a MinkUNet training step's time goes (mlx_lattice/cuda/step_profile.py)")
     p.add_argument("--grouped", action="store_true",
                    help="grouped and depthwise layers (cpu.grouped_gather) on the first workload")
     p.add_argument("--attention", action="store_true", help="only the CPU serialized-patch attention case")

@@ -80,13 +80,15 @@ class CoordinateSet:
 
     _ids = itertools.count()
 
-    def __init__(self, coords: mx.array, stride: tuple[int, int, int], source=None):
+    def __init__(self, coords: mx.array, stride: tuple[int, int, int], source=None, trusted=False):
         self.id = next(CoordinateSet._ids)
         self.coords = coords
         self.source = source  # the array the user registered, if copied
         self.stride = stride
         # Hashing validates range and uniqueness up front: on the GPU when the
         # default device is a CUDA GPU (relations are then built there too).
+        # An output support (``trusted``) is valid by construction: on CUDA
+        # its table skips reading the error flags back (a synchronisation).
         self.gpu_table = None
         self.metal_table = None
         self._table = None
@@ -95,7 +97,7 @@ class CoordinateSet:
         if route == "cuda.hash_map":
             from .cuda import maps
 
-            self.gpu_table = maps.CudaTable(coords)
+            self.gpu_table = maps.CudaTable(coords, trusted=trusted)
         elif route == "metal.hash_map":
             from . import metal_maps
 
@@ -152,8 +154,8 @@ class CoordinateManager:
             self._sets[id(contiguous)] = s
             return s
 
-    def _new_set(self, coords: mx.array, stride) -> CoordinateSet:
-        s = CoordinateSet(coords, tuple(stride))
+    def _new_set(self, coords: mx.array, stride, trusted=False) -> CoordinateSet:
+        s = CoordinateSet(coords, tuple(stride), trusted=trusted)
         self._sets[id(coords)] = s
         return s
 
@@ -186,8 +188,9 @@ class CoordinateManager:
             from . import cuda
 
             build = cuda.find("cuda.hash_map", "map").run
-            native = build(src.gpu_table, out_coords, geom.args(), transposed, kind)
-            return Relation(native, geom, gpu=True)
+            native, max_out, max_in, symmetric = build(src.gpu_table, out_coords, geom.args(), transposed, kind)
+            return Relation(native, geom, gpu=True, max_neighbors=max_out, max_in_neighbors=max_in,
+                            symmetric=symmetric)
         native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
         return Relation(native, geom)
 
@@ -218,7 +221,8 @@ class CoordinateManager:
 
         def build():
             out = self._support(src, geom, generative=False)
-            out_set = self._new_set(out, tuple(a * b for a, b in zip(src.stride, geom.stride)))
+            stride = tuple(a * b for a, b in zip(src.stride, geom.stride))
+            out_set = self._new_set(out, stride, trusted=True)
             self._parents.setdefault((out_set.id, geom.stride), (src, geom))
             return self._build(src, out, geom, False, "forward"), out_set
 
@@ -283,7 +287,7 @@ class CoordinateManager:
         def build():
             out = self._support(src, geom, generative=True)
             stride = tuple(a // b if a % b == 0 else 1 for a, b in zip(src.stride, geom.stride))
-            out_set = self._new_set(out, stride)
+            out_set = self._new_set(out, stride, trusted=True)
             return self._build(src, out, geom, True, "generative"), out_set
 
         return self._cached(key, build)

@@ -71,22 +71,34 @@ class Relation:
     ``in_idx``/``k_idx``. The input-major and kernel-major views, ``out_idx``
     and the dense ``neighbor_map`` (N_out, K) are built on first use and kept.
     A relation built on CUDA (``gpu``) builds them there too, from its
-    neighbour map (mlx_lattice/cuda/plans.py), with the same arrays; one
-    built on Metal (``metal``) carries them in its native relation, made by
-    the Metal map programs (mlx_lattice/metal_maps.py), and so does its
-    swapped relation.
+    neighbour map (mlx_lattice/cuda/plans.py), with the same arrays; its
+    largest row counts (``max_neighbors``: output rows, ``max_in_neighbors``:
+    input rows) come with it, read in the synchronisation of its size, so
+    that nothing reads its arrays on the host. ``symmetric`` (set by the CUDA
+    builder): edge (q, p, k) exists exactly when (p, q, K - 1 - k) does (a
+    centred odd kernel at stride 1 onto the same rows), so input gradients
+    can run on this relation with the kernel offsets mirrored. One built on
+    Metal (``metal``) carries its views in its native relation, made by the
+    Metal map programs (mlx_lattice/metal_maps.py), and so does its swapped
+    relation.
     """
 
-    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False, metal: bool = False):
+    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False, metal: bool = False,
+                 max_neighbors: int | None = None, max_in_neighbors: int | None = None, plans=None,
+                 symmetric: bool = False):
         self._native = native
         self.geometry = geometry
         self.metal = metal
+        self.symmetric = symmetric
         self._stats = None
         self._plans = None
+        self._max = (max_neighbors, max_in_neighbors)
         if gpu:
             from .cuda.plans import Plans
 
-            self._plans = Plans(native)
+            if max_neighbors is None or max_in_neighbors is None:
+                raise ValueError("a relation built on CUDA needs its max_neighbors and max_in_neighbors")
+            self._plans = Plans(native) if plans is None else plans
 
     @property
     def gpu(self) -> bool:
@@ -126,13 +138,15 @@ class Relation:
                 "n_out": n_out,
                 "k": self.kernel_volume,
                 "mean_neighbors": self.edges / n_out if n_out else 0.0,
-                "max_neighbors": self._native.max_neighbors,
+                "max_neighbors": self._max[0] if self.gpu else self._native.max_neighbors,
             }
         return dict(self._stats)
 
     def swapped(self, kind: str, geometry: KernelGeometry) -> "Relation":
         if self.gpu:
-            return Relation(self._plans.swapped(kind), geometry, gpu=True)
+            native, plans = self._plans.swapped(kind)
+            return Relation(native, geometry, gpu=True, plans=plans,
+                            max_neighbors=self._max[1], max_in_neighbors=self._max[0])
         if self.metal:
             from . import metal_maps
 

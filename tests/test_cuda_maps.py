@@ -18,6 +18,9 @@ if cuda.available():
 
 def same_relation(g, c):
     g, c = getattr(g, "_native", g), getattr(c, "_native", c)  # the native arrays
+    # A GPU-built relation's arrays may still be in flight: the native
+    # relation's own host reads (out_idx, the views) need them evaluated.
+    mx.eval(g.out_offsets, g.in_idx, g.k_idx, g.neighbor_map)
     assert (g.kind, g.n_in, g.n_out, g.kernel_volume, g.edges) == (
         c.kind, c.n_in, c.n_out, c.kernel_volume, c.edges)
     for name in ("out_offsets", "in_idx", "k_idx", "out_idx", "neighbor_map", "input_neighbor_map"):
@@ -44,9 +47,16 @@ GEOMETRIES = [
 ]
 
 
+@pytest.fixture(params=["hash", "sort"])
+def dedup(request, monkeypatch):
+    """Both ways supports deduplicate their candidates."""
+    monkeypatch.setattr(maps, "SUPPORT_DEDUP", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("n", [0, 1, 300])
 @pytest.mark.parametrize("geometry", GEOMETRIES)
-def test_relations_equal_cpu(rng, n, geometry):
+def test_relations_equal_cpu(rng, n, geometry, dedup):
     coords = voxel_cloud(rng, n, batches=3) if n else mx.zeros((0, 4), mx.int32)
     mx.eval(coords)
     cpu_table = _ext.CoordTable(coords)
@@ -137,8 +147,64 @@ def test_bad_coordinates_raise_cpu_message(rows, message):
         maps.CudaTable(coords)
 
 
-def test_support_out_of_range_raises():
+def test_large_cloud_supports(rng, dedup):
+    coords = voxel_cloud(rng, 40000, batches=2, extent=40)
+    table, cpu = maps.CudaTable(coords), _ext.CoordTable(coords)
+    for geometry in (((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1)), ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1))):
+        assert_same(maps.forward_support(table, geometry), _ext.forward_support(cpu, *geometry))
+        assert_same(maps.generative_support(table, geometry), _ext.generative_support(cpu, *geometry))
+
+
+def test_support_out_of_range_raises(dedup):
     coords = mx.array(np.array([[0, 65535, 0, 0]], dtype=np.int32))
     geometry = ((3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
     with pytest.raises(ValueError, match="leaves the supported range"):
         maps.generative_support(maps.CudaTable(coords), geometry)
+
+
+def test_relation_sizes_and_synchronisations(rng):
+    """build() reads the largest output and input rows in the one
+    synchronisation of its size; a support costs one more, a trusted table
+    (an output support) none."""
+    coords = voxel_cloud(rng, 800, batches=2)
+    mx.eval(coords)
+    cpu_table = _ext.CoordTable(coords)
+    for geometry in GEOMETRIES:
+        table = maps.CudaTable(coords)
+        maps.READS.clear()
+        out = maps.forward_support(table, geometry)
+        out_table = maps.CudaTable(out, trusted=True)
+        native, max_out, max_in, _ = maps.build(table, out, geometry, False, "forward")
+        assert dict(maps.READS) == {"support size": 1, "relation size": 1}
+        assert out_table.size == out.shape[0]
+        c = _ext.build_relation(cpu_table, _ext.forward_support(cpu_table, *geometry), *geometry, False, "forward")
+        assert max_out == c.max_neighbors
+        assert max_in == c.swapped("transposed").max_neighbors
+        for kind, out in (("submanifold", coords), ("target", voxel_cloud(rng, 300, batches=3))):
+            maps.READS.clear()
+            native, max_out, max_in, _ = maps.build(table, out, geometry, False, kind)
+            assert dict(maps.READS) == {"relation size": 1}
+            c = _ext.build_relation(cpu_table, out, *geometry, False, kind)
+            assert (max_out, max_in) == (c.max_neighbors, c.swapped("transposed").max_neighbors)
+
+
+def test_manager_synchronisations(rng, on_gpu):
+    """A set given by the user: one synchronisation (its error flags); a
+    strided map: two (support size, relation size), its output set none; a
+    submanifold map: one; a transposed map onto the encoder set, the swapped
+    relation and every plan of a layer: none."""
+    from mlx_lattice import cuda as cuda_routes
+    from mlx_lattice.relation import KernelGeometry
+
+    m = CoordinateManager()
+    maps.READS.clear()
+    s = m.register(voxel_cloud(rng, 600, extent=10))
+    assert dict(maps.READS) == {"table flags": 1}
+    down = KernelGeometry((2, 2, 2), (2, 2, 2))
+    rel, out = m.kernel_relation(s, down)
+    sub = m.submanifold_kernel_relation(out, KernelGeometry((3, 3, 3), padding=(1, 1, 1)))
+    up, _ = m.transposed_kernel_relation(out, down)
+    for r in (rel, sub, up):
+        view = cuda_routes.view_of(r)
+        mx.eval(vars(view.plan()), vars(view.flipped().plan()), view.wgrad_chunks()[:2])
+    assert dict(maps.READS) == {"table flags": 1, "support size": 1, "relation size": 2}

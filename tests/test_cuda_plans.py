@@ -28,6 +28,7 @@ def same_views(g: Relation, c: Relation):
         assert_same(a, b)
     for a, b in zip(vars(g.kernel_major()).values(), vars(c.kernel_major()).values()):
         assert_same(a, b)
+    assert g.stats() == c.stats()  # max_neighbors read with the size, not from host arrays
     if c.kernel_volume <= 64:
         gp, cp = g.sorted_plan(), c.sorted_plan()
         for name in ("reorder_rows", "sorted_out_in_map", "sorted_kv_out_in_map", "tile_masks"):
@@ -39,9 +40,9 @@ def same_views(g: Relation, c: Relation):
 
 def pair(coords, out, geometry, transposed, kind):
     geom = KernelGeometry(*geometry)
-    g = maps.build_relation(maps.CudaTable(coords), out, geometry, transposed, kind)
+    g, max_out, max_in, _ = maps.build(maps.CudaTable(coords), out, geometry, transposed, kind)
     c = _ext.build_relation(_ext.CoordTable(coords), out, *geometry, transposed, kind)
-    return Relation(g, geom, gpu=True), Relation(c, geom)
+    return Relation(g, geom, gpu=True, max_neighbors=max_out, max_in_neighbors=max_in), Relation(c, geom)
 
 
 GEOMETRIES = [
@@ -116,6 +117,12 @@ def test_manager_relations_are_gpu(rng):
         rel, out = m.kernel_relation(s, geom)
         up, _ = m.transposed_kernel_relation(out, geom)  # the forward relation swapped
         assert rel.gpu and up.gpu
+        # The decoder's relation, both input gradients and the swaps back
+        # share two sets of derived arrays.
+        assert up._plans is rel.swapped("forward", geom)._plans
+        assert cuda.view_of(up).flipped().rel._plans is rel._plans
+        assert cuda.view_of(rel).flipped().rel._plans is up._plans
+        assert cuda.view_of(up).flipped().plan().tile_masks is cuda.view_of(rel).plan().tile_masks
         c = Relation(_ext.build_relation(_ext.CoordTable(s.coords), out.coords, *geom.args(), False, "forward"), geom)
         same_views(up, c.swapped("transposed", geom))
     finally:

@@ -69,9 +69,15 @@ def conv(route: str, x: mx.array, w: mx.array, view: View | None, groups: int = 
         x, w = primals
         k, b = w.shape[0], w.shape[2]
         a = x.shape[1]
-        back = None if view is None else view.flipped()
+        wt = _transpose(w, groups)
+        if view is not None and view.symmetric:
+            # dx[p] = sum over edges (p, q, k) of ct[q] W[K - 1 - k]^T: the
+            # same view with the offsets mirrored (no flipped view or plan).
+            back, wt = view, wt[::-1]
+        else:
+            back = None if view is None else view.flipped()
         r_d = _route("dgrad", back, k, b, a, cotangent.shape[0], x.dtype, route, groups)
-        dx = conv(r_d, cotangent, _transpose(w, groups), back, groups)
+        dx = conv(r_d, cotangent, wt, back, groups)
         r_w = _route("wgrad", view, k, a, b, x.shape[0], x.dtype, route, groups)
         dw = weight_grad(r_w, x, cotangent, view, k, groups)
         return dx, dw

@@ -5,15 +5,19 @@ The arrays equal the CPU builder's (src/coord_table.cpp, src/kernel_map.cpp)
 element for element: edges in (output row, offset) order, supports sorted by
 packed key. Sizes are unknown before building, so each map is count-then-fill
 with one host synchronisation (the edge or support count, read together with
-the error flags); a coordinate set costs one synchronisation (its error
-flags). There are no capacities to overflow: the table has twice as many
-slots as rows. On an error the CPU builder is run on the same input to raise
-its exact message.
+the error flags and, for a relation, its largest rows); a coordinate set given
+by the user costs one synchronisation (its error flags), a set made here (an
+output support) none, since it is valid by construction. Every host read goes
+through ``_read``, which counts them: ``SYNCS`` in all (read by the manager's
+map records), ``READS`` by what was read. There are no capacities to
+overflow: the tables have twice as many slots as keys. On an error the CPU
+builder is run on the same input to raise its exact message.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import numpy as np
 import mlx.core as mx
@@ -163,6 +167,14 @@ SYMMETRIC_SOURCE = """
   }
 """
 
+# One thread per (output row, offset) hit: count it for its input row.
+IN_DEGREE_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long)params[0] * params[1]) return;
+  const int p = nmap[idx];
+  if (p >= 0) atomicAdd(&deg[p], 1);
+"""
+
 # One thread per output row: the row's hits in offset order at its offset.
 COMPACT_SOURCE = """
   const long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -220,21 +232,93 @@ UNPACK_SOURCE = """
 """
 
 
+# Supports by hashing: one thread per (input row, offset) inserts the output
+# key it reaches into a table of twice as many slots as candidates; the
+# insert that claims a key's slot marks its candidate the key's winner;
+# flags[0] when a candidate lies outside the range.
+SUPPORT_INSERT_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  const int kv = params[1];
+  if (idx >= (long)n * kv) return;
+  const unsigned long long mask = (unsigned long long)(unsigned int)params[2];
+  bool overflow = false;
+  const unsigned long long key = lattice_key(
+      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
+  if (overflow) atomicExch(&flags[0], 1);
+  int won = 0;
+  if (key != kEmpty) {
+    unsigned long long* ks = reinterpret_cast<unsigned long long*>(keys);
+    unsigned long long h = lattice_hash(key) & mask;
+    for (;;) {
+      const unsigned long long prev = atomicCAS(ks + h, 0ull, key + 1ull);
+      if (prev == 0ull) { won = 1; break; }
+      if (prev == key + 1ull) break;
+      h = (h + 1ull) & mask;
+    }
+  }
+  winner[idx] = won;
+"""
+
+# One thread per candidate: each winner writes its key at its rank (the
+# winners' order depends on scheduling; the sort after it does not).
+SUPPORT_COMPACT_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  const int kv = params[1];
+  if (idx >= (long)n * kv || winner[idx] == 0) return;
+  bool overflow = false;
+  reinterpret_cast<unsigned long long*>(uniq)[rank[idx] - 1] = lattice_key(
+      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
+"""
+
+# One thread per sorted unique key: its coordinates.
+UNPACK_UNIQUE_SOURCE = """
+  const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= params[0]) return;
+  const unsigned long long k = reinterpret_cast<const unsigned long long*>(sorted)[i];
+  const unsigned long long m17 = (1ull << 17) - 1ull;
+  int* o = out + 4 * i;
+  o[0] = (int)(k >> 51);
+  o[1] = (int)((long long)((k >> 34) & m17) + kCoordMin);
+  o[2] = (int)((long long)((k >> 17) & m17) + kCoordMin);
+  o[3] = (int)((long long)(k & m17) + kCoordMin);
+"""
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(name: str):
     spec = {
         "insert": (["coords", "params"], ["keys", "vals", "flags"], INSERT_SOURCE),
         "lookup": (["keys", "vals", "out_coords", "params"], ["nmap"], LOOKUP_SOURCE),
         "symmetric": (["keys", "vals", "coords", "params"], ["nmap"], SYMMETRIC_SOURCE),
+        "in_degree": (["nmap", "params"], ["deg"], IN_DEGREE_SOURCE),
         "compact": (["nmap", "offsets", "params"], ["in_idx", "k_idx"], COMPACT_SOURCE),
         "candidates": (["coords", "params"], ["cand", "flags"], CANDIDATES_SOURCE),
         "first": (["sorted", "params"], ["first"], FIRST_SOURCE),
         "unpack": (["sorted", "rank", "params"], ["out"], UNPACK_SOURCE),
+        "support_insert": (["coords", "params"], ["keys", "winner", "flags"], SUPPORT_INSERT_SOURCE),
+        "support_compact": (["coords", "winner", "rank", "params"], ["uniq"], SUPPORT_COMPACT_SOURCE),
+        "unpack_unique": (["sorted", "params"], ["out"], UNPACK_UNIQUE_SOURCE),
     }[name]
     return mx.fast.cuda_kernel(
         name=f"mlx_lattice_map_{name}", input_names=spec[0], output_names=spec[1],
         source=spec[2], header=COMMON,
     )
+
+
+SYNCS = 0  # host synchronisations of map building so far (read by the manager's records)
+READS: Counter = Counter()  # the same, by what was read (tests, the step profile)
+
+
+def _read(what: str, *arrays) -> list[int]:
+    """Evaluate small integer arrays and read them on the host: one
+    synchronisation, counted in SYNCS and in READS under `what`."""
+    global SYNCS
+    SYNCS += 1
+    READS[what] += 1
+    flat = mx.concatenate([mx.reshape(a, (-1,)).astype(mx.int32) for a in arrays])  # int32: no casts
+    return np.array(flat).tolist()
 
 
 def _params(*vals):
@@ -255,9 +339,12 @@ def _launch(name, n, inputs, shapes, dtypes, template=(), init_value=None):
 
 class CudaTable:
     """Open-addressing table on the GPU from packed coordinates to rows:
-    2 * max(N, 8) slots rounded up to a power of two (as on the CPU)."""
+    2 * max(N, 8) slots rounded up to a power of two (as on the CPU).
 
-    def __init__(self, coords: mx.array):
+    ``trusted``: the rows are unique and in range by construction (an output
+    support built here), so the error flags are not read back."""
+
+    def __init__(self, coords: mx.array, trusted: bool = False):
         if coords.ndim != 2 or coords.shape[1] != 4 or coords.dtype != mx.int32:
             raise ValueError("coords must be an (N, 4) int32 array")
         self.coords = coords
@@ -272,16 +359,32 @@ class CudaTable:
             "insert", n, [coords, _params(n, self.mask)],
             [(cap,), (cap,), (2,)], [mx.uint64, mx.int32, mx.int32], init_value=0,
         )
-        if n and np.array(flags).any():  # the one synchronisation of a set
+        if n and not trusted and any(_read("table flags", flags)):  # a set's one synchronisation
             _ext.CoordTable(coords)  # raises the CPU builder's message
             raise AssertionError("GPU table flagged coordinates the CPU table accepts")
         self.keys, self.vals = keys, vals
 
 
+# How output supports deduplicate their N * K candidate keys: "hash" (insert
+# them into a table, compact the winners, sort the M unique keys) or "sort"
+# (sort all N * K, keep the first of each run).
+SUPPORT_DEDUP = "hash"
+
+
+def _support_error(table: CudaTable, geometry, generative: bool):
+    fn = _ext.generative_support if generative else _ext.forward_support
+    fn(_ext.CoordTable(table.coords), *geometry)  # raises the CPU builder's message
+    raise AssertionError("GPU support flagged a range error the CPU builder accepts")
+
+
 def _support(table: CudaTable, geometry, generative: bool) -> mx.array:
+    if SUPPORT_DEDUP not in ("hash", "sort"):
+        raise ValueError(f"SUPPORT_DEDUP must be 'hash' or 'sort', got {SUPPORT_DEDUP!r}")
     n, kv = table.size, int(np.prod(geometry[0]))
     if n == 0:
         return mx.zeros((0, 4), mx.int32)
+    if SUPPORT_DEDUP == "hash":
+        return _support_by_hash(table, geometry, generative)
     params = _params(n, kv, 0, *_geometry_params(*geometry))
     cand, flags = _launch(
         "candidates", n * kv, [table.coords, params], [(n * kv,), (1,)], [mx.uint64, mx.int32],
@@ -291,16 +394,39 @@ def _support(table: CudaTable, geometry, generative: bool) -> mx.array:
     total = n * kv
     first = _launch("first", total, [srt, _params(total)], [(total,)], [mx.int32])[0]
     rank = mx.cumsum(first)
-    count, bad = rank[-1], flags[0]
-    mx.eval(count, bad)  # the one synchronisation of a support
-    if bad.item():
-        fn = _ext.generative_support if generative else _ext.forward_support
-        fn(_ext.CoordTable(table.coords), *geometry)  # raises the CPU builder's message
-        raise AssertionError("GPU support flagged a range error the CPU builder accepts")
-    m = count.item()
+    m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
+    if bad:
+        _support_error(table, geometry, generative)
     if m == 0:
         return mx.zeros((0, 4), mx.int32)
     return _launch("unpack", total, [srt, rank, _params(total)], [(m, 4)], [mx.int32])[0]
+
+
+def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
+    """The support through a table of the candidates: only the M unique keys
+    are sorted (M is read in the support's one synchronisation)."""
+    n, kv = table.size, int(np.prod(geometry[0]))
+    total = n * kv
+    cap = 16
+    while cap < 2 * total:
+        cap *= 2
+    if cap > 2**31:
+        raise ValueError(f"{n} rows times a kernel volume of {kv} is more than 2**30 candidate outputs")
+    params = _params(n, kv, cap - 1, *_geometry_params(*geometry))
+    tmpl = [("TRANSPOSED", not generative)]
+    _, winner, flags = _launch(
+        "support_insert", total, [table.coords, params], [(cap,), (total,), (1,)],
+        [mx.uint64, mx.int32, mx.int32], template=tmpl, init_value=0,
+    )
+    rank = mx.cumsum(winner)
+    m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
+    if bad:
+        _support_error(table, geometry, generative)
+    if m == 0:
+        return mx.zeros((0, 4), mx.int32)
+    uniq = _launch("support_compact", total, [table.coords, winner, rank, params], [(m,)], [mx.uint64],
+                   template=tmpl)[0]
+    return _launch("unpack_unique", m, [mx.sort(uniq), _params(m)], [(m, 4)], [mx.int32])[0]
 
 
 def forward_support(table: CudaTable, geometry) -> mx.array:
@@ -325,6 +451,15 @@ def _symmetric(table: CudaTable, out_coords, geometry, transposed: bool) -> bool
 
 def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
     """The native relation of ``_ext.build_relation``, built on the GPU."""
+    return build(table, out_coords, geometry, transposed, kind)[0]
+
+
+def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
+    """(the native relation, the most edges of an output row, the most edges
+    of an input row, whether it is symmetric), built on the GPU with one
+    synchronisation (route ``cuda.hash_map``). Symmetric: a centred odd
+    kernel at stride 1 onto the table's own rows, so that edge (q, p, k)
+    exists exactly when (p, q, K - 1 - k) does."""
     for k in geometry[0]:
         if k > 64:
             raise ValueError("kernel sizes above 64 are not supported")
@@ -332,9 +467,10 @@ def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed:
         raise ValueError("output coordinates must be an (N, 4) int32 array")
     m, kv = out_coords.shape[0], int(np.prod(geometry[0]))
     gp = _geometry_params(*geometry)
+    symmetric = _symmetric(table, out_coords, geometry, transposed)
     if m == 0:
         nmap = mx.zeros((0, kv), mx.int32)
-    elif _symmetric(table, out_coords, geometry, transposed):
+    elif symmetric:
         nmap = _launch(
             "symmetric", m * (kv // 2 + 1),
             [table.keys, table.vals, table.coords, _params(m, kv, table.mask, *gp)],
@@ -348,15 +484,26 @@ def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed:
         )[0]
     counts = (nmap >= 0).astype(mx.int32).sum(axis=1)
     offsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(counts)])
-    mx.eval(offsets, nmap)  # the one synchronisation of a relation: its edge count
-    edges = offsets[-1].item()
+    largest = counts.max() if m else mx.zeros((), mx.int32)
+    if m and not symmetric and table.size:
+        # Edges per input row (the swapped relation's rows): integer atomics,
+        # so the counts do not depend on scheduling.
+        largest_in = _launch(
+            "in_degree", m * kv, [nmap, _params(m, kv)], [(table.size,)], [mx.int32], init_value=0,
+        )[0].max()
+    else:
+        largest_in = largest  # symmetric: as many edges per input row as per output row
+    # The one synchronisation of a relation: its edge count and largest rows.
+    edges, max_out, max_in = _read("relation size", offsets[-1], largest, largest_in)
     if edges:
         in_idx, k_idx = _launch(
             "compact", m, [nmap, offsets, _params(m, kv)], [(edges,), (edges,)], [mx.int32, mx.int32]
         )
     else:
         in_idx = k_idx = mx.zeros((0,), mx.int32)
-    mx.eval(in_idx, k_idx)
+    # Left lazy (no second synchronisation): the GPU routes take them as
+    # inputs; a host read through the native relation (tests) evaluates
+    # them first.
     native = _ext.Relation(kind, table.size, m, kv, offsets, in_idx, k_idx)
     native.set_neighbor_map(nmap)
-    return native
+    return native, max_out, max_in, bool(symmetric)

@@ -181,13 +181,20 @@ def _launch(name, n, inputs, shapes, dtypes, init_value=None):
 
 class Plans:
     """The derived arrays of one relation built on CUDA, each made on first
-    use from the dense neighbour map and kept."""
+    use from the dense neighbour map and kept.
 
-    def __init__(self, native):
+    The relation with roles exchanged has its own Plans, made once and
+    linked both ways: a decoder's transposed relation (the encoder's,
+    swapped), the input gradients of both layers and the swapped relation
+    swapped back all share two sets of derived arrays, whatever kind each
+    is labelled with."""
+
+    def __init__(self, native, swapped_of: "Plans | None" = None):
         self.native = native
         self.n_in, self.n_out = native.n_in, native.n_out
         self.k, self.edges = native.kernel_volume, native.edges
         self._cache = {}
+        self._swapped = swapped_of
 
     def _once(self, name, build):
         if name not in self._cache:
@@ -259,15 +266,22 @@ class Plans:
         return self._once("input_major", build)
 
     def swapped(self, kind: str):
-        """The native relation with roles exchanged; its neighbour map is this
-        one's input map. Its arrays are evaluated (the native relation may
-        read them), a synchronisation but no transfer."""
-        offsets, _, out_idx, k_idx = self.input_major()
-        in_map = self.input_map()
-        mx.eval(offsets, out_idx, k_idx, in_map)
-        native = _ext.Relation(kind, self.n_out, self.n_in, self.k, offsets, out_idx, k_idx)
-        native.set_neighbor_map(in_map)
-        return native
+        """(the native relation with roles exchanged, labelled `kind`, and its
+        Plans). Its neighbour map is this one's input map; its arrays stay
+        lazy (no synchronisation): a host read through the native relation
+        evaluates them first."""
+        if self._swapped is None:
+            offsets, _, out_idx, k_idx = self.input_major()
+            native = _ext.Relation(kind, self.n_out, self.n_in, self.k, offsets, out_idx, k_idx)
+            native.set_neighbor_map(self.input_map())
+            self._swapped = Plans(native, swapped_of=self)
+        other = self._swapped
+        native = other.native
+        if native.kind != kind:  # the same arrays under another label
+            native = _ext.Relation(kind, other.n_in, other.n_out, other.k, native.out_offsets,
+                                   native.in_idx, native.k_idx)
+            native.set_neighbor_map(other.nmap)
+        return native, other
 
     def sorted_plan(self):
         """(reorder_rows, sorted_out_in_map, sorted_kv_out_in_map, tile_masks)."""

@@ -140,7 +140,8 @@ def grouped_wgrad(x, ct, view: View | None, k, groups: int):
 @dataclass(frozen=True)
 class Route:
     op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k);
-    # "map": run(table, out_coords, geometry, transposed, kind) -> native relation
+    # "map": run(table, out_coords, geometry, transposed, kind)
+    #   -> (native relation, max output-row edges, max input-row edges, symmetric)
     run: Callable
     grouped: bool = False  # run takes groups as its last argument
 
@@ -153,7 +154,7 @@ ROUTES = {
     "cuda.wgrad_direct": Route("weight_grad", wgrad_direct),
     "cuda.grouped_fetch_on_demand": Route("conv", grouped_fetch_on_demand, grouped=True),
     "cuda.grouped_wgrad": Route("weight_grad", grouped_wgrad, grouped=True),
-    "cuda.hash_map": Route("map", maps.build_relation),
+    "cuda.hash_map": Route("map", maps.build),
 }
 
 

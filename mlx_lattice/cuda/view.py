@@ -19,6 +19,12 @@ class View:
     def rows(self) -> int:
         return self.rel.n_out
 
+    @property
+    def symmetric(self) -> bool:
+        """Input gradients may run on this view with mirrored offsets
+        (``Relation.symmetric``) rather than on the flipped view."""
+        return self.rel.symmetric
+
     def flipped(self) -> "View":
         if self._flipped is None:
             swapped = self.rel.swapped(self.rel.kind, self.rel.geometry)
@@ -37,9 +43,14 @@ class View:
         k, the kernel-major view), per chunk size: built on the GPU
         (cuda/plans.py)."""
         if size not in self._chunks:
-            km = self.rel.kernel_major()
-            chunks, first = plans.wgrad_chunks(km.offsets, self.rel.edges, self.rel.kernel_volume, size)
-            self._chunks[size] = (chunks, first, km)
+            def build():
+                km = self.rel.kernel_major()
+                chunks, first = plans.wgrad_chunks(km.offsets, self.rel.edges, self.rel.kernel_volume, size)
+                return chunks, first, km
+            # A relation built on CUDA keeps them with its derived arrays
+            # (shared by the relations with the same arrays under other labels).
+            gpu = self.rel._plans
+            self._chunks[size] = gpu._once(("wgrad_chunks", size), build) if gpu is not None else build()
         return self._chunks[size]
 
 

@@ -1,0 +1,264 @@
+"""Where a training step's time goes on CUDA: host time building the graph
+(per layer kind, map building with its synchronisations included) against
+the time evaluating it, with maps built inside and with maps cached, the
+number of host synchronisations, the primitives in the step's graph, and the
+isolated time of every convolution product the step runs.
+
+``python -m mlx_lattice.bench --device gpu --profile`` prints it. Times are
+wall-clock between ``mx.eval`` boundaries (MLX queues work lazily: graph
+building on the host and the device's work overlap only inside an eval).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import time
+from collections import Counter, defaultdict
+
+import mlx.core as mx
+
+from . import maps
+
+
+@contextlib.contextmanager
+def _patched(obj, name, make):
+    old = getattr(obj, name)
+    setattr(obj, name, make(old))
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def host_timers():
+    """Accumulate host seconds and calls per category while a graph is built:
+    convolution layers (map building inside them), normalisations, and every
+    ``mx.eval`` (a host synchronisation)."""
+    from .. import nn, ops
+
+    acc = defaultdict(float)
+    calls = defaultdict(int)
+
+    def timed(label_of):
+        def wrap(fn):
+            def inner(*a, **k):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    label = label_of(*a, **k)
+                    acc[label] += time.perf_counter() - t0
+                    calls[label] += 1
+            return inner
+        return wrap
+
+    def conv_label(op, x, weight, bias, geom, kind, *rest, **kw):
+        return f"conv {kind} k{geom.kernel_size[0]} s{geom.stride[0]}"
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(ops, "_execute", timed(conv_label)))
+        stack.enter_context(_patched(nn, "norm_act", timed(lambda *a, **k: "norm + act")))
+        stack.enter_context(_patched(mx, "eval", timed(lambda *a, **k: "mx.eval")))
+        yield acc, calls
+
+
+def graph_nodes(*arrays) -> Counter:
+    """Primitives in the graph of these (unevaluated) arrays, by name."""
+    buf = io.StringIO()
+    mx.export_to_dot(buf, *arrays)
+    return Counter(m.group(1) for m in re.finditer(r'label ="([^"]*)", shape=rectangle', buf.getvalue()))
+
+
+def _conv_calls(step, tensor):
+    """(route, x, mapped w, view, groups) of every CUDA product of a forward pass."""
+    from .. import cuda
+
+    rec = []
+    orig = cuda.conv
+
+    def conv(route, x, w, view, groups=1):
+        rec.append((route, x, w, view, groups))
+        return orig(route, x, w, view, groups)
+
+    cuda.conv = conv
+    try:
+        out = step.model(tensor)
+    finally:
+        cuda.conv = orig
+    mx.eval(out.feats, [(r[1], r[2]) for r in rec])
+    return rec
+
+
+def _best(fn, repeats):
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def conv_device_times(step, tensor, repeats):
+    """Isolated seconds of every product of the step: forward, and both
+    gradients (input and weight) together, each evaluated on its own."""
+    from .. import cuda
+
+    fwd = bwd = 0.0
+    for route, x, w, view, groups in _conv_calls(step, tensor):
+        f = lambda a, b, route=route, view=view, groups=groups: cuda.conv(route, a, b, view, groups)  # noqa: E731
+        y = f(x, w)
+        ct = mx.random.normal(y.shape).astype(y.dtype)
+        mx.eval(y, ct)
+        fwd += _best(lambda: mx.eval(f(x, w)), repeats)
+        bwd += _best(lambda: mx.eval(mx.vjp(f, [x, w], [ct])[1]), repeats)
+    return fwd, bwd
+
+
+def map_stages(coords, repeats: int) -> dict:
+    """Seconds of each stage of building a layer's maps on CUDA, each stage
+    evaluated on its own: the table (with and without reading its error
+    flags), the output support, the relation (its one synchronisation
+    included), the sorted plans of both directions and the weight-gradient
+    chunks; and the round trip of one host synchronisation."""
+    import numpy as np
+
+    from ..relation import KernelGeometry, Relation
+    from .view import view_of
+
+    c = mx.array(np.ascontiguousarray(coords, dtype=np.int32))
+    mx.eval(c)
+    out = {}
+    one = mx.array([1], mx.int32)
+    mx.eval(one)
+    out["host synchronisation round trip"] = _best(lambda: np.array(one + 1), repeats)
+    out["table (error flags read)"] = _best(lambda: maps.CudaTable(c), repeats)
+    out["table (trusted)"] = _best(lambda: mx.eval(maps.CudaTable(c, trusted=True).keys), repeats)
+    table = maps.CudaTable(c)
+    for name, geom in (("subm k3", ((3,) * 3, (1,) * 3, (1,) * 3, (1,) * 3)),
+                       ("down k2s2", ((2,) * 3, (2,) * 3, (0,) * 3, (1,) * 3))):
+        if geom[1] == (1, 1, 1):
+            dst = c
+        else:
+            chosen = maps.SUPPORT_DEDUP
+            for dedup in ("hash", "sort"):
+                maps.SUPPORT_DEDUP = dedup
+                try:
+                    out[f"{name}: output support ({dedup})"] = _best(
+                        lambda: mx.eval(maps.forward_support(table, geom)), repeats)
+                finally:
+                    maps.SUPPORT_DEDUP = chosen
+            dst = maps.forward_support(table, geom)
+            mx.eval(dst)
+        kind = "submanifold" if dst is c else "forward"
+
+        def build():
+            native, a, b, _ = maps.build(table, dst, geom, False, kind)
+            mx.eval(native.in_idx, native.k_idx, native.neighbor_map)
+            return Relation(native, KernelGeometry(*geom), gpu=True, max_neighbors=a, max_in_neighbors=b)
+
+        out[f"{name}: relation"] = _best(build, repeats)
+
+        def stage(fn):
+            def run():
+                view = view_of(build())
+                mx.eval(view.rel.neighbor_map)
+                t0 = time.perf_counter()
+                mx.eval(fn(view))
+                return time.perf_counter() - t0
+            run()
+            return min(run() for _ in range(repeats))
+
+        out[f"{name}: sorted plan"] = stage(lambda v: vars(v.plan()))
+        out[f"{name}: swapped relation + its sorted plan"] = stage(lambda v: vars(v.flipped().plan()))
+        out[f"{name}: weight-gradient chunks"] = stage(lambda v: v.wgrad_chunks()[:2])
+    return out
+
+
+def profile(step, repeats: int = 5) -> dict:
+    """Profile of a TrainingStep (mlx_lattice/network_bench.py) on CUDA."""
+    step()  # kernels compiled, optimizer state made
+    cached_x = step.tensor()
+    step.loss_grad(step.model, cached_x)  # every map of cached_x built
+
+    def phases(tensor_fn):
+        """(host s, eval s, host seconds by category, calls, syncs in maps, nodes)."""
+        maps.READS.clear()
+        with host_timers() as (acc, calls):
+            t0 = time.perf_counter()
+            x = tensor_fn()
+            loss, grads = step.loss_grad(step.model, x)
+            step.optimizer.update(step.model, grads)
+            t1 = time.perf_counter()
+        nodes = graph_nodes(loss, step.model.parameters(), step.optimizer.state)
+        t2 = time.perf_counter()
+        mx.eval(loss, step.model.state, step.optimizer.state)
+        t3 = time.perf_counter()
+        return t1 - t0, t3 - t2, dict(acc), dict(calls), dict(maps.READS), nodes
+
+    out = {}
+    for name, fn in (("maps built", step.tensor), ("maps cached", lambda: cached_x)):
+        best = None
+        for _ in range(repeats):
+            r = phases(fn)
+            if best is None or r[0] + r[1] < best[0] + best[1]:
+                best = r
+        out[name] = best
+    step_built = _best(step, repeats)
+
+    def cached_step():
+        loss, grads = step.loss_grad(step.model, cached_x)
+        step.optimizer.update(step.model, grads)
+        mx.eval(loss, step.model.state, step.optimizer.state)
+
+    step_cached = _best(cached_step, repeats)
+    fwd, bwd = conv_device_times(step, cached_x, repeats)
+    # Adam alone on fixed gradients, as MLX ops and compiled into fused kernels.
+    _, grads = step.loss_grad(step.model, cached_x)
+    mx.eval(grads)
+    t_adam = _best(lambda: (step.optimizer.update(step.model, grads),
+                            mx.eval(step.model.state, step.optimizer.state)), repeats)
+    state = [step.model.state, step.optimizer.state]
+    update = mx.compile(lambda g: step.optimizer.update(step.model, g), inputs=state, outputs=state)
+    t_adam_compiled = _best(lambda: (update(grads), mx.eval(state)), repeats)
+    # What one small primitive costs: a chain of 1000 dependent adds.
+    z = mx.zeros((1024,), mx.float32)
+    mx.eval(z)
+
+    def chain():
+        a = z
+        for _ in range(1000):
+            a = a + 1.0
+        mx.eval(a)
+
+    t_chain = _best(chain, repeats)
+    return {
+        "step_built_s": step_built, "step_cached_s": step_cached,
+        "phases": out, "conv_forward_s": fwd, "conv_backward_s": bwd, "adam_s": t_adam,
+        "adam_compiled_s": t_adam_compiled, "primitive_s": t_chain / 1000,
+        "map_stages_s": map_stages(step.coords, repeats),
+    }
+
+
+def format_profile(p: dict) -> str:
+    lines = [
+        f"step with maps built: {p['step_built_s']*1e3:.1f} ms; with maps cached: {p['step_cached_s']*1e3:.1f} ms",
+        f"isolated products of the step: forward {p['conv_forward_s']*1e3:.1f} ms, "
+        f"input + weight gradients {p['conv_backward_s']*1e3:.1f} ms; Adam alone {p['adam_s']*1e3:.1f} ms "
+        f"(compiled: {p['adam_compiled_s']*1e3:.1f} ms)",
+        f"one small primitive (a chain of 1000 adds): {p['primitive_s']*1e6:.1f} us",
+    ]
+    lines.append("map stages (each evaluated on its own):")
+    for name, t in p["map_stages_s"].items():
+        lines.append(f"   {name:<44} {t*1e3:8.3f} ms")
+    for name, (host, ev, acc, calls, syncs, nodes) in p["phases"].items():
+        top = ", ".join(f"{k} {v}" for k, v in nodes.most_common(8))
+        lines.append(f"-- {name}: host graph building {host*1e3:.1f} ms, eval {ev*1e3:.1f} ms, "
+                     f"map synchronisations {sum(syncs.values())} {syncs}")
+        lines.append(f"   {sum(nodes.values())} primitives in the step's graph ({top}, ...)")
+        for label in sorted(acc, key=lambda k: -acc[k]):
+            lines.append(f"   {label:<24} {calls[label]:>4} calls {acc[label]*1e3:>8.2f} ms host")
+    return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""The GPU step profile (mlx_lattice/cuda/step_profile.py): its counters on
+any device, and a whole profile of a small MinkUNet step on CUDA, whose map
+building must cost one host synchronisation per map."""
+
+import numpy as np
+import pytest
+import mlx.core as mx
+
+import mlx_lattice as ml
+from mlx_lattice import ops
+from mlx_lattice.cuda import step_profile
+
+from conftest import needs_cuda, voxel_cloud
+
+
+def test_graph_nodes_counts_primitives():
+    a = mx.ones((3,))
+    mx.eval(a)
+    nodes = step_profile.graph_nodes((a * 2 + 1).sum())
+    assert nodes["Multiply"] == 1 and nodes["Add"] == 1 and nodes["Sum"] == 1
+    assert sum(step_profile.graph_nodes(a).values()) == 0  # evaluated: no graph
+
+
+def test_host_timers_count_layers_and_evaluations(rng):
+    coords = voxel_cloud(rng, 200)
+    x = ml.SparseTensor(coords, mx.array(rng.standard_normal((coords.shape[0], 8)).astype(np.float32)))
+    w = mx.array(rng.standard_normal((8, 3, 3, 3, 8)).astype(np.float32))
+    original = mx.eval
+    with step_profile.host_timers() as (acc, calls):
+        y = ops.subm_conv3d(x, w)
+        mx.eval(y.feats)
+    assert calls["conv submanifold k3 s1"] == 1 and calls["mx.eval"] == 1
+    assert acc["conv submanifold k3 s1"] > 0
+    assert mx.eval is original and ops._execute.__name__ == "_execute"  # restored
+
+
+@pytest.mark.slow
+@needs_cuda
+def test_profile_of_a_step_on_cuda(rng, on_gpu):
+    from mlx_lattice.network_bench import TrainingStep
+
+    coords = np.array(voxel_cloud(rng, 3000, batches=2, extent=24))
+    p = step_profile.profile(TrainingStep(coords, width=0.25, dtype=mx.float16), repeats=1)
+    built, cached = p["phases"]["maps built"], p["phases"]["maps cached"]
+    # The user's set, four output supports, nine relations (five submanifold,
+    # four strided); the decoder's relations are the encoder's, swapped.
+    assert built[4] == {"table flags": 1, "support size": 4, "relation size": 9}
+    assert cached[4] == {}
+    assert p["conv_forward_s"] > 0 and p["adam_compiled_s"] > 0
+    assert all(t > 0 for t in p["map_stages_s"].values())
