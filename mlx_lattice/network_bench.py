@@ -5,7 +5,9 @@ MinkUNet training step (maps built inside, forward, loss, backward, Adam
 update) and replays each of its stages in isolation on the same arrays:
 map building, convolutions by pass (forward / input gradient / weight
 gradient), normalisation, activations, residual adds, concatenations, loss
-and optimizer. Times are reported next to the same run's NumPy sgemm.
+and optimizer (``mlx_lattice.optimizers.Adam``, the fused update; ``--mlx-optimizer``
+steps with ``mlx.optimizers.Adam``). Times are reported next to the same run's
+NumPy sgemm.
 ``--compare`` also profiles the MLX-op normalisation path (no fused
 norm + activation primitive) in the same run.
 """
@@ -20,9 +22,10 @@ from contextlib import contextmanager
 import numpy as np
 import mlx.core as mx
 import mlx.nn as mnn
-import mlx.optimizers as optim
+import mlx.optimizers
 
 from . import _ext, algebra, num_threads
+from . import optimizers as optim
 from .bench import best_time
 from .nn import normalization
 from .tensor import SparseTensor
@@ -47,7 +50,8 @@ class TrainingStep:
     """One MinkUNet training step on fixed coordinates; every call builds the
     coordinate manager and all maps afresh (as a data loader's new sample)."""
 
-    def __init__(self, coords, width=0.5, dtype=mx.float32, in_channels=4, num_classes=4, seed=2):
+    def __init__(self, coords, width=0.5, dtype=mx.float32, in_channels=4, num_classes=4, seed=2,
+                 optimizer=optim.Adam):
         from .models import MinkUNet
 
         mx.random.seed(seed)
@@ -57,7 +61,8 @@ class TrainingStep:
             self.model.set_dtype(dtype)
         feats = np.random.default_rng(seed).standard_normal((len(coords), in_channels))
         self.feats = mx.array(feats.astype(np.float32)).astype(dtype)
-        self.optimizer = optim.Adam(learning_rate=1e-3)
+        self.optimizer_cls = optimizer
+        self.optimizer = optimizer(learning_rate=1e-3)
         self.loss_grad = mnn.value_and_grad(self.model, loss_fn)
         mx.eval(self.model.parameters(), self.feats)
 
@@ -219,6 +224,7 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
                 r_b += _vjp_time(lambda a, b: a + b, [f, res], [0, 1], repeats) - t
     stages[keys[0]] = n_f
     stages[keys[1]] = max(n_b, 0.0)
+    norm_bytes = _norm_bytes(rec["norm"]) if fused else None
     if not fused:
         stages["activation forward"] = a_f
         stages["activation backward"] = max(a_b, 0.0)
@@ -240,7 +246,7 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
 
     _, grads = step.loss_grad(model, step.tensor())
     mx.eval(grads)
-    opt = optim.Adam(learning_rate=1e-3)
+    opt = step.optimizer_cls(learning_rate=1e-3)
     params = model.trainable_parameters()
     opt.init(params)
 
@@ -250,7 +256,28 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
     stages["optimizer (Adam)"] = best_time(update, repeats)
     staged = sum(stages.values())
     stages["other (scheduling, gathers, casts)"] = max(total - staged, 0.0)
-    return {"total": total, "stages": stages, "flops": conv_flops(rec, step.feats)}
+    return {"total": total, "stages": stages, "flops": conv_flops(rec, step.feats),
+            "norm_bytes": norm_bytes, "copy_gbs": copy_bandwidth() if fused else None}
+
+
+def _norm_bytes(norms) -> tuple[float, float]:
+    """Bytes the fused norms move per step (forward, backward), counting every
+    array pass of the kernels (src/cpu/norm_act.cpp): forward, x twice (the
+    statistics sweep, the normalising sweep), the residual, y; backward, x
+    and ct twice and dx, and with a residual y twice and its gradient."""
+    fwd = bwd = 0.0
+    for _, f, _, res in norms:
+        b = f.size * f.dtype.size
+        fwd += b * (4 if res is not None else 3)
+        bwd += b * (8 if res is not None else 5)
+    return fwd, bwd
+
+
+def copy_bandwidth(nbytes: int = 1 << 26) -> float:
+    """GB/s of a NumPy copy (bytes read + written) of a 64 MB array."""
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.empty_like(a)
+    return 2 * nbytes / best_time(lambda: np.copyto(b, a), 5) / 1e9
 
 
 def format_profile(prof: dict, sgemm: float, title: str) -> str:
@@ -265,6 +292,11 @@ def format_profile(prof: dict, sgemm: float, title: str) -> str:
     ]
     for k, v in prof["stages"].items():
         lines.append(f"| {k} | {v * 1e3:.1f} | {v / total:.0%} |")
+    if prof.get("norm_bytes"):
+        (fb, bb), gbs = prof["norm_bytes"], prof["copy_gbs"]
+        lines += ["", f"fused norms move {fb / 1e9:.2f} GB forward and {bb / 1e9:.2f} GB backward per "
+                  f"step: {fb / gbs / 1e6:.0f} + {bb / gbs / 1e6:.0f} ms at the same run's NumPy copy "
+                  f"bandwidth ({gbs:.1f} GB/s)"]
     return "\n".join(lines)
 
 
@@ -277,15 +309,18 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=float, default=0.5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--compare", action="store_true", help="also profile the MLX-op norm path")
+    p.add_argument("--mlx-optimizer", action="store_true",
+                   help="step with mlx.optimizers.Adam instead of mlx_lattice.optimizers.Adam")
     args = p.parse_args(argv)
     coords, desc = workload(args.workload, quick=False)
+    opt_cls = mlx.optimizers.Adam if args.mlx_optimizer else optim.Adam
     sgemm = sgemm_gflops()
     print(f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels "
           f"({scenes.neighbour_stats(coords):.2f} neighbours of 26), {num_threads()} threads, float32")
     if args.compare:
         # Steps of the two paths interleaved (best of each), so that a load
         # change on a shared machine hits both alike.
-        step = TrainingStep(coords, width=args.width)
+        step = TrainingStep(coords, width=args.width, optimizer=opt_cls)
         best = {True: float("inf"), False: float("inf")}
         for _ in range(args.repeats + 1):
             for fused in (True, False):
@@ -303,7 +338,7 @@ def main(argv=None) -> int:
     modes = [True, False] if args.compare else [True]
     for fused in modes:
         with fused_norms(fused):
-            step = TrainingStep(coords, width=args.width)
+            step = TrainingStep(coords, width=args.width, optimizer=opt_cls)
             prof = profile(step, args.repeats)
         sgemm = max(sgemm, sgemm_gflops())
         title = "fused norm + activation" if fused else "MLX-op norms and activations"

@@ -16,6 +16,7 @@
 #include "metal/route.h"
 #include "neighbors.h"
 #include "norm.h"
+#include "optim.h"
 #include "primitives.h"
 #include "relation.h"
 #include "threadpool.h"
@@ -307,6 +308,21 @@ NB_MODULE(_ext, m) {
       "x"_a, "weight"_a, "bias"_a, "residual"_a.none(), "segments"_a.none(),
       "n_segments"_a, "mean"_a.none(), "var"_a.none(), "eps"_a, "act"_a,
       "slope"_a, "stream"_a = nb::none());
+
+  m.def(
+      "adam_update",
+      [](const mx::array& g, const mx::array& p, const mx::array& m,
+         const mx::array& v, const mx::array& scalars, float b1,
+         float one_minus_b1, float b2, float one_minus_b2, float eps,
+         bool bias_correction, bool decoupled_decay,
+         std::optional<mx::Stream> s) {
+        cpu::AdamCoefficients k{b1, one_minus_b1, b2, one_minus_b2, eps,
+                                bias_correction, decoupled_decay};
+        return adam_update(g, p, m, v, scalars, k, stream_or_default(s));
+      },
+      "gradient"_a, "parameter"_a, "m"_a, "v"_a, "scalars"_a, "b1"_a,
+      "one_minus_b1"_a, "b2"_a, "one_minus_b2"_a, "eps"_a,
+      "bias_correction"_a, "decoupled_decay"_a, "stream"_a = nb::none());
 
   m.def(
       "set_route_hook",

@@ -111,7 +111,8 @@ std::vector<mx::array> NormAct::vjp(
   int r_arg = spec_.residual ? next++ : -1;
   int seg_arg = spec_.segmented ? next++ : -1;
   std::vector<mx::array> in = {
-      dense(x, x.dtype(), s), outputs[0], dense(cotangents[0], x.dtype(), s), w};
+      dense(x, x.dtype(), s), outputs[0], dense(cotangents[0], x.dtype(), s), w,
+      primals[2]};
   if (spec_.training) {
     in.push_back(outputs[1]);
     in.push_back(outputs[2]);
@@ -262,7 +263,7 @@ void NormActGrad::eval_cpu(
   }
   const auto& x = in[0];
   const int64_t N = x.shape(0), C = x.shape(1);
-  int next = 6;
+  int next = 7;
   const mx::array* seg = spec_.segmented ? &in[next++] : nullptr;
   const mx::array* cm = spec_.training ? &in[next++] : nullptr;
   const mx::array* cv = spec_.training ? &in[next++] : nullptr;
@@ -273,8 +274,9 @@ void NormActGrad::eval_cpu(
                 yp = in[1].data<void>(),
                 cp = in[2].data<void>(),
                 wp = in[3].data<float>(),
-                mp = in[4].data<float>(),
-                vp = in[5].data<float>(),
+                bp = in[4].data<float>(),
+                mp = in[5].data<float>(),
+                vp = in[6].data<float>(),
                 sp = seg ? seg->data<int32_t>() : nullptr,
                 cmp = cm ? cm->data<float>() : nullptr,
                 cvp = cv ? cv->data<float>() : nullptr,
@@ -282,7 +284,7 @@ void NormActGrad::eval_cpu(
                 dw = out[1].data<float>(),
                 db = out[2].data<float>(),
                 gp = spec_.residual ? out[3].data<void>() : nullptr]() {
-    fn(t, shape, xp, yp, cp, wp, mp, vp, sp, cmp, cvp, dx, dw, db, gp);
+    fn(t, shape, xp, yp, cp, wp, bp, mp, vp, sp, cmp, cvp, dx, dw, db, gp);
   });
 }
 

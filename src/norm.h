@@ -65,7 +65,7 @@ class NormAct : public mx::Primitive {
   NormSpec spec_;
 };
 
-// The backward pass of NormAct. Inputs: x, y, ct_y, weight, mean, var,
+// The backward pass of NormAct. Inputs: x, y, ct_y, weight, bias, mean, var,
 // [segment ids], and in training mode ct_mean, ct_var. Outputs: dx,
 // dweight = sum g * xhat, dbias = sum g (float32, (C,)), where
 // g = ct_y * act'(y) is also the residual's gradient.

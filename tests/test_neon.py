@@ -25,6 +25,7 @@ SOURCES = [
     ROOT / "src/cpu/grouped_conv.cpp",
     ROOT / "src/cpu/attention.cpp",
     ROOT / "src/cpu/norm_act.cpp",  # compiled only: tests/test_norm_act.py runs it on arm64 hosts
+    ROOT / "src/cpu/adam.cpp",  # compiled only: tests/test_optimizers.py runs it on arm64 hosts
     ROOT / "src/threadpool.cpp",
     ROOT / "tests/neon/kernel_test.cpp",
 ]

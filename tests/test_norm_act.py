@@ -338,3 +338,55 @@ def test_compiled_training_step_matches_eager(rng):
     compiled = mx.compile(mx.grad(lambda a: step(bn2, a)), inputs=bn2.state, outputs=bn2.state)(x.feats)
     np.testing.assert_allclose(np.array(compiled), np.array(eager), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.array(bn2.running_mean), np.array(bn1.running_mean), rtol=1e-6)
+
+
+@pytest.mark.parametrize("segmented", [False, True])
+def test_statistics_with_large_offset_over_many_chunks(rng, segmented):
+    # mean^2 >> var: a single-pass sum of squares would lose the variance;
+    # many 256-row chunks, segment ids unsorted (runs of one row) or absent.
+    n, c = 20000, 19
+    x = (1000.0 + rng.standard_normal(c) * 50 + rng.standard_normal((n, c)) * 0.01).astype(np.float32)
+    seg = rng.integers(0, 3, n).astype(np.int32) if segmented else np.zeros(n, np.int32)
+    s = 3 if segmented else 1
+    w, b = mx.ones((c,)), mx.zeros((c,))
+    _, mean, var = mlx_lattice._ext.norm_act(
+        mx.array(x), w, b, None, mx.array(seg) if segmented else None, s, None, None, 1e-5, 0, 0.0
+    )
+    xd = x.astype(np.float64)
+    for g in range(s):
+        rows = xd[seg == g]
+        np.testing.assert_allclose(np.array(mean)[g], rows.mean(0), rtol=1e-7)
+        np.testing.assert_allclose(np.array(var)[g], rows.var(0), rtol=1e-5)
+
+
+@pytest.mark.skipif(
+    not {"avx2", "avx512"} <= set(mlx_lattice._ext.supported_cpu_isas()), reason="needs AVX2 and AVX-512"
+)
+def test_bitwise_identical_across_fma_paths(rng):
+    # AVX2 and AVX-512 run the same 8-float row vectors with FMA: same bits
+    # (the baseline path has no FMA and rounds differently).
+    x = rng.standard_normal((3000, 37)).astype(np.float32) * 2 + 1
+    r = rng.standard_normal((3000, 37)).astype(np.float32)
+    ct = mx.array(rng.standard_normal((3000, 37)).astype(np.float32))
+    w = mx.array(rng.uniform(0.5, 1.5, 37).astype(np.float32))
+    b = mx.array(rng.standard_normal(37).astype(np.float32))
+    seg = mx.array(rng.integers(0, 2, 3000).astype(np.int32))
+    previous = mlx_lattice._ext.cpu_isa()
+    results = []
+    try:
+        for isa in ("avx2", "avx512"):
+            mlx_lattice._ext.set_cpu_isa(isa)
+            out = []
+            for res, segs in ((None, None), (mx.array(r), None), (None, seg)):
+                def f(x, w, b, res=res, segs=segs):
+                    return mlx_lattice._ext.norm_act(
+                        x, w, b, res, segs, 1 if segs is None else 2, None, None, 1e-5, 1, 0.0
+                    )[0]
+
+                y, g = mx.vjp(f, [mx.array(x), w, b], [ct])
+                out += [np.array(a) for a in (*y, *g)]
+            results.append(out)
+    finally:
+        mlx_lattice._ext.set_cpu_isa(previous)
+    for a, b_ in zip(*results):
+        assert a.tobytes() == b_.tobytes()

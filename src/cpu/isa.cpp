@@ -31,9 +31,13 @@ namespace mlx_lattice::cpu {
                     const void*, const int32_t*, const float*, const float*,   \
                     float*, float*, void*);                                    \
   void norm_backward(Float, NormShape, const void*, const void*, const void*,  \
-                     const float*, const float*, const float*, const int32_t*, \
+                     const float*, const float*, const float*, const float*,   \
+                     const int32_t*,                                           \
                      const float*, const float*, void*, float*, float*,        \
                      void*);                                                   \
+  void adam_update(int64_t, AdamCoefficients, const float*, const float*,      \
+                   const float*, const float*, const float*, float*, float*,   \
+                   float*);                                                    \
   }
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -59,7 +63,7 @@ struct Path {
     #isa, &isa::gather_conv, &isa::gather_conv_quantized, &isa::weight_grad, \
         &isa::grouped_conv, &isa::grouped_weight_grad,                       \
         &isa::attention_forward, &isa::attention_backward,                   \
-        &isa::norm_forward, &isa::norm_backward                              \
+        &isa::norm_forward, &isa::norm_backward, &isa::adam_update           \
   }
 
 bool always() {

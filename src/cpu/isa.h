@@ -72,6 +72,18 @@ struct NormShape {
   float eps = 1e-5f;
 };
 
+// Constants of an Adam / AdamW update (mlx.optimizers semantics; the
+// learning-rate-dependent factors come as float32 scalars at run time).
+struct AdamCoefficients {
+  float b1 = 0.9f;
+  float one_minus_b1 = 0.1f;
+  float b2 = 0.999f;
+  float one_minus_b2 = 0.001f;
+  float eps = 1e-8f;
+  bool bias_correction = false;
+  bool decoupled_decay = false;
+};
+
 // One path's kernels on raw rows (row-major, features of dtype t):
 //   gather_conv: y (v.rows, B) = per-row sum of x[gather] @ w[k];
 //                x (n_x, A), w (K, A, B) read through its strides.
@@ -89,9 +101,14 @@ struct NormShape {
 //   norm_forward: y (and, training, the float32 (segments, C) mean and
 //                biased var) of y = act(w (x - mean) / sqrt(var + eps) + b
 //                [+ r]); statistics, w and b are float32.
-//   norm_backward: dx, dw, db (and g = ct * act'(y) for a residual) from x,
-//                y, the cotangent ct and, training, the statistics'
-//                cotangents ct_mean, ct_var.
+//   norm_backward: dx, dw, db (and g = ct * act'(z) for a residual) from x,
+//                y (read only with a residual: z's sign is recomputed from
+//                x, w and b otherwise), the cotangent ct and, training, the
+//                statistics' cotangents ct_mean, ct_var.
+//   adam_update: p_out, m_out, v_out of n float32 elements from the gradient
+//                g, the parameter p and the moments m, v; scalars holds the
+//                learning rate (lr / (1 - b1^t) with bias correction),
+//                1 / sqrt(1 - b2^t) and the decay factor 1 - lr * decay.
 struct KernelTable {
   const char* name;
   void (*gather_conv)(
@@ -123,9 +140,14 @@ struct KernelTable {
       const float* var_in, float* mean_out, float* var_out, void* y);
   void (*norm_backward)(
       Float t, NormShape n, const void* x, const void* y, const void* ct,
-      const float* w, const float* mean, const float* var, const int32_t* seg,
+      const float* w, const float* b, const float* mean, const float* var,
+      const int32_t* seg,
       const float* ct_mean, const float* ct_var, void* dx, float* dw,
       float* db, void* g_out);
+  void (*adam_update)(
+      int64_t n, AdamCoefficients k, const float* scalars, const float* g,
+      const float* p, const float* m, const float* v, float* p_out,
+      float* m_out, float* v_out);
 };
 
 // The table of the path in use.

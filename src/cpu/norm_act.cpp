@@ -4,8 +4,12 @@
 // AVX-512 (cpu/convert.h).
 //
 // The activation is y = z > 0 ? z : low * z with low >= 0, so the sign of y
-// is the sign of z and the backward pass reads act' from y. Written without
-// branches (signs of ReLU inputs are random: branches mispredict).
+// is the sign of z: the backward pass takes act' from z recomputed from x
+// (or from y when a residual was added). Written without branches (signs of
+// ReLU inputs are random: branches mispredict).
+//
+// Passes over memory: forward, one statistics sweep and one normalising
+// sweep; backward, one sweep for the per-channel sums and one for dx.
 #include <cmath>
 
 #include "cpu/isa_begin.h"
@@ -19,6 +23,7 @@ namespace {
 
 // Rows per reduction chunk: fixed, so the summation order (float32 within a
 // chunk, float64 across chunks in chunk order) never depends on threads.
+// A chunk of up to 256 channels stays in L2 for a second in-cache sweep.
 constexpr int64_t kRows = 256;
 
 int64_t n_chunks(int64_t n) {
@@ -101,6 +106,171 @@ inline void st(float* p, rvec v) {
   std::memcpy(p, &v, sizeof(rvec));
 }
 
+// Row i of x as float32: in place for float32 rows, else widened into buf.
+template <typename T>
+inline const float* row_in(const T* x, int64_t i, int64_t C, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x + i * C;
+  } else {
+    to_float(x + i * C, buf, C);
+    return buf;
+  }
+}
+
+// Where row i of y is computed: in place for float32, else in buf (then
+// narrowed by the caller).
+template <typename T>
+inline float* row_out(T* y, int64_t i, int64_t C, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return y + i * C;
+  } else {
+    return buf;
+  }
+}
+
+// z = x * scale + shift + r with scale = w / sqrt(var + eps) and shift =
+// b - mean * scale: one expression for the forward pass and for the
+// backward pass, which recomputes z's sign rather than reading y.
+inline void affine_rows(
+    const NormShape& sp,
+    const float* w,
+    const float* b,
+    const float* mean,
+    const float* var,
+    std::vector<float>& scale,
+    std::vector<float>& shift) {
+  const int64_t SC = int64_t(sp.segments) * sp.C;
+  scale.resize(SC);
+  shift.resize(SC);
+  for (int64_t j = 0; j < SC; ++j) {
+    const int64_t c = j % sp.C;
+    const float inv = 1.0f / std::sqrt(var[j] + sp.eps);
+    scale[j] = w[c] * inv;
+    shift[j] = b[c] - mean[j] * w[c] * inv;
+  }
+}
+
+template <typename V, bool R>
+inline V pre_activation(
+    const float* x,
+    const float* sc,
+    const float* sh,
+    const float* r,
+    int64_t c) {
+  if constexpr (R) {
+    return ld<V>(x + c) * ld<V>(sc + c) + ld<V>(sh + c) + ld<V>(r + c);
+  } else {
+    return ld<V>(x + c) * ld<V>(sc + c) + ld<V>(sh + c);
+  }
+}
+
+// A chunk's float32 mean from its shift x0 and the sum of x - x0 (the
+// centre of its sum of squares).
+inline float chunk_mean(float x0, float sum, float count) {
+  return count > 0.0f ? x0 + sum / count : 0.0f;
+}
+
+// Rows [i0, i1) of x as float32 (row i at the result + (i - i0) * C): in
+// place for float32, else widened into buf.
+template <typename T>
+inline const float* chunk_in(const T* x, int64_t i0, int64_t i1, int64_t C, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x + i0 * C;
+  } else {
+    buf.resize((i1 - i0) * C);
+    to_float(x + i0 * C, buf.data(), (i1 - i0) * C);
+    return buf.data();
+  }
+}
+
+// Calls fn(first row, end row, segment) on the runs of equal segment ids
+// in [i0, i1) (one run without ids; rows of a batch item are usually
+// contiguous).
+template <typename F>
+inline void segment_runs(const int32_t* seg, int64_t i0, int64_t i1, F&& fn) {
+  int64_t a = i0;
+  while (a < i1) {
+    int64_t b = a + 1;
+    const int s = seg_of(seg, a);
+    while (seg && b < i1 && seg[b] == s) {
+      ++b;
+    }
+    if (!seg) {
+      b = i1;
+    }
+    fn(a, b, s);
+    a = b;
+  }
+}
+
+// out[k][c] += sum over rows r in [0, n) of term k of f(r, c), for NT terms
+// and the NV column vectors from column c0: the rows stream through once,
+// NV vectors wide, and the sums stay in registers (rows in order: a fixed
+// summation order). f.template operator()<V>(r, c, t) fills t[0..NT).
+template <int NT, int NV, typename F>
+inline void panel_sums(int64_t n, int64_t c0, float* const (&out)[NT], F& f) {
+  rvec a[NT][NV], t[NT];
+  for (int k = 0; k < NT; ++k) {
+    for (int v = 0; v < NV; ++v) {
+      a[k][v] = rvec{};
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      f.template operator()<rvec>(r, c0 + v * kLanes, t);
+      for (int k = 0; k < NT; ++k) {
+        a[k][v] += t[k];
+      }
+    }
+  }
+  for (int k = 0; k < NT; ++k) {
+    for (int v = 0; v < NV; ++v) {
+      float* o = out[k] + c0 + v * kLanes;
+      st(o, ld<rvec>(o) + a[k][v]);
+    }
+  }
+}
+
+// panel_sums over all C columns: panels of up to four vectors (the
+// accumulators fit the 16 vector registers of every path), then single
+// columns.
+template <int NT, typename F>
+inline void column_sums(int64_t n, int64_t C, float* const (&out)[NT], F&& f) {
+  constexpr int kPanel = 4;
+  int64_t c = 0;
+  for (; c + kPanel * kLanes <= C; c += kPanel * kLanes) {
+    panel_sums<NT, kPanel>(n, c, out, f);
+  }
+  switch ((C - c) / kLanes) {
+    case 3:
+      panel_sums<NT, 3>(n, c, out, f);
+      c += 3 * kLanes;
+      break;
+    case 2:
+      panel_sums<NT, 2>(n, c, out, f);
+      c += 2 * kLanes;
+      break;
+    case 1:
+      panel_sums<NT, 1>(n, c, out, f);
+      c += kLanes;
+      break;
+    default:
+      break;
+  }
+  for (; c < C; ++c) {
+    float a[NT] = {}, t[NT];
+    for (int64_t r = 0; r < n; ++r) {
+      f.template operator()<float>(r, c, t);
+      for (int k = 0; k < NT; ++k) {
+        a[k] += t[k];
+      }
+    }
+    for (int k = 0; k < NT; ++k) {
+      out[k][c] += a[k];
+    }
+  }
+}
+
 // Chunk partials: fn(first row, end row, the chunk's accumulators).
 template <typename F>
 void chunk_sums(
@@ -134,42 +304,74 @@ void normalize(
   const int S = sp.segments;
   std::vector<float> mean(S * C), var(S * C);
   if (sp.training) {
-    auto n = segment_counts(seg, S, N);
+    // One sweep over memory. Per chunk and segment: the row count, the sum
+    // of x - x0 (x0: the segment's first row in the chunk, so the float32
+    // sum carries no large offset), and the sum of squares about the chunk's
+    // float32 mean (a second sweep over the chunk's rows while they are in
+    // cache). Chunks combine in chunk order in float64 with the pairwise
+    // update of Chan, Golub and LeVeque: centred throughout, so the variance
+    // stays exact where mean^2 >> var, and the order never depends on threads.
     std::vector<float> part;
-    std::vector<double> acc;
-    chunk_sums(N, S * C, part, [&](int64_t i0, int64_t i1, float* p) {
-      std::vector<float> bv(C);
-      float* __restrict buf = bv.data();
-      for (int64_t i = i0; i < i1; ++i) {
-        float* __restrict q = p + seg_of(seg, i) * C;
-        to_float(x + i * C, buf, C);
-        lanes(C, [&]<typename V>(int64_t c) { st(q + c, ld<V>(q + c) + ld<V>(buf + c)); });
+    const int64_t SC = int64_t(S) * C;
+    const int64_t width = 3 * SC + S;  // sums, squares, shifts x0, counts
+    chunk_sums(N, width, part, [&](int64_t i0, int64_t i1, float* p) {
+      std::vector<float> xbuf, mv(SC);
+      const float* xs = chunk_in(x, i0, i1, C, xbuf);
+      float* x0 = p + 2 * SC;
+      float* cnt = p + 3 * SC;
+      segment_runs(seg, i0, i1, [&](int64_t a, int64_t b, int s) {
+        const float* __restrict xr = xs + (a - i0) * C;
+        if (cnt[s] == 0.0f) {
+          std::copy(xr, xr + C, x0 + s * C);
+        }
+        cnt[s] += static_cast<float>(b - a);
+        const float* __restrict sh = x0 + s * C;
+        float* const q[1] = {p + s * C};
+        column_sums<1>(b - a, C, q, [&]<typename V>(int64_t r, int64_t c, V* t) {
+          t[0] = ld<V>(xr + r * C + c) - ld<V>(sh + c);
+        });
+      });
+      for (int64_t j = 0; j < SC; ++j) {
+        mv[j] = chunk_mean(x0[j], p[j], cnt[j / C]);
       }
+      segment_runs(seg, i0, i1, [&](int64_t a, int64_t b, int s) {
+        const float* __restrict xr = xs + (a - i0) * C;
+        const float* __restrict mu = mv.data() + s * C;
+        float* const q[1] = {p + SC + s * C};
+        column_sums<1>(b - a, C, q, [&]<typename V>(int64_t r, int64_t c, V* t) {
+          const V d = ld<V>(xr + r * C + c) - ld<V>(mu + c);
+          t[0] = d * d;
+        });
+      });
     });
-    combine(part, n_chunks(N), S * C, acc);
-    for (int s = 0; s < S; ++s) {
-      for (int64_t c = 0; c < C; ++c) {
-        mean[s * C + c] = n[s] > 0 ? static_cast<float>(acc[s * C + c] / n[s]) : 0.0f;
+    std::vector<double> na(S, 0.0), ma(SC, 0.0), m2(SC, 0.0);
+    for (int64_t k = 0; k < n_chunks(N); ++k) {
+      const float* p = part.data() + k * width;
+      for (int s = 0; s < S; ++s) {
+        const float cnt = p[3 * SC + s];
+        const double nb = cnt;
+        if (nb == 0.0) {
+          continue;
+        }
+        const double n = na[s] + nb;
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t j = s * C + c;
+          const double mb = double(p[2 * SC + j]) + p[j] / nb;
+          // squares about mb rather than the float32 centre of the sweep
+          const double off = mb - chunk_mean(p[2 * SC + j], p[j], cnt);
+          const double m2b = p[SC + j] - nb * off * off;
+          const double delta = mb - ma[j];
+          ma[j] += delta * (nb / n);
+          m2[j] += m2b + delta * delta * (na[s] * nb / n);
+        }
+        na[s] = n;
       }
     }
-    chunk_sums(N, S * C, part, [&](int64_t i0, int64_t i1, float* p) {
-      std::vector<float> bv(C);
-      float* __restrict buf = bv.data();
-      for (int64_t i = i0; i < i1; ++i) {
-        int s = seg_of(seg, i);
-        float* __restrict q = p + s * C;
-        const float* __restrict mu = mean.data() + s * C;
-        to_float(x + i * C, buf, C);
-        lanes(C, [&]<typename V>(int64_t c) {
-          const V d = ld<V>(buf + c) - ld<V>(mu + c);
-          st(q + c, ld<V>(q + c) + d * d);
-        });
-      }
-    });
-    combine(part, n_chunks(N), S * C, acc);
     for (int s = 0; s < S; ++s) {
       for (int64_t c = 0; c < C; ++c) {
-        var[s * C + c] = n[s] > 0 ? static_cast<float>(acc[s * C + c] / n[s]) : 0.0f;
+        const int64_t j = s * C + c;
+        mean[j] = na[s] > 0 ? static_cast<float>(ma[j]) : 0.0f;
+        var[j] = na[s] > 0 ? static_cast<float>(std::max(m2[j], 0.0) / na[s]) : 0.0f;
       }
     }
     std::copy(mean.begin(), mean.end(), mean_out);
@@ -178,45 +380,49 @@ void normalize(
     std::copy(mean_in, mean_in + S * C, mean.begin());
     std::copy(var_in, var_in + S * C, var.begin());
   }
-  // y = act(x * scale + shift [+ r]) with scale = w / sqrt(var + eps).
-  std::vector<float> scale(S * C), shift(S * C);
-  for (int s = 0; s < S; ++s) {
-    for (int64_t c = 0; c < C; ++c) {
-      float inv = 1.0f / std::sqrt(var[s * C + c] + sp.eps);
-      scale[s * C + c] = w[c] * inv;
-      shift[s * C + c] = b[c] - mean[s * C + c] * w[c] * inv;
-    }
-  }
+  std::vector<float> scale, shift;
+  affine_rows(sp, w, b, mean.data(), var.data(), scale, shift);
   const float lo = sp.low;
-  parallel_for(N, kRows, [&](int64_t i0, int64_t i1) {
-    std::vector<float> bv(C), rv(C, 0.0f);
-    float* __restrict buf = bv.data();
-    float* __restrict rb = rv.data();
-    const float low = lo;
-    for (int64_t i = i0; i < i1; ++i) {
-      int s = seg_of(seg, i);
-      const float* __restrict sc = scale.data() + s * C;
-      const float* __restrict sh = shift.data() + s * C;
-      to_float(x + i * C, buf, C);
-      if (r) {
-        to_float(r + i * C, rb, C);
+  auto pass = [&]<bool R>() {
+    parallel_for(N, kRows, [&](int64_t i0, int64_t i1) {
+      std::vector<float> bv(C), rv(C);
+      float* __restrict buf = bv.data();
+      const float low = lo;
+      for (int64_t i = i0; i < i1; ++i) {
+        int s = seg_of(seg, i);
+        const float* __restrict sc = scale.data() + s * C;
+        const float* __restrict sh = shift.data() + s * C;
+        const float* xr = row_in(x, i, C, buf);
+        const float* rr = R ? row_in(r, i, C, rv.data()) : nullptr;
+        float* out = row_out(y, i, C, buf);
+        lanes(C, [&]<typename V>(int64_t c) {
+          const V z = pre_activation<V, R>(xr, sc, sh, rr, c);
+          st(out + c, z > 0.0f ? z : low * z);
+        });
+        if constexpr (!std::is_same_v<T, float>) {
+          from_float(buf, y + i * C, C);
+        }
       }
-      lanes(C, [&]<typename V>(int64_t c) {
-        const V z = ld<V>(buf + c) * ld<V>(sc + c) + ld<V>(sh + c) + ld<V>(rb + c);
-        st(buf + c, z > 0.0f ? z : low * z);
-      });
-      from_float(buf, y + i * C, C);
-    }
-  });
+    });
+  };
+  if (r) {
+    pass.template operator()<true>();
+  } else {
+    pass.template operator()<false>();
+  }
 }
 
-template <typename T>
+// The backward pass. g = ct * act'(z): without a residual z's sign is
+// recomputed from x exactly as the forward pass computed z, so y is never
+// read; with one (not an input here) it is read from y, whose sign is z's.
+template <typename T, bool FromX>
 void normalize_grad(
     NormShape sp,
     const T* x,
     const T* y,
     const T* ct,
     const float* w,
+    const float* b,
     const float* mean,
     const float* var,
     const int32_t* seg,
@@ -233,31 +439,45 @@ void normalize_grad(
   for (int64_t j = 0; j < S * C; ++j) {
     inv[j] = 1.0f / std::sqrt(var[j] + sp.eps);
   }
-  // g = ct * act'(y); per segment A = sum g, B = sum g * xhat.
+  std::vector<float> scale, shift;
+  affine_rows(sp, w, b, mean, var, scale, shift);
+  // g at rows x, y, ct (float32 row pointers; y unused when FromX).
+  auto gate = [low = lo]<typename V>(
+                  const float* xr, const float* yr, const float* cr, const float* sc,
+                  const float* sh, int64_t c) {
+    const V ctv = ld<V>(cr + c);
+    V z;
+    if constexpr (FromX) {
+      z = pre_activation<V, false>(xr, sc, sh, nullptr, c);
+    } else {
+      z = ld<V>(yr + c);
+    }
+    return z > 0.0f ? ctv : low * ctv;
+  };
+  // Per segment A = sum g, B = sum g * xhat.
   std::vector<float> part;
   std::vector<double> acc;
   chunk_sums(N, 2 * S * C, part, [&](int64_t i0, int64_t i1, float* p) {
-    std::vector<float> xv(C), yv(C), cv(C);
-    float* __restrict xb = xv.data();
-    float* __restrict yb = yv.data();
-    float* __restrict cb = cv.data();
-    const float low = lo;
-    for (int64_t i = i0; i < i1; ++i) {
-      int s = seg_of(seg, i);
-      to_float(x + i * C, xb, C);
-      to_float(y + i * C, yb, C);
-      to_float(ct + i * C, cb, C);
+    std::vector<float> xbuf, ybuf, cbuf;
+    const float* xs = chunk_in(x, i0, i1, C, xbuf);
+    const float* cs = chunk_in(ct, i0, i1, C, cbuf);
+    const float* ys = FromX ? nullptr : chunk_in(y, i0, i1, C, ybuf);
+    segment_runs(seg, i0, i1, [&](int64_t a, int64_t b, int s) {
+      const float* __restrict xr = xs + (a - i0) * C;
+      const float* __restrict cr = cs + (a - i0) * C;
+      const float* __restrict yr = FromX ? nullptr : ys + (a - i0) * C;
       const float* __restrict mu = mean + s * C;
       const float* __restrict iv = inv.data() + s * C;
-      float* __restrict pa = p + s * C;
-      float* __restrict pb = p + (S + s) * C;
-      lanes(C, [&]<typename V>(int64_t c) {
-        const V ctv = ld<V>(cb + c);
-        const V g = ld<V>(yb + c) > 0.0f ? ctv : low * ctv;
-        st(pa + c, ld<V>(pa + c) + g);
-        st(pb + c, ld<V>(pb + c) + g * ((ld<V>(xb + c) - ld<V>(mu + c)) * ld<V>(iv + c)));
+      const float* __restrict sc = scale.data() + s * C;
+      const float* __restrict sh = shift.data() + s * C;
+      float* const q[2] = {p + s * C, p + (S + s) * C};
+      column_sums<2>(b - a, C, q, [&]<typename V>(int64_t r, int64_t c, V* t) {
+        const int64_t o = r * C;
+        const V g = gate.template operator()<V>(xr + o, FromX ? nullptr : yr + o, cr + o, sc, sh, c);
+        t[0] = g;
+        t[1] = g * ((ld<V>(xr + o + c) - ld<V>(mu + c)) * ld<V>(iv + c));
       });
-    }
+    });
   });
   combine(part, n_chunks(N), 2 * S * C, acc);
   for (int64_t c = 0; c < C; ++c) {
@@ -269,59 +489,58 @@ void normalize_grad(
     db[c] = static_cast<float>(sa);
     dw[c] = static_cast<float>(sb);
   }
-  // dx = w inv (g - A/n - xhat B/n) + ct_mean/n + 2 ct_var (x - mean)/n
-  // (training); dx = w inv g (eval).
-  std::vector<float> k0(S * C), k1(S * C), k2(S * C), k3(S * C), k4(S * C);
+  // Training: dx = w inv (g - A/n - d inv B/n) + ct_mean/n + 2 ct_var d/n
+  // with d = x - mean, as dx = k0 g + k1 d + k2 (coefficients in float64);
+  // eval: dx = k0 g with k0 = w inv.
+  std::vector<float> k0(S * C), k1(S * C, 0.0f), k2(S * C, 0.0f);
   auto n = segment_counts(seg, S, N);
   for (int s = 0; s < S; ++s) {
     double rn = n[s] > 0 ? 1.0 / n[s] : 0.0;
     for (int64_t c = 0; c < C; ++c) {
       int64_t j = s * C + c;
+      const double wi = double(w[c]) * inv[j];
       k0[j] = w[c] * inv[j];
       if (sp.training) {
-        k1[j] = static_cast<float>(acc[j] * rn);            // A / n
-        k2[j] = static_cast<float>(acc[S * C + j] * rn);    // B / n
-        k3[j] = static_cast<float>(ct_var[j] * 2.0 * rn);   // 2 ct_var / n
-        k4[j] = static_cast<float>(ct_mean[j] * rn);        // ct_mean / n
+        k1[j] = static_cast<float>(2.0 * ct_var[j] * rn - wi * inv[j] * acc[S * C + j] * rn);
+        k2[j] = static_cast<float>(ct_mean[j] * rn - wi * acc[j] * rn);
       }
     }
   }
+  const bool training = sp.training;
   parallel_for(N, kRows, [&](int64_t i0, int64_t i1) {
-    std::vector<float> xv(C), yv(C), cv(C), gv(C);
-    float* __restrict xb = xv.data();
-    float* __restrict yb = yv.data();
-    float* __restrict cb = cv.data();
+    std::vector<float> xv(C), yv(C), cv(C), gv(C), dv(C);
     float* __restrict gb = gv.data();
-    const float low = lo;
     for (int64_t i = i0; i < i1; ++i) {
       int s = seg_of(seg, i);
-      to_float(x + i * C, xb, C);
-      to_float(y + i * C, yb, C);
-      to_float(ct + i * C, cb, C);
+      const float* __restrict xr = row_in(x, i, C, xv.data());
+      const float* __restrict cr = row_in(ct, i, C, cv.data());
+      const float* __restrict yr = FromX ? nullptr : row_in(y, i, C, yv.data());
+      const float* __restrict sc = scale.data() + s * C;
+      const float* __restrict sh = shift.data() + s * C;
       const float* __restrict f0 = k0.data() + s * C;
+      const float* __restrict f1 = k1.data() + s * C;
+      const float* __restrict f2 = k2.data() + s * C;
+      const float* __restrict mu = mean + s * C;
+      float* __restrict go = g_out ? row_out(g_out, i, C, gb) : gb;
+      float* __restrict out = row_out(dx, i, C, dv.data());
       lanes(C, [&]<typename V>(int64_t c) {
-        const V ctv = ld<V>(cb + c);
-        st(gb + c, ld<V>(yb + c) > 0.0f ? ctv : low * ctv);
+        const V g = gate.template operator()<V>(xr, yr, cr, sc, sh, c);
+        if constexpr (!FromX) {
+          st(go + c, g);
+        }
+        if (training) {
+          const V d = ld<V>(xr + c) - ld<V>(mu + c);
+          st(out + c, ld<V>(f0 + c) * g + ld<V>(f1 + c) * d + ld<V>(f2 + c));
+        } else {
+          st(out + c, ld<V>(f0 + c) * g);
+        }
       });
-      if (g_out) {
-        from_float(gb, g_out + i * C, C);
+      if constexpr (!std::is_same_v<T, float>) {
+        if (g_out) {
+          from_float(gb, g_out + i * C, C);
+        }
+        from_float(dv.data(), dx + i * C, C);
       }
-      if (sp.training) {
-        const float* __restrict mu = mean + s * C;
-        const float* __restrict iv = inv.data() + s * C;
-        const float* __restrict f1 = k1.data() + s * C;
-        const float* __restrict f2 = k2.data() + s * C;
-        const float* __restrict f3 = k3.data() + s * C;
-        const float* __restrict f4 = k4.data() + s * C;
-        lanes(C, [&]<typename V>(int64_t c) {
-          const V d = ld<V>(xb + c) - ld<V>(mu + c);
-          st(gb + c, ld<V>(f0 + c) * (ld<V>(gb + c) - ld<V>(f1 + c) - d * ld<V>(iv + c) * ld<V>(f2 + c)) +
-                         ld<V>(f3 + c) * d + ld<V>(f4 + c));
-        });
-      } else {
-        lanes(C, [&]<typename V>(int64_t c) { st(gb + c, ld<V>(gb + c) * ld<V>(f0 + c)); });
-      }
-      from_float(gb, dx + i * C, C);
     }
   });
 }
@@ -354,6 +573,7 @@ void norm_backward(
     const void* y,
     const void* ct,
     const float* w,
+    const float* b,
     const float* mean,
     const float* var,
     const int32_t* seg,
@@ -364,8 +584,8 @@ void norm_backward(
     float* db,
     void* g_out) {
   dispatch_float(t, [&]<typename T>() {
-    normalize_grad<T>(n, static_cast<const T*>(x), static_cast<const T*>(y),
-                static_cast<const T*>(ct), w, mean, var, seg, ct_mean, ct_var,
+    (g_out ? normalize_grad<T, false> : normalize_grad<T, true>)(n, static_cast<const T*>(x), static_cast<const T*>(y),
+                static_cast<const T*>(ct), w, b, mean, var, seg, ct_mean, ct_var,
                 static_cast<T*>(dx), dw, db, static_cast<T*>(g_out));
   });
 }

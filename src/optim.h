@@ -1,0 +1,50 @@
+// The fused Adam / AdamW parameter update (CPU primitive): one pass over a
+// float32 parameter, its gradient and both moments, with the results of
+// mlx.optimizers.Adam / AdamW bit for bit (src/cpu/adam.cpp).
+#pragma once
+
+#include <vector>
+
+#include "cpu/isa.h"
+#include "mlx/array.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+namespace mlx_lattice {
+
+namespace mx = mlx::core;
+
+// Inputs: gradient, parameter, m, v (same shape, float32)
+// and scalars (3,) float32: the learning rate (lr / (1 - b1^t) with bias
+// correction), 1 / sqrt(1 - b2^t) and 1 - lr * weight_decay.
+// Outputs: the new parameter, m and v.
+class AdamUpdate : public mx::Primitive {
+ public:
+  AdamUpdate(mx::Stream s, cpu::AdamCoefficients k) : mx::Primitive(s), k_(k) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
+      override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "AdamUpdate";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  cpu::AdamCoefficients k_;
+};
+
+// Builds the update's graph; returns {parameter, m, v}.
+std::vector<mx::array> adam_update(
+    const mx::array& gradient,
+    const mx::array& parameter,
+    const mx::array& m,
+    const mx::array& v,
+    const mx::array& scalars,
+    cpu::AdamCoefficients k,
+    mx::StreamOrDevice s = {});
+
+} // namespace mlx_lattice

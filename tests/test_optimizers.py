@@ -1,0 +1,267 @@
+"""The fused Adam / AdamW update against MLX's optimizers and a NumPy oracle.
+
+MLX's optimizers are the reference for bitwise equality (same float32
+rounding of every step); the NumPy oracle below recomputes the update from
+its definition in float64, independently of both.
+"""
+
+import numpy as np
+import pytest
+import mlx.core as mx
+import mlx.nn as mnn
+import mlx.optimizers as mopt
+from mlx.utils import tree_flatten
+
+import mlx_lattice as ml
+import mlx_lattice.optimizers as optim
+from mlx_lattice import _ext
+
+from conftest import assert_same_across_threads
+
+PATHS = _ext.supported_cpu_isas()
+
+
+@pytest.fixture(params=PATHS)
+def isa(request):
+    previous = _ext.cpu_isa()
+    _ext.set_cpu_isa(request.param)
+    yield request.param
+    _ext.set_cpu_isa(previous)
+
+
+def oracle(grads, p, lr, b1, b2, eps, bias_correction=False, wd=0.0):
+    """Parameters and moments after len(grads) Adam(W) steps, float64."""
+    p = np.asarray(p, np.float64)
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    for t, g in enumerate(grads, 1):
+        g = np.asarray(g, np.float64)
+        p = p * (1 - lr * wd)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        if bias_correction:
+            p = p - lr / (1 - b1**t) * m / (np.sqrt(v) / np.sqrt(1 - b2**t) + eps)
+        else:
+            p = p - lr * m / (np.sqrt(v) + eps)
+    return p, m, v
+
+
+def params(rng, shapes):
+    return {f"p{i}": mx.array(rng.standard_normal(s).astype(np.float32)) for i, s in enumerate(shapes)}
+
+
+# Sizes around the vector widths (4, 8, 16) and the task grain (32768).
+SHAPES = [(1,), (3,), (17,), (16, 33), (5, 3, 7), (32768 + 5,), (0,)]
+
+CONFIGS = [
+    ("adam", dict(learning_rate=1e-2)),
+    ("adam", dict(learning_rate=3e-3, betas=[0.8, 0.99], eps=1e-6, bias_correction=True)),
+    ("adamw", dict(learning_rate=1e-2, weight_decay=0.1)),
+    ("adamw", dict(learning_rate=2e-3, weight_decay=0.0, bias_correction=True)),
+]
+
+
+def make(kind, fused, kw):
+    if kind == "adam":
+        return (optim.Adam if fused else mopt.Adam)(**kw)
+    return (optim.AdamW if fused else mopt.AdamW)(**kw)
+
+
+@pytest.mark.parametrize("kind,kw", CONFIGS)
+def test_bitwise_equal_to_mlx_and_close_to_oracle(rng, isa, kind, kw, monkeypatch):
+    calls = []
+    fused_update = _ext.adam_update
+    monkeypatch.setattr(_ext, "adam_update", lambda *a, **k: calls.append(1) or fused_update(*a, **k))
+    ps = params(rng, SHAPES)
+    grads = [
+        {k: mx.array(rng.standard_normal(v.shape).astype(np.float32)) for k, v in ps.items()}
+        for _ in range(3)
+    ]
+    fused, ref = make(kind, True, kw), make(kind, False, kw)
+    a, b = dict(ps), dict(ps)
+    for g in grads:
+        a = fused.apply_gradients(g, a)
+        b = ref.apply_gradients(g, b)
+        mx.eval(a, b, fused.state, ref.state)
+    for k in ps:
+        np.testing.assert_array_equal(np.array(a[k]), np.array(b[k]))
+        np.testing.assert_array_equal(np.array(fused.state[k]["m"]), np.array(ref.state[k]["m"]))
+        np.testing.assert_array_equal(np.array(fused.state[k]["v"]), np.array(ref.state[k]["v"]))
+        b1, b2 = kw.get("betas", [0.9, 0.999])
+        want_p, want_m, want_v = oracle(
+            [np.array(g[k]) for g in grads], np.array(ps[k]), kw["learning_rate"], b1, b2,
+            kw.get("eps", 1e-8), kw.get("bias_correction", False), kw.get("weight_decay", 0.0),
+        )
+        np.testing.assert_allclose(np.array(fused.state[k]["m"]), want_m, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.array(fused.state[k]["v"]), want_v, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.array(a[k]), want_p, rtol=1e-5, atol=1e-5)
+    assert int(fused.step) == int(ref.step) == 3
+    assert len(calls) == 3 * len(SHAPES)  # every float32 parameter took the fused update
+
+
+def test_model_update_with_schedule_and_state_layout(rng):
+    model = mnn.Sequential(mnn.Linear(5, 7), mnn.ReLU(), mnn.Linear(7, 2))
+    ref_model = mnn.Sequential(mnn.Linear(5, 7), mnn.ReLU(), mnn.Linear(7, 2))
+    ref_model.update(model.parameters())
+    schedule = mopt.cosine_decay(1e-2, 10)
+    fused, ref = optim.Adam(learning_rate=schedule), mopt.Adam(learning_rate=schedule)
+    x = mx.array(rng.standard_normal((9, 5)).astype(np.float32))
+
+    def loss(m):
+        return (m(x) ** 2).mean()
+
+    for _ in range(4):
+        for m, opt in ((model, fused), (ref_model, ref)):
+            _, g = mnn.value_and_grad(m, loss)(m)
+            opt.update(m, g)
+            mx.eval(m.parameters(), opt.state)
+    for (ka, va), (kb, vb) in zip(tree_flatten(model.parameters()), tree_flatten(ref_model.parameters())):
+        assert ka == kb
+        np.testing.assert_array_equal(np.array(va), np.array(vb))
+    assert sorted(k for k, _ in tree_flatten(fused.state)) == sorted(k for k, _ in tree_flatten(ref.state))
+    np.testing.assert_array_equal(np.array(fused.learning_rate), np.array(ref.learning_rate))
+
+
+def test_other_dtypes_take_mlx_update(rng):
+    p = {"w": mx.array(rng.standard_normal((6, 4)).astype(np.float32)).astype(mx.bfloat16)}
+    g = {"w": mx.array(rng.standard_normal((6, 4)).astype(np.float32)).astype(mx.bfloat16)}
+    a = optim.Adam(learning_rate=1e-2).apply_gradients(g, p)
+    b = mopt.Adam(learning_rate=1e-2).apply_gradients(g, p)
+    assert a["w"].dtype == mx.bfloat16
+    np.testing.assert_array_equal(np.array(a["w"].astype(mx.float32)), np.array(b["w"].astype(mx.float32)))
+
+
+def test_bitwise_across_threads(rng):
+    ps = params(rng, [(70001,), (33, 65)])
+    g = {k: mx.array(rng.standard_normal(v.shape).astype(np.float32)) for k, v in ps.items()}
+
+    def run():
+        opt = optim.AdamW(learning_rate=1e-2, weight_decay=0.05, bias_correction=True)
+        out = opt.apply_gradients(g, dict(ps))
+        out = opt.apply_gradients(g, out)
+        mx.eval(out, opt.state)
+        return [out[k] for k in ps] + [opt.state[k][s] for k in ps for s in ("m", "v")]
+
+    assert_same_across_threads(run)
+
+
+def test_inputs_stay_intact_when_still_held(rng):
+    # The update never writes into its inputs.
+    p = {"w": mx.array(rng.standard_normal((300,)).astype(np.float32))}
+    g = {"w": mx.array(rng.standard_normal((300,)).astype(np.float32))}
+    before = np.array(p["w"])
+    opt = optim.Adam(learning_rate=1e-1)
+    out = opt.apply_gradients(g, p)
+    mx.eval(out)
+    np.testing.assert_array_equal(np.array(p["w"]), before)
+    assert not np.array_equal(np.array(out["w"]), before)
+
+
+def test_bad_arguments():
+    p = mx.zeros((4,))
+    s = mx.array([1e-3, 1.0, 1.0])
+    kw = dict(b1=0.9, one_minus_b1=0.1, b2=0.999, one_minus_b2=0.001, eps=1e-8,
+              bias_correction=False, decoupled_decay=False)
+    with pytest.raises(ValueError, match="gradient must have the parameter's shape"):
+        _ext.adam_update(mx.zeros((5,)), p, p, p, s, **kw)
+    with pytest.raises(ValueError, match="m must be float32"):
+        _ext.adam_update(p, p, p.astype(mx.float16), p, s, **kw)
+    with pytest.raises(ValueError, match=r"scalars must be float32 of shape \(3,\)"):
+        _ext.adam_update(p, p, p, p, s[:2], **kw)
+
+
+def test_minkunet_step_matches_mlx_adam(rng):
+    from mlx_lattice.models import MinkUNet
+    from mlx_lattice.tensor import SparseTensor
+
+    coords = np.unique(rng.integers(0, 12, (400, 3)), axis=0)
+    coords = np.concatenate([np.zeros((len(coords), 1), np.int64), coords], 1).astype(np.int32)
+    feats = mx.array(rng.standard_normal((len(coords), 3)).astype(np.float32))
+    mx.random.seed(3)
+    a = MinkUNet(3, 2, width=0.25)
+    b = MinkUNet(3, 2, width=0.25)
+    b.update(a.parameters())
+    mx.eval(a.parameters(), b.parameters())
+
+    def loss(m, x):
+        return (m(x).feats ** 2).mean()
+
+    for model, opt in ((a, optim.Adam(learning_rate=1e-3)), (b, mopt.Adam(learning_rate=1e-3))):
+        for _ in range(2):
+            _, g = mnn.value_and_grad(model, loss)(model, SparseTensor(coords, feats))
+            opt.update(model, g)
+            mx.eval(model.parameters(), opt.state)
+    for (_, va), (_, vb) in zip(tree_flatten(a.parameters()), tree_flatten(b.parameters())):
+        np.testing.assert_array_equal(np.array(va), np.array(vb))
+
+
+def test_strided_and_broadcast_inputs(rng):
+    # Gradients need not be dense: a transposed view and a broadcast scalar.
+    p = {
+        "a": mx.array(rng.standard_normal((7, 5)).astype(np.float32)),
+        "b": mx.array(rng.standard_normal((3, 4)).astype(np.float32)),
+        "c": mx.array(rng.standard_normal((6, 3, 3, 3, 4)).astype(np.float32)),
+        "d": mx.array(rng.standard_normal((2, 5, 7)).astype(np.float32)),
+    }
+    g = {
+        "a": mx.array(rng.standard_normal((5, 7)).astype(np.float32)).T,
+        "b": mx.broadcast_to(mx.array(0.7, mx.float32), (3, 4)),
+        # a convolution weight's gradient: kernel-major, viewed channel-first
+        "c": mx.transpose(mx.array(rng.standard_normal((3, 3, 3, 4, 6)).astype(np.float32)), (4, 0, 1, 2, 3)),
+        "d": mx.array(rng.standard_normal((2, 9, 7)).astype(np.float32))[:, 2:7],
+    }
+    fused, ref = optim.Adam(learning_rate=1e-2), mopt.Adam(learning_rate=1e-2)
+    a = fused.apply_gradients(g, dict(p))
+    b = ref.apply_gradients(g, dict(p))
+    mx.eval(a, b)
+    for k in p:
+        np.testing.assert_array_equal(np.array(a[k]), np.array(b[k]))
+
+
+def test_compiled_update_matches_eager(rng):
+    # The fused update inside mx.compile, with the optimizer state as the
+    # compiled function's inputs and outputs (as for mlx.optimizers).
+    from functools import partial
+
+    def build():
+        m = mnn.Sequential(mnn.Linear(6, 9), mnn.ReLU(), mnn.Linear(9, 3))
+        return m, optim.AdamW(learning_rate=1e-2, weight_decay=0.01, bias_correction=True)
+
+    mx.random.seed(5)
+    a, opt_a = build()
+    b, opt_b = build()
+    b.update(a.parameters())
+    x = mx.array(rng.standard_normal((11, 6)).astype(np.float32))
+
+    def loss(m):
+        return (m(x) ** 2).mean()
+
+    state = [b.state, opt_b.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step():
+        _, g = mnn.value_and_grad(b, loss)(b)
+        opt_b.update(b, g)
+
+    for _ in range(3):
+        _, g = mnn.value_and_grad(a, loss)(a)
+        opt_a.update(a, g)
+        mx.eval(a.parameters(), opt_a.state)
+        step()
+        mx.eval(state)
+    for (_, va), (_, vb) in zip(tree_flatten(a.parameters()), tree_flatten(b.parameters())):
+        np.testing.assert_array_equal(np.array(va), np.array(vb))
+
+
+def test_learning_rate_set_between_steps(rng):
+    p = {"w": mx.array(rng.standard_normal((40,)).astype(np.float32))}
+    g = {"w": mx.array(rng.standard_normal((40,)).astype(np.float32))}
+    fused, ref = optim.Adam(learning_rate=1e-2), mopt.Adam(learning_rate=1e-2)
+    a, b = dict(p), dict(p)
+    for lr in (1e-2, 3e-1, 2e-3):
+        fused.learning_rate = lr
+        ref.learning_rate = lr
+        a = fused.apply_gradients(g, a)
+        b = ref.apply_gradients(g, b)
+        mx.eval(a, b)
+        np.testing.assert_array_equal(np.array(a["w"]), np.array(b["w"]))
