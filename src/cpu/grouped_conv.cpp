@@ -24,10 +24,10 @@ using simd::vec;
 inline void fma_row(float* acc, const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   for (; i + simd::kWidth <= n; i += simd::kWidth) {
-    simd::store(acc + i, simd::load(acc + i) + simd::load(a + i) * simd::load(b + i));
+    simd::store(acc + i, simd::fma(simd::load(a + i), simd::load(b + i), simd::load(acc + i)));
   }
   for (; i < n; ++i) {
-    acc[i] += a[i] * b[i];
+    acc[i] = simd::fma(a[i], b[i], acc[i]);
   }
 }
 
@@ -36,10 +36,10 @@ inline void axpy(float* acc, float s, const float* b, int64_t n) {
   const vec sv = simd::broadcast(s);
   int64_t i = 0;
   for (; i + simd::kWidth <= n; i += simd::kWidth) {
-    simd::store(acc + i, simd::load(acc + i) + sv * simd::load(b + i));
+    simd::store(acc + i, simd::fma(sv, simd::load(b + i), simd::load(acc + i)));
   }
   for (; i < n; ++i) {
-    acc[i] += s * b[i];
+    acc[i] = simd::fma(s, b[i], acc[i]);
   }
 }
 
@@ -57,7 +57,7 @@ inline void group_product(float* acc, const float* x, const float* w, int64_t ld
       const vec xb = simd::broadcast(x[a]);
       const float* wr = w + a * ldw + c0;
       for (int v = 0; v < nv; ++v) {
-        r[v] += xb * simd::load(wr + v * simd::kWidth);
+        r[v] = simd::fma(xb, simd::load(wr + v * simd::kWidth), r[v]);
       }
     }
     for (int v = 0; v < nv; ++v) {
@@ -68,7 +68,7 @@ inline void group_product(float* acc, const float* x, const float* w, int64_t ld
   for (int c = c0; c < n; ++c) {
     float t = acc[c];
     for (int a = 0; a < m; ++a) {
-      t += x[a] * w[a * ldw + c];
+      t = simd::fma(x[a], w[a * ldw + c], t);
     }
     acc[c] = t;
   }
