@@ -43,28 +43,48 @@ inline void axpy(float* acc, float s, const float* b, int64_t n) {
   }
 }
 
-// acc[0:n] += sum over a < m of x[a] * w[a * ldw + 0:n], up to 4 vectors of
-// acc held in registers across the m inputs.
+// acc[0:NV vectors] += sum over a < m of x[a] * w[a * ldw + 0:NV vectors],
+// the NV vectors of acc held in registers across the m inputs (a
+// compile-time NV: a runtime count left them on the stack).
+template <int NV>
+inline void group_block(float* acc, const float* x, const float* w, int64_t ldw, int m) {
+  vec r[NV];
+  for (int v = 0; v < NV; ++v) {
+    r[v] = simd::load(acc + v * simd::kWidth);
+  }
+  for (int a = 0; a < m; ++a) {
+    const vec xb = simd::broadcast(x[a]);
+    const float* wr = w + a * ldw;
+    for (int v = 0; v < NV; ++v) {
+      r[v] = simd::fma(xb, simd::load(wr + v * simd::kWidth), r[v]);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    simd::store(acc + v * simd::kWidth, r[v]);
+  }
+}
+
+// acc[0:n] += sum over a < m of x[a] * w[a * ldw + 0:n]: blocks of up to 4
+// vectors, then single columns.
 inline void group_product(float* acc, const float* x, const float* w, int64_t ldw, int m, int n) {
   int c0 = 0;
-  while (c0 + simd::kWidth <= n) {
-    const int nv = std::min(4, (n - c0) / simd::kWidth);
-    vec r[4];
-    for (int v = 0; v < nv; ++v) {
-      r[v] = simd::load(acc + c0 + v * simd::kWidth);
-    }
-    for (int a = 0; a < m; ++a) {
-      const vec xb = simd::broadcast(x[a]);
-      const float* wr = w + a * ldw + c0;
-      for (int v = 0; v < nv; ++v) {
-        r[v] = simd::fma(xb, simd::load(wr + v * simd::kWidth), r[v]);
-      }
-    }
-    for (int v = 0; v < nv; ++v) {
-      simd::store(acc + c0 + v * simd::kWidth, r[v]);
-    }
-    c0 += nv * simd::kWidth;
+  for (; c0 + 4 * simd::kWidth <= n; c0 += 4 * simd::kWidth) {
+    group_block<4>(acc + c0, x, w + c0, ldw, m);
   }
+  switch ((n - c0) / simd::kWidth) {
+    case 3:
+      group_block<3>(acc + c0, x, w + c0, ldw, m);
+      break;
+    case 2:
+      group_block<2>(acc + c0, x, w + c0, ldw, m);
+      break;
+    case 1:
+      group_block<1>(acc + c0, x, w + c0, ldw, m);
+      break;
+    default:
+      break;
+  }
+  c0 += (n - c0) / simd::kWidth * simd::kWidth;
   for (int c = c0; c < n; ++c) {
     float t = acc[c];
     for (int a = 0; a < m; ++a) {
