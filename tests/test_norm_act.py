@@ -46,15 +46,19 @@ def oracle(x, w, b, groups, act, residual=None, eps=1e-5, stats=None):
     return z
 
 
+def gpu_path(monkeypatch):
+    """Force the GPU path (``gpu_norm``) on any device; returns its calls."""
+    calls = []
+    orig = gpu_norm.norm_act
+    monkeypatch.setattr(normalization, "_on_gpu", lambda: True)
+    monkeypatch.setattr(gpu_norm, "norm_act", lambda *a: calls.append(1) or orig(*a))
+    return calls
+
+
 @pytest.fixture(params=["native", "gpu"])
 def path(request, monkeypatch):
     """The device's own fused path, or the GPU path forced (its calls counted)."""
-    calls = []
-    if request.param == "gpu":
-        orig = gpu_norm.norm_act
-        monkeypatch.setattr(normalization, "_on_gpu", lambda: True)
-        monkeypatch.setattr(gpu_norm, "norm_act", lambda *a: calls.append(1) or orig(*a))
-    return request.param, calls
+    return request.param, gpu_path(monkeypatch) if request.param == "gpu" else []
 
 
 def tensor(rng, n, c, batch=1, dtype=mx.float32, scale=3.0):
@@ -72,10 +76,24 @@ def affine(rng, norm):
     return to_np(norm.weight), to_np(norm.bias)
 
 
+BATCH_CASES = [(1, 3), (7, 1), (600, 5), (1000, 67)]
+
+
 @pytest.mark.parametrize("act", sorted(ACTS))
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("n,c", [(1, 3), (7, 1), (600, 5), (1000, 67)])
-def test_batch_norm_act_values(rng, act, residual, n, c, path):
+@pytest.mark.parametrize("n,c", BATCH_CASES)
+def test_batch_norm_act_values(rng, act, residual, n, c):
+    batch_norm_values(rng, act, residual, n, c)
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("n,c", BATCH_CASES)
+def test_batch_norm_act_values_gpu_path(rng, act, residual, n, c, monkeypatch):
+    batch_norm_values(rng, act, residual, n, c, gpu_path(monkeypatch))
+
+
+def batch_norm_values(rng, act, residual, n, c, calls=None):
     x = tensor(rng, n, c)
     bn = nn.BatchNorm(c, momentum=0.3)
     w, b = affine(rng, bn)
@@ -96,7 +114,8 @@ def test_batch_norm_act_values(rng, act, residual, n, c, path):
     np.testing.assert_allclose(
         to_np(y.feats), oracle(xf, w, b, np.zeros(n), act, r, stats=stats), rtol=1e-4, atol=1e-4
     )
-    assert (len(path[1]) == 2) == (path[0] == "gpu")
+    if calls is not None:
+        assert len(calls) == 2  # training and eval mode took the GPU path
 
 
 @pytest.mark.parametrize("act", sorted(ACTS))
@@ -194,7 +213,19 @@ def test_gradients_through_statistics_outputs(rng):
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("kind", ["batch", "instance"])
-def test_fused_matches_op_path_with_gradients(rng, dtype, kind, path):
+def test_fused_matches_op_path_with_gradients(rng, dtype, kind):
+    fused_matches_op_path(rng, dtype, kind)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("kind", ["batch", "instance"])
+def test_gpu_path_matches_op_path_with_gradients(rng, dtype, kind, monkeypatch):
+    calls = gpu_path(monkeypatch)
+    fused_matches_op_path(rng, dtype, kind)
+    assert calls
+
+
+def fused_matches_op_path(rng, dtype, kind):
     """Values and all gradients (x, weight, bias, residual) of the fused
     primitive against the MLX-op path, across dtypes (float32 accumulation)."""
     n, c = 3000, 19
@@ -421,15 +452,11 @@ def test_bitwise_identical_across_fma_paths(rng):
         assert a.tobytes() == b_.tobytes()
 
 
-def _gpu_path(monkeypatch):
-    monkeypatch.setattr(normalization, "_on_gpu", lambda: True)
-
-
 @pytest.mark.parametrize("kind", ["batch", "instance"])
 def test_gpu_path_reproducible(rng, kind, monkeypatch):
     """Values, gradients and running statistics of the GPU path, bit for bit
     from run to run."""
-    _gpu_path(monkeypatch)
+    gpu_path(monkeypatch)
     x = tensor(rng, 3000, 21, batch=3 if kind == "instance" else 1, dtype=mx.float16)
     r = mx.array(rng.standard_normal((3000, 21)).astype(np.float32)).astype(mx.float16)
 
@@ -457,7 +484,7 @@ def _count(graph_of):
 def test_gpu_path_forward_is_compiled(rng, monkeypatch):
     """Outside a gradient the GPU path's forward is a few compiled kernels
     (MLX inlines compiled functions under a gradient transform)."""
-    _gpu_path(monkeypatch)
+    gpu_path(monkeypatch)
     x = tensor(rng, 500, 16)
     r = mx.array(rng.standard_normal((500, 16)).astype(np.float32))
     bn = nn.BatchNorm(16)
