@@ -6,7 +6,7 @@ segment (one segment for batch norm, one per batch item for instance norm),
 returned as extra outputs ``(y, mean, var)`` for the running statistics, or
 read from the running statistics in eval mode (then ``(y,)``). Activations:
 identity (code 0), ReLU (1), LeakyReLU of slope >= 0 (2), whose derivative is
-read from the sign of the pre-activation ``z``.
+read from the sign of ``y`` (the sign of the pre-activation).
 
 It is an ``mx.custom_function`` built from MLX ops, so it serves CUDA and
 Metal alike. The forward pass is ``mx.compile``d in pieces, shapeless (one
@@ -17,11 +17,14 @@ reductions; per-sample sums go through ``segment_sum`` (reproducible run to
 run on GPUs), and the row gathers between them stay outside the compiled
 pieces (a shapeless gather would bake the channel count in). The backward
 pass is closed-form (input gradient from the per-channel sums of ``g`` and
-``g * xhat``; weight, bias, residual and statistics gradients) in as few MLX
-ops as the formulas allow: MLX runs a custom function's VJP with the graph
-retained, where ``mx.compile`` inlines whatever it is given, so only a
-compiled training step fuses it. The JVP is MLX's forward mode of the
-forward expressions, uncompiled.
+``g * xhat``; weight, bias and residual gradients, and in eval mode the
+running statistics') in as few MLX ops as the formulas allow. MLX inlines
+an ``mx.compile``d function whenever an input is a tracer: inside a
+gradient transform every array derived from the differentiated inputs is
+one, and a custom function's VJP runs with the graph retained, so there
+both passes run as plain ops and only a compiled training step fuses them;
+the compiled forward serves inference and eval mode. The JVP is MLX's
+forward mode of the forward expressions, uncompiled.
 """
 
 from __future__ import annotations
@@ -105,8 +108,8 @@ class _Forward:
 
         self.output = get(_output_fn, code, slope, has_r)
         self.batch = get(_batch_fn, eps, code, slope, has_r)
-        # MLX 0.32.4's shapeless compile of these column sums crashes when
-        # there is a single row (a freed buffer is reused): run it plain.
+        # MLX 0.32.4's shapeless compile of this function crashes (a memory
+        # error at evaluation) when there is a single row: run it plain.
         self.batch_one_row = _batch_fn(eps, code, slope, has_r)
         self.scale = get(_scale_fn, eps)
         self.centred_square = get(_centred_square_fn)
