@@ -74,8 +74,9 @@ def _batch_fn(eps, code, slope, has_r):
         d = d - mean
         var = (d * d).sum(axis=0, keepdims=True) * inv_n
         shift = b + r[0].astype(mx.float32) if has_r else b
-        z = d * (mx.rsqrt(var + eps) * w) + shift
-        return _act(z, code, slope).astype(x.dtype), mean, var
+        rstd, scale = _rsqrt_scale(var, w, eps)
+        z = d * scale + shift
+        return _act(z, code, slope).astype(x.dtype), mean, var, rstd, scale
     return batch
 
 
@@ -125,9 +126,11 @@ def _segment_totals(v, segments, n_seg):
     return segment_sum(v, segments, n_seg)
 
 
-def _backward(x, w, b, r, g, y, mean, var, fixed, segments, n_seg, inv_n, eps, code, slope):
-    """Closed-form gradients: x, w, b, the residual (if any) and, with
-    ``fixed`` (running) statistics, the running mean and variance.
+def _backward(x, w, b, r, g, y, mean, rstd, scale, running_var, segments, n_seg, inv_n, code, slope):
+    """Closed-form gradients: x, w, b, the residual (if any) and, with fixed
+    statistics (``running_var`` given; ``mean`` is then the running mean),
+    the running mean and variance. ``rstd`` and ``scale`` (w * rstd) are the
+    forward pass's.
 
     MLX evaluates a custom function's VJP with the graph retained, where
     ``mx.compile`` inlines its function, so these are plain MLX ops, as few
@@ -135,7 +138,6 @@ def _backward(x, w, b, r, g, y, mean, var, fixed, segments, n_seg, inv_n, eps, c
     read from the sign of y: y = act(z) is rounded once from z and the slope
     is >= 0, so y > 0 exactly when z > 0 (but for z too small to survive
     rounding to y's dtype)."""
-    rstd, scale = _rsqrt_scale(var, w, eps)
     d = x.astype(mx.float32) - _rows(mean, segments)
     gz = g.astype(mx.float32)
     if code == 1:
@@ -144,6 +146,7 @@ def _backward(x, w, b, r, g, y, mean, var, fixed, segments, n_seg, inv_n, eps, c
         gz = mx.where(y > 0, gz, gz * slope)
     sg = _segment_totals(gz, segments, n_seg)
     sgx = _segment_totals(gz * d, segments, n_seg) * rstd  # sum of gz * xhat
+    fixed = running_var is not None
     if fixed:
         gx = gz * scale
     else:
@@ -161,7 +164,7 @@ def _backward(x, w, b, r, g, y, mean, var, fixed, segments, n_seg, inv_n, eps, c
         # y depends on the running statistics too: d/dmean = -w rstd sum(gz),
         # d/dvar = -w rstd^2 sum(gz xhat) / 2.
         grads.append((-scale * sg_c).astype(mean.dtype))
-        grads.append((-0.5 * scale * rstd * sgx_c).astype(var.dtype))
+        grads.append((-0.5 * scale * rstd * sgx_c).astype(running_var.dtype))
     return grads
 
 
@@ -179,17 +182,18 @@ def norm_act(f, w, b, residual, segments, counts, running_mean, running_var, eps
 
     def forward(p, x, w, b, *rest):
         r = rest[:1] if has_r else ()
+        # the last two outputs, rstd and w * rstd, are kept for the VJP
         if fixed:
             rm, rv = rest[len(r):]
-            _, scale = p.scale(rv, w)
-            return (p.output(x, rm, scale, b, *r),)
+            rstd, scale = p.scale(rv, w)
+            return p.output(x, rm, scale, b, *r), rstd, scale
         if segments is None:
             return (p.batch if x.shape[0] > 1 else p.batch_one_row)(x, w, b, inv_n, *r)
         mean = segment_sum(x, segments, n_seg) * inv_n
         mean_rows = mean[segments]
         var = segment_sum(p.centred_square(x, mean_rows), segments, n_seg) * inv_n
-        _, scale = p.scale(var, w)
-        return p.output(x, mean_rows, _rows(scale, segments), b, *r), mean, var
+        rstd, scale = p.scale(var, w)
+        return p.output(x, mean_rows, _rows(scale, segments), b, *r), mean, var, rstd, scale
 
     pieces = _Forward(eps, code, slope, has_r)
     primals = [f, w, b] + ([residual] if has_r else []) + ([running_mean, running_var] if fixed else [])
@@ -202,9 +206,9 @@ def norm_act(f, w, b, residual, segments, counts, running_mean, running_var, eps
     def fn_vjp(args, cotangents, outputs):
         x, w, b = args[:3]
         r = args[3] if has_r else None
-        mean, var = args[-2:] if fixed else outputs[1:]
-        return tuple(_backward(x, w, b, r, cotangents[0], outputs[0], mean, var, fixed,
-                               segments, n_seg, inv_n, eps, code, slope))
+        mean = args[-2] if fixed else outputs[1]
+        return tuple(_backward(x, w, b, r, cotangents[0], outputs[0], mean, *outputs[-2:],
+                               args[-1] if fixed else None, segments, n_seg, inv_n, code, slope))
 
     @fn.jvp
     def fn_jvp(args, tangents):
@@ -215,6 +219,6 @@ def norm_act(f, w, b, residual, segments, counts, running_mean, running_var, eps
 
     out = fn(*primals)
     if fixed:
-        return out
+        return out[:1]
     # The VJP above ignores the statistics' cotangents: make that explicit.
     return out[0], mx.stop_gradient(out[1]), mx.stop_gradient(out[2])
