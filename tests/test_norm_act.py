@@ -501,3 +501,29 @@ def test_gpu_path_forward_is_compiled(rng, monkeypatch):
     fused = _count(nn.norm_act(bn, x, nn.ReLU(), r).feats)
     assert any(k.startswith("Compiled") for k in fused)
     assert fused["Sum"] == 2  # the two column sums of the statistics
+
+
+def test_minkunet_training_graph_has_fewer_kernels_on_gpu_path(rng, monkeypatch):
+    """The GPU path's training graph (forward + closed-form backward) has
+    fewer kernels than MLX's autodiff of the op path (views launch nothing)."""
+    from mlx_lattice.cuda.step_profile import graph_nodes
+
+    views = {"Broadcast", "Squeeze", "ExpandDims", "Reshape", "StopGradient", "Copy", "CustomTransforms"}
+    gpu_path(monkeypatch)
+    coords = np.unique(rng.integers(0, 16, (800, 3)), axis=0)
+    coords = np.concatenate([np.zeros((len(coords), 1), np.int64), coords], 1).astype(np.int32)
+    feats = mx.array(rng.standard_normal((len(coords), 4)).astype(np.float32)).astype(mx.float16)
+    mx.random.seed(1)
+    model = MinkUNet(4, 3, width=0.25)
+    model.set_dtype(mx.float16)
+    f = mnn.value_and_grad(model, lambda m, x: (m(x).feats.astype(mx.float32) ** 2).mean())
+    x = SparseTensor(coords, feats)
+    mx.eval(f(model, x))  # the maps built and evaluated once
+    kernels = {}
+    for fused in (True, False):
+        with fused_norms(fused):
+            loss, grads = f(model, x)
+            nodes = graph_nodes(loss, *[g for _, g in tree_flatten(grads)])
+            kernels[fused] = sum(n for k, n in nodes.items() if k not in views)
+            mx.eval(loss, grads, model.state)
+    assert kernels[True] < 0.95 * kernels[False], kernels
