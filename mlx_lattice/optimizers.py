@@ -107,11 +107,15 @@ class _FusedAdam:
             self._gpu_cache = {}
         out = self._gpu_cache.get(dtype)
         if out is None:
-            lr = self.learning_rate.astype(dtype)
-            b1, b2 = self.betas
-            c1 = (lr / (1 - b1**self.step)).astype(dtype)
-            c2 = mx.rsqrt(1 - b2**self.step).astype(dtype)
-            out = self._gpu_cache[dtype] = (lr, c1, c2, 1 - lr * self._decay)
+            # (unused entries are passed as lr: the compiled update ignores them)
+            lr = c1 = c2 = decay = self.learning_rate.astype(dtype)
+            if self.bias_correction:
+                b1, b2 = self.betas
+                c1 = (lr / (1 - b1**self.step)).astype(dtype)
+                c2 = mx.rsqrt(1 - b2**self.step).astype(dtype)
+            if isinstance(self, mopt.AdamW):
+                decay = 1 - lr * self._decay
+            out = self._gpu_cache[dtype] = (lr, c1, c2, decay)
         return out
 
     def _apply_compiled(self, gradient, parameter, state):

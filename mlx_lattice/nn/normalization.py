@@ -7,8 +7,9 @@ each voxel's channels. All accept SparseTensors and plain arrays.
 
 On the CPU, ``BatchNorm`` and ``InstanceNorm`` run as one fused primitive
 (statistics, normalisation, an optional residual add and a ReLU / LeakyReLU:
-see :func:`norm_act`), with its own backward pass; on a GPU as the same
-expression in a few compiled kernels each way (``gpu_norm``).
+see :func:`norm_act`), with its own backward pass; on a GPU as a custom
+function of the same expression (``gpu_norm``: a compiled forward pass and a
+closed-form backward pass).
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ def norm_act(norm, x, act=None, residual=None):
 
     On the CPU, with a ReLU, a LeakyReLU of slope >= 0 or no activation, the
     whole expression is one multithreaded primitive (forward and backward,
-    bitwise identical across thread counts); on a GPU, a custom function of
-    a few compiled kernels each way (``gpu_norm``); otherwise the modules run
-    one after another. All give the same values up to rounding.
+    bitwise identical across thread counts); on a GPU, a custom function
+    with a compiled forward pass and a closed-form backward pass
+    (``gpu_norm``); otherwise the modules run one after another. All give
+    the same values up to rounding.
     """
     if not isinstance(norm, (BatchNorm, InstanceNorm)):
         raise TypeError(f"norm_act: norm must be a BatchNorm or InstanceNorm, got {type(norm).__name__}")
