@@ -265,3 +265,118 @@ def test_learning_rate_set_between_steps(rng):
         b = ref.apply_gradients(g, b)
         mx.eval(a, b)
         np.testing.assert_array_equal(np.array(a["w"]), np.array(b["w"]))
+
+
+# -- the GPU path (one compiled update per parameter), forced on any device --
+
+GPU_CONFIGS = CONFIGS + [
+    ("adamw", dict(learning_rate=mopt.cosine_decay(1e-2, 10), weight_decay=0.05, bias_correction=True)),
+    ("adam", dict(learning_rate=mopt.linear_schedule(1e-3, 1e-2, 4))),
+]
+
+
+def assert_update_equal(a, b):
+    """Bitwise on the CPU; on a GPU a compiled kernel may contract
+    multiply-adds where MLX's separate kernels round each op, so there
+    within a few units in the last place."""
+    a, b = np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))
+    if mx.default_device().type == mx.cpu:
+        np.testing.assert_array_equal(a, b)
+    else:
+        np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-5)
+
+
+@pytest.fixture
+def gpu_path(monkeypatch):
+    monkeypatch.setattr(optim, "_on_gpu", lambda: True)
+    monkeypatch.setattr(_ext, "adam_update", None)  # the CPU primitive must not run
+
+
+@pytest.mark.usefixtures("gpu_path")
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("kind,kw", GPU_CONFIGS)
+def test_gpu_update_bitwise_equal_to_mlx(rng, kind, kw, dtype):
+    ps = {k: v.astype(dtype) for k, v in params(rng, SHAPES + [()]).items()}
+    grads = [
+        {k: mx.array(rng.standard_normal(v.shape).astype(np.float32)).astype(dtype) for k, v in ps.items()}
+        for _ in range(4)
+    ]
+    fused, ref = make(kind, True, kw), make(kind, False, kw)
+    a, b = dict(ps), dict(ps)
+    for g in grads:
+        a = fused.apply_gradients(g, a)
+        b = ref.apply_gradients(g, b)
+        mx.eval(a, b, fused.state, ref.state)
+    for k in ps:
+        assert a[k].dtype == b[k].dtype == dtype
+        for x, y in ((a[k], b[k]), (fused.state[k]["m"], ref.state[k]["m"]), (fused.state[k]["v"], ref.state[k]["v"])):
+            assert_update_equal(x, y)
+    assert sorted(k for k, _ in tree_flatten(fused.state)) == sorted(k for k, _ in tree_flatten(ref.state))
+    if dtype == mx.float32 and not callable(kw["learning_rate"]):
+        b1, b2 = kw.get("betas", [0.9, 0.999])
+        for k in ps:
+            want_p, _, _ = oracle(
+                [np.array(g[k]) for g in grads], np.array(ps[k]), kw["learning_rate"], b1, b2,
+                kw.get("eps", 1e-8), kw.get("bias_correction", False), kw.get("weight_decay", 0.0),
+            )
+            np.testing.assert_allclose(np.array(a[k]), want_p, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.usefixtures("gpu_path")
+def test_gpu_update_is_one_compiled_primitive_per_parameter(rng):
+    from mlx_lattice.cuda.step_profile import graph_nodes
+
+    ps = params(rng, [(5,), (4, 3), (2, 3, 4), (7,)])
+    g = {k: mx.array(rng.standard_normal(v.shape).astype(np.float32)) for k, v in ps.items()}
+    mx.eval(ps, g)
+    # per step, shared by all parameters: with bias correction and AdamW's
+    # decay, the scalars' 11 primitives (MLX's expressions)
+    for opt, shared in ((optim.Adam(learning_rate=1e-2), 0),
+                        (optim.AdamW(learning_rate=1e-2, bias_correction=True), 11)):
+        opt.init(ps)
+        mx.eval(opt.state)
+        out = opt.apply_gradients(g, ps)
+        nodes = graph_nodes(*out.values())
+        assert sum(n for name, n in nodes.items() if name.startswith("Compiled")) == len(ps)
+        assert sum(nodes.values()) == len(ps) + shared
+
+
+@pytest.mark.usefixtures("gpu_path")
+def test_gpu_update_inside_compiled_step(rng):
+    def build():
+        m = mnn.Sequential(mnn.Linear(6, 9), mnn.ReLU(), mnn.Linear(9, 3))
+        m.set_dtype(mx.float16)
+        return m, optim.AdamW(learning_rate=1e-2, weight_decay=0.01, bias_correction=True)
+
+    mx.random.seed(5)
+    a, opt_a = build()
+    b, opt_b = build()
+    b.update(a.parameters())
+    ref, opt_r = build()
+    ref.update(a.parameters())
+    opt_r = mopt.AdamW(learning_rate=1e-2, weight_decay=0.01, bias_correction=True)
+    x = mx.array(rng.standard_normal((11, 6)).astype(np.float32)).astype(mx.float16)
+
+    def loss(m):
+        return (m(x).astype(mx.float32) ** 2).mean()
+
+    state = [b.state, opt_b.state]
+
+    def step():
+        _, g = mnn.value_and_grad(b, loss)(b)
+        opt_b.update(b, g)
+
+    step = mx.compile(step, inputs=state, outputs=state)
+    for _ in range(3):
+        for m, opt in ((a, opt_a), (ref, opt_r)):
+            _, g = mnn.value_and_grad(m, loss)(m)
+            opt.update(m, g)
+            mx.eval(m.parameters(), opt.state)
+        step()
+        mx.eval(state)
+    for (_, va), (_, vb), (_, vr) in zip(
+        tree_flatten(a.parameters()), tree_flatten(b.parameters()), tree_flatten(ref.parameters())
+    ):
+        assert_update_equal(va, vr)
+        np.testing.assert_allclose(np.array(vb.astype(mx.float32)), np.array(va.astype(mx.float32)),
+                                   rtol=1e-2, atol=1e-3)

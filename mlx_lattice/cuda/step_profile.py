@@ -93,13 +93,9 @@ def _conv_calls(step, tensor):
 
 
 def _best(fn, repeats):
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    from ..bench import best_time  # the bench's timer (bench imports this module lazily)
+
+    return best_time(fn, repeats)
 
 
 def conv_device_times(step, tensor, repeats):
