@@ -322,7 +322,9 @@ def test_grouped_bitwise_across_threads(rng, isa, c_in, c_out, groups, dtype):
 
 
 @pytest.mark.skipif(len(FMA_PATHS) < 2, reason="needs two paths with fused multiply-adds (avx2 and avx512)")
-@pytest.mark.parametrize("c_in,c_out,groups", [(48, 48, 48), (24, 48, 8), (64, 64, 2)])
+# (34/34/2, 40/80/2: outputs of a group in whole vectors on one path and in
+# a scalar tail on the other, which must fuse alike)
+@pytest.mark.parametrize("c_in,c_out,groups", [(48, 48, 48), (24, 48, 8), (64, 64, 2), (34, 34, 2), (40, 80, 2)])
 def test_grouped_bitwise_across_fma_paths(rng, restore_isa, c_in, c_out, groups):
     case = _grouped_big(rng, c_in, c_out, groups, mx.float32)
     results = {}

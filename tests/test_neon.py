@@ -61,7 +61,7 @@ def test_neon_kernels_against_reference():
         CACHE.mkdir(parents=True, exist_ok=True)
         tmp = binary.with_suffix(f".tmp{os.getpid()}")
         cmd = [
-            *compiler, "-std=c++20", "-O2", "-DLATTICE_ISA_ID=3", "-DLATTICE_ISA_NAME=neon",
+            *compiler, "-std=c++20", "-O2", "-ffp-contract=off", "-DLATTICE_ISA_ID=3", "-DLATTICE_ISA_NAME=neon",
             f"-I{ROOT / 'src'}", f"-I{include}", *map(str, SOURCES), "-o", str(tmp), "-lpthread",
         ]
         build = subprocess.run(cmd, capture_output=True, text=True)

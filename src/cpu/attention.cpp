@@ -46,14 +46,14 @@ inline vec exp2_vec(vec t) {
   const vec r = (t + 12582912.0f) - 12582912.0f; // round to nearest
 #endif
   const vec f = t - r;
-  vec p = vec{} + 1.52527338040598e-05f;
-  p = p * f + 1.54035303933816e-04f;
-  p = p * f + 1.33335581464284e-03f;
-  p = p * f + 9.61812910762848e-03f;
-  p = p * f + 5.55041086648216e-02f;
-  p = p * f + 2.40226506959101e-01f;
-  p = p * f + 6.93147180559945e-01f;
-  p = p * f + 1.0f;
+  vec p = simd::broadcast(1.52527338040598e-05f);
+  p = simd::fma(p, f, simd::broadcast(1.54035303933816e-04f));
+  p = simd::fma(p, f, simd::broadcast(1.33335581464284e-03f));
+  p = simd::fma(p, f, simd::broadcast(9.61812910762848e-03f));
+  p = simd::fma(p, f, simd::broadcast(5.55041086648216e-02f));
+  p = simd::fma(p, f, simd::broadcast(2.40226506959101e-01f));
+  p = simd::fma(p, f, simd::broadcast(6.93147180559945e-01f));
+  p = simd::fma(p, f, simd::broadcast(1.0f));
 #if LATTICE_ISA_ID == 2
   // p * 2^r in one instruction (r is integral, at least -150).
   return reinterpret_cast<vec>(
@@ -102,7 +102,7 @@ inline void tile(
       const vec av = simd::broadcast_load(a + i * ars + t * ats);
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) {
-        acc[i][j] += av * bv[j];
+        acc[i][j] = simd::fma(av, bv[j], acc[i][j]);
       }
     }
   }
@@ -269,7 +269,7 @@ void forward_block(
         simd::store(p, e);
         sum += e;
       }
-      l[j] = l[j] * alpha[j] + sum;
+      l[j] = simd::fma(l[j], alpha[j], sum);
       m[j] = mx;
     }
     for (int d = 0; d < g.D; ++d) {
@@ -391,7 +391,7 @@ void backward(
         o.load(bh, i, D, orow.data());
         float acc = 0.0f;
         for (int d = 0; d < D; ++d) {
-          acc += dor[int64_t(i) * Dp + d] * orow[d];
+          acc = simd::fma(dor[int64_t(i) * Dp + d], orow[d], acc);
         }
         lv[i] = lse[bh * P + i] * kLog2e;
         delta[i] = acc - dlse[bh * P + i];

@@ -66,13 +66,16 @@ inline void from_float(
 // Calls fn.template operator()<T>() for the C++ type of a floating dtype.
 template <typename F>
 void dispatch_float(mlx::core::Dtype dt, F&& fn) {
-  using namespace mlx::core;
+  // (Qualified: arm_neon.h declares a global float16_t too.)
+  using mlx::core::bfloat16;
+  using mlx::core::float16;
+  using mlx::core::float32;
   if (dt == float32) {
     fn.template operator()<float>();
   } else if (dt == float16) {
-    fn.template operator()<float16_t>();
+    fn.template operator()<mlx::core::float16_t>();
   } else if (dt == bfloat16) {
-    fn.template operator()<bfloat16_t>();
+    fn.template operator()<mlx::core::bfloat16_t>();
   } else {
     throw std::invalid_argument("features must be float32, float16 or bfloat16");
   }

@@ -52,7 +52,7 @@ inline void tile(
       const vec xb = simd::broadcast_load(xr[i] + a);
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) {
-        acc[i][j] += xb * wv[j];
+        acc[i][j] = simd::fma(xb, wv[j], acc[i][j]);
       }
     }
   }

@@ -24,10 +24,10 @@ using simd::vec;
 inline void fma_row(float* acc, const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   for (; i + simd::kWidth <= n; i += simd::kWidth) {
-    simd::store(acc + i, simd::load(acc + i) + simd::load(a + i) * simd::load(b + i));
+    simd::store(acc + i, simd::fma(simd::load(a + i), simd::load(b + i), simd::load(acc + i)));
   }
   for (; i < n; ++i) {
-    acc[i] += a[i] * b[i];
+    acc[i] = simd::fma(a[i], b[i], acc[i]);
   }
 }
 
@@ -36,39 +36,59 @@ inline void axpy(float* acc, float s, const float* b, int64_t n) {
   const vec sv = simd::broadcast(s);
   int64_t i = 0;
   for (; i + simd::kWidth <= n; i += simd::kWidth) {
-    simd::store(acc + i, simd::load(acc + i) + sv * simd::load(b + i));
+    simd::store(acc + i, simd::fma(sv, simd::load(b + i), simd::load(acc + i)));
   }
   for (; i < n; ++i) {
-    acc[i] += s * b[i];
+    acc[i] = simd::fma(s, b[i], acc[i]);
   }
 }
 
-// acc[0:n] += sum over a < m of x[a] * w[a * ldw + 0:n], up to 4 vectors of
-// acc held in registers across the m inputs.
+// acc[0:NV vectors] += sum over a < m of x[a] * w[a * ldw + 0:NV vectors],
+// the NV vectors of acc held in registers across the m inputs (a
+// compile-time NV: a runtime count left them on the stack).
+template <int NV>
+inline void group_block(float* acc, const float* x, const float* w, int64_t ldw, int m) {
+  vec r[NV];
+  for (int v = 0; v < NV; ++v) {
+    r[v] = simd::load(acc + v * simd::kWidth);
+  }
+  for (int a = 0; a < m; ++a) {
+    const vec xb = simd::broadcast(x[a]);
+    const float* wr = w + a * ldw;
+    for (int v = 0; v < NV; ++v) {
+      r[v] = simd::fma(xb, simd::load(wr + v * simd::kWidth), r[v]);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    simd::store(acc + v * simd::kWidth, r[v]);
+  }
+}
+
+// acc[0:n] += sum over a < m of x[a] * w[a * ldw + 0:n]: blocks of up to 4
+// vectors, then single columns.
 inline void group_product(float* acc, const float* x, const float* w, int64_t ldw, int m, int n) {
   int c0 = 0;
-  while (c0 + simd::kWidth <= n) {
-    const int nv = std::min(4, (n - c0) / simd::kWidth);
-    vec r[4];
-    for (int v = 0; v < nv; ++v) {
-      r[v] = simd::load(acc + c0 + v * simd::kWidth);
-    }
-    for (int a = 0; a < m; ++a) {
-      const vec xb = simd::broadcast(x[a]);
-      const float* wr = w + a * ldw + c0;
-      for (int v = 0; v < nv; ++v) {
-        r[v] += xb * simd::load(wr + v * simd::kWidth);
-      }
-    }
-    for (int v = 0; v < nv; ++v) {
-      simd::store(acc + c0 + v * simd::kWidth, r[v]);
-    }
-    c0 += nv * simd::kWidth;
+  for (; c0 + 4 * simd::kWidth <= n; c0 += 4 * simd::kWidth) {
+    group_block<4>(acc + c0, x, w + c0, ldw, m);
   }
+  switch ((n - c0) / simd::kWidth) {
+    case 3:
+      group_block<3>(acc + c0, x, w + c0, ldw, m);
+      break;
+    case 2:
+      group_block<2>(acc + c0, x, w + c0, ldw, m);
+      break;
+    case 1:
+      group_block<1>(acc + c0, x, w + c0, ldw, m);
+      break;
+    default:
+      break;
+  }
+  c0 += (n - c0) / simd::kWidth * simd::kWidth;
   for (int c = c0; c < n; ++c) {
     float t = acc[c];
     for (int a = 0; a < m; ++a) {
-      t += x[a] * w[a * ldw + c];
+      t = simd::fma(x[a], w[a * ldw + c], t);
     }
     acc[c] = t;
   }

@@ -38,6 +38,9 @@
 #include "mlx/types/bf16.h"
 #include "mlx/types/half_types.h"
 #include "threadpool.h"
+#if defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
 
 #if !defined(LATTICE_ISA_ID)
 #error "compile the CPU kernels with LATTICE_ISA_ID (see CMakeLists.txt)"

@@ -158,9 +158,9 @@ inline V pre_activation(
     const float* r,
     int64_t c) {
   if constexpr (R) {
-    return ld<V>(x + c) * ld<V>(sc + c) + ld<V>(sh + c) + ld<V>(r + c);
+    return simd::fma(ld<V>(x + c), ld<V>(sc + c), ld<V>(sh + c)) + ld<V>(r + c);
   } else {
-    return ld<V>(x + c) * ld<V>(sc + c) + ld<V>(sh + c);
+    return simd::fma(ld<V>(x + c), ld<V>(sc + c), ld<V>(sh + c));
   }
 }
 
@@ -530,7 +530,7 @@ void normalize_grad(
         }
         if (training) {
           const V d = ld<V>(xr + c) - ld<V>(mu + c);
-          st(out + c, ld<V>(f0 + c) * g + ld<V>(f1 + c) * d + ld<V>(f2 + c));
+          st(out + c, simd::fma(ld<V>(f0 + c), g, simd::fma(ld<V>(f1 + c), d, ld<V>(f2 + c))));
         } else {
           st(out + c, ld<V>(f0 + c) * g);
         }

@@ -141,6 +141,8 @@ std::vector<float> pack_quantized_weights(
           const uint32_t q = (cw[a / per_word] >> ((a % per_word) * bits)) & mask;
           const float s = static_cast<float>(sc[a / group]);
           const float b = static_cast<float>(bi[a / group]);
+          // product and sum rounded apart on every path (no simd::fma): the
+          // same weights whichever path runs
           dst[int64_t(a) * width] = s * static_cast<float>(q) + b;
         }
       }

@@ -46,7 +46,7 @@ inline void tile(Rows rows, int64_t e0, int64_t e1, float* acc, int lda) {
       const vec xb = simd::broadcast_load(xr + i);
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) {
-        t[i][j] += xb * cv[j];
+        t[i][j] = simd::fma(xb, cv[j], t[i][j]);
       }
     }
   }
