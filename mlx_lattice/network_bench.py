@@ -33,13 +33,13 @@ from .tensor import SparseTensor
 
 @contextmanager
 def fused_norms(enabled: bool):
-    """Run BatchNorm / InstanceNorm fused (the default) or as MLX ops."""
-    old = normalization.FUSED
-    normalization.FUSED = enabled
+    """Run BatchNorm / InstanceNorm fused (the default on the CPU) or as MLX ops."""
+    old = normalization.FUSED_ON_CPU
+    normalization.FUSED_ON_CPU = enabled
     try:
         yield
     finally:
-        normalization.FUSED = old
+        normalization.FUSED_ON_CPU = old
 
 
 def loss_fn(model, x):
@@ -196,7 +196,7 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
 
     # Norms replayed on fresh modules of the same kind (the model's running
     # statistics stay untouched), forward and forward + backward.
-    fused = normalization.FUSED
+    fused = normalization.FUSED_ON_CPU
     keys = ("norm + act + add (fused) forward", "norm + act + add (fused) backward") if fused else (
         "norm forward", "norm backward")
     n_f = n_b = a_f = a_b = r_f = r_b = 0.0

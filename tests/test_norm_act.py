@@ -3,9 +3,7 @@
 The oracle below computes batch / instance norm, the activation and the
 residual add in float64 from first principles; gradients are checked against
 central differences of that oracle (small sizes) and against the MLX-op path
-of the same layers (larger sizes, all dtypes). The ``path`` fixture runs a
-test on the device's own path and again on the GPU path (``gpu_norm``),
-forced on whatever device the suite runs on.
+of the same layers (larger sizes, all dtypes).
 """
 
 import numpy as np
@@ -18,7 +16,6 @@ import mlx_lattice
 from mlx_lattice import SparseTensor, nn
 from mlx_lattice.models import MinkUNet
 from mlx_lattice.network_bench import fused_norms
-from mlx_lattice.nn import gpu_norm, normalization
 
 from conftest import TOLERANCES, to_np
 
@@ -46,21 +43,6 @@ def oracle(x, w, b, groups, act, residual=None, eps=1e-5, stats=None):
     return z
 
 
-def gpu_path(monkeypatch):
-    """Force the GPU path (``gpu_norm``) on any device; returns its calls."""
-    calls = []
-    orig = gpu_norm.norm_act
-    monkeypatch.setattr(normalization, "_on_gpu", lambda: True)
-    monkeypatch.setattr(gpu_norm, "norm_act", lambda *a: calls.append(1) or orig(*a))
-    return calls
-
-
-@pytest.fixture(params=["native", "gpu"])
-def path(request, monkeypatch):
-    """The device's own fused path, or the GPU path forced (its calls counted)."""
-    return request.param, gpu_path(monkeypatch) if request.param == "gpu" else []
-
-
 def tensor(rng, n, c, batch=1, dtype=mx.float32, scale=3.0):
     coords = np.zeros((n, 4), np.int32)
     coords[:, 0] = np.sort(rng.integers(0, batch, n)) if batch > 1 else 0
@@ -76,24 +58,10 @@ def affine(rng, norm):
     return to_np(norm.weight), to_np(norm.bias)
 
 
-BATCH_CASES = [(1, 3), (7, 1), (600, 5), (1000, 67)]
-
-
 @pytest.mark.parametrize("act", sorted(ACTS))
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("n,c", BATCH_CASES)
+@pytest.mark.parametrize("n,c", [(1, 3), (7, 1), (600, 5), (1000, 67)])
 def test_batch_norm_act_values(rng, act, residual, n, c):
-    batch_norm_values(rng, act, residual, n, c)
-
-
-@pytest.mark.parametrize("act", sorted(ACTS))
-@pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("n,c", BATCH_CASES)
-def test_batch_norm_act_values_gpu_path(rng, act, residual, n, c, monkeypatch):
-    batch_norm_values(rng, act, residual, n, c, gpu_path(monkeypatch))
-
-
-def batch_norm_values(rng, act, residual, n, c, calls=None):
     x = tensor(rng, n, c)
     bn = nn.BatchNorm(c, momentum=0.3)
     w, b = affine(rng, bn)
@@ -114,13 +82,11 @@ def batch_norm_values(rng, act, residual, n, c, calls=None):
     np.testing.assert_allclose(
         to_np(y.feats), oracle(xf, w, b, np.zeros(n), act, r, stats=stats), rtol=1e-4, atol=1e-4
     )
-    if calls is not None:
-        assert len(calls) == 2  # training and eval mode took the GPU path
 
 
 @pytest.mark.parametrize("act", sorted(ACTS))
 @pytest.mark.parametrize("residual", [False, True])
-def test_instance_norm_act_values(rng, act, residual, path):
+def test_instance_norm_act_values(rng, act, residual):
     x = tensor(rng, 900, 6, batch=3)
     # rows of a batch item need not be contiguous
     perm = rng.permutation(len(x))
@@ -133,7 +99,6 @@ def test_instance_norm_act_values(rng, act, residual, path):
     np.testing.assert_allclose(
         to_np(y.feats), oracle(to_np(x.feats), w, b, groups, act, r), rtol=1e-4, atol=1e-4
     )
-    assert (len(path[1]) == 1) == (path[0] == "gpu")
 
 
 def numeric_grad(f, args, i, h=1e-6):
@@ -149,7 +114,7 @@ def numeric_grad(f, args, i, h=1e-6):
 
 @pytest.mark.parametrize("kind", ["batch", "batch-eval", "instance"])
 @pytest.mark.parametrize("act", ["relu", "leaky", "none"])
-def test_gradients_against_finite_differences(rng, kind, act, path):
+def test_gradients_against_finite_differences(rng, kind, act):
     n, c = 9, 3
     x = tensor(rng, n, c, batch=2 if kind == "instance" else 1)
     norm = nn.InstanceNorm(c) if kind == "instance" else nn.BatchNorm(c)
@@ -176,19 +141,6 @@ def test_gradients_against_finite_differences(rng, kind, act, path):
     grads = mx.grad(f_mx, argnums=[0, 1, 2, 3])(*[mx.array(a.astype(np.float32)) for a in args])
     for i, g in enumerate(grads):
         np.testing.assert_allclose(to_np(g), numeric_grad(f_np, args, i), rtol=2e-3, atol=2e-3)
-    if kind == "batch-eval":
-        # the running statistics are inputs of y too
-        def f_stats(m, v):
-            norm.running_mean, norm.running_var = m, v
-            return f_mx(*[mx.array(a.astype(np.float32)) for a in args])
-
-        def f_np_stats(m, v):
-            return (oracle(xf, args[1], args[2], groups, act, args[3], stats=(m, v)) * ct).sum()
-
-        st = [np.asarray(a, np.float64) for a in stats]
-        gm, gv = mx.grad(f_stats, argnums=[0, 1])(*[mx.array(a.astype(np.float32)) for a in st])
-        np.testing.assert_allclose(to_np(gm), numeric_grad(f_np_stats, st, 0), rtol=2e-3, atol=2e-3)
-        np.testing.assert_allclose(to_np(gv), numeric_grad(f_np_stats, st, 1), rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.usefixtures("on_cpu")  # calls the CPU primitive directly
@@ -214,18 +166,6 @@ def test_gradients_through_statistics_outputs(rng):
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("kind", ["batch", "instance"])
 def test_fused_matches_op_path_with_gradients(rng, dtype, kind):
-    fused_matches_op_path(rng, dtype, kind)
-
-
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("kind", ["batch", "instance"])
-def test_gpu_path_matches_op_path_with_gradients(rng, dtype, kind, monkeypatch):
-    calls = gpu_path(monkeypatch)
-    fused_matches_op_path(rng, dtype, kind)
-    assert calls
-
-
-def fused_matches_op_path(rng, dtype, kind):
     """Values and all gradients (x, weight, bias, residual) of the fused
     primitive against the MLX-op path, across dtypes (float32 accumulation)."""
     n, c = 3000, 19
@@ -291,7 +231,7 @@ def test_bitwise_identical_across_thread_counts(rng):
         np.testing.assert_array_equal(a, b)
 
 
-def test_empty_input_passes_through(path):
+def test_empty_input_passes_through():
     x = SparseTensor(np.zeros((0, 4), np.int32), np.zeros((0, 5), np.float32))
     bn = nn.BatchNorm(5)
     assert nn.norm_act(bn, x, nn.ReLU()).feats.shape == (0, 5)
@@ -327,7 +267,7 @@ def test_bad_arguments(rng):
         mlx_lattice._ext.norm_act(f, w, w, None, None, 2, None, None, 1e-5, 1, 0.0)
 
 
-def test_minkunet_step_fused_matches_op_path(rng, path):
+def test_minkunet_step_fused_matches_op_path(rng):
     coords = np.unique(rng.integers(0, 24, (1500, 3)), axis=0)
     coords = np.concatenate([np.zeros((len(coords), 1), np.int64), coords], 1).astype(np.int32)
     feats = mx.array(rng.standard_normal((len(coords), 4)).astype(np.float32))
@@ -354,7 +294,7 @@ def _running(model):
 
 
 @pytest.mark.parametrize("kind", ["batch", "batch-eval", "instance"])
-def test_jvp_against_finite_differences(rng, kind, path):
+def test_jvp_against_finite_differences(rng, kind):
     n, c = 40, 3
     x = tensor(rng, n, c, batch=3 if kind == "instance" else 1)
     norm = nn.InstanceNorm(c) if kind == "instance" else nn.BatchNorm(c)
@@ -387,7 +327,7 @@ def test_jvp_against_finite_differences(rng, kind, path):
     np.testing.assert_allclose(to_np(ty), fd, rtol=2e-3, atol=2e-3)
 
 
-def test_compiled_training_step_matches_eager(rng, path):
+def test_compiled_training_step_matches_eager(rng):
     x = tensor(rng, 400, 6)
     bn1, bn2 = nn.BatchNorm(6), nn.BatchNorm(6)
 
@@ -450,80 +390,3 @@ def test_bitwise_identical_across_fma_paths(rng):
         mlx_lattice._ext.set_cpu_isa(previous)
     for a, b_ in zip(*results):
         assert a.tobytes() == b_.tobytes()
-
-
-@pytest.mark.parametrize("kind", ["batch", "instance"])
-def test_gpu_path_reproducible(rng, kind, monkeypatch):
-    """Values, gradients and running statistics of the GPU path, bit for bit
-    from run to run."""
-    if kind == "batch" and mx.default_device().type == mx.gpu:
-        pytest.skip("BatchNorm's column sums on a GPU are MLX reductions, equal to "
-                    "rounding from run to run (docs/semantics.md)")
-    gpu_path(monkeypatch)
-    x = tensor(rng, 3000, 21, batch=3 if kind == "instance" else 1, dtype=mx.float16)
-    r = mx.array(rng.standard_normal((3000, 21)).astype(np.float32)).astype(mx.float16)
-
-    def run():
-        norm = nn.InstanceNorm(21) if kind == "instance" else nn.BatchNorm(21)
-
-        def loss(f, res):
-            y = nn.norm_act(norm, x.replace(f), nn.LeakyReLU(0.1), res)
-            return (y.feats.astype(mx.float32) ** 2).sum(), y.feats
-
-        (_, y), g = mx.value_and_grad(loss, argnums=[0, 1])(x.feats, r)
-        state = [norm.running_mean, norm.running_var] if kind == "batch" else []
-        return [np.array(a.astype(mx.float32)) for a in (y, *g, *state)]
-
-    for a, b in zip(run(), run()):
-        np.testing.assert_array_equal(a, b)
-
-
-def _count(graph_of):
-    from mlx_lattice.cuda.step_profile import graph_nodes
-
-    return graph_nodes(graph_of)
-
-
-def test_gpu_path_forward_is_compiled(rng, monkeypatch):
-    """Outside a gradient the GPU path's forward is a few compiled kernels
-    (MLX inlines compiled functions under a gradient transform)."""
-    gpu_path(monkeypatch)
-    x = tensor(rng, 500, 16)
-    r = mx.array(rng.standard_normal((500, 16)).astype(np.float32))
-    bn = nn.BatchNorm(16)
-    bn.eval()
-    fused = _count(nn.norm_act(bn, x, nn.ReLU(), r).feats)
-    with fused_norms(False):
-        ops = _count(nn.norm_act(bn, x, nn.ReLU(), r).feats)
-    assert any(k.startswith("Compiled") for k in fused)
-    assert sum(fused.values()) < sum(ops.values())
-    bn.train()
-    fused = _count(nn.norm_act(bn, x, nn.ReLU(), r).feats)
-    assert any(k.startswith("Compiled") for k in fused)
-    assert fused["Sum"] == 2  # the two column sums of the statistics
-
-
-def test_minkunet_training_graph_has_fewer_kernels_on_gpu_path(rng, monkeypatch):
-    """The GPU path's training graph (forward + closed-form backward) has
-    fewer kernels than MLX's autodiff of the op path (views launch nothing)."""
-    from mlx_lattice.cuda.step_profile import graph_nodes
-
-    views = {"Broadcast", "Squeeze", "ExpandDims", "Reshape", "StopGradient", "Copy", "CustomTransforms"}
-    gpu_path(monkeypatch)
-    coords = np.unique(rng.integers(0, 16, (800, 3)), axis=0)
-    coords = np.concatenate([np.zeros((len(coords), 1), np.int64), coords], 1).astype(np.int32)
-    feats = mx.array(rng.standard_normal((len(coords), 4)).astype(np.float32)).astype(mx.float16)
-    mx.random.seed(1)
-    model = MinkUNet(4, 3, width=0.25)
-    model.set_dtype(mx.float16)
-    f = mnn.value_and_grad(model, lambda m, x: (m(x).feats.astype(mx.float32) ** 2).mean())
-    x = SparseTensor(coords, feats)
-    mx.eval(f(model, x))  # the maps built and evaluated once
-    kernels = {}
-    for fused in (True, False):
-        with fused_norms(fused):
-            loss, grads = f(model, x)
-            nodes = graph_nodes(loss, *[g for _, g in tree_flatten(grads)])
-            kernels[fused] = sum(n for k, n in nodes.items() if k not in views)
-            mx.eval(loss, grads, model.state)
-    assert kernels[True] < 0.95 * kernels[False], kernels

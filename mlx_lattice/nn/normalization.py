@@ -7,9 +7,7 @@ each voxel's channels. All accept SparseTensors and plain arrays.
 
 On the CPU, ``BatchNorm`` and ``InstanceNorm`` run as one fused primitive
 (statistics, normalisation, an optional residual add and a ReLU / LeakyReLU:
-see :func:`norm_act`), with its own backward pass; on a GPU as a custom
-function of the same expression (``gpu_norm``: a compiled forward pass and a
-closed-form backward pass).
+see :func:`norm_act`), with its own backward pass; on a GPU they are MLX ops.
 """
 
 from __future__ import annotations
@@ -22,13 +20,12 @@ from .. import _ext, routes
 from .._segment import accumulation_dtype, segment_sum
 from ..tensor import SparseTensor
 from ._feature import on_features
-from . import gpu_norm
 from .activations import LeakyReLU, ReLU
 
 _FUSED_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
-# False runs the MLX-op path on every device (benchmarks and tests compare).
-FUSED = True
+# False runs the MLX-op path on the CPU too (benchmarks compare the two).
+FUSED_ON_CPU = True
 
 
 def _fused_activation(act):
@@ -42,22 +39,12 @@ def _fused_activation(act):
     return None
 
 
-def _on_gpu() -> bool:
-    return routes.current_backend() != "cpu"
-
-
 def _fusable(f: mx.array, act) -> bool:
-    return FUSED and f.dtype in _FUSED_DTYPES and _fused_activation(act) is not None
-
-
-def _fused_norm_act(f, w, b, residual, segments, counts, running_mean, running_var, eps, code, slope):
-    """The fused expression: the CPU primitive, or its compiled GPU form."""
-    if _on_gpu():
-        return gpu_norm.norm_act(
-            f, w, b, residual, segments, counts, running_mean, running_var, eps, code, slope
-        )
-    return _ext.norm_act(
-        f, w, b, residual, segments, len(counts), running_mean, running_var, eps, code, slope
+    return (
+        FUSED_ON_CPU
+        and routes.current_backend() == "cpu"
+        and f.dtype in _FUSED_DTYPES
+        and _fused_activation(act) is not None
     )
 
 
@@ -74,10 +61,8 @@ def norm_act(norm, x, act=None, residual=None):
 
     On the CPU, with a ReLU, a LeakyReLU of slope >= 0 or no activation, the
     whole expression is one multithreaded primitive (forward and backward,
-    bitwise identical across thread counts); on a GPU, a custom function
-    with a compiled forward pass and a closed-form backward pass
-    (``gpu_norm``); otherwise the modules run one after another. All give
-    the same values up to rounding.
+    bitwise identical across thread counts); otherwise the modules run one
+    after another. Both give the same values up to rounding.
     """
     if not isinstance(norm, (BatchNorm, InstanceNorm)):
         raise TypeError(f"norm_act: norm must be a BatchNorm or InstanceNorm, got {type(norm).__name__}")
@@ -151,20 +136,20 @@ class BatchNorm(mnn.Module):
         w, b = _affine(self, f.shape[1])
         n = f.shape[0]
         if self.training or not self.track_running_stats:
-            y, mean, var = _fused_norm_act(f, w, b, residual, None, (n,), None, None, self.eps, code, slope)
+            y, mean, var = _ext.norm_act(f, w, b, residual, None, 1, None, None, self.eps, code, slope)
             if self.training and self.track_running_stats and n > 1:
                 mu = self.momentum
-                mean, var = mx.stop_gradient(mean.reshape(-1)), mx.stop_gradient(var.reshape(-1))
+                mean, var = mx.stop_gradient(mean[0]), mx.stop_gradient(var[0])
                 self.running_mean = (1 - mu) * self.running_mean + mu * mean
                 self.running_var = (1 - mu) * self.running_var + mu * (var * (n / (n - 1)))
             return y
-        (y,) = _fused_norm_act(
-            f, w, b, residual, None, (n,), self.running_mean, self.running_var, self.eps, code, slope
+        (y,) = _ext.norm_act(
+            f, w, b, residual, None, 1, self.running_mean, self.running_var, self.eps, code, slope
         )
         return y
 
     def _reference(self, f: mx.array, residual=None) -> mx.array:
-        """The MLX-op path (activations the fused kernels lack, and ``FUSED = False``);
+        """The MLX-op path (GPUs, and activations the fused kernel lacks);
         the residual is added before the one rounding to f's dtype, as the
         fused kernel does."""
         n = f.shape[0]
@@ -222,19 +207,18 @@ class InstanceNorm(mnn.Module):
             raise ValueError(f"InstanceNorm({self.num_features}) got features of shape {tuple(f.shape)}")
         if f.shape[0] == 0:
             return x
+        n_b = len(x.batch_counts)
         b = x.coords[:, 0]
         if _fusable(f, act):
             code, slope = _fused_activation(act)
             w, bias = _affine(self, f.shape[1])
-            y, _, _ = _fused_norm_act(
-                f, w, bias, residual, b, x.batch_counts, None, None, self.eps, code, slope
-            )
+            y, _, _ = _ext.norm_act(f, w, bias, residual, b, n_b, None, None, self.eps, code, slope)
             return x.replace(y)
         y = x.replace(self._reference(f, b, x.batch_counts, residual))
         return y if act is None else act(y)
 
     def _reference(self, f, b, counts, residual=None):
-        """The MLX-op path (activations the fused kernels lack, and ``FUSED = False``);
+        """The MLX-op path (GPUs, and activations the fused kernel lacks);
         the residual is added before rounding, as in BatchNorm."""
         n_b = len(counts)
         inv_n = mx.array((1.0 / np.maximum(counts, 1)).astype(np.float32))[:, None]
