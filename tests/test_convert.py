@@ -362,6 +362,7 @@ def test_torch_checkpoint(tmp_path):
 
 
 # ------------------------------------------------------ spconv itself (CPU)
+@pytest.mark.usefixtures("on_cpu")  # against spconv's CPU path
 def test_spconv_cpu_outputs():
     torch = pytest.importorskip("torch")
     try:
@@ -397,6 +398,7 @@ def test_spconv_cpu_outputs():
     _check(got.feats, out.features.numpy(), tol=1e-3)
 
 
+@pytest.mark.usefixtures("on_cpu")  # against spconv's CPU path
 def test_spconv_inverse_cpu_outputs():
     """SparseConv3d then SparseInverseConv3d (a U-Net down/up pair) on spconv's
     own output voxels (spconv keeps only outputs inside its spatial shape)."""

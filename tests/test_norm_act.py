@@ -340,6 +340,7 @@ def test_compiled_training_step_matches_eager(rng):
     np.testing.assert_allclose(np.array(bn2.running_mean), np.array(bn1.running_mean), rtol=1e-6)
 
 
+@pytest.mark.usefixtures("on_cpu")  # calls the CPU primitive directly
 @pytest.mark.parametrize("segmented", [False, True])
 def test_statistics_with_large_offset_over_many_chunks(rng, segmented):
     # mean^2 >> var: a single-pass sum of squares would lose the variance;
@@ -362,6 +363,7 @@ def test_statistics_with_large_offset_over_many_chunks(rng, segmented):
 @pytest.mark.skipif(
     not {"avx2", "avx512"} <= set(mlx_lattice._ext.supported_cpu_isas()), reason="needs AVX2 and AVX-512"
 )
+@pytest.mark.usefixtures("on_cpu")  # calls the CPU primitive directly
 def test_bitwise_identical_across_fma_paths(rng):
     # AVX2 and AVX-512 run the same 8-float row vectors with FMA: same bits
     # (the baseline path has no FMA and rounds differently).

@@ -67,6 +67,7 @@ def make(kind, fused, kw):
     return (optim.AdamW if fused else mopt.AdamW)(**kw)
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU primitive, per instruction-set path
 @pytest.mark.parametrize("kind,kw", CONFIGS)
 def test_bitwise_equal_to_mlx_and_close_to_oracle(rng, isa, kind, kw, monkeypatch):
     calls = []

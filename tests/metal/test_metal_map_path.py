@@ -30,6 +30,13 @@ import oracle
 from test_metal_maps import garbage, run_step, t3
 
 pytestmark = metal_programs.MARKS
+
+
+@pytest.fixture(autouse=True)
+def no_cuda_maps(monkeypatch):
+    """The Metal path is a Mac's: where MLX also sees a CUDA GPU, its map
+    route would come first."""
+    monkeypatch.setattr(manager, "_cuda_maps", lambda: False)
 if metal_programs.BACKEND == "metal":
     pytestmark = pytestmark + [pytest.mark.skip(reason="map programs run through the CPU harness only")]
 
@@ -220,7 +227,6 @@ def test_manager_uses_the_metal_path(monkeypatch, steps):
     relation and support, with its views, equals a CPU manager's."""
     rng = np.random.default_rng(64)
     coords = mx.array(oracle.random_coords(rng, 200, 8, batches=2))
-    monkeypatch.setattr(manager, "_cuda_maps", lambda: False)  # a Mac has no CUDA
     sub = KernelGeometry((3, 3, 3), padding=(1, 1, 1))
     down = KernelGeometry((2, 2, 2), stride=(2, 2, 2))
     gen = KernelGeometry((2, 2, 2), stride=(2, 2, 2))
