@@ -101,6 +101,16 @@ METAL_KERNEL_TOLERANCES = {
 }
 
 
+def cpu_kernel_sources() -> list[Path]:
+    """The per-instruction-set kernel files, as CMakeLists.txt lists them
+    (LATTICE_CPU_KERNELS), for the standalone kernel builds of the tests."""
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "CMakeLists.txt").read_text()
+    start = text.index("set(LATTICE_CPU_KERNELS")
+    body = text[start + len("set(LATTICE_CPU_KERNELS"): text.index(")", start)]
+    return [root / name for name in body.split()]
+
+
 def float32_matmul_tolerance() -> dict:
     """Tolerance of float32 products computed by MLX ops (mx.matmul, nn.Linear).
 

@@ -27,16 +27,10 @@ import pytest
 
 from mlx_lattice import _ext
 
+from conftest import cpu_kernel_sources
+
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [
-    ROOT / "src/cpu/gather_conv.cpp",
-    ROOT / "src/cpu/weight_grad.cpp",
-    ROOT / "src/cpu/grouped_conv.cpp",
-    ROOT / "src/cpu/attention.cpp",
-    ROOT / "src/cpu/norm_act.cpp",
-    ROOT / "src/threadpool.cpp",
-    ROOT / "tests/compilers/kernel_bits.cpp",
-]
+SOURCES = cpu_kernel_sources() + [ROOT / "src/threadpool.cpp", ROOT / "tests/compilers/kernel_bits.cpp"]
 HEADERS = sorted((ROOT / "src/cpu").glob("*.h")) + [ROOT / "src/threadpool.h"]
 CACHE = ROOT / "build" / "compiler-bits"
 # The kernels' own flags (CMakeLists.txt) at -O2: without contraction no
