@@ -28,11 +28,6 @@ mx::array dense(const mx::array& a, mx::Dtype dt, mx::Stream s) {
   return mx::contiguous(mx::astype(a, dt, s), false, s);
 }
 
-mx::array& alloc(mx::array& a) {
-  a.set_data(mx::allocator::malloc(a.nbytes()));
-  return a;
-}
-
 } // namespace
 
 // ---------------------------------------------------------------- NormAct
@@ -40,13 +35,7 @@ mx::array& alloc(mx::array& a) {
 void NormAct::eval_cpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& a : in) {
-    enc.set_input_array(a);
-  }
-  for (auto& o : out) {
-    enc.set_output_array(alloc(o));
-  }
+  auto& enc = cpu::encode_all(in, out, stream());
   const auto& x = in[0];
   const int64_t N = x.shape(0), C = x.shape(1);
   int next = 3;
@@ -254,13 +243,7 @@ std::vector<mx::array> NormAct::jvp(
 void NormActGrad::eval_cpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& a : in) {
-    enc.set_input_array(a);
-  }
-  for (auto& o : out) {
-    enc.set_output_array(alloc(o));
-  }
+  auto& enc = cpu::encode_all(in, out, stream());
   const auto& x = in[0];
   const int64_t N = x.shape(0), C = x.shape(1);
   int next = 7;

@@ -79,7 +79,9 @@ struct Strided {
 void AdamUpdate::eval_cpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  auto& enc = mx::cpu::get_command_encoder(stream());
+  // Fresh outputs: the inputs of a primitive with several outputs are held
+  // by every output, so MLX never reports them donatable here.
+  auto& enc = cpu::encode_all(in, out, stream());
   auto dense = [](const mx::array& a) {
     return a.flags().row_contiguous && a.data_size() == a.size();
   };
@@ -88,18 +90,11 @@ void AdamUpdate::eval_cpu(
   // copy when the task runs (its data is ready then).
   std::array<Strided, 5> src;
   for (int i = 0; i < 5; ++i) {
-    enc.set_input_array(in[i]);
     src[i].data = in[i].data<float>();
     if (!dense(in[i])) {
       src[i].shape.assign(in[i].shape().begin(), in[i].shape().end());
       src[i].strides.assign(in[i].strides().begin(), in[i].strides().end());
     }
-  }
-  // Fresh outputs: the inputs of a primitive with several outputs are held
-  // by every output, so MLX never reports them donatable here.
-  for (auto& o : out) {
-    o.set_data(mx::allocator::malloc(o.nbytes()));
-    enc.set_output_array(o);
   }
   enc.dispatch([fn = cpu::active_kernels().adam_update,
                 n = static_cast<int64_t>(out[0].size()),

@@ -11,6 +11,19 @@
 
 namespace mlx_lattice::cpu {
 
+mx::cpu::CommandEncoder&
+encode_all(const std::vector<mx::array>& in, std::vector<mx::array>& out, mx::Stream s) {
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto& a : in) {
+    enc.set_input_array(a);
+  }
+  for (auto& a : out) {
+    a.set_data(mx::allocator::malloc(a.nbytes()));
+    enc.set_output_array(a);
+  }
+  return enc;
+}
+
 Float feature_type(mx::Dtype dt) {
   if (dt == mx::float32) {
     return Float::f32;
@@ -264,16 +277,7 @@ void patch_attention_backward(
     std::vector<mx::array>& out,
     mx::Stream s) {
   const Float t = feature_type(in[0].dtype());
-  for (auto& a : out) {
-    a.set_data(mx::allocator::malloc(a.nbytes()));
-  }
-  auto& enc = mx::cpu::get_command_encoder(s);
-  for (const auto& a : in) {
-    enc.set_input_array(a);
-  }
-  for (auto& a : out) {
-    enc.set_output_array(a);
-  }
+  auto& enc = encode_all(in, out, s);
   enc.dispatch([fn = active_kernels().attention_backward,
                 t,
                 a = attention_shape(in[0], scale),

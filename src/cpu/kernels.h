@@ -8,11 +8,18 @@
 
 #include "cpu/isa.h"
 #include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/stream.h"
 
 namespace mlx_lattice::cpu {
 
 namespace mx = mlx::core;
+
+// The stream's CPU encoder with every input and output registered and each
+// output given a fresh buffer: the common start of a primitive's eval_cpu
+// whose outputs are all written by its task.
+mx::cpu::CommandEncoder&
+encode_all(const std::vector<mx::array>& in, std::vector<mx::array>& out, mx::Stream s);
 
 // The kernels' Float of a feature dtype; throws std::invalid_argument for
 // any other dtype.
