@@ -369,13 +369,15 @@ def test_spconv_cpu_outputs():
         import spconv.pytorch as spconv
     except Exception as e:  # noqa: BLE001  (any import failure: not installable here)
         pytest.skip(f"spconv is not importable: {e}")
+    # spconv's CUDA builds default to implicit GEMM, which refuses CPU tensors
+    native = spconv.ConvAlgo.Native
     rng = np.random.default_rng(12)
     src = oracle.random_coords(rng, 80, extent=10, batches=2, low=0).astype(np.int32)
     feats = _rand(rng, len(src), 4)
     net = spconv.SparseSequential(
-        spconv.SubMConv3d(4, 6, 3, bias=False, indice_key="s1"),  # bias: CUDA only in spconv
+        spconv.SubMConv3d(4, 6, 3, bias=False, indice_key="s1", algo=native),  # bias: CUDA only in spconv
         torch.nn.BatchNorm1d(6),
-        spconv.SparseConv3d(6, 5, (3, 2, 1), stride=2, padding=1, bias=False),
+        spconv.SparseConv3d(6, 5, (3, 2, 1), stride=2, padding=1, bias=False, algo=native),
     )
     with torch.no_grad():
         for p in net.parameters():
@@ -407,12 +409,14 @@ def test_spconv_inverse_cpu_outputs():
         import spconv.pytorch as spconv
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"spconv is not importable: {e}")
+    # spconv's CUDA builds default to implicit GEMM, which refuses CPU tensors
+    native = spconv.ConvAlgo.Native
     rng = np.random.default_rng(13)
     src = oracle.random_coords(rng, 80, extent=10, batches=2, low=0).astype(np.int32)
     feats = _rand(rng, len(src), 4)
     net = spconv.SparseSequential(
-        spconv.SparseConv3d(4, 6, (3, 2, 1), stride=2, padding=1, bias=False, indice_key="d1"),
-        spconv.SparseInverseConv3d(6, 5, (3, 2, 1), indice_key="d1", bias=False),
+        spconv.SparseConv3d(4, 6, (3, 2, 1), stride=2, padding=1, bias=False, indice_key="d1", algo=native),
+        spconv.SparseInverseConv3d(6, 5, (3, 2, 1), indice_key="d1", bias=False, algo=native),
     )
     with torch.no_grad():
         for p in net.parameters():

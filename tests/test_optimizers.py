@@ -250,8 +250,14 @@ def test_compiled_update_matches_eager(rng):
         mx.eval(a.parameters(), opt_a.state)
         step()
         mx.eval(state)
+    on_gpu = mx.default_device() == mx.gpu
     for (_, va), (_, vb) in zip(tree_flatten(a.parameters()), tree_flatten(b.parameters())):
-        np.testing.assert_array_equal(np.array(va), np.array(vb))
+        if on_gpu:
+            # MLX fuses the compiled update into one GPU kernel whose multiply-adds
+            # may contract: equal to a few ulps, not bitwise.
+            np.testing.assert_allclose(np.array(va), np.array(vb), rtol=1e-6, atol=1e-8)
+        else:
+            np.testing.assert_array_equal(np.array(va), np.array(vb))
 
 
 def test_learning_rate_set_between_steps(rng):
