@@ -11,8 +11,9 @@
 // throughout, and two partials merge through the difference of their
 // shifts (exact for nearby shifts), so float32 keeps the variance where
 // mean^2 >> var. norm_act_apply then writes
-//     y = act(x * scale + shift [+ residual]),  one rounding to T,
-// with scale = w / sqrt(var + eps), shift = b - mean * scale.
+//     y = act((x - mean) * scale + b [+ residual]),  one rounding to T,
+// with scale = w / sqrt(var + eps): x - mean is exact for x near the mean,
+// where x * scale + (b - mean * scale) would cancel mean * scale.
 //
 // Backward: norm_act_grad_sums gives per (block, segment, channel)
 // A = sum g, B = sum g * xhat and the row count, with g = ct * act'(z) (z's
@@ -223,7 +224,7 @@ inline float activate(float z, float low) {
   return z > 0.0f ? z : low * z;
 }
 
-// Pass 3: y = act(x * scale + shift [+ r]), mean and var from pass 2
+// Pass 3: y = act((x - mean) * scale + b [+ r]), mean and var from pass 2
 // (training) or given (eval: segment 0 only).
 template <typename T>
 [[kernel]] void norm_act_apply(
@@ -247,13 +248,19 @@ template <typename T>
   }
   const float wc = w[c];
   const float bc = b[c];
+  int s_prev = -1;
+  float mu = 0.0f;
+  float scale = 0.0f;
   for (long i = walk.first; i < p.rows; i += walk.step) {
     const int s = p.segmented ? seg[i] : 0;
-    const long j = long(s) * p.channels + c;
-    const float scale = wc / sqrt(var[j] + p.eps);
-    const float shift = bc - mean[j] * scale;
+    if (s != s_prev) { // the segment's statistics, kept while it repeats
+      const long j = long(s) * p.channels + c;
+      mu = mean[j];
+      scale = wc / sqrt(var[j] + p.eps);
+      s_prev = s;
+    }
     const long e = long(i) * p.channels + c;
-    float z = float(x[e]) * scale + shift;
+    float z = (float(x[e]) - mu) * scale + bc;
     if (p.residual) {
       z += float(r[e]);
     }
@@ -262,15 +269,6 @@ template <typename T>
 }
 
 // ------------------------------------------------------------ backward
-
-// Per-(segment, channel) scale = w / sqrt(var + eps) and shift = b - mean *
-// scale, the forward pass's affine map (z recomputed from x).
-inline float2 affine_at(device const float* w, device const float* b, device const float* mean,
-                        device const float* var, constant NormParams& p, int s, int c) {
-  const long j = long(s) * p.channels + c;
-  const float scale = w[c] / sqrt(var[j] + p.eps);
-  return float2(scale, b[c] - mean[j] * scale);
-}
 
 // The gradient sums' partials: planes A, B and the count (uint bits).
 inline long sums_index(constant NormParams& p, int plane, int s, int c, int blk) {
@@ -325,9 +323,10 @@ template <typename T>
   const int i0 = blk * p.block_rows;
   const int i1 = min(p.rows, i0 + p.block_rows);
   int s_run = p.segmented && i0 < i1 ? seg[i0] : 0;
-  float2 aff = affine_at(w, b, mean, var, p, s_run, c);
   float mu = mean[long(s_run) * p.channels + c];
   float inv = 1.0f / sqrt(var[long(s_run) * p.channels + c] + p.eps);
+  const float wc = w[c];
+  const float bc = b[c];
   float3 run = float3(0.0f); // A, B, count
   for (int i = i0; i < i1; ++i) {
     const int s = p.segmented ? seg[i] : 0;
@@ -335,22 +334,22 @@ template <typename T>
       sums_flush(part, p, s_run, c, blk, run);
       run = float3(0.0f);
       s_run = s;
-      aff = affine_at(w, b, mean, var, p, s, c);
       mu = mean[long(s) * p.channels + c];
       inv = 1.0f / sqrt(var[long(s) * p.channels + c] + p.eps);
     }
     const long e = long(i) * p.channels + c;
-    const float v = float(x[e]);
-    const float z = p.residual ? float(y[e]) : v * aff.x + aff.y;
+    const float d = float(x[e]) - mu;
+    // z as the forward pass computed it (its sign gives act')
+    const float z = p.residual ? float(y[e]) : d * (wc * inv) + bc;
     const float g = z > 0.0f ? float(ct[e]) : p.low * float(ct[e]);
-    run += float3(g, g * ((v - mu) * inv), 1.0f);
+    run += float3(g, g * (d * inv), 1.0f);
   }
   sums_flush(part, p, s_run, c, blk, run);
 }
 
 // Pass 2: one threadgroup per channel; per segment in order, the blocks'
 // sums in a fixed tree; dweight and dbias summed over segments in order;
-// the coefficients (scale, shift, k1, k2) per (segment, channel) into coef:
+// the coefficients (scale, k1, k2) per (segment, channel) into coef:
 // dx = scale g + k1 (x - mean) + k2 with, in training,
 //   k1 = 2 ct_var / n - scale inv B / n,  k2 = ct_mean / n - scale A / n.
 [[kernel]] void norm_act_grad_merge(
@@ -413,9 +412,8 @@ template <typename T>
       }
       const long sc = long(p.segments) * p.channels;
       coef[j] = scale;
-      coef[sc + j] = b[c] - mean[j] * scale;
-      coef[2 * sc + j] = k1;
-      coef[3 * sc + j] = k2;
+      coef[sc + j] = k1;
+      coef[2 * sc + j] = k2;
     }
     // the tree's slots are refilled for the next segment
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -433,12 +431,13 @@ template <typename T>
     device const T* x [[buffer(0)]],
     device const T* y [[buffer(1)]],
     device const T* ct [[buffer(2)]],
-    device const float* mean [[buffer(3)]],
-    device const int* seg [[buffer(4)]],
-    device const float* coef [[buffer(5)]],
-    device T* dx [[buffer(6)]],
-    device T* g_out [[buffer(7)]],
-    constant NormParams& p [[buffer(8)]],
+    device const float* b [[buffer(3)]],
+    device const float* mean [[buffer(4)]],
+    device const int* seg [[buffer(5)]],
+    device const float* coef [[buffer(6)]],
+    device T* dx [[buffer(7)]],
+    device T* g_out [[buffer(8)]],
+    constant NormParams& p [[buffer(9)]],
     uint3 gid [[threadgroup_position_in_grid]],
     uint3 lid [[thread_position_in_threadgroup]],
     uint3 tpg [[threads_per_threadgroup]],
@@ -454,17 +453,17 @@ template <typename T>
     const long j = long(s) * p.channels + c;
     const long e = long(i) * p.channels + c;
     const float scale = coef[j];
-    const float v = float(x[e]);
-    const float z = p.residual ? float(y[e]) : v * scale + coef[sc + j];
+    const float d = float(x[e]) - mean[j];
+    const float z = p.residual ? float(y[e]) : d * scale + b[c];
     const float g = z > 0.0f ? float(ct[e]) : p.low * float(ct[e]);
     if (p.residual) {
       g_out[e] = T(g);
     }
-    float d = scale * g;
+    float dx_e = scale * g;
     if (p.training) {
-      d += coef[2 * sc + j] * (v - mean[j]) + coef[3 * sc + j];
+      dx_e += coef[sc + j] * d + coef[2 * sc + j];
     }
-    dx[e] = T(d);
+    dx[e] = T(dx_e);
   }
 }
 

@@ -140,7 +140,7 @@ Program norm_backward_program(const NormSpec& spec, int64_t rows, int64_t channe
   const Binding ct_mean = spec.training ? input(next++, "ct_mean") : w;
   const Binding ct_var = spec.training ? input(next++, "ct_var") : w;
   prog.temps.push_back(partials(p, 3));
-  prog.temps.push_back({mx::float32, 4 * int64_t(p.segments) * p.channels});
+  prog.temps.push_back({mx::float32, 3 * int64_t(p.segments) * p.channels});
   if (p.blocks > 0) {
     prog.steps.push_back(partial_step(
         "norm_act_grad_sums_" + dt, p,
@@ -160,8 +160,8 @@ Program norm_backward_program(const NormSpec& spec, int64_t rows, int64_t channe
     const Binding g = spec.residual ? output(3, "g") : output(0, "dx");
     prog.steps.push_back(rows_pass(
         "norm_act_grad_apply_" + dt, p,
-        {x, input(1, "y"), input(2, "ct"), input(5, "mean"), seg, temp(1, "coef"),
-         output(0, "dx"), g, bytes(p)}));
+        {x, input(1, "y"), input(2, "ct"), input(4, "bias"), input(5, "mean"), seg,
+         temp(1, "coef"), output(0, "dx"), g, bytes(p)}));
   }
   return prog;
 }
