@@ -48,7 +48,10 @@ inline Moments moments_empty() {
   return a;
 }
 
-// Chan, Golub and LeVeque's pairwise update, in a's shift.
+// Chan, Golub and LeVeque's pairwise update, in a's shift. The library is
+// compiled without fast math (cmake/metal.cmake): reassociating
+// (b.k - a.k) + (b.m - a.m) into (b.k + b.m) - (a.k + a.m) would round at the
+// magnitude of the means and lose the variance.
 inline Moments moments_merge(Moments a, Moments b) {
   if (b.n == 0) {
     return a;
