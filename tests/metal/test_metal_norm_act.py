@@ -125,10 +125,14 @@ def oracle_forward(case: Case):
     return np.where(z > 0, z, LOW[case.act] * z), mean, var, z
 
 
-def oracle_backward(case: Case, ct, ct_mean, ct_var):
-    """(dx, dweight, dbias, g) from the closed form in float64."""
+def oracle_backward(case: Case, ct, ct_mean, ct_var, stats=None):
+    """(dx, dweight, dbias, g) from the closed form in float64; `stats`: the
+    (S, C) mean and var to take instead of the batch's (act' still from the
+    exact z)."""
     x, grp = f64(case.x), groups(case)
     _, mean, var, z = oracle_forward(case)
+    if stats is not None:
+        mean, var = f64(stats[0]), f64(stats[1])
     g = np.where(z > 0, 1.0, LOW[case.act]) * f64(ct)
     inv = 1.0 / np.sqrt(var + EPS)
     xhat = (x - mean[grp]) * inv[grp]
@@ -376,10 +380,25 @@ def test_statistics_with_large_offset_over_many_blocks(rng, segmented):
     n, c = 3000, 3
     kind = "instance" if segmented else "batch"
     case = make_case(rng, n, c, mx.float32, kind, "none", items=3, offset=1000.0, centres=50.0, spread=0.01)
-    _, mean, var = metal_forward(case, "random", 3)
+    y, mean, var = metal_forward(case, "random", 3)
     want_mean, want_var = oracle_stats(case)
     np.testing.assert_allclose(f64(mean), want_mean, rtol=1e-7)
     np.testing.assert_allclose(f64(var), want_var, rtol=1e-5)
+    # y from x - mean, mean rounded to float32: off by up to an ulp of the
+    # mean times w / sqrt(var + eps) (about 0.006 here), no more (the
+    # x * scale + shift form would also round mean * scale, about 1e5)
+    g = groups(case)
+    ulp = np.spacing(np.float32(np.abs(want_mean))).astype(np.float64)
+    slack = (ulp * f64(case.w) / np.sqrt(want_var + EPS))[g]
+    close(y, oracle_forward(case)[0], 2e-5, scale=1.0 + slack / 2e-5, what="y vs oracle")
+    ct, ct_mean, ct_var = cotangents(rng, case)
+    dx, dw, db = metal_backward(case, ct, ct_mean, ct_var, "random", 4)
+    # at the float32 statistics the backward pass is given (the batch mean's
+    # rounding, times sum g, would dominate dweight)
+    want = oracle_backward(case, ct, ct_mean, ct_var, stats=(mean, var))
+    close(dx, want[0], 2e-4, what="dx vs oracle")
+    close(dw, want[1], 2e-4, scale=np.sqrt(n), what="dweight vs oracle")
+    close(db, want[2], 2e-5, scale=np.sqrt(n), what="dbias vs oracle")
 
 
 def test_every_schedule_gives_the_same_bits(rng):
