@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from mlx_lattice import _ext, routes
+from mlx_lattice.network_bench import fused_norms
 from mlx_lattice.nn import normalization
 
 import metal_harness
@@ -440,6 +441,8 @@ def test_layers_choose_the_primitive_on_metal_only(monkeypatch):
         monkeypatch.setattr(routes, "current_backend", lambda stream=None, b=backend: b)
         assert normalization._fusable(f, None) == fused, backend
     monkeypatch.setattr(routes, "current_backend", lambda stream=None: "metal")
+    with fused_norms(False):  # the MLX-op path, for comparisons
+        assert not normalization._fusable(f, None)
     monkeypatch.setattr(_ext, "metal_available", lambda: False)  # a build without Metal kernels
     assert not normalization._fusable(f, None)
 
