@@ -222,6 +222,12 @@ inline RowWalk row_walk(constant NormParams& p, uint3 gid, uint3 lid, uint3 tpg,
   return w;
 }
 
+// w / sqrt(var + eps): one expression in every pass, so that the backward
+// passes recompute the forward pass's z (and its sign) exactly.
+inline float norm_scale(float w, float var, float eps) {
+  return w / sqrt(var + eps);
+}
+
 // The activation: y = z > 0 ? z : low * z (act' likewise from z's sign).
 inline float activate(float z, float low) {
   return z > 0.0f ? z : low * z;
@@ -259,7 +265,7 @@ template <typename T>
     if (s != s_prev) { // the segment's statistics, kept while it repeats
       const long j = long(s) * p.channels + c;
       mu = mean[j];
-      scale = wc / sqrt(var[j] + p.eps);
+      scale = norm_scale(wc, var[j], p.eps);
       s_prev = s;
     }
     const long e = long(i) * p.channels + c;
@@ -330,6 +336,7 @@ template <typename T>
   float inv = 1.0f / sqrt(var[long(s_run) * p.channels + c] + p.eps);
   const float wc = w[c];
   const float bc = b[c];
+  float scale = norm_scale(wc, var[long(s_run) * p.channels + c], p.eps);
   float3 run = float3(0.0f); // A, B, count
   for (int i = i0; i < i1; ++i) {
     const int s = p.segmented ? seg[i] : 0;
@@ -339,11 +346,12 @@ template <typename T>
       s_run = s;
       mu = mean[long(s) * p.channels + c];
       inv = 1.0f / sqrt(var[long(s) * p.channels + c] + p.eps);
+      scale = norm_scale(wc, var[long(s) * p.channels + c], p.eps);
     }
     const long e = long(i) * p.channels + c;
     const float d = float(x[e]) - mu;
     // z as the forward pass computed it (its sign gives act')
-    const float z = p.residual ? float(y[e]) : d * (wc * inv) + bc;
+    const float z = p.residual ? float(y[e]) : d * scale + bc;
     const float g = z > 0.0f ? float(ct[e]) : p.low * float(ct[e]);
     run += float3(g, g * (d * inv), 1.0f);
   }
@@ -358,15 +366,13 @@ template <typename T>
 [[kernel]] void norm_act_grad_merge(
     device const float* part [[buffer(0)]],
     device const float* w [[buffer(1)]],
-    device const float* b [[buffer(2)]],
-    device const float* mean [[buffer(3)]],
-    device const float* var [[buffer(4)]],
-    device const float* ct_mean [[buffer(5)]],
-    device const float* ct_var [[buffer(6)]],
-    device float* coef [[buffer(7)]],
-    device float* dw [[buffer(8)]],
-    device float* db [[buffer(9)]],
-    constant NormParams& p [[buffer(10)]],
+    device const float* var [[buffer(2)]],
+    device const float* ct_mean [[buffer(3)]],
+    device const float* ct_var [[buffer(4)]],
+    device float* coef [[buffer(5)]],
+    device float* dw [[buffer(6)]],
+    device float* db [[buffer(7)]],
+    constant NormParams& p [[buffer(8)]],
     uint3 gid [[threadgroup_position_in_grid]],
     uint3 lid [[thread_position_in_threadgroup]]) {
   threadgroup float ta[NORM_MERGE_THREADS];
@@ -405,7 +411,7 @@ template <typename T>
       sum_b += B;
       const long j = long(s) * p.channels + c;
       const float inv = 1.0f / sqrt(var[j] + p.eps);
-      const float scale = w[c] * inv;
+      const float scale = norm_scale(w[c], var[j], p.eps);
       float k1 = 0.0f;
       float k2 = 0.0f;
       if (p.training && count > 0) {

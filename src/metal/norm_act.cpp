@@ -152,8 +152,8 @@ Program norm_backward_program(const NormSpec& spec, int64_t rows, int64_t channe
   merge.threads = {NORM_MERGE_THREADS, 1, 1};
   merge.groups = {static_cast<uint64_t>(p.channels), 1, 1};
   merge.buffers = {
-      temp(0, "sums"), w, input(4, "bias"), input(5, "mean"), input(6, "var"), ct_mean, ct_var,
-      temp(1, "coef"), output(1, "dweight"), output(2, "dbias"), bytes(p)};
+      temp(0, "sums"), w, input(6, "var"), ct_mean, ct_var, temp(1, "coef"),
+      output(1, "dweight"), output(2, "dbias"), bytes(p)};
   prog.steps.push_back(std::move(merge));
   if (p.rows > 0) {
     // Without a residual g is not an output: dx stands in, never written.

@@ -420,18 +420,19 @@ def test_every_kernel_of_the_family_is_tested_here():
     assert defined == set(KERNELS), f"kernels without a test here: {sorted(defined - set(KERNELS))}"
 
 
-def test_programs_name_the_kernels_for_each_dtype():
+def test_programs_name_the_kernels_for_each_dtype(rng):
     for dtype in DTYPES:
-        case = make_case(np.random.default_rng(0), 10, 2, DTYPES[dtype], "instance", "relu", residual=True)
+        case = make_case(rng, 10, 2, DTYPES[dtype], "instance", "relu", residual=True)
         fwd = [s["kernel"] for s in program(case, "forward")["steps"]]
         bwd = [s["kernel"] for s in program(case, "backward")["steps"]]
         assert fwd == [f"norm_act_stats_{dtype}", "norm_act_merge", f"norm_act_apply_{dtype}"]
         assert bwd == [f"norm_act_grad_sums_{dtype}", "norm_act_grad_merge", f"norm_act_grad_apply_{dtype}"]
-    case.stats = (case.w, case.w)
-    case.seg, case.segments = None, 1
-    assert [s["kernel"] for s in program(case, "forward")["steps"]] == ["norm_act_apply_bfloat16"]
+        eval_case = make_case(rng, 10, 2, DTYPES[dtype], "eval")
+        assert [s["kernel"] for s in program(eval_case, "forward")["steps"]] == [f"norm_act_apply_{dtype}"]
     with pytest.raises(ValueError, match="direction must be 'forward' or 'backward'"):
         _ext.metal_norm_program("sideways", 4, 2, mx.float32, 1, False, True, False, 0, 0.0, EPS)
+    with pytest.raises(ValueError, match="unsupported dtype for Metal kernels"):
+        _ext.metal_norm_program("forward", 4, 2, mx.int32, 1, False, True, False, 0, 0.0, EPS)
 
 
 def test_layers_choose_the_primitive_on_metal_only(monkeypatch):
@@ -449,7 +450,7 @@ def test_layers_choose_the_primitive_on_metal_only(monkeypatch):
 
 @pytest.mark.skipif(BACKEND != "metal", reason="the layers run on a Mac's GPU")
 @pytest.mark.parametrize("kind", ["batch", "instance"])
-def test_layers_on_the_gpu(rng, kind):
+def test_layers_on_the_gpu(rng, kind, monkeypatch):
     from mlx_lattice import SparseTensor, nn
 
     n, c = 500, 6
@@ -458,7 +459,11 @@ def test_layers_on_the_gpu(rng, kind):
     coords[:, 1:] = rng.permutation(40**3)[:n, None] // np.array([1600, 40, 1]) % 40
     x = SparseTensor(coords, mx.array(rng.standard_normal((n, c)).astype(np.float32)))
     norm = nn.BatchNorm(c) if kind == "batch" else nn.InstanceNorm(c)
+    calls = []
+    fused = _ext.norm_act
+    monkeypatch.setattr(normalization._ext, "norm_act", lambda *a, **k: calls.append(1) or fused(*a, **k))
     y = nn.norm_act(norm, x, nn.ReLU())
+    assert calls, "the layer took the MLX-op path on a Metal GPU"
     case = Case(x.feats, mx.ones((c,)), mx.zeros((c,)), None,
                 None if kind == "batch" else mx.array(coords[:, 0]), 1 if kind == "batch" else 2, None, "relu")
     close(y.feats, oracle_forward(case)[0], TOL[mx.float32])
