@@ -415,6 +415,30 @@ def test_every_schedule_gives_the_same_bits(rng):
             assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.skipif(BACKEND == "metal", reason="edits the program's grid: harness only")
+def test_elementwise_passes_stride_past_their_grid(rng, monkeypatch):
+    # Past NORM_MAX_ROW_GROUPS row threadgroups the apply passes walk the
+    # rows in grid strides: the same results from a grid of 3 row groups.
+    case = make_case(rng, 500, 6, mx.float16, "instance", "leaky", residual=True)
+    ct, ct_mean, ct_var = cotangents(rng, case)
+    want = metal_forward(case) + metal_backward(case, ct, ct_mean, ct_var)
+
+    full_grid = _ext.metal_norm_program
+
+    def small_grid(*args):
+        prog = full_grid(*args)
+        for step in prog["steps"]:
+            if "apply" in step["kernel"]:
+                assert step["groups"][1] > 3
+                step["groups"] = (step["groups"][0], 3, 1)
+        return prog
+
+    monkeypatch.setattr(_ext, "metal_norm_program", small_grid)
+    got = metal_forward(case) + metal_backward(case, ct, ct_mean, ct_var)
+    for a, b in zip(want, got):
+        assert np.array(a).tobytes() == np.array(b).tobytes()
+
+
 def test_every_kernel_of_the_family_is_tested_here():
     defined = {k for k, path in metal_harness.defined_kernels().items() if path.name == "norm_act.metal"}
     assert defined == set(KERNELS), f"kernels without a test here: {sorted(defined - set(KERNELS))}"
