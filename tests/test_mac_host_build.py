@@ -11,6 +11,7 @@ stand-in and the check reject each kind of mistake: a snippet per kind
 compiles as written and fails, at the marked line, with the mistake in.
 """
 
+import os
 import re
 import sys
 import tomllib
@@ -114,3 +115,14 @@ def test_standin_headers_stand_alone():
             input=f"#include <{header}>\n", timeout=120,
         )
         assert out.returncode == 0, out.stderr
+
+
+def test_checked_with_libcxx():
+    # Apple's standard library is libc++: with libstdc++ a header that it
+    # includes transitively can hide a missing #include that breaks on a Mac.
+    compiler = _compiler()
+    if not compiler.stdlib:
+        message = f"the check used libstdc++ ({compiler.describe()}): install libc++ (Debian: libc++-16-dev)"
+        if os.environ.get("MLX_LATTICE_REQUIRE_LIBCXX") == "1":
+            pytest.fail(f"MLX_LATTICE_REQUIRE_LIBCXX=1 but {message}")
+        pytest.skip(message)

@@ -111,7 +111,7 @@ class Compiler:
 
     def describe(self) -> str:
         lib = "libc++" if self.stdlib else "libstdc++"
-        return f"{self.command} ({self.version}) with {lib}"
+        return f"{self.command} [{self.version}] with {lib}"
 
 
 def _run(args, **kw):
