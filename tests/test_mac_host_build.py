@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,11 +89,27 @@ def _selftest_cases():
     return cases
 
 
-@pytest.mark.parametrize("path, variant, line", _selftest_cases())
-def test_check_rejects_mistakes(path, variant, line):
+SELFTEST_CASES = _selftest_cases()
+
+
+@pytest.fixture(scope="module")
+def selftest_results():
+    """Every snippet and mistake, compiled at once (never cached)."""
     compiler = _compiler()
-    extra = (f"-DMACHOST_BAD={variant}",) if variant else ()
-    res = check.compile_unit(path, compiler, extra, cache=False)
+    runs = [(c.values[0], c.values[1]) for c in SELFTEST_CASES]
+
+    def one(run):
+        path, variant = run
+        extra = (f"-DMACHOST_BAD={variant}",) if variant else ()
+        return check.compile_unit(path, compiler, extra, cache=False)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return dict(zip(runs, pool.map(one, runs)))
+
+
+@pytest.mark.parametrize("path, variant, line", SELFTEST_CASES)
+def test_check_rejects_mistakes(selftest_results, path, variant, line):
+    res = selftest_results[(path, variant)]
     if variant == 0:
         assert res.ok, res.output
         return
