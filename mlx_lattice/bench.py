@@ -728,6 +728,77 @@ def run_grouped(coords, channels: int, groups: int, repeats: int) -> dict:
     }
 
 
+def cpu_time(fn, repeats: int) -> float:
+    """Best process CPU seconds of fn (all threads): on a machine shared with
+    other jobs, far steadier than wall time, and comparable across calls."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def run_network_layers(args) -> int:
+    """Every convolution product of a MinkUNet training step, by layer shape
+    and pass, in CPU time beside the same run's NumPy sgemm in CPU time."""
+    from .network_bench import TrainingStep, _recording
+
+    wl = (args.workloads or "lidar").split(",")[0]
+    coords, desc = workload(wl, quick=False)
+    repeats = args.repeats or 3
+    step = TrainingStep(coords, width=args.width)
+    with _recording() as rec:
+        y = step.model(step.tensor())
+    mx.eval(y.feats, [r[:2] for r in rec["conv"]])
+    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    sgemm = 2 * 2048**3 / cpu_time(lambda: a @ a, 5) / 1e9
+    print(f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels, {num_threads()} threads, "
+          f"CPU path {_ext.cpu_isa()}, float32")
+    print(f"CPU time (all threads) per call, best of {repeats}; NumPy sgemm {sgemm:.1f} GFLOP/s of CPU time "
+          f"(2048^3, same run); % = useful GFLOP/s / sgemm")
+    layers_by_shape, totals = {}, [0.0, 0.0, 0.0]
+    for x, w, native, view, route, stream in rec["conv"]:
+        def conv(a, b, native=native, view=view, route=route, stream=stream):
+            return _ext.gather_conv(a, b, native, view, route, stream)
+
+        y = conv(x, w)
+        ct = mx.random.normal(y.shape)
+        mx.eval(y, ct)
+
+        def grad(argnum, conv=conv, x=x, w=w, ct=ct):
+            def part(p):
+                return conv(p, w) if argnum == 0 else conv(x, p)
+            mx.eval(mx.vjp(part, [(x, w)[argnum]], [ct])[1])
+
+        times = [cpu_time(lambda: mx.eval(conv(x, w)), repeats),
+                 cpu_time(lambda: grad(0), repeats) if x is not step.feats else 0.0,
+                 cpu_time(lambda: grad(1), repeats)]
+        edges = native.edges if native is not None else x.shape[0]
+        key = (w.shape[0], w.shape[1], w.shape[2], x.shape[0], y.shape[0], edges, route)
+        entry = layers_by_shape.setdefault(key, [0, [0.0, 0.0, 0.0]])
+        entry[0] += 1
+        for i, t in enumerate(times):
+            entry[1][i] += t
+            totals[i] += t
+    print(f"all products: forward {totals[0] * 1e3:.0f} ms, input gradient {totals[1] * 1e3:.0f} ms, "
+          f"weight gradient {totals[2] * 1e3:.0f} ms of CPU time")
+    print("| K | C_in -> C_out | rows in -> out | edges per out row | route | layers | forward ms (% sgemm) "
+          "| input grad ms | weight grad ms | share |")
+    print("|---:|---|---|---:|---|---:|---|---|---|---:|")
+    for (K, c_in, c_out, n_in, n_out, edges, route), (n, ts) in sorted(
+            layers_by_shape.items(), key=lambda kv: -sum(kv[1][1])):
+        flop = 2.0 * edges * c_in * c_out
+
+        def cell(t):
+            return f"{t / n * 1e3:.2f} ({flop / (t / n) / 1e9 / sgemm:.0%})" if t > 0 else "-"
+
+        print(f"| {K} | {c_in} -> {c_out} | {n_in:,} -> {n_out:,} | {edges / n_out:.2f} | {route} | {n} "
+              f"| {cell(ts[0])} | {cell(ts[1])} | {cell(ts[2])} | {sum(ts) / sum(totals):.1%} |")
+    return 0
+
+
 def format_header() -> str:
     cells = []
     for (key, fmt), head in zip(COLUMNS, HEADER):
@@ -756,9 +827,14 @@ def main(argv=None) -> int:
     p.add_argument("--grouped", action="store_true",
                    help="grouped and depthwise layers (cpu.grouped_gather) on the first workload")
     p.add_argument("--attention", action="store_true", help="only the CPU serialized-patch attention case")
+    p.add_argument("--network-layers", action="store_true",
+                   help="every convolution product of a MinkUNet training step by layer and pass (CPU time)")
+    p.add_argument("--width", type=float, default=0.5, help="with --network-layers: the MinkUNet width")
     args = p.parse_args(argv)
     if args.attention:
         return run_attention(args)
+    if args.network_layers:
+        return run_network_layers(args)
     if args.device == "gpu":
         return run_gpu(args)
     if args.grouped:
