@@ -164,6 +164,9 @@ def _run(fn, feats, w, ct):
         ("pointwise", 48, 4, mx.float32),  # read in place
         ("subm", 40, 20, mx.float32),  # packed panels
         ("subm", 160, 12, mx.float16),  # packed panels, widened
+        # one-vector weight-gradient tiles on AVX-512: 16 rows, 15 + 15
+        ("subm", 16, 16, mx.float32),
+        ("subm", 30, 16, mx.float32),
     ],
 )
 def test_kernels_match_oracle(rng, isa, op, c_in, c_out, dtype):
@@ -261,6 +264,8 @@ def test_weight_gradient_row_blocks_bitwise_across_threads(rng, isa, c_in, c_out
     # weight-gradient tiles oriented differently by the two paths (C_in in
     # AVX-512 vectors, C_out in AVX2 vectors)
     ("subm", 32, 8, mx.float32), ("up", 64, 8, mx.float32),
+    # 16-row weight-gradient tiles on AVX-512, 6-row ones on AVX2
+    ("subm", 16, 16, mx.float32),
 ])
 def test_bitwise_across_fma_paths(rng, restore_isa, op, c_in, c_out, dtype):
     fn, feats, w, ct, _, _ = _conv_case(rng, op, c_in, c_out, dtype, n=2000, extent=20)

@@ -66,6 +66,13 @@ inline void tile(Rows rows, int64_t e0, int64_t e1, float* acc, int lda) {
   }
 }
 
+// Rows of a register tile: as many as the vector registers hold (the rows
+// are consecutive channels of one gathered row, so unlike the forward's
+// tiles they need no general register each), up to 16.
+constexpr int tile_rows(int nv) {
+  return std::min((simd::kRegisters - nv - 2) / nv, 16);
+}
+
 // Calls fn.template operator()<MR>() for a runtime MR in [1, kMax].
 template <int MR, int kMax, typename F>
 inline void with_rows(int mr, F&& fn) {
@@ -82,7 +89,7 @@ template <int NV>
 void panel_product(const float* xp, int ldx, const float* cp, int ldc, int64_t n, int A, int c0, float* acc, int lda) {
   // Split A into equal row tiles no taller than the register file allows,
   // so the last tile is not mostly padding (A = 32 -> 11 + 11 + 10).
-  constexpr int kMaxRows = simd::rows_for(NV);
+  constexpr int kMaxRows = tile_rows(NV);
   const int tiles = (A + kMaxRows - 1) / kMaxRows;
   const int mr = (A + tiles - 1) / tiles;
   with_rows<1, kMaxRows>(mr, [&]<int MR>() {
@@ -110,7 +117,7 @@ void subpanel_product(
     int c0,
     float* acc,
     int lda) {
-  constexpr int kMaxRows = simd::rows_for(NV);
+  constexpr int kMaxRows = tile_rows(NV);
   const int tiles = (A + kMaxRows - 1) / kMaxRows;
   const int mr = (A + tiles - 1) / tiles;
   const int full = A / mr;
@@ -191,7 +198,7 @@ void run(
   const bool swap = pad_b > pad_a;
   const int P = swap ? B : A, Q = swap ? A : B;
   const int qp = static_cast<int>(round_up(Q, simd::kWidth));
-  // Room for the last row tile (up to 14 rows) past P.
+  // Room for the last row tile (up to 16 rows) past P.
   const int pp = static_cast<int>(round_up(P, 16) + 16);
   const int64_t tile_floats = int64_t(pp) * qp;
   const auto blocks = column_blocks(qp);
