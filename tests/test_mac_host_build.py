@@ -25,6 +25,7 @@ import check  # noqa: E402
 
 SELFTEST = Path(__file__).resolve().parent / "machost" / "selftest"
 UNITS = check.sources()
+PLAN = check.plan(UNITS)
 
 
 def _compiler():
@@ -68,10 +69,29 @@ def test_every_source_is_built():
     assert on_disk <= listed
 
 
-@pytest.mark.parametrize("unit", UNITS, ids=[str(u.relative_to(check.ROOT)) for u in UNITS])
-def test_unit_compiles_as_on_a_mac(results, unit):
-    res = results[unit]
-    assert res.ok, f"{unit.relative_to(check.ROOT)} does not compile as a Mac build with Metal ({_compiler().describe()}):\n{res.output[-6000:]}"
+def test_builds():
+    # Every Mac build with Metal: both libraries, or mlx_lattice.metallib
+    # alone (TensorOps failed or switched off). The units that read the
+    # definitions are checked in each.
+    builds = check.configurations()
+    assert builds == {
+        "metal": ["MLX_LATTICE_METAL=1"],
+        "metal+tensorops": ["MLX_LATTICE_METAL=1", "MLX_LATTICE_TENSOROPS=1"],
+    }
+    conditional = check.conditional_units(UNITS, check.metal_definitions())
+    assert check.ROOT / "src/metal/program.cpp" in conditional
+    assert {(b, u) for b in builds for u in conditional} <= set(PLAN)
+
+
+@pytest.mark.parametrize(
+    "build, unit", PLAN, ids=[f"{u.relative_to(check.ROOT)}[{b}]" for b, u in PLAN]
+)
+def test_unit_compiles_as_on_a_mac(results, build, unit):
+    res = results[(build, unit)]
+    assert res.ok, (
+        f"{unit.relative_to(check.ROOT)} does not compile as a Mac build with Metal ({build}; "
+        f"{_compiler().describe()}):\n{res.output[-6000:]}"
+    )
 
 
 def _selftest_cases():

@@ -57,14 +57,43 @@ def sources() -> list[Path]:
     return [ROOT / name for name in _cmake_list(_cmake(), "LATTICE_SOURCES")]
 
 
-def metal_definitions() -> list[str]:
-    """The extension's compile definitions that a build with the Metal
-    libraries adds: each target_compile_definitions(_ext ...) under an
-    if(LATTICE_<library>_BUILT) of CMakeLists.txt."""
+def _library_definitions() -> list[tuple[str, list[str]]]:
+    """(condition, definitions): each target_compile_definitions(_ext ...)
+    under an if(LATTICE_<library>_BUILT) of CMakeLists.txt, in order."""
     found = re.findall(
         r"if\((LATTICE_\w+_BUILT)\)\s*target_compile_definitions\(_ext\s+PRIVATE\s+([^)]*)\)", _cmake()
     )
-    return [d for _, defs in found for d in defs.split()]
+    return [(cond, defs.split()) for cond, defs in found]
+
+
+def metal_definitions() -> list[str]:
+    """The definitions of a Mac build with every Metal library built."""
+    return [d for _, defs in _library_definitions() for d in defs]
+
+
+def configurations() -> dict[str, list[str]]:
+    """The Mac builds with Metal, by the libraries built, each with its
+    definitions. A library is built only when the ones before it are (the
+    TensorOps library needs mlx_lattice.metallib), so the builds are the
+    prefixes of the list: {"metal": [MLX_LATTICE_METAL=1], "metal+tensorops":
+    [MLX_LATTICE_METAL=1, MLX_LATTICE_TENSOROPS=1]}."""
+    out, names, defs = {}, [], []
+    for cond, more in _library_definitions():
+        names.append(cond.removeprefix("LATTICE_").removesuffix("_BUILT").lower())
+        defs = defs + more
+        out["+".join(names)] = defs
+    return out
+
+
+def conditional_units(units: list[Path], definitions: list[str]) -> list[Path]:
+    """The units whose text changes with `definitions`: those that name one
+    of them, or all when a header under src/ or metal/ names one."""
+    names = [d.split("=")[0] for d in definitions]
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    headers = [*(ROOT / "src").rglob("*.h"), *(ROOT / "metal").glob("*.h")]
+    if any(pattern.search(h.read_text()) for h in headers):
+        return list(units)
+    return [u for u in units if pattern.search(u.read_text())]
 
 
 def cxx_standard() -> str:
@@ -172,11 +201,13 @@ def find_compiler() -> Compiler | str:
     return f"no C++ compiler for the check: needs clang++ >= {MINIMUM['clang']} or g++ >= {MINIMUM['gcc']}"
 
 
-def flags(compiler: Compiler) -> list[str]:
-    """Everything but the source: the Mac build's language, definitions and
-    include directories, MLX's headers and the metal-cpp stand-in."""
+def flags(compiler: Compiler, definitions: list[str] | None = None) -> list[str]:
+    """Everything but the source: the Mac build's language, definitions
+    (those of every Metal library unless given) and include directories,
+    MLX's headers and the metal-cpp stand-in."""
+    definitions = metal_definitions() if definitions is None else definitions
     args = [f"-std={cxx_standard()}", "-fsyntax-only", *compiler.stdlib]
-    args += [f"-D{d}" for d in metal_definitions() + nanobind_definitions()]
+    args += [f"-D{d}" for d in definitions + nanobind_definitions()]
     args += mlx_mac_flags()
     args += ["-I", str(ROOT / "src")]
     includes = [STANDIN, mlx_include()]
@@ -226,9 +257,15 @@ def _parse_deps(text: str) -> list[str]:
     return [t.replace("\\ ", " ") for t in re.findall(r"(?:\\ |\S)+", body)]
 
 
-def compile_unit(source: Path, compiler: Compiler, extra: tuple[str, ...] = (), cache: bool = True) -> Result:
+def compile_unit(
+    source: Path,
+    compiler: Compiler,
+    extra: tuple[str, ...] = (),
+    cache: bool = True,
+    definitions: list[str] | None = None,
+) -> Result:
     """Syntax-checks one file with the check's flags (plus `extra`)."""
-    command = [compiler.command, *flags(compiler), *extra, str(source)]
+    command = [compiler.command, *flags(compiler, definitions), *extra, str(source)]
     entry = CACHE / (hashlib.sha256("\0".join(command).encode()).hexdigest()[:24] + ".json")
     if cache and entry.exists():
         saved = json.loads(entry.read_text())
@@ -251,11 +288,27 @@ def compile_unit(source: Path, compiler: Compiler, extra: tuple[str, ...] = (), 
     return Result(source, ok, out.stdout + out.stderr)
 
 
-def check_all(units: list[Path], compiler: Compiler, jobs: int | None = None) -> dict[Path, Result]:
-    """compile_unit over `units`, as many at once as there are cores."""
+def plan(units: list[Path]) -> list[tuple[str, Path]]:
+    """(build, unit) pairs to compile: every unit as the build with every
+    Metal library compiles it, and the units that differ in the other
+    builds (today src/metal/program.cpp without TensorOps) in those too."""
+    builds = configurations()
+    full = list(builds)[-1]
+    pairs = [(full, u) for u in units]
+    for name, defs in builds.items():
+        if name != full:
+            pairs += [(name, u) for u in conditional_units(units, metal_definitions())]
+    return pairs
+
+
+def check_all(units: list[Path], compiler: Compiler, jobs: int | None = None) -> dict[tuple[str, Path], Result]:
+    """compile_unit over plan(units), as many at once as there are cores."""
     jobs = jobs or os.cpu_count() or 2
+    builds = configurations()
+    pairs = plan(units)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return dict(zip(units, pool.map(lambda s: compile_unit(s, compiler), units)))
+        results = pool.map(lambda p: compile_unit(p[1], compiler, definitions=builds[p[0]]), pairs)
+        return dict(zip(pairs, results))
 
 
 if __name__ == "__main__":
@@ -267,9 +320,9 @@ if __name__ == "__main__":
         sys.exit(found)
     print(f"compiler: {found.describe()}")
     failed = 0
-    for src, res in check_all(sources(), found).items():
+    for (build, src), res in check_all(sources(), found).items():
         status = "ok (cached)" if res.cached else "ok" if res.ok else "FAILED"
-        print(f"{src.relative_to(ROOT)}: {status}")
+        print(f"{src.relative_to(ROOT)} [{build}]: {status}")
         if not res.ok:
             failed += 1
             print(res.output)
