@@ -33,13 +33,14 @@ from .tensor import SparseTensor
 
 @contextmanager
 def fused_norms(enabled: bool):
-    """Run BatchNorm / InstanceNorm fused (the default on the CPU) or as MLX ops."""
-    old = normalization.FUSED_ON_CPU
-    normalization.FUSED_ON_CPU = enabled
+    """Run BatchNorm / InstanceNorm fused (the default on the CPU and on
+    Metal) or as MLX ops."""
+    old = normalization.FUSED_ON_CPU, normalization.FUSED_ON_METAL
+    normalization.FUSED_ON_CPU = normalization.FUSED_ON_METAL = enabled
     try:
         yield
     finally:
-        normalization.FUSED_ON_CPU = old
+        normalization.FUSED_ON_CPU, normalization.FUSED_ON_METAL = old
 
 
 def loss_fn(model, x):

@@ -5,9 +5,10 @@ TorchSparse / MinkowskiEngine batch norms do); ``InstanceNorm`` over the
 voxels of each batch item separately; ``LayerNorm`` and ``RMSNorm`` normalise
 each voxel's channels. All accept SparseTensors and plain arrays.
 
-On the CPU, ``BatchNorm`` and ``InstanceNorm`` run as one fused primitive
-(statistics, normalisation, an optional residual add and a ReLU / LeakyReLU:
-see :func:`norm_act`), with its own backward pass; on a GPU they are MLX ops.
+On the CPU and on a Metal GPU, ``BatchNorm`` and ``InstanceNorm`` run as one
+fused primitive (statistics, normalisation, an optional residual add and a
+ReLU / LeakyReLU: see :func:`norm_act`), with its own backward pass; on other
+GPUs they are MLX ops.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from .activations import LeakyReLU, ReLU
 
 _FUSED_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
-# False runs the MLX-op path on the CPU too (benchmarks compare the two).
+# False runs the MLX-op path on the CPU / on Metal too (benchmarks and tests
+# compare the two: network_bench.fused_norms sets both).
 FUSED_ON_CPU = True
+FUSED_ON_METAL = True
 
 
 def _fused_activation(act):
@@ -40,9 +43,9 @@ def _fused_activation(act):
 
 
 def _fusable(f: mx.array, act) -> bool:
+    backend = routes.current_backend()
     return (
-        FUSED_ON_CPU
-        and routes.current_backend() == "cpu"
+        ((backend == "cpu" and FUSED_ON_CPU) or (backend == "metal" and FUSED_ON_METAL and _ext.metal_available()))
         and f.dtype in _FUSED_DTYPES
         and _fused_activation(act) is not None
     )
@@ -59,10 +62,11 @@ def norm_act(norm, x, act=None, residual=None):
     :class:`InstanceNorm` ``norm``, an activation module ``act`` (None for
     none) and an optional ``residual`` (same voxels and shape as x).
 
-    On the CPU, with a ReLU, a LeakyReLU of slope >= 0 or no activation, the
-    whole expression is one multithreaded primitive (forward and backward,
-    bitwise identical across thread counts); otherwise the modules run one
-    after another. Both give the same values up to rounding.
+    On the CPU or a Metal GPU, with a ReLU, a LeakyReLU of slope >= 0 or no
+    activation, the whole expression is one primitive (forward and backward;
+    on the CPU multithreaded and bitwise identical across thread counts, on
+    Metal in fixed summation orders); otherwise the modules run one after
+    another. Both give the same values up to rounding.
     """
     if not isinstance(norm, (BatchNorm, InstanceNorm)):
         raise TypeError(f"norm_act: norm must be a BatchNorm or InstanceNorm, got {type(norm).__name__}")
