@@ -133,9 +133,11 @@ std::vector<mx::array> NormAct::vjp(
   int next = spec_.training ? 3 : 5;
   int r_arg = spec_.residual ? next++ : -1;
   int seg_arg = spec_.segmented ? next++ : -1;
-  std::vector<mx::array> in = {
-      dense(x, x.dtype(), s), outputs[0], mx::astype(cotangents[0], x.dtype(), s), w,
-      primals[2]};
+  // The CPU task reads a row-strided cotangent (a concatenation's column
+  // slice) in place; the Metal programs bind it as dense rows.
+  auto ct = s.device == mx::Device::cpu ? mx::astype(cotangents[0], x.dtype(), s)
+                                        : dense(cotangents[0], x.dtype(), s);
+  std::vector<mx::array> in = {dense(x, x.dtype(), s), outputs[0], ct, w, primals[2]};
   if (spec_.training) {
     in.push_back(outputs[1]);
     in.push_back(outputs[2]);
