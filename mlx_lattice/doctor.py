@@ -2,8 +2,9 @@
 
 Prints versions, the backends the machine has and whether this build can use
 them, the Metal libraries (with paths) and why one is missing, the GPU
-capability tier, the CPU kernels' instruction-set path and threads, and the
-route a typical layer takes here. Exits 1 when the machine has a backend the
+capability tier, the CPU kernels' instruction-set path and threads, the heap
+settings applied at load (MLX_LATTICE_MALLOC_TUNING), and the route a typical
+layer takes here. Exits 1 when the machine has a backend the
 build cannot use (a Mac GPU but no usable mlx_lattice.metallib).
 """
 
@@ -120,7 +121,7 @@ def collect() -> dict:
         "tensor_ops": {"available": tensor_ops, "reason": tensor_ops_reason},
         "gpu_tier": diagnostics.capability_tier(default) if default != "cpu" else
         (caps["tier"] if has["metal"] else "no GPU"),
-        "cpu": {"isa": cpu_isa(), "threads": _ext.num_threads()},
+        "cpu": {"isa": cpu_isa(), "threads": _ext.num_threads(), "heap": _ext.malloc_tuning()},
         "typical_route": typical_route(default),
         "problems": problems,
         "notes": notes,
@@ -160,6 +161,7 @@ def render(report: dict) -> str:
         "",
         f"GPU capability tier: {report['gpu_tier']}",
         f"CPU: instruction set {report['cpu']['isa']}, {report['cpu']['threads']} threads",
+        f"CPU heap: {report['cpu']['heap']}",
         "",
     ]
     r = report["typical_route"]

@@ -318,6 +318,7 @@ def main(argv=None) -> int:
     sgemm = sgemm_gflops()
     print(f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels "
           f"({scenes.neighbour_stats(coords):.2f} neighbours of 26), {num_threads()} threads, float32")
+    print(f"CPU heap: {_ext.malloc_tuning()}")
     if args.compare:
         # Steps of the two paths interleaved (best of each), so that a load
         # change on a shared machine hits both alike.

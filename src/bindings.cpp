@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
+#include "cpu/allocator.h"
 #include "cpu/isa.h"
 #include "cpu/routes.h"
 #include "metal/map_build.h"
@@ -126,6 +127,11 @@ mx::Stream stream_or_default(std::optional<mx::Stream> s) {
 
 NB_MODULE(_ext, m) {
   m.doc() = "mlx_lattice native core";
+
+  // Heap settings for MLX's malloc-based CPU allocator, before the module
+  // allocates anything (src/cpu/allocator.h).
+  cpu::tune_malloc_from_env();
+  m.def("malloc_tuning", &cpu::malloc_tuning);
 
   m.attr("BATCH_LIMIT") = kBatchLimit;
   m.attr("COORD_MIN") = kCoordMin;

@@ -3,6 +3,8 @@
 // they run the programs of src/metal/norm_act.cpp.
 #include "norm.h"
 
+#include <array>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
+#include "threadpool.h"
 
 namespace mlx_lattice {
 
@@ -22,6 +25,33 @@ cpu::NormShape norm_shape(const NormSpec& sp, int64_t N, int64_t C) {
 
 mx::array dense(const mx::array& a, mx::Dtype dt, mx::Stream s) {
   return mx::contiguous(mx::astype(a, dt, s), false, s);
+}
+
+// Row stride of an evaluated (N, C) array whose rows are read in place by
+// the backward kernel (unit column stride, rows at least C apart: a column
+// slice of a wider array, such as a concatenation's gradient), or 0.
+int64_t row_stride(const mx::array& a) {
+  const int64_t N = a.shape(0), C = a.shape(1);
+  if (C > 1 && a.strides()[1] != 1) {
+    return 0;
+  }
+  if (N <= 1) {
+    return C;
+  }
+  return a.strides()[0] >= C ? a.strides()[0] : 0;
+}
+
+// Elements of an (N, C) array of any strides (in elements) copied to dense
+// rows at out.
+void copy_rows(
+    const char* src, int64_t N, int64_t C, int64_t s0, int64_t s1, size_t size, char* out) {
+  parallel_for(N, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t c = 0; c < C; ++c) {
+        std::memcpy(out + (i * C + c) * size, src + (i * s0 + c * s1) * int64_t(size), size);
+      }
+    }
+  });
 }
 
 } // namespace
@@ -103,9 +133,11 @@ std::vector<mx::array> NormAct::vjp(
   int next = spec_.training ? 3 : 5;
   int r_arg = spec_.residual ? next++ : -1;
   int seg_arg = spec_.segmented ? next++ : -1;
-  std::vector<mx::array> in = {
-      dense(x, x.dtype(), s), outputs[0], dense(cotangents[0], x.dtype(), s), w,
-      primals[2]};
+  // The CPU task reads a row-strided cotangent (a concatenation's column
+  // slice) in place; the Metal programs bind it as dense rows.
+  auto ct = s.device == mx::Device::cpu ? mx::astype(cotangents[0], x.dtype(), s)
+                                        : dense(cotangents[0], x.dtype(), s);
+  std::vector<mx::array> in = {dense(x, x.dtype(), s), outputs[0], ct, w, primals[2]};
   if (spec_.training) {
     in.push_back(outputs[1]);
     in.push_back(outputs[2]);
@@ -254,12 +286,25 @@ void NormActGrad::eval_cpu(
   const mx::array* seg = spec_.segmented ? &in[next++] : nullptr;
   const mx::array* cm = spec_.training ? &in[next++] : nullptr;
   const mx::array* cv = spec_.training ? &in[next++] : nullptr;
+  // The cotangent comes in whatever layout its producer left (the vjp does
+  // not copy it): row-strided rows are read in place, anything else (a
+  // transpose, a broadcast) is copied to rows by the task first.
+  const auto& ct = in[2];
+  auto shape = norm_shape(spec_, N, C);
+  shape.ct_ld = row_stride(ct);
+  const bool gather_ct = shape.ct_ld == 0;
+  if (gather_ct) {
+    shape.ct_ld = C;
+  }
   enc.dispatch([fn = cpu::active_kernels().norm_backward,
                 t = cpu::feature_type(x.dtype()),
-                shape = norm_shape(spec_, N, C),
+                shape,
+                gather_ct,
+                ct_strides = std::array<int64_t, 2>{ct.strides()[0], ct.strides()[1]},
+                ct_size = ct.itemsize(),
                 xp = x.data<void>(),
                 yp = in[1].data<void>(),
-                cp = in[2].data<void>(),
+                cp = ct.data<void>(),
                 wp = in[3].data<float>(),
                 bp = in[4].data<float>(),
                 mp = in[5].data<float>(),
@@ -271,7 +316,15 @@ void NormActGrad::eval_cpu(
                 dw = out[1].data<float>(),
                 db = out[2].data<float>(),
                 gp = spec_.residual ? out[3].data<void>() : nullptr]() {
-    fn(t, shape, xp, yp, cp, wp, bp, mp, vp, sp, cmp, cvp, dx, dw, db, gp);
+    std::vector<char> dense_ct;
+    const void* ctp = cp;
+    if (gather_ct) {
+      dense_ct.resize(shape.N * shape.C * ct_size);
+      copy_rows(static_cast<const char*>(cp), shape.N, shape.C, ct_strides[0], ct_strides[1],
+                ct_size, dense_ct.data());
+      ctp = dense_ct.data();
+    }
+    fn(t, shape, xp, yp, ctp, wp, bp, mp, vp, sp, cmp, cvp, dx, dw, db, gp);
   });
 }
 

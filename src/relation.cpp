@@ -36,6 +36,56 @@ void host_ready(std::initializer_list<const mx::array*> arrays) {
   }
 }
 
+// Stable counting sort of items [0, n) by key(i) in [0, buckets), in
+// parallel over fixed blocks of items: per-block counts, each block's start
+// in every bucket, then each block places its items in order. The blocks
+// depend on n only, so the result is the serial sort's for any thread
+// count. offsets (buckets + 1 entries) as in counting_sort; place(i, pos)
+// is called once per item with its position.
+template <typename Key, typename Place>
+void block_counting_sort(int64_t n, int64_t buckets, Key key, int32_t* offsets, Place place) {
+  constexpr int64_t kBlockItems = 1 << 16;
+  const int64_t blocks = std::clamp<int64_t>(n / kBlockItems, 1, 8);
+  auto block_begin = [&](int64_t b) { return n * b / blocks; };
+  // counts[b * buckets + k]: items of block b in bucket k, then block b's
+  // next position in bucket k.
+  std::vector<int32_t> counts(blocks * buckets, 0);
+  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int32_t* c = counts.data() + b * buckets;
+      for (int64_t i = block_begin(b); i < block_begin(b + 1); ++i) {
+        ++c[key(i)];
+      }
+    }
+  });
+  offsets[0] = 0;
+  for (int64_t k = 0; k < buckets; ++k) {
+    int32_t total = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      total += counts[b * buckets + k];
+    }
+    offsets[k + 1] = offsets[k] + total;
+  }
+  parallel_for(buckets, kRowGrain, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      int32_t at = offsets[k];
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int32_t c = counts[b * buckets + k];
+        counts[b * buckets + k] = at;
+        at += c;
+      }
+    }
+  });
+  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int32_t* cursor = counts.data() + b * buckets;
+      for (int64_t i = block_begin(b); i < block_begin(b + 1); ++i) {
+        place(i, cursor[key(i)]++);
+      }
+    }
+  });
+}
+
 } // namespace
 
 Relation::Relation(
@@ -83,13 +133,15 @@ const Relation::KernelMajor& Relation::kernel_major() {
     mx::array v_out = make_int32(e_);
     // Edges (ordered by (out, k)) stably sorted by offset.
     int32_t* p = perm.data<int32_t>();
-    counting_sort(e_, k_, [&](int64_t e) { return kk[e]; }, offsets.data<int32_t>(), p);
     int32_t* vi = v_in.data<int32_t>();
     int32_t* vo = v_out.data<int32_t>();
-    for (int64_t j = 0; j < e_; ++j) {
-      vi[j] = in[p[j]];
-      vo[j] = out[p[j]];
-    }
+    block_counting_sort(
+        e_, k_, [&](int64_t e) { return kk[e]; }, offsets.data<int32_t>(),
+        [&](int64_t e, int32_t j) {
+          p[j] = static_cast<int32_t>(e);
+          vi[j] = in[e];
+          vo[j] = out[e];
+        });
     k_view_ = KernelMajor{offsets, perm, v_in, v_out};
   });
   return *k_view_;
@@ -109,19 +161,17 @@ const Relation::InputMajor& Relation::input_major() {
     mx::array perm = make_int32(e_);
     mx::array v_out = make_int32(e_);
     mx::array v_k = make_int32(e_);
-    std::vector<int32_t> order(e_);
-    counting_sort(
-        e_, n_in_, [&](int64_t j) { return kin[j]; }, offsets.data<int32_t>(), order.data());
     int32_t* p = perm.data<int32_t>();
     int32_t* vo = v_out.data<int32_t>();
     int32_t* vk = v_k.data<int32_t>();
-    for (int64_t dst = 0; dst < e_; ++dst) {
-      const int32_t j = order[dst];
-      const int32_t e = kp[j];
-      p[dst] = e;
-      vo[dst] = kout[j];
-      vk[dst] = kk[e];
-    }
+    block_counting_sort(
+        e_, n_in_, [&](int64_t j) { return kin[j]; }, offsets.data<int32_t>(),
+        [&](int64_t j, int32_t dst) {
+          const int32_t e = kp[j];
+          p[dst] = e;
+          vo[dst] = kout[j];
+          vk[dst] = kk[e];
+        });
     in_view_ = InputMajor{offsets, perm, v_out, v_k};
   });
   return *in_view_;

@@ -29,13 +29,14 @@ def test_doctor_here(capsys):
     # this machine: whatever it has, the build uses (CI has no Mac GPU)
     assert rc == (1 if report["problems"] else 0)
     for section in ("versions", "backends", "metal libraries", "GPU capability tier",
-                    "CPU: instruction set", "typical layer"):
+                    "CPU: instruction set", "CPU heap", "typical layer"):
         assert section in out
     assert f"mlx           {mx.__version__}" in out
     assert report["versions"]["mlx_lattice"] == ml.__version__
     assert report["versions"]["nanobind"] == diagnostics.build_info()["nanobind_version"]
     assert "mlx_lattice.metallib" in out and "mlx_lattice_tensorops.metallib" in out
     assert report["cpu"]["threads"] == ml.num_threads()
+    assert report["cpu"]["heap"] == _ext.malloc_tuning()
     assert report["cpu"]["isa"].startswith(_ext.cpu_isa())
     # the typical layer's route is the registry's answer for this backend
     route = report["typical_route"]

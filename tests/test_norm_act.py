@@ -203,6 +203,54 @@ def test_fused_matches_op_path_with_gradients(rng, dtype, kind):
             assert np.isclose(a, b, **tol).mean() > 0.999
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU primitive reads its cotangent's layout
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("layout", ["column slice", "transposed", "broadcast rows"])
+def test_cotangent_layouts(rng, dtype, layout):
+    """The backward pass reads a column slice of a wider cotangent (what a
+    concatenation's gradient hands back) in place, and copies other layouts
+    first: gradients bitwise equal to those from the same cotangent made
+    contiguous, and close to the MLX-op path's."""
+    n, c, extra = 700, 21, 13
+    x = tensor(rng, n, c, dtype=dtype)
+    norm = nn.BatchNorm(c)
+    affine(rng, norm)
+    r = mx.array(rng.standard_normal((n, c)).astype(np.float32)).astype(dtype)
+    other = mx.array(rng.standard_normal((n, extra)).astype(np.float32)).astype(dtype)
+    weights = mx.array(rng.standard_normal((n, c + extra)).astype(np.float32))
+    row = mx.array(rng.standard_normal((c,)).astype(np.float32))
+    square = mx.array(rng.standard_normal((c, c)).astype(np.float32))
+
+    def head(y):
+        # a loss whose cotangent for y arrives in the layout under test
+        if layout == "column slice":
+            return (mx.concatenate([y, other], axis=1).astype(mx.float32) * weights).sum()
+        if layout == "transposed":
+            return (y.astype(mx.float32).T @ mx.ones((n, 1)) * square).sum()
+        return (y.astype(mx.float32).sum(axis=0) * row).sum()
+
+    def loss(f, res, dense_ct):
+        y = nn.norm_act(norm, x.replace(f), nn.ReLU(), res).feats
+        if dense_ct is None:
+            return head(y)
+        return (y.astype(mx.float32) * dense_ct).sum()
+
+    g_layout = mx.grad(loss, argnums=[0, 1])(x.feats, r, None)
+    # the same cotangent, materialised as a contiguous array
+    y0 = nn.norm_act(norm, x, nn.ReLU(), r).feats
+    ct = mx.contiguous(mx.grad(head)(y0).astype(mx.float32))
+    g_dense = mx.grad(loss, argnums=[0, 1])(x.feats, r, ct)
+    for a, b in zip(g_layout, g_dense):
+        np.testing.assert_array_equal(to_np(a), to_np(b))
+    with fused_norms(False):
+        g_ref = mx.grad(loss, argnums=[0, 1])(x.feats.astype(mx.float32), r.astype(mx.float32), ct)
+    tol = TOLERANCES[dtype]
+    for a, b in zip(g_layout, g_ref):
+        scale = max(1.0, np.abs(to_np(b)).max())
+        close = np.isclose(to_np(a) / scale, to_np(b) / scale, **tol)
+        assert close.all() if dtype == mx.float32 else close.mean() > 0.999
+
+
 @pytest.mark.usefixtures("on_cpu")  # thread counts are the CPU's; see docs/semantics.md for GPUs
 def test_bitwise_identical_across_thread_counts(rng):
     x = tensor(rng, 5000, 37, batch=2)

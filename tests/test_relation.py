@@ -88,6 +88,46 @@ def test_views_and_neighbor_map(tensor):
     assert "Relation(kind='submanifold'" in repr(rel)
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU builder's views; thread counts are the CPU's
+def test_views_of_a_large_relation_across_thread_counts(rng):
+    """Kernel-major and input-major views over enough edges for several
+    blocks of the parallel counting sort: exactly NumPy's stable sorts of the
+    CSR edges, for one thread and for several."""
+    coords = oracle.random_coords(rng, 40_000, 40, 1)
+    g3 = KernelGeometry((3, 3, 3), (1,) * 3, (1,) * 3, (1,) * 3)
+
+    def views():
+        x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+        rel = x.manager.submanifold_kernel_relation(x.coordinate_set, g3)
+        km, im = rel.kernel_major(), rel.input_major()
+        arrays = (km.offsets, km.perm, km.in_idx, km.out_idx, im.offsets, im.perm, im.out_idx, im.k_idx)
+        return edges_of(rel), [np.array(a) for a in arrays]
+
+    before = ml.num_threads()
+    try:
+        ml.set_num_threads(1)
+        e, one = views()
+        ml.set_num_threads(4)
+        e4, four = views()
+    finally:
+        ml.set_num_threads(before)
+    assert len(e) > 3 * (1 << 16)
+    np.testing.assert_array_equal(e, e4)
+    for a, b in zip(one, four):
+        np.testing.assert_array_equal(a, b)
+    k_off, k_perm, k_in, k_out, i_off, i_perm, i_out, i_k = one
+    kperm = np.argsort(e[:, 2], kind="stable")
+    np.testing.assert_array_equal(k_perm, kperm)
+    np.testing.assert_array_equal(k_in, e[kperm, 1])
+    np.testing.assert_array_equal(k_out, e[kperm, 0])
+    np.testing.assert_array_equal(k_off, np.concatenate([[0], np.cumsum(np.bincount(e[:, 2], minlength=27))]))
+    iperm = kperm[np.argsort(e[kperm, 1], kind="stable")]
+    np.testing.assert_array_equal(i_perm, iperm)
+    np.testing.assert_array_equal(i_out, e[iperm, 0])
+    np.testing.assert_array_equal(i_k, e[iperm, 2])
+    np.testing.assert_array_equal(i_off, np.concatenate([[0], np.cumsum(np.bincount(e[:, 1], minlength=len(coords)))]))
+
+
 def test_manager_caches(tensor):
     x, coords = tensor
     m = x.manager

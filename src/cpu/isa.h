@@ -70,6 +70,10 @@ struct NormShape {
   bool training = true;
   float low = 1.0f;
   float eps = 1e-5f;
+  // Row stride of the backward pass's cotangent in elements (0: C), so a
+  // column slice of a wider array (a concatenation's gradient) is read in
+  // place.
+  int64_t ct_ld = 0;
 };
 
 // Constants of an Adam / AdamW update (mlx.optimizers semantics; the
@@ -103,8 +107,9 @@ struct AdamCoefficients {
 //                [+ r]); statistics, w and b are float32.
 //   norm_backward: dx, dw, db (and g = ct * act'(z) for a residual) from x,
 //                y (read only with a residual: z's sign is recomputed from
-//                x, w and b otherwise), the cotangent ct and, training, the
-//                statistics' cotangents ct_mean, ct_var.
+//                x, w and b otherwise), the cotangent ct (rows n.ct_ld
+//                apart) and, training, the statistics' cotangents ct_mean,
+//                ct_var.
 //   adam_update: p_out, m_out, v_out of n float32 elements from the gradient
 //                g, the parameter p and the moments m, v; scalars holds the
 //                learning rate (lr / (1 - b1^t) with bias correction),

@@ -108,11 +108,12 @@ inline void st(float* p, rvec v) {
 
 // Row i of x as float32: in place for float32 rows, else widened into buf.
 template <typename T>
-inline const float* row_in(const T* x, int64_t i, int64_t C, float* buf) {
+inline const float* row_in(const T* x, int64_t i, int64_t C, float* buf, int64_t ld = 0) {
+  const T* row = x + i * (ld ? ld : C);
   if constexpr (std::is_same_v<T, float>) {
-    return x + i * C;
+    return row;
   } else {
-    to_float(x + i * C, buf, C);
+    to_float(row, buf, C);
     return buf;
   }
 }
@@ -179,6 +180,25 @@ inline const float* chunk_in(const T* x, int64_t i0, int64_t i1, int64_t C, std:
   } else {
     buf.resize((i1 - i0) * C);
     to_float(x + i0 * C, buf.data(), (i1 - i0) * C);
+    return buf.data();
+  }
+}
+
+// The same for rows ld elements apart: float32 rows are read in place
+// (stride ld, set in *stride), others widened into buf (stride C).
+template <typename T>
+inline const float* chunk_in(
+    const T* x, int64_t ld, int64_t i0, int64_t i1, int64_t C, std::vector<float>& buf,
+    int64_t* stride) {
+  if constexpr (std::is_same_v<T, float>) {
+    *stride = ld;
+    return x + i0 * ld;
+  } else {
+    *stride = C;
+    buf.resize((i1 - i0) * C);
+    for (int64_t i = i0; i < i1; ++i) {
+      to_float(x + i * ld, buf.data() + (i - i0) * C, C);
+    }
     return buf.data();
   }
 }
@@ -433,6 +453,7 @@ void normalize_grad(
     float* db,
     T* g_out) {
   const int64_t N = sp.N, C = sp.C;
+  const int64_t ldc = sp.ct_ld ? sp.ct_ld : C;
   const int S = sp.segments;
   const float lo = sp.low;
   std::vector<float> inv(S * C);
@@ -460,11 +481,12 @@ void normalize_grad(
   chunk_sums(N, 2 * S * C, part, [&](int64_t i0, int64_t i1, float* p) {
     std::vector<float> xbuf, ybuf, cbuf;
     const float* xs = chunk_in(x, i0, i1, C, xbuf);
-    const float* cs = chunk_in(ct, i0, i1, C, cbuf);
+    int64_t cst = C;
+    const float* cs = chunk_in(ct, ldc, i0, i1, C, cbuf, &cst);
     const float* ys = FromX ? nullptr : chunk_in(y, i0, i1, C, ybuf);
     segment_runs(seg, i0, i1, [&](int64_t a, int64_t b, int s) {
       const float* __restrict xr = xs + (a - i0) * C;
-      const float* __restrict cr = cs + (a - i0) * C;
+      const float* __restrict cr = cs + (a - i0) * cst;
       const float* __restrict yr = FromX ? nullptr : ys + (a - i0) * C;
       const float* __restrict mu = mean + s * C;
       const float* __restrict iv = inv.data() + s * C;
@@ -473,7 +495,7 @@ void normalize_grad(
       float* const q[2] = {p + s * C, p + (S + s) * C};
       column_sums<2>(b - a, C, q, [&]<typename V>(int64_t r, int64_t c, V* t) {
         const int64_t o = r * C;
-        const V g = gate.template operator()<V>(xr + o, FromX ? nullptr : yr + o, cr + o, sc, sh, c);
+        const V g = gate.template operator()<V>(xr + o, FromX ? nullptr : yr + o, cr + r * cst, sc, sh, c);
         t[0] = g;
         t[1] = g * ((ld<V>(xr + o + c) - ld<V>(mu + c)) * ld<V>(iv + c));
       });
@@ -513,7 +535,7 @@ void normalize_grad(
     for (int64_t i = i0; i < i1; ++i) {
       int s = seg_of(seg, i);
       const float* __restrict xr = row_in(x, i, C, xv.data());
-      const float* __restrict cr = row_in(ct, i, C, cv.data());
+      const float* __restrict cr = row_in(ct, i, C, cv.data(), ldc);
       const float* __restrict yr = FromX ? nullptr : row_in(y, i, C, yv.data());
       const float* __restrict sc = scale.data() + s * C;
       const float* __restrict sh = shift.data() + s * C;
