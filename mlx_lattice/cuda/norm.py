@@ -98,17 +98,25 @@ _RUNS = """
   }
 """
 
-# Run-time parameters (one compiled kernel per dtype): ints (rows, segments,
-# chunks, channels, segmented, residual, training) and floats (eps, the
-# activation's slope below 0).
-_PARAMS = """
-  [[maybe_unused]] const int n = params[0], S = params[1], P = params[2], C = params[3];
-  [[maybe_unused]] const bool SEGMENTED = params[4] != 0, RESIDUAL = params[5] != 0,
-      TRAINING = params[6] != 0;
+# Run-time parameters (one compiled kernel per dtype): the sizes from the
+# shapes MLX passes by value (x_shape, part_shape), and small constant arrays
+# made once per setting (segments, flags; eps and the activation's slope
+# below 0), so a call uploads nothing from the host.
+_FLAGS = """
+  [[maybe_unused]] const int S = params[0];
+  [[maybe_unused]] const bool SEGMENTED = params[1] != 0, RESIDUAL = params[2] != 0,
+      TRAINING = params[3] != 0;
   [[maybe_unused]] const float eps = fparams[0], low = fparams[1];
 """
+_ROWS = _FLAGS + """
+  [[maybe_unused]] const int n = x_shape[0], C = x_shape[1];
+  [[maybe_unused]] const int P = (n + R - 1) / R;
+"""
+_PARTS = _FLAGS + """
+  const int P = part_shape[1], C = part_shape[3];
+"""
 
-_CHUNK_THREAD = _PARAMS + """
+_CHUNK_THREAD = _ROWS + """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= (long)P * C) return;
   const int k = (int)(idx / C);
@@ -151,7 +159,7 @@ STATS_SOURCE = _CHUNK_THREAD + """
 
 # One block per channel; segments in turn. Thread t merges chunks t, t + NT,
 # ... in order, then the threads merge in a fixed tree.
-MERGE_SOURCE = _PARAMS + """
+MERGE_SOURCE = _PARTS + """
   constexpr int NT = MERGE_THREADS;
   __shared__ double sn[NT], sm[NT], sq[NT];
   const int c = blockIdx.x;
@@ -188,7 +196,7 @@ MERGE_SOURCE = _PARAMS + """
   }
 """
 
-APPLY_SOURCE = _PARAMS + """
+APPLY_SOURCE = _ROWS + """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= (long)n * C) return;
   long i;
@@ -196,7 +204,8 @@ APPLY_SOURCE = _PARAMS + """
   lattice_row_col(idx, C, i, c);
   const int j = (SEGMENTED ? seg[i] : 0) * C + c;
   float scale, shift;
-  lattice_scale_shift(w[c], b[c], mean[j], lattice_inv_std(var[j], eps), scale, shift);
+  lattice_scale_shift(static_cast<float>(w[c]), static_cast<float>(b[c]), static_cast<float>(mean[j]),
+                      lattice_inv_std(static_cast<float>(var[j]), eps), scale, shift);
   float z = __fmaf_rn(static_cast<float>(x[idx]), scale, shift);
   if (RESIDUAL) z = __fadd_rn(z, static_cast<float>(r[idx]));
   y[idx] = static_cast<T>(z > 0.0f ? z : __fmul_rn(low, z));
@@ -217,13 +226,14 @@ GRAD_STATS_SOURCE = _CHUNK_THREAD + """
   }
 """ + _RUNS.replace("BODY", """
     const int j = s * C + c;
-    const float inv = lattice_inv_std(var[j], eps);
+    const float mu = static_cast<float>(mean[j]);
+    const float inv = lattice_inv_std(static_cast<float>(var[j]), eps);
     float scale, shift;
-    lattice_scale_shift(w[c], bias[c], mean[j], inv, scale, shift);
+    lattice_scale_shift(static_cast<float>(w[c]), static_cast<float>(bias[c]), mu, inv, scale, shift);
     float sa = 0.0f, sb = 0.0f;
     for (long i = a; i < b; ++i) {""" + _GATE + """
       sa = __fadd_rn(sa, g);
-      sb = __fmaf_rn(g, __fmul_rn(__fsub_rn(xv, mean[j]), inv), sb);
+      sb = __fmaf_rn(g, __fmul_rn(__fsub_rn(xv, mu), inv), sb);
     }
     float* p = slot + s * C;
     p[0] = __fadd_rn(p[0], sa);
@@ -236,7 +246,7 @@ GRAD_STATS_SOURCE = _CHUNK_THREAD + """
 # the segments in order. Training: dx = w inv (g - A/n - xhat B/n) +
 # ct_mean/n + 2 ct_var (x - mean)/n = k0 g + k1 (x - mean) + k2; eval:
 # dx = k0 g.
-GRAD_MERGE_SOURCE = _PARAMS + """
+GRAD_MERGE_SOURCE = _PARTS + """
   constexpr int NT = MERGE_THREADS;
   __shared__ double sa[NT], sb[NT], sn[NT];
   const int c = blockIdx.x;
@@ -263,11 +273,12 @@ GRAD_MERGE_SOURCE = _PARAMS + """
     }
     if (t == 0) {
       const int j = s * C + c;
-      const float inv = lattice_inv_std(var[j], eps);
-      coef[j] = __fmul_rn(w[c], inv);
+      const float wc = static_cast<float>(w[c]);
+      const float inv = lattice_inv_std(static_cast<float>(var[j]), eps);
+      coef[j] = __fmul_rn(wc, inv);
       if (TRAINING) {
         const double rn = sn[0] > 0.0 ? 1.0 / sn[0] : 0.0;
-        const double wi = (double)w[c] * inv;
+        const double wi = (double)wc * inv;
         coef[S * C + j] = (float)(2.0 * ct_var[j] * rn - wi * inv * sb[0] * rn);
         coef[2 * S * C + j] = (float)(ct_mean[j] * rn - wi * sa[0] * rn);
       } else {
@@ -280,25 +291,27 @@ GRAD_MERGE_SOURCE = _PARAMS + """
     __syncthreads();
   }
   if (t == 0) {
-    dw[c] = (float)dw_acc;
-    db[c] = (float)db_acc;
+    dw[c] = static_cast<W>((float)dw_acc);
+    db[c] = static_cast<W>((float)db_acc);
   }
 """
 
-GRAD_APPLY_SOURCE = _PARAMS + """
+GRAD_APPLY_SOURCE = _ROWS + """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= (long)n * C) return;
   long i;
   int c;
   lattice_row_col(idx, C, i, c);
   const int j = (SEGMENTED ? seg[i] : 0) * C + c;
+  const float mu = static_cast<float>(mean[j]);
   float scale, shift;
-  lattice_scale_shift(w[c], bias[c], mean[j], lattice_inv_std(var[j], eps), scale, shift);
+  lattice_scale_shift(static_cast<float>(w[c]), static_cast<float>(bias[c]), mu,
+                      lattice_inv_std(static_cast<float>(var[j]), eps), scale, shift);
 """ + _GATE + """
   if (RESIDUAL) dr[i * C + c] = static_cast<T>(g);
   float d;
   if (TRAINING) {
-    d = __fmaf_rn(coef[j], g, __fmaf_rn(coef[S * C + j], __fsub_rn(xv, mean[j]), coef[2 * S * C + j]));
+    d = __fmaf_rn(coef[j], g, __fmaf_rn(coef[S * C + j], __fsub_rn(xv, mu), coef[2 * S * C + j]));
   } else {
     d = __fmul_rn(coef[j], g);
   }
@@ -331,9 +344,16 @@ def _kernel(name: str):
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _constant(values: tuple, dtype) -> mx.array:
+    """A small array made once: a leaf (no primitive) that later calls
+    reuse where it already lies, rather than uploading it again."""
+    return mx.array(np.array(values, dtype))
+
+
 def _placeholder(dtype=np.float32) -> mx.array:
-    """A leaf array (no primitive) for an input the kernel does not read."""
-    return mx.array(np.zeros(1, dtype))
+    """For an input the kernel does not read."""
+    return _constant((0,), dtype)
 
 
 class _Spec:
@@ -347,15 +367,15 @@ class _Spec:
         self.eps, self.low = eps, low
         self.chunks = max(1, -(-n // CHUNK_ROWS))
 
-    def template(self, dtype=None):
-        """Compile-time arguments: the features' dtype (None for the merges,
-        which read float32 alone) and the fixed sizes."""
-        t = [("R", CHUNK_ROWS), ("MERGE_THREADS", MERGE_THREADS)]
-        return t if dtype is None else [("T", dtype)] + t
+    def template(self, **dtypes):
+        """Compile-time arguments: the dtypes a kernel reads or writes (T the
+        features', W the weight's and bias's, M the statistics') and the
+        fixed sizes."""
+        return list(dtypes.items()) + [("R", CHUNK_ROWS), ("MERGE_THREADS", MERGE_THREADS)]
 
     def params(self) -> list[mx.array]:
-        ints = (self.n, self.s, self.chunks, self.c, self.segments is not None, self.residual, self.training)
-        return [mx.array(np.array(ints, np.int32)), mx.array(np.array([self.eps, self.low], np.float32))]
+        ints = (self.s, self.segments is not None, self.residual, self.training)
+        return [_constant(ints, np.int32), _constant((self.eps, self.low), np.float32)]
 
     def seg(self) -> mx.array:
         return self.segments if self.segments is not None else _placeholder(np.int32)
@@ -365,7 +385,7 @@ def _statistics(spec: _Spec, x):
     """(mean, biased variance), float32 (S, C), of x's rows per segment."""
     p = spec.chunks
     (part,) = _kernel("norm_stats")(
-        inputs=[x, spec.seg(), *spec.params()], template=spec.template(x.dtype),
+        inputs=[x, spec.seg(), *spec.params()], template=spec.template(T=x.dtype),
         grid=(p * spec.c, 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(4, p, spec.s, spec.c)], output_dtypes=[mx.float32],
     )
@@ -380,7 +400,7 @@ def _statistics(spec: _Spec, x):
 def _apply(spec: _Spec, x, w, b, mean, var, r):
     return _kernel("norm_apply")(
         inputs=[x, w, b, mean, var, r if r is not None else _placeholder(), spec.seg(), *spec.params()],
-        template=spec.template(x.dtype),
+        template=spec.template(T=x.dtype, W=w.dtype, M=mean.dtype),
         grid=(max(spec.n * spec.c, 1), 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[x.shape], output_dtypes=[x.dtype],
     )[0]
@@ -390,7 +410,7 @@ def _backward(spec: _Spec, x, y, ct, w, b, mean, var, ct_mean, ct_var):
     """(dx, dweight, dbias, g): g = ct * act'(z) is the residual's gradient
     (None without a residual)."""
     p = spec.chunks
-    tmpl = spec.template(x.dtype)
+    tmpl = spec.template(T=x.dtype, W=w.dtype, M=mean.dtype)
     y_in = y if spec.residual else _placeholder()
     (part,) = _kernel("norm_grad_stats")(
         inputs=[x, y_in, ct, w, b, mean, var, spec.seg(), *spec.params()], template=tmpl,
@@ -400,10 +420,10 @@ def _backward(spec: _Spec, x, y, ct, w, b, mean, var, ct_mean, ct_var):
     if not spec.training:
         ct_mean = ct_var = _placeholder()
     coef, dw, db = _kernel("norm_grad_merge")(
-        inputs=[part, w, var, ct_mean, ct_var, *spec.params()], template=spec.template(),
+        inputs=[part, w, var, ct_mean, ct_var, *spec.params()], template=spec.template(W=w.dtype, M=var.dtype),
         grid=(spec.c * MERGE_THREADS, 1, 1), threadgroup=(MERGE_THREADS, 1, 1),
         output_shapes=[(3, spec.s, spec.c), (spec.c,), (spec.c,)],
-        output_dtypes=[mx.float32] * 3,
+        output_dtypes=[mx.float32, w.dtype, w.dtype],
     )
     dx, dr = _kernel("norm_grad_apply")(
         inputs=[x, y_in, ct, w, b, mean, var, coef, spec.seg(), *spec.params()], template=tmpl,
@@ -461,13 +481,14 @@ def norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, ac
     low = 1.0 if act == 0 else 0.0 if act == 1 else float(slope)
     seg = None if segments is None else segments.astype(mx.int32)
     spec = _Spec(n, c, seg, n_segments, training, residual is not None, float(eps), low)
-    w, b = _f32(weight), _f32(bias)
     if n == 0:
         stats = mx.zeros((n_segments, c), mx.float32)
         return [x, stats, stats] if training else [x]
-    prims = [x, w, b]
+    # weight, bias and given statistics in their own dtypes (the kernels
+    # widen them), so that no casts join the graph
+    prims = [x, weight, bias]
     if not training:
-        prims += [_f32(mean).reshape(1, c), _f32(var).reshape(1, c)]
+        prims += [mean, var]
     if residual is not None:
         prims.append(residual)
     return _function(spec)(*prims)
@@ -487,7 +508,8 @@ def _unpack(spec: _Spec, prims):
 def _function(spec: _Spec):
     def forward(*prims):
         # stop_gradient keeps forward-mode tracing out of the kernels (the
-        # JVP is f_jvp); reverse mode goes through f_vjp.
+        # JVP is f_jvp); reverse mode goes through f_vjp. Three kernels in
+        # training, one in eval mode.
         x, w, b, mean, var, r = (None if a is None else mx.stop_gradient(a) for a in _unpack(spec, prims))
         if spec.training:
             mean, var = _statistics(spec, x)
@@ -510,9 +532,10 @@ def _function(spec: _Spec):
         grads = [dx, dw, db]
         if not spec.training:
             # given statistics: d mean = -w inv sum g, d var = -w inv^2 sum g xhat / 2
-            inv = mx.rsqrt(var + spec.eps)
-            wi = w * inv
-            grads += [-(wi * db), wi * inv * (dw * -0.5)]
+            inv = mx.rsqrt(var.astype(mx.float32) + spec.eps)
+            wi = w.astype(mx.float32) * inv
+            dw32, db32 = dw.astype(mx.float32), db.astype(mx.float32)
+            grads += [(-(wi * db32)).astype(mean.dtype), (wi * inv * (dw32 * -0.5)).astype(var.dtype)]
         if spec.residual:
             grads.append(g)
         return grads
@@ -531,6 +554,7 @@ def _jvp(spec: _Spec, forward, prims, tangents):
     if spec.training:
         mean, var = outs[1], outs[2]
     seg = spec.segments
+    mean, var = mean.astype(mx.float32), var.astype(mx.float32)
     inv = mx.rsqrt(var + spec.eps)
     counts = None
     if seg is not None:
@@ -576,7 +600,7 @@ def _jvp(spec: _Spec, forward, prims, tangents):
         dxhat = dxhat - t_mean.astype(mx.float32) * inv
     if t_var is not None:
         dxhat = dxhat + xhat * (t_var.astype(mx.float32) * (inv * inv * -0.5))
-    dz = dz + w * dxhat
+    dz = dz + w.astype(mx.float32) * dxhat
     slope = mx.where(outs[0] > 0, 1.0, spec.low)
     dy = (dz * slope).astype(x.dtype)
     return [dy, d_mean, d_var] if spec.training else [dy]
