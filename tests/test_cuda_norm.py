@@ -393,7 +393,7 @@ def test_minkunet_step_graph_is_smaller(rng, capsys):
     with capsys.disabled():
         print(f"\nMinkUNet 0.5x fp16 step graph: {sum(fused.values())} primitives with the CUDA norms, "
               f"{sum(ops.values())} with the MLX-op norms; CUDA norms: {dict(fused.most_common(8))}")
-    assert sum(fused.values()) < 0.6 * sum(ops.values())
+    assert sum(fused.values()) < 0.8 * sum(ops.values())
     np.testing.assert_allclose(to_np(v1), to_np(v2), rtol=2e-2)
     for (k, a), (_, b) in zip(tree_flatten(g1), tree_flatten(g2)):
         scale = max(1e-2, np.abs(to_np(b)).max())
