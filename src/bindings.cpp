@@ -13,6 +13,7 @@
 #include "metal/map_build.h"
 #include "metal/map_primitive.h"
 #include "metal/neighbors.h"
+#include "metal/norm_act.h"
 #include "metal/route.h"
 #include "neighbors.h"
 #include "norm.h"
@@ -523,6 +524,34 @@ NB_MODULE(_ext, m) {
       "step"_a, "inputs"_a, "n_in"_a, "n_out"_a, "size"_a, "stride"_a,
       "padding"_a, "dilation"_a, "transposed"_a, "edges"_a = 0,
       "stream"_a = nb::none());
+  m.def(
+      "metal_norm_program",
+      [](const std::string& direction, int64_t rows, int64_t channels,
+         mx::Dtype dtype, int n_segments, bool segmented, bool training,
+         bool residual, int act, float slope, float eps) {
+        NormSpec spec;
+        spec.segments = n_segments;
+        spec.segmented = segmented;
+        spec.training = training;
+        spec.residual = residual;
+        spec.act = static_cast<Activation>(act);
+        spec.slope = slope;
+        spec.eps = eps;
+        if (direction != "forward" && direction != "backward") {
+          throw std::invalid_argument(
+              "direction must be 'forward' or 'backward', got '" + direction + "'");
+        }
+        if (n_segments < 1 || act < 0 || act > 2) {
+          throw std::invalid_argument(
+              "n_segments must be >= 1 and act 0 (identity), 1 (relu) or 2 (leaky relu)");
+        }
+        return program_dict(
+            direction == "forward"
+                ? metal::norm_forward_program(spec, rows, channels, dtype)
+                : metal::norm_backward_program(spec, rows, channels, dtype));
+      },
+      "direction"_a, "rows"_a, "channels"_a, "dtype"_a, "n_segments"_a,
+      "segmented"_a, "training"_a, "residual"_a, "act"_a, "slope"_a, "eps"_a);
   m.def(
       "metal_neighbor_program",
       [](const std::string& step, const mx::array& queries,

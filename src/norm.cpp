@@ -1,11 +1,13 @@
 // Fused normalisation + activation: the primitives. Their CPU kernels are
-// compiled per instruction-set path (src/cpu/norm_act.cpp).
+// compiled per instruction-set path (src/cpu/norm_act.cpp); on a Metal GPU
+// they run the programs of src/metal/norm_act.cpp.
 #include "norm.h"
 
 #include <stdexcept>
 #include <vector>
 
 #include "cpu/kernels.h"
+#include "metal/norm_act.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
@@ -13,12 +15,6 @@
 namespace mlx_lattice {
 
 namespace {
-
-// Activations as y = z > 0 ? z : lo * z, and act'(z) = z > 0 ? 1 : lo, with
-// lo = 1 (identity), 0 (ReLU) or the slope (LeakyReLU).
-inline float low_slope(Activation a, float slope) {
-  return a == Activation::Identity ? 1.0f : a == Activation::ReLU ? 0.0f : slope;
-}
 
 cpu::NormShape norm_shape(const NormSpec& sp, int64_t N, int64_t C) {
   return {N, C, sp.segments, sp.training, low_slope(sp.act, sp.slope), sp.eps};
@@ -65,11 +61,19 @@ void NormAct::eval_cpu(
   });
 }
 
+// Metal only: on other GPUs the layers do not build this primitive
+// (mlx_lattice/nn/normalization.py).
 void NormAct::eval_gpu(
-    const std::vector<mx::array>&,
-    std::vector<mx::array>&) {
-  throw std::runtime_error(
-      "norm_act runs on the CPU only (the GPU layers use MLX ops)");
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  if (!metal::available()) {
+    throw std::runtime_error(
+        "norm_act: this build has no Metal kernels; on other GPUs the norms "
+        "run as MLX ops");
+  }
+  const auto& x = in[0];
+  metal::run(
+      metal::norm_forward_program(spec_, x.shape(0), x.shape(1), x.dtype()), in, out, stream());
 }
 
 std::vector<mx::Shape> NormAct::output_shapes(
@@ -272,10 +276,16 @@ void NormActGrad::eval_cpu(
 }
 
 void NormActGrad::eval_gpu(
-    const std::vector<mx::array>&,
-    std::vector<mx::array>&) {
-  throw std::runtime_error(
-      "norm_act runs on the CPU only (the GPU layers use MLX ops)");
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  if (!metal::available()) {
+    throw std::runtime_error(
+        "norm_act: this build has no Metal kernels; on other GPUs the norms "
+        "run as MLX ops");
+  }
+  const auto& x = in[0];
+  metal::run(
+      metal::norm_backward_program(spec_, x.shape(0), x.shape(1), x.dtype()), in, out, stream());
 }
 
 std::vector<mx::Shape> NormActGrad::output_shapes(

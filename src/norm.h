@@ -1,4 +1,6 @@
-// Fused normalisation + activation on voxel features (CPU primitives).
+// Fused normalisation + activation on voxel features: the primitives, run
+// by CPU kernels (src/cpu/norm_act.cpp) and Metal programs
+// (src/metal/norm_act.cpp).
 //
 // NormAct computes, per channel c and row i of segment s(i),
 //     y = act(weight * (x - mean_s) / sqrt(var_s + eps) + bias [+ residual])
@@ -31,6 +33,12 @@ struct NormSpec {
   float slope = 0.0f;      // LeakyReLU's negative slope (>= 0)
   float eps = 1e-5f;
 };
+
+// Activations as y = z > 0 ? z : lo * z, and act'(z) = z > 0 ? 1 : lo, with
+// lo = 1 (identity), 0 (ReLU) or the slope (LeakyReLU).
+inline float low_slope(Activation a, float slope) {
+  return a == Activation::Identity ? 1.0f : a == Activation::ReLU ? 0.0f : slope;
+}
 
 // Inputs: x, weight, bias, [residual], [segment ids in [0, S): the layers
 // pass batch columns, validated when the tensor was built] (training) or

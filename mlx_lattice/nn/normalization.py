@@ -5,12 +5,13 @@ TorchSparse / MinkowskiEngine batch norms do); ``InstanceNorm`` over the
 voxels of each batch item separately; ``LayerNorm`` and ``RMSNorm`` normalise
 each voxel's channels. All accept SparseTensors and plain arrays.
 
-On the CPU, ``BatchNorm`` and ``InstanceNorm`` run as one fused primitive
-(statistics, normalisation, an optional residual add and a ReLU / LeakyReLU:
-see :func:`norm_act`), with its own backward pass. On MLX's CUDA backend the
-same contract runs as a few CUDA kernels (``mlx_lattice.cuda.norm``: three
-forward, one in eval mode, and three backward, with a closed-form backward
-pass). On Metal, and with other activations, they are MLX ops.
+On the CPU and on a Metal GPU, ``BatchNorm`` and ``InstanceNorm`` run as one
+fused primitive (statistics, normalisation, an optional residual add and a
+ReLU / LeakyReLU: see :func:`norm_act`), with its own backward pass. On MLX's
+CUDA backend the same contract runs as a few CUDA kernels
+(``mlx_lattice.cuda.norm``: three forward, one in eval mode, and three
+backward, with a closed-form backward pass). With other activations they are
+MLX ops.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ from .activations import LeakyReLU, ReLU
 
 _FUSED_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
-# False runs the MLX-op path on the CPU and on CUDA too (benchmarks compare
-# the two).
+# False runs the MLX-op path on the CPU / on Metal / on CUDA too (benchmarks
+# and tests compare the two: network_bench.fused_norms sets all three).
 FUSED_ON_CPU = True
-
-# Backends with a fused norm + activation (_fused_op gives its function).
-_FUSED_BACKENDS = ("cpu", "cuda")
+FUSED_ON_METAL = True
+FUSED_ON_CUDA = True
 
 
 def _fused_activation(act):
@@ -47,9 +47,13 @@ def _fused_activation(act):
 
 
 def _fusable(f: mx.array, act) -> bool:
+    backend = routes.current_backend()
     return (
-        FUSED_ON_CPU
-        and routes.current_backend() in _FUSED_BACKENDS
+        (
+            (backend == "cpu" and FUSED_ON_CPU)
+            or (backend == "metal" and FUSED_ON_METAL and _ext.metal_available())
+            or (backend == "cuda" and FUSED_ON_CUDA)
+        )
         and f.dtype in _FUSED_DTYPES
         and _fused_activation(act) is not None
     )
@@ -76,11 +80,12 @@ def norm_act(norm, x, act=None, residual=None):
     :class:`InstanceNorm` ``norm``, an activation module ``act`` (None for
     none) and an optional ``residual`` (same voxels and shape as x).
 
-    On the CPU, with a ReLU, a LeakyReLU of slope >= 0 or no activation, the
-    whole expression is one multithreaded primitive (forward and backward,
-    bitwise identical across thread counts); on CUDA a few kernels (bitwise
-    identical run to run); otherwise the modules run one after another. All
-    give the same values up to rounding.
+    On the CPU or a Metal GPU, with a ReLU, a LeakyReLU of slope >= 0 or no
+    activation, the whole expression is one primitive (forward and backward;
+    on the CPU multithreaded and bitwise identical across thread counts, on
+    Metal in fixed summation orders); on CUDA a few kernels (fixed summation
+    orders: bitwise identical run to run); otherwise the modules run one after
+    another. All give the same values up to rounding.
     """
     if not isinstance(norm, (BatchNorm, InstanceNorm)):
         raise TypeError(f"norm_act: norm must be a BatchNorm or InstanceNorm, got {type(norm).__name__}")
@@ -167,7 +172,7 @@ class BatchNorm(mnn.Module):
         return y
 
     def _reference(self, f: mx.array, residual=None) -> mx.array:
-        """The MLX-op path (Metal, and activations the fused kernels lack);
+        """The MLX-op path (activations the fused kernels lack, and comparisons);
         the residual is added before the one rounding to f's dtype, as the
         fused kernel does."""
         n = f.shape[0]
@@ -236,7 +241,7 @@ class InstanceNorm(mnn.Module):
         return y if act is None else act(y)
 
     def _reference(self, f, b, counts, residual=None):
-        """The MLX-op path (Metal, and activations the fused kernels lack);
+        """The MLX-op path (activations the fused kernels lack, and comparisons);
         the residual is added before rounding, as in BatchNorm."""
         n_b = len(counts)
         inv_n = mx.array((1.0 / np.maximum(counts, 1)).astype(np.float32))[:, None]

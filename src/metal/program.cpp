@@ -63,21 +63,12 @@ MTL::Library* library_for(mx::metal::Device& d, const std::string& kernel) {
       "mlx_lattice_tensorops", metallib_path("mlx_lattice_tensorops.metallib"));
 }
 
-} // namespace
-
-bool available() {
-  return true;
-}
-
-void run(
+// Encodes the steps over outputs that are already allocated.
+void encode(
     const Program& program,
     const std::vector<mx::array>& inputs,
-    mx::array& out,
+    std::vector<mx::array>& outs,
     mx::Stream s) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  if (out.size() == 0) {
-    return;
-  }
   auto& d = mx::metal::device(s.device);
   auto& enc = mx::metal::get_command_encoder(s);
   std::vector<mx::array> temps;
@@ -98,7 +89,7 @@ void run(
           enc.set_input_array(inputs[b.index], idx);
           break;
         case Binding::Kind::Output:
-          enc.set_output_array(out, idx);
+          enc.set_output_array(outs[b.index], idx);
           break;
         case Binding::Kind::Temp:
           enc.set_output_array(temps[b.index], idx);
@@ -115,6 +106,36 @@ void run(
   enc.add_temporaries(std::move(temps));
 }
 
+} // namespace
+
+bool available() {
+  return true;
+}
+
+void run(
+    const Program& program,
+    const std::vector<mx::array>& inputs,
+    mx::array& out,
+    mx::Stream s) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (out.size() == 0) {
+    return;
+  }
+  std::vector<mx::array> outs = {out};
+  encode(program, inputs, outs, s);
+}
+
+void run(
+    const Program& program,
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outs,
+    mx::Stream s) {
+  for (auto& o : outs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+  }
+  encode(program, inputs, outs, s);
+}
+
 #else
 
 bool available() {
@@ -125,6 +146,11 @@ void run(const Program&, const std::vector<mx::array>&, mx::array&, mx::Stream) 
   throw std::runtime_error(
       "mlx_lattice was built without Metal; run sparse convolution on the CPU "
       "stream");
+}
+
+void run(const Program&, const std::vector<mx::array>&, std::vector<mx::array>&, mx::Stream) {
+  throw std::runtime_error(
+      "mlx_lattice was built without Metal; run it on the CPU stream");
 }
 
 #endif

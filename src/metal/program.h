@@ -29,7 +29,7 @@ namespace mx = mlx::core;
 struct Binding {
   enum class Kind { Input, Output, Temp, Bytes };
   Kind kind;
-  int index = 0;              // input or temporary index
+  int index = 0;              // input, output or temporary index
   std::vector<uint8_t> bytes; // Kind::Bytes
   std::string name;
 };
@@ -96,6 +96,14 @@ inline Binding output(const char* name = "y") {
   return b;
 }
 
+// Output i of a primitive with several outputs.
+inline Binding output(int i, const char* name) {
+  Binding b{Binding::Kind::Output};
+  b.index = i;
+  b.name = name;
+  return b;
+}
+
 inline Binding temp(int i, const char* name) {
   Binding b{Binding::Kind::Temp};
   b.index = i;
@@ -117,6 +125,14 @@ void run(
     const Program& program,
     const std::vector<mx::array>& inputs,
     mx::array& out,
+    mx::Stream s);
+
+// The same for a primitive with several outputs (Binding::index selects
+// one); every output is allocated, and only the steps' bindings are set.
+void run(
+    const Program& program,
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outs,
     mx::Stream s);
 
 } // namespace mlx_lattice::metal

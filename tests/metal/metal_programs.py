@@ -110,8 +110,12 @@ def run_program(program: dict, inputs: list, out_shape, out_dtype: str, schedule
     return run_steps(program, ins, out, temps, schedule, seed)
 
 
-def run_steps(program: dict, inputs: list, out: np.ndarray, temps: list, schedule: str, seed: int) -> np.ndarray:
-    """Every step of `program` in the harness on NumPy buffers; returns the output."""
+def run_steps(program: dict, inputs: list, out, temps: list, schedule: str, seed: int):
+    """Every step of `program` in the harness on NumPy buffers; returns the
+    output. `out` is one buffer, or a list of them for a primitive with
+    several outputs (each output binding names its index); the same kind is
+    returned."""
+    outs = list(out) if isinstance(out, list) else [out]
     for step in program["steps"]:
         buffers, names, params, pidx = [], [], None, None
         for i, (kind, payload, name) in enumerate(step["buffers"]):
@@ -119,7 +123,7 @@ def run_steps(program: dict, inputs: list, out: np.ndarray, temps: list, schedul
             if kind == "input":
                 buffers.append(inputs[payload])
             elif kind == "output":
-                buffers.append(out)
+                buffers.append(outs[payload])
             elif kind == "temp":
                 buffers.append(temps[payload])
             else:
@@ -135,10 +139,30 @@ def run_steps(program: dict, inputs: list, out: np.ndarray, temps: list, schedul
         # outputs and temporaries come back as new arrays: carry them on
         for i, (kind, payload, _) in enumerate(step["buffers"]):
             if kind == "output":
-                out = result[i]
+                outs[payload] = result[i]
             elif kind == "temp":
                 temps[payload] = result[i]
-    return out
+    return outs if isinstance(out, list) else outs[0]
+
+
+def buffer(a: mx.array) -> np.ndarray:
+    """An array as the harness binds it (bfloat16 as its uint16 bits)."""
+    if a.dtype == mx.bfloat16:
+        return np.array(a.view(mx.uint16))
+    return np.array(a)
+
+
+def fresh(shape, dtype: mx.Dtype) -> np.ndarray:
+    """A new buffer as Metal leaves it, uninitialised: NaN everywhere."""
+    if dtype == mx.bfloat16:
+        return np.full(shape, 0x7FC0, np.uint16)
+    return np.full(shape, np.nan, {mx.float32: np.float32, mx.float16: np.float16}[dtype])
+
+
+def from_buffer(b: np.ndarray, dtype: mx.Dtype) -> mx.array:
+    """A harness buffer back as an array of `dtype` (inverse of `buffer`)."""
+    a = mx.array(np.ascontiguousarray(b))
+    return a.view(mx.bfloat16) if dtype == mx.bfloat16 else a
 
 
 def conv(route: str, x: mx.array, w: mx.array, relation, view=OUTPUT_MAJOR, schedule="forward", seed=0,
