@@ -11,6 +11,7 @@ differences of the oracle on a small case.
 import numpy as np
 import pytest
 import mlx.core as mx
+import mlx.nn as mnn
 from mlx.utils import tree_flatten
 
 from mlx_lattice import SparseTensor, nn
@@ -373,8 +374,6 @@ def minkunet_graph(rng, fused):
 
     def loss(m, x):
         return (m(x).feats.astype(mx.float32) ** 2).mean()
-
-    import mlx.nn as mnn
 
     with fused_norms(fused):
         value, grads = mnn.value_and_grad(model, loss)(model, SparseTensor(coords, feats))
