@@ -728,6 +728,94 @@ def run_grouped(coords, channels: int, groups: int, repeats: int) -> dict:
     }
 
 
+def cpu_time(fn, repeats: int) -> float:
+    """Best process CPU seconds of fn (all threads): on a machine shared with
+    other jobs, far steadier than wall time, and comparable across calls."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def network_layer_rows(coords, width: float = 0.5, repeats: int = 3):
+    """Every convolution product of a MinkUNet training step on `coords`,
+    grouped by layer shape: (sgemm GFLOP/s of CPU time, rows), each row with
+    the shape, its count, useful FLOPs per call and per-call CPU seconds of
+    forward, input gradient and weight gradient (none for the input layer)."""
+    from .network_bench import TrainingStep, _recording
+
+    step = TrainingStep(coords, width=width)
+    with _recording() as rec:
+        y = step.model(step.tensor())
+    mx.eval(y.feats, [r[:2] for r in rec["conv"]])
+    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    sgemm = 2 * 2048**3 / cpu_time(lambda: a @ a, 5) / 1e9
+    rows = {}
+    for x, w, native, view, route, stream in rec["conv"]:
+        def conv(a, b, native=native, view=view, route=route, stream=stream):
+            return _ext.gather_conv(a, b, native, view, route, stream)
+
+        y = conv(x, w)
+        ct = mx.random.normal(y.shape)
+        mx.eval(y, ct)
+
+        def grad(argnum, conv=conv, x=x, w=w, ct=ct):
+            def part(p):
+                return conv(p, w) if argnum == 0 else conv(x, p)
+            mx.eval(mx.vjp(part, [(x, w)[argnum]], [ct])[1])
+
+        times = [cpu_time(lambda: mx.eval(conv(x, w)), repeats),
+                 cpu_time(lambda: grad(0), repeats) if x is not step.feats else None,
+                 cpu_time(lambda: grad(1), repeats)]
+        edges = native.edges if native is not None else x.shape[0]
+        key = (w.shape[0], w.shape[1], w.shape[2], x.shape[0], y.shape[0], edges, route)
+        row = rows.setdefault(key, {
+            "K": key[0], "c_in": key[1], "c_out": key[2], "rows_in": key[3], "rows_out": key[4],
+            "edges": edges, "route": route, "layers": 0, "flop": 2.0 * edges * key[1] * key[2],
+            "seconds": [0.0, None, 0.0]})
+        row["layers"] += 1
+        for i, t in enumerate(times):
+            if t is not None:
+                row["seconds"][i] = (row["seconds"][i] or 0.0) + t
+    out = list(rows.values())
+    for row in out:
+        row["seconds"] = [t / row["layers"] if t is not None else None for t in row["seconds"]]
+    return sgemm, out
+
+
+def run_network_layers(args) -> int:
+    """Prints network_layer_rows as a table, largest share first."""
+    wl = (args.workloads or "lidar").split(",")[0]
+    coords, desc = workload(wl, quick=False)
+    repeats = args.repeats or 3
+    sgemm, rows = network_layer_rows(coords, args.width, repeats)
+    print(f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels, {num_threads()} threads, "
+          f"CPU path {_ext.cpu_isa()}, float32")
+    print(f"CPU time (all threads) per call, best of {repeats}; NumPy sgemm {sgemm:.1f} GFLOP/s of CPU time "
+          f"(2048^3, same run); % = useful GFLOP/s / sgemm")
+    totals = [sum((r["seconds"][i] or 0.0) * r["layers"] for r in rows) for i in range(3)]
+    print(f"all products: forward {totals[0] * 1e3:.0f} ms, input gradient {totals[1] * 1e3:.0f} ms, "
+          f"weight gradient {totals[2] * 1e3:.0f} ms of CPU time")
+    print("| K | C_in -> C_out | rows in -> out | edges per out row | route | layers | forward ms (% sgemm) "
+          "| input grad ms | weight grad ms | share |")
+    print("|---:|---|---|---:|---|---:|---|---|---|---:|")
+
+    def total(r):
+        return sum(t or 0.0 for t in r["seconds"]) * r["layers"]
+
+    for r in sorted(rows, key=total, reverse=True):
+        def cell(t, r=r):
+            return f"{t * 1e3:.2f} ({r['flop'] / t / 1e9 / sgemm:.0%})" if t else "-"
+
+        print(f"| {r['K']} | {r['c_in']} -> {r['c_out']} | {r['rows_in']:,} -> {r['rows_out']:,} "
+              f"| {r['edges'] / r['rows_out']:.2f} | {r['route']} | {r['layers']} "
+              f"| {' | '.join(cell(t) for t in r['seconds'])} | {total(r) / sum(totals):.1%} |")
+    return 0
+
+
 def format_header() -> str:
     cells = []
     for (key, fmt), head in zip(COLUMNS, HEADER):
@@ -756,9 +844,14 @@ def main(argv=None) -> int:
     p.add_argument("--grouped", action="store_true",
                    help="grouped and depthwise layers (cpu.grouped_gather) on the first workload")
     p.add_argument("--attention", action="store_true", help="only the CPU serialized-patch attention case")
+    p.add_argument("--network-layers", action="store_true",
+                   help="every convolution product of a MinkUNet training step by layer and pass (CPU time)")
+    p.add_argument("--width", type=float, default=0.5, help="with --network-layers: the MinkUNet width")
     args = p.parse_args(argv)
     if args.attention:
         return run_attention(args)
+    if args.network_layers:
+        return run_network_layers(args)
     if args.device == "gpu":
         return run_gpu(args)
     if args.grouped:

@@ -68,3 +68,18 @@ def test_network_profile_stages(on_cpu):  # the stage profile replays CPU primit
         assert f == w and 0 < d < f  # no input gradient for the input layer
         assert sum(prof["flops"]) == network_bench.useful_flops(step)
         assert "| conv forward |" in network_bench.format_profile(prof, 100.0, "t")
+
+
+def test_network_layer_rows(on_cpu):
+    """Every product of the step is in one row: their FLOPs add up to the
+    step's useful FLOPs, and only the input layer has no input gradient."""
+    from mlx_lattice import network_bench
+
+    coords = scenes.uniform_random(1500, 20)
+    sgemm, rows = bench.network_layer_rows(coords, width=0.25, repeats=1)
+    assert sgemm > 0
+    step = network_bench.TrainingStep(coords, width=0.25)
+    flops = sum(r["flop"] * r["layers"] * (2 if r["seconds"][1] is None else 3) for r in rows)
+    assert flops == pytest.approx(network_bench.useful_flops(step), rel=1e-12)
+    assert sum(r["seconds"][1] is None for r in rows) == 1
+    assert all(t is None or t > 0 for r in rows for t in r["seconds"])

@@ -160,6 +160,13 @@ def _run(fn, feats, w, ct):
         ("up", 48, 24, mx.bfloat16),
         ("subm", 32, 32, mx.float16),
         ("pointwise", 65, 7, mx.bfloat16),
+        # narrow C_out: the weight gradient's tiles hold C_in in vectors
+        ("pointwise", 48, 4, mx.float32),  # read in place
+        ("subm", 40, 20, mx.float32),  # packed panels
+        ("subm", 160, 12, mx.float16),  # packed panels, widened
+        # one-vector weight-gradient tiles on AVX-512: 16 rows, 15 + 15
+        ("subm", 16, 16, mx.float32),
+        ("subm", 30, 16, mx.float32),
     ],
 )
 def test_kernels_match_oracle(rng, isa, op, c_in, c_out, dtype):
@@ -229,7 +236,7 @@ def _block_case():
     return coords, np.asarray(oracle.conv_edges(coords, coords, 3, 1, 1)).T
 
 
-@pytest.mark.parametrize("c_in,c_out", [(8, 16), (40, 24)])
+@pytest.mark.parametrize("c_in,c_out", [(8, 16), (40, 24), (48, 4)])
 def test_weight_gradient_row_blocks_bitwise_across_threads(rng, isa, c_in, c_out):
     # Enough rows and edges that the weight gradient cuts every offset into
     # several row blocks (partials reduced in block order).
@@ -254,6 +261,11 @@ def test_weight_gradient_row_blocks_bitwise_across_threads(rng, isa, c_in, c_out
 @pytest.mark.parametrize("op,c_in,c_out,dtype", [
     ("subm", 24, 40, mx.float32), ("subm", 64, 64, mx.float32), ("subm", 96, 72, mx.float32),
     ("down", 32, 64, mx.float16), ("up", 48, 24, mx.bfloat16),
+    # weight-gradient tiles oriented differently by the two paths (C_in in
+    # AVX-512 vectors, C_out in AVX2 vectors)
+    ("subm", 32, 8, mx.float32), ("up", 64, 8, mx.float32),
+    # 16-row weight-gradient tiles on AVX-512, 6-row ones on AVX2
+    ("subm", 16, 16, mx.float32),
 ])
 def test_bitwise_across_fma_paths(rng, restore_isa, op, c_in, c_out, dtype):
     fn, feats, w, ct, _, _ = _conv_case(rng, op, c_in, c_out, dtype, n=2000, extent=20)

@@ -5,6 +5,13 @@
 // the problem; each chunk packs panels of gathered rows (float32) and
 // accumulates into its own partial sum with register tiles. Partials are
 // reduced in chunk order, so results do not depend on the thread count.
+//
+// A tile broadcasts one side's channels and holds the other's in vectors.
+// Which side fills the vectors is chosen per problem and path, for the one
+// with less padding (a classifier's C_out = 4 would fill a quarter of each
+// AVX-512 vector; its C_in = 48 fills them): the element sums are the same
+// fused multiply-adds in the same edge order either way, so the choice
+// changes no bit.
 #include "cpu/isa_begin.h"
 
 #include "cpu/pack.h"
@@ -59,6 +66,13 @@ inline void tile(Rows rows, int64_t e0, int64_t e1, float* acc, int lda) {
   }
 }
 
+// Rows of a register tile: as many as the vector registers hold (the rows
+// are consecutive channels of one gathered row, so unlike the forward's
+// tiles they need no general register each), up to 16.
+constexpr int tile_rows(int nv) {
+  return std::min((simd::kRegisters - nv - 2) / nv, 16);
+}
+
 // Calls fn.template operator()<MR>() for a runtime MR in [1, kMax].
 template <int MR, int kMax, typename F>
 inline void with_rows(int mr, F&& fn) {
@@ -75,7 +89,7 @@ template <int NV>
 void panel_product(const float* xp, int ldx, const float* cp, int ldc, int64_t n, int A, int c0, float* acc, int lda) {
   // Split A into equal row tiles no taller than the register file allows,
   // so the last tile is not mostly padding (A = 32 -> 11 + 11 + 10).
-  constexpr int kMaxRows = simd::rows_for(NV);
+  constexpr int kMaxRows = tile_rows(NV);
   const int tiles = (A + kMaxRows - 1) / kMaxRows;
   const int mr = (A + tiles - 1) / tiles;
   with_rows<1, kMaxRows>(mr, [&]<int MR>() {
@@ -103,7 +117,7 @@ void subpanel_product(
     int c0,
     float* acc,
     int lda) {
-  constexpr int kMaxRows = simd::rows_for(NV);
+  constexpr int kMaxRows = tile_rows(NV);
   const int tiles = (A + kMaxRows - 1) / kMaxRows;
   const int mr = (A + tiles - 1) / tiles;
   const int full = A / mr;
@@ -177,17 +191,23 @@ void run(
     int B,
     WeightStrides os,
     T* out) {
-  const int bp = static_cast<int>(round_up(B, simd::kWidth));
-  // Room for the last row tile (up to 14 rows) past A.
-  const int ap = static_cast<int>(round_up(A, 16) + 16);
-  const int64_t tile_floats = int64_t(ap) * bp;
-  const auto blocks = column_blocks(bp);
+  // Orientation: rows of x broadcast against vectors of ct, or (swap) rows
+  // of ct against vectors of x, whichever pads less. P is the broadcast
+  // side (width P), Q the vector side (width Q).
+  const int64_t pad_b = round_up(B, simd::kWidth) * A, pad_a = round_up(A, simd::kWidth) * B;
+  const bool swap = pad_b > pad_a;
+  const int P = swap ? B : A, Q = swap ? A : B;
+  const int qp = static_cast<int>(round_up(Q, simd::kWidth));
+  // Room for the last row tile (up to 16 rows) past P.
+  const int pp = static_cast<int>(round_up(P, 16) + 16);
+  const int64_t tile_floats = int64_t(pp) * qp;
+  const auto blocks = column_blocks(qp);
   // Narrow dtypes are widened while packing, cheaper than whole-array copies;
   // wide rows (A + B > 192) gain more from contiguous panels than they lose
   // packing them (measured on the LiDAR and mesh workloads and the layers of
   // MinkUNet: 96 -> 64 takes 21% less time read in place, 128 -> 128 the
   // same, 192 -> 128 2% more). Both ways sum every element's edges in order.
-  const bool direct = std::is_same_v<T, float> && B % simd::kWidth == 0 && A + B <= 192;
+  const bool direct = std::is_same_v<T, float> && Q % simd::kWidth == 0 && A + B <= 192;
   Scratch xbuf, cbuf;
   const float* xf = direct ? float_rows(x, n_x, A, xbuf) : nullptr;
   const float* cf = direct ? float_rows(ct, n_ct, B, cbuf) : nullptr;
@@ -198,9 +218,10 @@ void run(
   // of x and ct a block touches are fetched once for all offsets rather than
   // once per offset. Blocks hold about 512 KB of rows (to stay in L2) and
   // grow where the partial sums' memory bound requires or chunks would be
-  // small.
+  // small (both bounds in the unswapped orientation's terms: the chunks
+  // must not depend on the path's choice).
   const int64_t budget = int64_t(1) << 23; // floats
-  const int64_t bound_floats = int64_t(ap) * round_up(B, 16);
+  const int64_t bound_floats = (round_up(A, 16) + 16) * round_up(B, 16);
   int64_t rows_per_block = 256;
   while (rows_per_block * (A + B) * 4 < (int64_t(1) << 19)) {
     rows_per_block *= 2;
@@ -245,61 +266,68 @@ void run(
     }
   }
   std::vector<float> partial(chunks.size() * tile_floats);
+  // The broadcast side's rows (and their indices), and the vector side's.
+  const int32_t* g = v.offsets ? v.g : nullptr;
+  const int32_t* r = v.offsets ? v.r : nullptr;
+  const float* pf = swap ? cf : xf;
+  const float* qf = swap ? xf : cf;
+  const int32_t* pi = swap ? r : g;
+  const int32_t* qi = swap ? g : r;
   parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1) {
-    thread_local std::vector<float> xp, cp;
+    thread_local std::vector<float> ppanel, qpanel;
     if (!direct) {
       // Padding columns stay zero; rows are overwritten panel by panel.
-      xp.assign(kPanel * ap, 0.0f);
-      cp.assign(kPanel * bp, 0.0f);
+      ppanel.assign(kPanel * pp, 0.0f);
+      qpanel.assign(kPanel * qp, 0.0f);
     }
     for (int64_t c = c0; c < c1; ++c) {
       float* acc = partial.data() + c * tile_floats;
       std::fill(acc, acc + tile_floats, 0.0f);
       if (direct) {
-        const int32_t* g = v.offsets ? v.g : nullptr;
-        const int32_t* r = v.offsets ? v.r : nullptr;
-        gathered_product(xf, A, cf, B, g, r, chunks[c].e0, chunks[c].e1, blocks, acc, bp);
+        gathered_product(pf, P, qf, Q, pi, qi, chunks[c].e0, chunks[c].e1, blocks, acc, qp);
         continue;
       }
       for (int64_t p = chunks[c].e0; p < chunks[c].e1; p += kPanel) {
         const int64_t n = std::min(kPanel, chunks[c].e1 - p);
         for (int64_t i = 0; i < n; ++i) {
           const int64_t e = p + i;
-          const int64_t g = v.offsets ? v.g[e] : e;
-          const int64_t r = v.offsets ? v.r[e] : e;
-          to_float(x + g * A, xp.data() + i * ap, A);
-          to_float(ct + r * B, cp.data() + i * bp, B);
+          const int64_t xg = g ? g[e] : e;
+          const int64_t cr = r ? r[e] : e;
+          to_float(x + xg * A, (swap ? qpanel : ppanel).data() + i * (swap ? qp : pp), A);
+          to_float(ct + cr * B, (swap ? ppanel : qpanel).data() + i * (swap ? pp : qp), B);
         }
         for (auto [col, nv] : blocks) {
           dispatch_vectors(nv, [&]<int NV>() {
-            panel_product<NV>(xp.data(), ap, cp.data(), bp, n, A, col, acc, bp);
+            panel_product<NV>(ppanel.data(), pp, qpanel.data(), qp, n, P, col, acc, qp);
           });
         }
       }
     }
   });
-  // Rows (k, a) go to out through its strides: a row of B when B is the
-  // contiguous axis, else B elements K * A apart in the parameter's own
-  // (C_out, K, C_in) layout, whose neighbouring rows fill the same lines.
-  parallel_for(v.k * A, 64, [&](int64_t i0, int64_t i1) {
-    std::vector<float> sum(bp);
-    std::vector<T> row(B);
+  // Partial rows (k, p) go to out through its strides: Q elements, which
+  // are contiguous when Q's axis is (B in (K, A, B); A, swapped, in the
+  // parameter's own (C_out, K, C_in) layout), else Q elements apart by the
+  // stride of their axis, whose neighbouring rows fill the same lines.
+  const int64_t p_stride = swap ? os.b : os.a, q_stride = swap ? os.a : os.b;
+  parallel_for(v.k * P, 64, [&](int64_t i0, int64_t i1) {
+    std::vector<float> sum(qp);
+    std::vector<T> row(Q);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t k = i / A, a = i % A;
+      const int64_t k = i / P, p = i % P;
       std::fill(sum.begin(), sum.end(), 0.0f);
       for (int64_t b = 0; b < n_blocks; ++b) {
-        const float* p = partial.data() + (b * v.k + k) * tile_floats + a * bp;
-        for (int b = 0; b < bp; ++b) {
-          sum[b] += p[b];
+        const float* part = partial.data() + (b * v.k + k) * tile_floats + p * qp;
+        for (int q = 0; q < qp; ++q) {
+          sum[q] += part[q];
         }
       }
-      T* dst = out + k * os.k + a * os.a;
-      if (os.b == 1) {
-        from_float(sum.data(), dst, B);
+      T* dst = out + k * os.k + p * p_stride;
+      if (q_stride == 1) {
+        from_float(sum.data(), dst, Q);
       } else {
-        from_float(sum.data(), row.data(), B);
-        for (int b = 0; b < B; ++b) {
-          dst[b * os.b] = row[b];
+        from_float(sum.data(), row.data(), Q);
+        for (int q = 0; q < Q; ++q) {
+          dst[q * q_stride] = row[q];
         }
       }
     }
