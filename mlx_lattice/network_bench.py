@@ -33,14 +33,17 @@ from .tensor import SparseTensor
 
 @contextmanager
 def fused_norms(enabled: bool):
-    """Run BatchNorm / InstanceNorm fused (the default on the CPU and on
-    Metal) or as MLX ops."""
-    old = normalization.FUSED_ON_CPU, normalization.FUSED_ON_METAL
-    normalization.FUSED_ON_CPU = normalization.FUSED_ON_METAL = enabled
+    """Run BatchNorm / InstanceNorm fused (the default on the CPU, on Metal
+    and on CUDA) or as MLX ops."""
+    names = ("FUSED_ON_CPU", "FUSED_ON_METAL", "FUSED_ON_CUDA")
+    old = [getattr(normalization, k) for k in names]
+    for k in names:
+        setattr(normalization, k, enabled)
     try:
         yield
     finally:
-        normalization.FUSED_ON_CPU, normalization.FUSED_ON_METAL = old
+        for k, v in zip(names, old):
+            setattr(normalization, k, v)
 
 
 def loss_fn(model, x):

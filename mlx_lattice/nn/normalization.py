@@ -7,8 +7,11 @@ each voxel's channels. All accept SparseTensors and plain arrays.
 
 On the CPU and on a Metal GPU, ``BatchNorm`` and ``InstanceNorm`` run as one
 fused primitive (statistics, normalisation, an optional residual add and a
-ReLU / LeakyReLU: see :func:`norm_act`), with its own backward pass; on other
-GPUs they are MLX ops.
+ReLU / LeakyReLU: see :func:`norm_act`), with its own backward pass. On MLX's
+CUDA backend the same contract runs as a few CUDA kernels
+(``mlx_lattice.cuda.norm``: three forward, one in eval mode, and three
+backward, with a closed-form backward pass). With other activations they are
+MLX ops.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from .activations import LeakyReLU, ReLU
 
 _FUSED_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
-# False runs the MLX-op path on the CPU / on Metal too (benchmarks and tests
-# compare the two: network_bench.fused_norms sets both).
+# False runs the MLX-op path on the CPU / on Metal / on CUDA too (benchmarks
+# and tests compare the two: network_bench.fused_norms sets all three).
 FUSED_ON_CPU = True
 FUSED_ON_METAL = True
+FUSED_ON_CUDA = True
 
 
 def _fused_activation(act):
@@ -45,10 +49,24 @@ def _fused_activation(act):
 def _fusable(f: mx.array, act) -> bool:
     backend = routes.current_backend()
     return (
-        ((backend == "cpu" and FUSED_ON_CPU) or (backend == "metal" and FUSED_ON_METAL and _ext.metal_available()))
+        (
+            (backend == "cpu" and FUSED_ON_CPU)
+            or (backend == "metal" and FUSED_ON_METAL and _ext.metal_available())
+            or (backend == "cuda" and FUSED_ON_CUDA)
+        )
         and f.dtype in _FUSED_DTYPES
         and _fused_activation(act) is not None
     )
+
+
+def _fused_op():
+    """The fused norm_act of the current backend (``_ext.norm_act``'s
+    arguments and results)."""
+    if routes.current_backend() == "cuda":
+        from ..cuda import norm
+
+        return norm.norm_act
+    return _ext.norm_act
 
 
 def _affine(norm, c):
@@ -65,8 +83,9 @@ def norm_act(norm, x, act=None, residual=None):
     On the CPU or a Metal GPU, with a ReLU, a LeakyReLU of slope >= 0 or no
     activation, the whole expression is one primitive (forward and backward;
     on the CPU multithreaded and bitwise identical across thread counts, on
-    Metal in fixed summation orders); otherwise the modules run one after
-    another. Both give the same values up to rounding.
+    Metal in fixed summation orders); on CUDA a few kernels (fixed summation
+    orders: bitwise identical run to run); otherwise the modules run one after
+    another. All give the same values up to rounding.
     """
     if not isinstance(norm, (BatchNorm, InstanceNorm)):
         raise TypeError(f"norm_act: norm must be a BatchNorm or InstanceNorm, got {type(norm).__name__}")
@@ -140,20 +159,20 @@ class BatchNorm(mnn.Module):
         w, b = _affine(self, f.shape[1])
         n = f.shape[0]
         if self.training or not self.track_running_stats:
-            y, mean, var = _ext.norm_act(f, w, b, residual, None, 1, None, None, self.eps, code, slope)
+            y, mean, var = _fused_op()(f, w, b, residual, None, 1, None, None, self.eps, code, slope)
             if self.training and self.track_running_stats and n > 1:
                 mu = self.momentum
                 mean, var = mx.stop_gradient(mean[0]), mx.stop_gradient(var[0])
                 self.running_mean = (1 - mu) * self.running_mean + mu * mean
                 self.running_var = (1 - mu) * self.running_var + mu * (var * (n / (n - 1)))
             return y
-        (y,) = _ext.norm_act(
+        (y,) = _fused_op()(
             f, w, b, residual, None, 1, self.running_mean, self.running_var, self.eps, code, slope
         )
         return y
 
     def _reference(self, f: mx.array, residual=None) -> mx.array:
-        """The MLX-op path (GPUs, and activations the fused kernel lacks);
+        """The MLX-op path (activations the fused kernels lack, and comparisons);
         the residual is added before the one rounding to f's dtype, as the
         fused kernel does."""
         n = f.shape[0]
@@ -216,13 +235,13 @@ class InstanceNorm(mnn.Module):
         if _fusable(f, act):
             code, slope = _fused_activation(act)
             w, bias = _affine(self, f.shape[1])
-            y, _, _ = _ext.norm_act(f, w, bias, residual, b, n_b, None, None, self.eps, code, slope)
+            y, _, _ = _fused_op()(f, w, bias, residual, b, n_b, None, None, self.eps, code, slope)
             return x.replace(y)
         y = x.replace(self._reference(f, b, x.batch_counts, residual))
         return y if act is None else act(y)
 
     def _reference(self, f, b, counts, residual=None):
-        """The MLX-op path (GPUs, and activations the fused kernel lacks);
+        """The MLX-op path (activations the fused kernels lack, and comparisons);
         the residual is added before rounding, as in BatchNorm."""
         n_b = len(counts)
         inv_n = mx.array((1.0 / np.maximum(counts, 1)).astype(np.float32))[:, None]

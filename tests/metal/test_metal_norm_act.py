@@ -459,12 +459,14 @@ def test_programs_name_the_kernels_for_each_dtype(rng):
         _ext.metal_norm_program("forward", 4, 2, mx.int32, 1, False, True, False, 0, 0.0, EPS)
 
 
-def test_layers_choose_the_primitive_on_metal_only(monkeypatch):
+def test_layers_choose_the_fused_path_per_backend(monkeypatch):
     f = mx.zeros((4, 3))
     monkeypatch.setattr(_ext, "metal_available", lambda: True)
-    for backend, fused in (("cpu", True), ("metal", True), ("cuda", False)):
+    for backend in ("cpu", "metal", "cuda"):
         monkeypatch.setattr(routes, "current_backend", lambda stream=None, b=backend: b)
-        assert normalization._fusable(f, None) == fused, backend
+        assert normalization._fusable(f, None), backend
+        # CUDA runs its own kernels (mlx_lattice/cuda/norm.py), not the primitive
+        assert (normalization._fused_op() is _ext.norm_act) == (backend != "cuda"), backend
     monkeypatch.setattr(routes, "current_backend", lambda stream=None: "metal")
     with fused_norms(False):  # the MLX-op path, for comparisons
         assert not normalization._fusable(f, None)
