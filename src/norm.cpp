@@ -93,14 +93,19 @@ void NormAct::eval_cpu(
 
 // Metal only: on other GPUs the layers do not build this primitive
 // (mlx_lattice/nn/normalization.py).
-void NormAct::eval_gpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
+// Both passes' GPU programs exist only in builds with the Metal kernels.
+static void require_metal_kernels() {
   if (!metal::available()) {
     throw std::runtime_error(
         "norm_act: this build has no Metal kernels; on other GPUs the norms "
         "run as MLX ops");
   }
+}
+
+void NormAct::eval_gpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  require_metal_kernels();
   const auto& x = in[0];
   metal::run(
       metal::norm_forward_program(spec_, x.shape(0), x.shape(1), x.dtype()), in, out, stream());
@@ -331,11 +336,7 @@ void NormActGrad::eval_cpu(
 void NormActGrad::eval_gpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  if (!metal::available()) {
-    throw std::runtime_error(
-        "norm_act: this build has no Metal kernels; on other GPUs the norms "
-        "run as MLX ops");
-  }
+  require_metal_kernels();
   const auto& x = in[0];
   metal::run(
       metal::norm_backward_program(spec_, x.shape(0), x.shape(1), x.dtype()), in, out, stream());
