@@ -3,11 +3,12 @@
 ``python -m mlx_lattice.network_bench [--workload lidar] [--width 0.5]`` times a
 MinkUNet training step (maps built inside, forward, loss, backward, Adam
 update) and replays each of its stages in isolation on the same arrays:
-map building, convolutions by pass (forward / input gradient / weight
-gradient), normalisation, activations, residual adds, concatenations, the
-cotangent sums of shared tensors, loss and optimizer (``mlx_lattice.optimizers.Adam``, the fused update; ``--mlx-optimizer``
-steps with ``mlx.optimizers.Adam``). Times are reported next to the same run's
-NumPy sgemm.
+map building, tracing the backward graph, convolutions by pass (forward /
+input gradient / weight gradient), normalisation, activations, residual
+adds, concatenations, the cotangent sums of shared tensors, loss and
+optimizer (``mlx_lattice.optimizers.Adam``, the fused update;
+``--mlx-optimizer`` steps with ``mlx.optimizers.Adam``). Times are reported
+next to the same run's NumPy sgemm.
 ``--compare`` also profiles the MLX-op normalisation path (no fused
 norm + activation primitive) in the same run.
 """
@@ -188,6 +189,10 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
     t_cached = best_time(lambda: model(x0), repeats)
     stages["maps (coordinate hashing, relations)"] = max(t_fresh - t_cached, 0.0)
     stages["graph building (Python)"] = t_cached
+    # The backward graph: MLX tracing the VJPs, and the relations' kernel-
+    # and input-major views built on first use (kernels idle meanwhile).
+    t_traced = best_time(lambda: step.loss_grad(model, step.tensor()), repeats)
+    stages["backward graph (tracing, relation views)"] = max(t_traced - t_fresh, 0.0)
 
     with _recording() as rec:
         y = model(step.tensor())
