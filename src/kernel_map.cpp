@@ -240,6 +240,7 @@ std::shared_ptr<Relation> build_symmetric(
   });
   auto rel = std::make_shared<Relation>(kind, n, n, kv, offsets, in_idx, k_idx);
   rel->set_neighbor_map(nmap);
+  rel->set_symmetric();
   return rel;
 }
 

@@ -195,3 +195,25 @@ def test_native_relation_from_unevaluated_arrays():
         got, want = (got(), want()) if callable(got) else (got, want)
         for g, w in zip(*(v if isinstance(v, (tuple, list)) else [v] for v in (got, want))):
             np.testing.assert_array_equal(np.array(g), np.array(w))
+
+
+@pytest.mark.usefixtures("on_cpu")  # the CPU builder's mirrored input-major view
+@pytest.mark.parametrize("size,dilation", [((3, 3, 3), (1, 1, 1)), ((5, 3, 1), (1, 2, 1)), ((7, 7, 7), (1, 1, 1))])
+def test_input_major_of_symmetric_relations(rng, size, dilation):
+    """Submanifold relations read their input-major view off the mirrored
+    CSR: exactly NumPy's stable sort of the edges by input row, over
+    several batch items, anisotropic and dilated kernels."""
+    coords = oracle.random_coords(rng, 3000, 16, 3)
+    pad = tuple(d * (s - 1) // 2 for s, d in zip(size, dilation))
+    g = KernelGeometry(size, (1,) * 3, pad, dilation)
+    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    rel = x.manager.submanifold_kernel_relation(x.coordinate_set, g)
+    e = edges_of(rel)
+    im = rel.input_major()
+    iperm = np.argsort(e[:, 1] * rel.kernel_volume + e[:, 2], kind="stable")
+    np.testing.assert_array_equal(np.array(im.perm), iperm)
+    np.testing.assert_array_equal(np.array(im.out_idx), e[iperm, 0])
+    np.testing.assert_array_equal(np.array(im.k_idx), e[iperm, 2])
+    np.testing.assert_array_equal(
+        np.array(im.offsets), np.concatenate([[0], np.cumsum(np.bincount(e[:, 1], minlength=len(coords)))])
+    )
