@@ -270,11 +270,14 @@ register(Route(
     "SIMD register tiles, float32 accumulation (in the float32 output itself where "
     "edges per row x C_in <= 200); weight panels packed through W's strides",
 ))
-# Inputs of at most 8 channels whose weight panel (K x C_in x C_out, C_out
-# padded to 16) fits in 32 KiB of L1: the stem of a network.
+# Narrow inputs whose weight panel (K x C_in x C_out, C_out padded to 16)
+# fits in 32 KiB of L1: a network's stem (C_in <= 8), and 16-channel strided
+# layers (K <= 8: one or two edges per row), whose products are too short
+# for the grouping by offset to pay off.
 ROW_MAJOR_NARROW = _cond(
-    "C_in <= 8 and K * C_in * round_up(C_out, 16) * 4 <= 32 KiB",
-    lambda c: c.c_in <= 8 and c.k * c.c_in * -(-c.c_out // 16) * 16 * 4 <= 32 << 10,
+    "(C_in <= 8, or C_in <= 16 and K <= 8) and K * C_in * round_up(C_out, 16) * 4 <= 32 KiB",
+    lambda c: (c.c_in <= 8 or (c.c_in <= 16 and c.k <= 8))
+    and c.k * c.c_in * -(-c.c_out // 16) * 16 * 4 <= 32 << 10,
 )
 register(Route(
     name="cpu.row_gather", backend="cpu", priority=10, conditions=(DENSE, ROW_MAJOR_NARROW),

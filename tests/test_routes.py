@@ -94,10 +94,10 @@ def test_selection_is_pure_and_explains_rejections():
     reasons = {r["route"]: r["reason"] for r in s.rejected}
     assert reasons["cpu.gather_gemm"].startswith("lower priority")
     assert "backend is cpu" in reasons["metal.pointwise"]
-    s2 = routes.select(ctx(kernel_size=(1, 1, 1), padding=(1, 0, 0), c_in=16))
+    s2 = routes.select(ctx(kernel_size=(1, 1, 1), padding=(1, 0, 0), c_in=32))
     assert s2.route.name == "cpu.gather_gemm"
     assert {r["route"]: r["reason"] for r in s2.rejected}["cpu.pointwise"] == "no padding/dilation"
-    assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target", c_in=16)).route.name == "cpu.gather_gemm"
+    assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target", c_in=32)).route.name == "cpu.gather_gemm"
     # a Mac would take the Metal routes for the same shapes
     assert routes.select(ctx(backend="metal", kernel_size=(1, 1, 1))).route.name == "metal.pointwise"
     assert routes.select(ctx(backend="metal", c_in=8, c_out=8)).route.name == "metal.vec4"
@@ -112,10 +112,14 @@ def test_row_gather_takes_narrow_inputs():
     assert routes.select(ctx(c_in=4, c_out=16)).route.name == "cpu.row_gather"
     assert routes.select(ctx(c_in=4, c_out=16, direction="dgrad")).route.name == "cpu.row_gather"
     assert routes.select(ctx(c_in=8, c_out=16, kernel_size=(2, 2, 2))).route.name == "cpu.row_gather"
+    # 16-channel strided layers (8 offsets), both passes
+    assert routes.select(ctx(c_in=16, c_out=16, kernel_size=(2, 2, 2), stride=(2, 2, 2))).route.name == "cpu.row_gather"
+    assert routes.select(ctx(c_in=16, c_out=32, kernel_size=(2, 2, 2), direction="dgrad")).route.name == "cpu.row_gather"
+    assert routes.select(ctx(c_in=32, c_out=32, kernel_size=(2, 2, 2))).route.name == "cpu.gather_gemm"
     # wider inputs, or a panel past 32 KiB (8 x 64 x 27 x 4 bytes), keep the grouped traversal
     s = routes.select(ctx(c_in=16, c_out=16))
     assert s.route.name == "cpu.gather_gemm"
-    assert {r["route"]: r["reason"] for r in s.rejected}["cpu.row_gather"].startswith("C_in <= 8")
+    assert {r["route"]: r["reason"] for r in s.rejected}["cpu.row_gather"].startswith("(C_in <= 8")
     assert routes.select(ctx(c_in=8, c_out=64)).route.name == "cpu.gather_gemm"
     assert routes.select(ctx(c_in=4, c_out=16, quantized=True)).route.name == "cpu.quantized_gather_gemm"
     # 1x1x1 products without a relation stay pointwise

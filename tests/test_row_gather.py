@@ -104,6 +104,17 @@ def test_matches_reference_and_grouped_bitwise(rng, isa, c_in, c_out, dtype):
     assert _bytes(y) == _bytes(_conv(x, w, rel, "cpu.gather_gemm"))
 
 
+@pytest.mark.parametrize("c_in,c_out,dtype", [(16, 16, mx.float32), (16, 32, mx.float32), (15, 9, mx.float16)])
+def test_strided_shapes(rng, isa, c_in, c_out, dtype):
+    # 8 offsets, one or two edges a row: the 16-channel strided layers
+    K, n_in, n_out = 8, 900, 500
+    rel, edges = relation(rng, n_in, n_out, K, max_edges=3, empty_rows=0.1)
+    x, w = _inputs(rng, n_in, c_in, c_out, K, dtype)
+    y = _conv(x, w, rel, "cpu.row_gather")
+    np.testing.assert_allclose(to_np(y), reference(edges, to_np(x), to_np(w), n_out), **TOLERANCES[dtype])
+    assert _bytes(y) == _bytes(_conv(x, w, rel, "cpu.gather_gemm"))
+
+
 @pytest.mark.parametrize("c_in,c_out", [(4, 16), (3, 7), (2, 40)])
 def test_rows_not_ascending_take_grouped_order(rng, isa, c_in, c_out):
     # offsets in random order within rows: sums still run in offset order
