@@ -26,13 +26,15 @@ from .tensor import SparseTensor
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
-def best_time(fn, repeats: int) -> float:
-    fn()  # warm up (allocations, lazily built views)
+def best_time(fn, repeats: int, clock=time.perf_counter) -> float:
+    """Best of `repeats` calls of fn after one warm-up (allocations, lazily
+    built views), in seconds of `clock`."""
+    fn()
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
@@ -731,13 +733,7 @@ def run_grouped(coords, channels: int, groups: int, repeats: int) -> dict:
 def cpu_time(fn, repeats: int) -> float:
     """Best process CPU seconds of fn (all threads): on a machine shared with
     other jobs, far steadier than wall time, and comparable across calls."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
-    return best
+    return best_time(fn, repeats, clock=time.process_time)
 
 
 def network_layer_rows(coords, width: float = 0.5, repeats: int = 3):

@@ -23,6 +23,27 @@ def to_np(a) -> np.ndarray:
     return np.array(a.astype(mx.float32)).astype(np.float64)
 
 
+def check_statistics_gradients(raw_norm_act, rng):
+    """A raw fused norm's batch mean and variance outputs carry gradients:
+    `raw_norm_act` has the signature of `_ext.norm_act`, checked against
+    central differences of the same function of x in float64."""
+    from oracle import numeric_grad
+
+    x = rng.standard_normal((11, 2))
+    w, b = rng.uniform(0.5, 1.5, 2), rng.standard_normal(2)
+    w32, b32 = mx.array(w.astype(np.float32)), mx.array(b.astype(np.float32))
+
+    def f_np(xv):
+        return (xv.mean(0) ** 2).sum() + (xv.var(0) * w).sum()
+
+    def f_mx(xv):
+        _, mean, var = raw_norm_act(xv, w32, b32, None, None, 1, None, None, 1e-5, 1, 0.0)
+        return (mean**2).sum() + (var * w32).sum()
+
+    g = mx.grad(f_mx)(mx.array(x.astype(np.float32)))
+    np.testing.assert_allclose(to_np(g), numeric_grad(f_np, [x], 0), rtol=1e-3, atol=1e-4)
+
+
 def voxel_cloud(rng, n: int, batches: int = 2, extent: int = 12) -> mx.array:
     """Unique int32 (batch, x, y, z) rows, coordinates in [-extent, extent),
     in random order (map builders must not rely on sorted input)."""

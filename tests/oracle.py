@@ -363,3 +363,15 @@ def compress_grouped(full, groups):
     return np.concatenate(
         [full[j * bg:(j + 1) * bg, ..., j * ag:(j + 1) * ag] for j in range(groups)], axis=0
     )
+
+
+def numeric_grad(f, args, i, h=1e-6):
+    """Central differences of the scalar f(*args) with respect to args[i]."""
+    g = np.zeros_like(args[i])
+    for idx in np.ndindex(*args[i].shape):
+        a = [np.array(v, copy=True) for v in args]
+        a[i][idx] += h
+        up = f(*a)
+        a[i][idx] -= 2 * h
+        g[idx] = (up - f(*a)) / (2 * h)
+    return g

@@ -20,7 +20,7 @@ from mlx_lattice.cuda.step_profile import graph_nodes
 from mlx_lattice.models import MinkUNet
 from mlx_lattice.network_bench import fused_norms
 
-from conftest import TOLERANCES, needs_cuda, to_np
+from conftest import TOLERANCES, check_statistics_gradients, needs_cuda, to_np
 
 ACTS = {"none": (None, 1.0), "relu": (nn.ReLU(), 0.0), "leaky": (nn.LeakyReLU(0.2), 0.2)}
 EPS = 1e-5
@@ -248,26 +248,7 @@ def test_gradients_against_finite_differences(rng, kind):
 @needs_cuda
 @pytest.mark.usefixtures("on_gpu")
 def test_gradients_through_statistics_outputs(rng):
-    n, c = 11, 2
-    x = rng.standard_normal((n, c))
-    w, b = rng.uniform(0.5, 1.5, c), rng.standard_normal(c)
-
-    def f_np(xv):
-        return (xv.mean(0) ** 2).sum() + (xv.var(0) * w).sum()
-
-    def f_mx(xv):
-        _, mean, var = cuda_norm.norm_act(xv, mx.array(w.astype(np.float32)), mx.array(b.astype(np.float32)),
-                                          None, None, 1, None, None, EPS, 1, 0.0)
-        return (mean**2).sum() + (var * mx.array(w.astype(np.float32))).sum()
-
-    g = mx.grad(f_mx)(mx.array(x.astype(np.float32)))
-    fd = np.zeros_like(x)
-    for idx in np.ndindex(*x.shape):
-        up, dn = x.copy(), x.copy()
-        up[idx] += 1e-6
-        dn[idx] -= 1e-6
-        fd[idx] = (f_np(up) - f_np(dn)) / 2e-6
-    np.testing.assert_allclose(to_np(g), fd, rtol=1e-3, atol=1e-4)
+    check_statistics_gradients(cuda_norm.norm_act, rng)
 
 
 @pytest.mark.cuda

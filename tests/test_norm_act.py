@@ -17,7 +17,8 @@ from mlx_lattice import SparseTensor, nn
 from mlx_lattice.models import MinkUNet
 from mlx_lattice.network_bench import fused_norms
 
-from conftest import TOLERANCES, to_np
+from conftest import TOLERANCES, check_statistics_gradients, to_np
+from oracle import numeric_grad
 
 ACTS = {"none": None, "relu": nn.ReLU(), "leaky": nn.LeakyReLU(0.2)}
 
@@ -101,17 +102,6 @@ def test_instance_norm_act_values(rng, act, residual):
     )
 
 
-def numeric_grad(f, args, i, h=1e-6):
-    g = np.zeros_like(args[i])
-    for idx in np.ndindex(*args[i].shape):
-        a = [np.array(v, copy=True) for v in args]
-        a[i][idx] += h
-        up = f(*a)
-        a[i][idx] -= 2 * h
-        g[idx] = (up - f(*a)) / (2 * h)
-    return g
-
-
 @pytest.mark.parametrize("kind", ["batch", "batch-eval", "instance"])
 @pytest.mark.parametrize("act", ["relu", "leaky", "none"])
 def test_gradients_against_finite_differences(rng, kind, act):
@@ -146,21 +136,7 @@ def test_gradients_against_finite_differences(rng, kind, act):
 @pytest.mark.usefixtures("on_cpu")  # calls the CPU primitive directly
 def test_gradients_through_statistics_outputs(rng):
     """The batch mean / variance outputs carry gradients too (the raw op)."""
-    n, c = 11, 2
-    x = rng.standard_normal((n, c))
-    w, b = rng.uniform(0.5, 1.5, c), rng.standard_normal(c)
-
-    def f_np(xv):
-        return (xv.mean(0) ** 2).sum() + (xv.var(0) * w).sum()
-
-    def f_mx(xv):
-        _, mean, var = mlx_lattice._ext.norm_act(
-            xv, mx.array(w.astype(np.float32)), mx.array(b.astype(np.float32)),
-            None, None, 1, None, None, 1e-5, 1, 0.0)
-        return (mean**2).sum() + (var * mx.array(w.astype(np.float32))).sum()
-
-    g = mx.grad(f_mx)(mx.array(x.astype(np.float32)))
-    np.testing.assert_allclose(to_np(g), numeric_grad(f_np, [x], 0), rtol=1e-3, atol=1e-4)
+    check_statistics_gradients(mlx_lattice._ext.norm_act, rng)
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
