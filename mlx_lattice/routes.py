@@ -270,6 +270,22 @@ register(Route(
     "SIMD register tiles, float32 accumulation (in the float32 output itself where "
     "edges per row x C_in <= 200); weight panels packed through W's strides",
 ))
+# Narrow inputs whose weight panel (K x C_in x C_out, C_out padded to 16)
+# fits in 32 KiB of L1: a network's stem (C_in <= 8), and 16-channel strided
+# layers (K <= 8: one or two edges per row), whose products are too short
+# for the grouping by offset to pay off.
+ROW_MAJOR_NARROW = _cond(
+    "(C_in <= 8, or C_in <= 16 and K <= 8) and K * C_in * round_up(C_out, 16) * 4 <= 32 KiB",
+    lambda c: (c.c_in <= 8 or (c.c_in <= 16 and c.k <= 8))
+    and c.k * c.c_in * -(-c.c_out // 16) * 16 * 4 <= 32 << 10,
+)
+register(Route(
+    name="cpu.row_gather", backend="cpu", priority=10, conditions=(DENSE, ROW_MAJOR_NARROW),
+    passes=("forward", "dgrad"), kernel_file="src/cpu/gather_conv.cpp",
+    summary="the gather-GEMM's row-major traversal for narrow inputs: edges in the view's "
+    "order, several rows' products in lockstep, each row summed in registers and written "
+    "once (no grouping by offset); the same sums as cpu.gather_gemm, bit for bit",
+))
 register(Route(
     name="cpu.wgrad_gemm", backend="cpu", priority=0, conditions=(DENSE,),
     passes=("wgrad",), kernel_file="src/cpu/weight_grad.cpp",

@@ -94,10 +94,10 @@ def test_selection_is_pure_and_explains_rejections():
     reasons = {r["route"]: r["reason"] for r in s.rejected}
     assert reasons["cpu.gather_gemm"].startswith("lower priority")
     assert "backend is cpu" in reasons["metal.pointwise"]
-    s2 = routes.select(ctx(kernel_size=(1, 1, 1), padding=(1, 0, 0)))
+    s2 = routes.select(ctx(kernel_size=(1, 1, 1), padding=(1, 0, 0), c_in=32))
     assert s2.route.name == "cpu.gather_gemm"
     assert {r["route"]: r["reason"] for r in s2.rejected}["cpu.pointwise"] == "no padding/dilation"
-    assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target")).route.name == "cpu.gather_gemm"
+    assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target", c_in=32)).route.name == "cpu.gather_gemm"
     # a Mac would take the Metal routes for the same shapes
     assert routes.select(ctx(backend="metal", kernel_size=(1, 1, 1))).route.name == "metal.pointwise"
     assert routes.select(ctx(backend="metal", c_in=8, c_out=8)).route.name == "metal.vec4"
@@ -105,6 +105,25 @@ def test_selection_is_pure_and_explains_rejections():
     s3 = routes.select(ctx(backend="metal", dtype="bfloat16"))
     assert s3.route.backend == "cpu" and "no metal route" in s3.fallback
     assert {r["route"]: r["reason"] for r in s3.rejected}["metal.fetch_on_demand"] == "features float32 or float16"
+
+
+def test_row_gather_takes_narrow_inputs():
+    # the stem (4 -> 16, K 27): a 27 KiB weight panel
+    assert routes.select(ctx(c_in=4, c_out=16)).route.name == "cpu.row_gather"
+    assert routes.select(ctx(c_in=4, c_out=16, direction="dgrad")).route.name == "cpu.row_gather"
+    assert routes.select(ctx(c_in=8, c_out=16, kernel_size=(2, 2, 2))).route.name == "cpu.row_gather"
+    # 16-channel strided layers (8 offsets), both passes
+    assert routes.select(ctx(c_in=16, c_out=16, kernel_size=(2, 2, 2), stride=(2, 2, 2))).route.name == "cpu.row_gather"
+    assert routes.select(ctx(c_in=16, c_out=32, kernel_size=(2, 2, 2), direction="dgrad")).route.name == "cpu.row_gather"
+    assert routes.select(ctx(c_in=32, c_out=32, kernel_size=(2, 2, 2))).route.name == "cpu.gather_gemm"
+    # wider inputs, or a panel past 32 KiB (8 x 64 x 27 x 4 bytes), keep the grouped traversal
+    s = routes.select(ctx(c_in=16, c_out=16))
+    assert s.route.name == "cpu.gather_gemm"
+    assert {r["route"]: r["reason"] for r in s.rejected}["cpu.row_gather"].startswith("(C_in <= 8")
+    assert routes.select(ctx(c_in=8, c_out=64)).route.name == "cpu.gather_gemm"
+    assert routes.select(ctx(c_in=4, c_out=16, quantized=True)).route.name == "cpu.quantized_gather_gemm"
+    # 1x1x1 products without a relation stay pointwise
+    assert routes.select(ctx(c_in=4, c_out=16, kernel_size=(1, 1, 1))).route.name == "cpu.pointwise"
 
 
 def test_register_rejects_duplicates():
@@ -123,7 +142,7 @@ def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch, on_cpu):
     with ml.diagnostics.record() as log:
         y = ops.subm_conv3d(x, mx.zeros((4, 3, 3, 3, 3)))
         ops.conv3d(y, mx.zeros((2, 1, 1, 1, 4)))
-    assert [r["route"] for r in log] == ["cpu.gather_gemm", "cpu.pointwise"]
+    assert [r["route"] for r in log] == ["cpu.row_gather", "cpu.pointwise"]
     rec = log[0]
     assert REQUIRED <= set(rec)
     assert rec["map_kind"] == "submanifold" and rec["k"] == 27 and rec["c_in"] == 3 and rec["c_out"] == 4
@@ -132,7 +151,7 @@ def test_diagnostics_record_and_env_log(rng, tmp_path, monkeypatch, on_cpu):
     assert all({"route", "reason"} <= set(r) for r in rec["rejected"])
     lines = [json.loads(line) for line in log_path.read_text().splitlines()]
     # the file also takes the map records (op "map"): x's table, the relation
-    assert [l["route"] for l in lines if l["op"] != "map"] == ["cpu.gather_gemm", "cpu.pointwise"]
+    assert [l["route"] for l in lines if l["op"] != "map"] == ["cpu.row_gather", "cpu.pointwise"]
     assert [l["product"] for l in lines if l["op"] == "map"] == ["table", "relation"]
     assert json.loads(log.to_json())[1]["op"] == "conv3d"
     assert "cpu.pointwise" in log.table()
@@ -147,8 +166,8 @@ def test_backward_routes_go_through_registry(rng, on_cpu):
         mx.grad(lambda f, w: ops.subm_conv3d(x.replace(f), w).feats.sum(), argnums=(0, 1))(x.feats, w)
         mx.grad(lambda f, w: ops.conv3d(x.replace(f), w).feats.sum(), argnums=(0, 1))(x.feats, wp)
     by_dir = {(r["direction"], r["route"]) for r in log}
-    assert ("forward", "cpu.gather_gemm") in by_dir
-    assert ("dgrad", "cpu.gather_gemm") in by_dir
+    assert ("forward", "cpu.row_gather") in by_dir  # 3 input channels
+    assert ("dgrad", "cpu.row_gather") in by_dir  # the product's 4 input channels
     assert ("wgrad", "cpu.wgrad_gemm") in by_dir
     assert ("dgrad", "cpu.pointwise") in by_dir
     dgrad = next(r for r in log if r["direction"] == "dgrad" and r["map_kind"] == "submanifold")

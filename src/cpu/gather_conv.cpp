@@ -8,11 +8,13 @@
 // output element sums its offsets in increasing order: the result does not
 // depend on the thread count.
 //
-// Float32 outputs whose width is whole vectors, where rows have few edges
-// and short products, are accumulated in place (no zeroed block, no copy
-// out): a row's first offset adds its tile to a zero row and stores, later
-// ones add to the row, the same sums as in a zeroed block; rows without
-// edges are zeroed. Results are identical whichever way a call takes.
+// A row's first offset adds its tile to a zero row and stores, later ones
+// add to the row, and rows without edges are written as zeros, so the
+// block is never zeroed first. Float32 outputs whose width is whole
+// vectors, where rows have few edges and short products, are accumulated in
+// place (in the output itself, no copy out). Narrow inputs may take the
+// row-major traversal instead (cpu.row_gather, below). Results are identical
+// whichever way a call takes.
 #include "cpu/isa_begin.h"
 
 #include "cpu/pack.h"
@@ -183,7 +185,7 @@ void block_product(
         if (i < n) {
           xr[i] = xf + int64_t(b.in[g + i]) * A;
           yr[i] = yblk + int64_t(b.out[g + i]) * ldy + c0;
-          sr[i] = in_place && b.first[g + i] ? zero_row : yr[i];
+          sr[i] = b.first[g + i] ? zero_row : yr[i];
         } else {
           xr[i] = zero_row;
           yr[i] = dummy_row;
@@ -193,6 +195,179 @@ void block_product(
       tile<MR, NV>(xr, wk, A, sr, yr);
     }
   }
+}
+
+// Row-major traversal (cpu.row_gather), for narrow inputs (C_in <= 8),
+// whose products are too short for the grouping by offset, the row
+// pointers and the read-modify-write of output rows to pay off: edges are
+// taken in the view's own order, M at a time in lockstep, each product
+// x_e W_k summed from zero in its own register tile, then added into its
+// row's running sum in increasing offset order (0 + first, then each next)
+// and the row written once. These are the grouped path's sums exactly: the
+// same bits whichever traversal runs.
+constexpr int row_major_edges(int nv) {
+  // M * NV accumulators, one broadcast and a weight vector; at most 6 so
+  // that the two pointers per edge stay in general registers.
+  int m = (simd::kRegisters - 2) / nv;
+  return m > 6 ? 6 : (m < 1 ? 1 : m);
+}
+
+// Products of M edges in lockstep: out[i] = x_i W_{k_i} over the column
+// block, each summed from zero in input-channel order.
+template <int M, int NV, int AC>
+inline void edge_tile(const float* const* xr, const float* const* wr, int A_, float* out) {
+  constexpr int W = NV * simd::kWidth;
+  const int A = AC > 0 ? AC : A_;
+  vec acc[M][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < M; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      acc[i][j] = simd::zero();
+    }
+  }
+#pragma GCC unroll 8
+  for (int a = 0; a < A; ++a) {
+#pragma GCC unroll 8
+    for (int i = 0; i < M; ++i) {
+      const vec xb = simd::broadcast_load(xr[i] + a);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        acc[i][j] = simd::fma(xb, simd::load(wr[i] + a * W + j * simd::kWidth), acc[i][j]);
+      }
+    }
+  }
+  // Through memory: kept in registers, the branches of the row sums below
+  // pull the products into them.
+#pragma GCC unroll 8
+  for (int i = 0; i < M; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      simd::store(out + i * W + j * simd::kWidth, acc[i][j]);
+    }
+  }
+}
+
+// Columns [c0, c0 + NV vectors) of rows [r0, r1), written to
+// acc + (r - r0) * ld + c0. Returns false when some row's edges do not
+// ascend in offset (the order its sums take); the caller then runs the
+// grouped path over the block, which rewrites every row.
+template <int NV, int AC>
+bool row_major_block(
+    const CsrView& v,
+    int64_t K,
+    const float* xf,
+    int A,
+    const float* packed,
+    int c0,
+    int64_t r0,
+    int64_t r1,
+    const float* zero_row,
+    float* acc,
+    int64_t ld) {
+  constexpr int M = row_major_edges(NV);
+  constexpr int W = NV * simd::kWidth;
+  alignas(64) float products[M * W];
+  const int32_t* offsets = v.offsets;
+  const int32_t* gather = v.gather;
+  const int32_t* ks = v.k;
+  const float* panel = packed_block(packed, K, A, c0, W, 0);
+  const int64_t panel_stride = int64_t(A) * W;
+  const int32_t e1 = offsets[r1];
+  int64_t r = r0;
+  int32_t end = offsets[r + 1];
+  bool open = false; // row r has had an edge
+  int32_t last_k = -1;
+  vec s[NV];
+  // Row r's sum, or zeros for a row without edges.
+  auto close = [&]() {
+    float* dst = acc + (r - r0) * ld + c0;
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      simd::store(dst + j * simd::kWidth, open ? s[j] : simd::zero());
+    }
+    ++r;
+    end = r < r1 ? offsets[r + 1] : e1;
+    open = false;
+  };
+  for (int32_t e = offsets[r0]; e < e1; e += M) {
+    const int n = std::min<int32_t>(M, e1 - e);
+    const float* xr[M];
+    const float* wr[M];
+    for (int i = 0; i < M; ++i) {
+      xr[i] = i < n ? xf + int64_t(gather[e + i]) * A : zero_row;
+      wr[i] = i < n ? panel + ks[e + i] * panel_stride : panel;
+    }
+    // The next tile's gathered rows: scattered in memory.
+    for (int32_t i = e + M; i < std::min<int32_t>(e + 2 * M, e1); ++i) {
+      const char* p = reinterpret_cast<const char*>(xf + int64_t(gather[i]) * A);
+      for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
+        __builtin_prefetch(p + off);
+      }
+    }
+    edge_tile<M, NV, AC>(xr, wr, A, products);
+    for (int i = 0; i < n; ++i) {
+      while (e + i >= end) {
+        close();
+      }
+      const int32_t k = ks[e + i];
+      if (open && k <= last_k) {
+        return false;
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        s[j] = (open ? s[j] : simd::zero()) + simd::load(products + i * W + j * simd::kWidth);
+      }
+      open = true;
+      last_k = k;
+    }
+  }
+  while (r < r1) {
+    close();
+  }
+  return true;
+}
+
+// Every column block of rows [r0, r1) on the row-major traversal; false as
+// row_major_block.
+inline bool row_major_rows(
+    const CsrView& v,
+    int64_t K,
+    const float* xf,
+    int A,
+    const float* packed,
+    const std::vector<std::pair<int, int>>& blocks,
+    int64_t r0,
+    int64_t r1,
+    const float* zero_row,
+    float* acc,
+    int64_t ld) {
+  bool ordered = true;
+  for (auto [c0, nv] : blocks) {
+    dispatch_vectors(nv, [&]<int NV>() {
+      auto run = [&]<int AC>() {
+        ordered = row_major_block<NV, AC>(v, K, xf, A, packed, c0, r0, r1, zero_row, acc, ld);
+      };
+      // The stem's input widths: the loop over input channels unrolled.
+      switch (A) {
+        case 1:
+          run.template operator()<1>();
+          break;
+        case 3:
+          run.template operator()<3>();
+          break;
+        case 4:
+          run.template operator()<4>();
+          break;
+        default:
+          run.template operator()<0>();
+      }
+    });
+    if (!ordered) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // Float32 input rows; narrower dtypes are widened once up front (widening
@@ -217,12 +392,36 @@ void run_packed(
   // at C32 with 8 edges a row), while longer rows amortise them and gain
   // from accumulating in L2 (C48-C64 at 5-8 edges a row: 2-6% slower in
   // place; the mesh's 14 edges a row: 1-4%).
-  const bool in_place = std::is_same_v<T, float> && bp == B && v.edges * A <= 200 * v.rows;
+  const bool y_direct = std::is_same_v<T, float> && bp == B;
+  const bool in_place = y_direct && v.edges * A <= 200 * v.rows;
   // Block rows: ~256 KiB of accumulators, fixed by the problem alone.
   const int64_t rows_per_block = std::clamp<int64_t>((int64_t(1) << 16) / bp, 16, 2048);
+  const bool row_major = v.row_major && v.offsets;
   parallel_for(v.rows, rows_per_block, [&](int64_t r0, int64_t r1) {
     thread_local BlockEdges edges;
     thread_local std::vector<float> yblk, dummy_row, zero_row;
+    zero_row.assign(std::max(A + 1, bp), 0.0f);
+    if (row_major) {
+      // Every row is written whole: no zeroed block.
+      float* acc = nullptr;
+      if constexpr (std::is_same_v<T, float>) {
+        if (y_direct) {
+          acc = y + r0 * B;
+        }
+      }
+      if (!acc) {
+        yblk.resize((r1 - r0) * bp);
+        acc = yblk.data();
+      }
+      if (row_major_rows(v, K, xf, A, packed.data(), blocks, r0, r1, zero_row.data(), acc, bp)) {
+        if (acc == yblk.data()) {
+          for (int64_t r = r0; r < r1; ++r) {
+            from_float(yblk.data() + (r - r0) * bp, y + r * B, B);
+          }
+        }
+        return;
+      }
+    }
     group_edges(v, K, r0, r1, edges);
     float* acc;
     if constexpr (std::is_same_v<T, float>) {
@@ -231,10 +430,11 @@ void run_packed(
       }
     }
     if (!in_place) {
-      yblk.assign((r1 - r0) * bp, 0.0f);
+      // Not zeroed: a row's first offset stores, later ones add, and rows
+      // without edges are written as zeros below.
+      yblk.resize((r1 - r0) * bp);
       acc = yblk.data();
     }
-    zero_row.assign(std::max(A + 1, bp), 0.0f);
     dummy_row.assign(bp, 0.0f);
     for (auto [c0, nv] : blocks) {
       auto product = [&]<int NV>() {
@@ -252,7 +452,7 @@ void run_packed(
       }
     } else {
       for (int64_t r = r0; r < r1; ++r) {
-        from_float(yblk.data() + (r - r0) * bp, y + r * B, B);
+        from_float(edges.seen[r - r0] ? yblk.data() + (r - r0) * bp : zero_row.data(), y + r * B, B);
       }
     }
   });

@@ -23,6 +23,9 @@ struct CsrView {
   const int32_t* k = nullptr;
   int64_t rows = 0;
   int64_t edges = 0;
+  // The row-major traversal (cpu.row_gather) instead of edges grouped by
+  // offset: the same sums, for narrow inputs.
+  bool row_major = false;
 };
 
 // Element strides of a (K, A, B) weight (kernel offset, input channel,

@@ -38,6 +38,17 @@ void gather_gemm(const Call& c) {
   gather_conv(c.in[0], c.in[1], csr_view(c, 2), c.out, c.stream);
 }
 
+// The same kernel on its row-major traversal (narrow inputs): edges in
+// the view's order, no grouping by offset; the same sums.
+void row_gather(const Call& c) {
+  if (!c.relation) {
+    throw std::invalid_argument(c.route + " needs a relation (a pointwise product has none)");
+  }
+  CsrView v = csr_view(c, 2);
+  v.row_major = true;
+  gather_conv(c.in[0], c.in[1], v, c.out, c.stream);
+}
+
 // The gather-GEMM with int4/int8 codes unpacked into float32 weight panels
 // (x, codes, scales, biases, offsets, gather, k).
 void quantized_gather_gemm(const Call& c) {
@@ -82,6 +93,7 @@ const std::vector<Route>& routes() {
   static const std::vector<Route> table = {
       {"cpu.pointwise", Op::Conv, pointwise},
       {"cpu.gather_gemm", Op::Conv, gather_gemm},
+      {"cpu.row_gather", Op::Conv, row_gather},
       {"cpu.wgrad_gemm", Op::WeightGrad, wgrad_gemm},
       {"cpu.quantized_gather_gemm", Op::QuantizedConv, quantized_gather_gemm},
       {"cpu.grouped_gather", Op::Conv, grouped_gather},

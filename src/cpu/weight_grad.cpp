@@ -5,6 +5,9 @@
 // the problem; each chunk packs panels of gathered rows (float32) and
 // accumulates into its own partial sum with register tiles. Partials are
 // reduced in chunk order, so results do not depend on the thread count.
+// Nothing is zeroed ahead: a chunk's first sub-panel (or panel) writes its
+// partial sum, its register tiles starting at zero, and later ones
+// accumulate: the same multiply-adds as into a zeroed sum.
 //
 // A tile broadcasts one side's channels and holds the other's in vectors.
 // Which side fills the vectors is chosen per problem and path, for the one
@@ -13,6 +16,9 @@
 // fused multiply-adds in the same edge order either way, so the choice
 // changes no bit.
 #include "cpu/isa_begin.h"
+
+#include <array>
+#include <memory>
 
 #include "cpu/pack.h"
 
@@ -30,15 +36,16 @@ struct Chunk {
 };
 
 // acc[i][0:NV vectors] += sum over e in [e0, e1) of x_e[i] * c_e[0:NV vectors],
-// where rows(e) gives the pointers (x_e, c_e) of edge e's two rows.
+// where rows(e) gives the pointers (x_e, c_e) of edge e's two rows; with
+// first, acc is written instead (its prior contents are not read).
 template <int MR, int NV, typename Rows>
-inline void tile(Rows rows, int64_t e0, int64_t e1, float* acc, int lda) {
+inline void tile(Rows rows, int64_t e0, int64_t e1, float* acc, int lda, bool first) {
   vec t[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
-      t[i][j] = simd::load(acc + int64_t(i) * lda + j * simd::kWidth);
+      t[i][j] = first ? simd::zero() : simd::load(acc + int64_t(i) * lda + j * simd::kWidth);
     }
   }
   for (int64_t e = e0; e < e1; ++e) {
@@ -86,7 +93,17 @@ inline void with_rows(int mr, F&& fn) {
 }
 
 template <int NV>
-void panel_product(const float* xp, int ldx, const float* cp, int ldc, int64_t n, int A, int c0, float* acc, int lda) {
+void panel_product(
+    const float* xp,
+    int ldx,
+    const float* cp,
+    int ldc,
+    int64_t n,
+    int A,
+    int c0,
+    float* acc,
+    int lda,
+    bool first) {
   // Split A into equal row tiles no taller than the register file allows,
   // so the last tile is not mostly padding (A = 32 -> 11 + 11 + 10).
   constexpr int kMaxRows = tile_rows(NV);
@@ -96,7 +113,7 @@ void panel_product(const float* xp, int ldx, const float* cp, int ldc, int64_t n
     for (int a0 = 0; a0 < A; a0 += MR) {
       // packed panels: edge e's rows are the panels' rows e
       auto rows = [=](int64_t e) { return std::pair{xp + a0 + e * ldx, cp + c0 + e * ldc}; };
-      tile<MR, NV>(rows, 0, n, acc + int64_t(a0) * lda + c0, lda);
+      tile<MR, NV>(rows, 0, n, acc + int64_t(a0) * lda + c0, lda, first);
     }
   });
 }
@@ -116,7 +133,8 @@ void subpanel_product(
     int64_t s1,
     int c0,
     float* acc,
-    int lda) {
+    int lda,
+    bool first) {
   constexpr int kMaxRows = tile_rows(NV);
   const int tiles = (A + kMaxRows - 1) / kMaxRows;
   const int mr = (A + tiles - 1) / tiles;
@@ -132,13 +150,13 @@ void subpanel_product(
   with_rows<1, kMaxRows>(mr, [&]<int MR>() {
     for (int t = 0; t < full; ++t) {
       const int a0 = t * MR;
-      tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda);
+      tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda, first);
     }
   });
   if (rest > 0) {
     with_rows<1, kMaxRows>(rest, [&]<int MR>() {
       const int a0 = full * mr;
-      tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda);
+      tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda, first);
     });
   }
 }
@@ -147,7 +165,8 @@ constexpr int64_t kSubpanel = 64; // edges whose rows stay in L1
 
 // Direct path over edges [e0, e1): sub-panels outermost, so that each
 // sub-panel's gathered rows are fetched once for all column blocks; the
-// next sub-panel's rows are prefetched while this one computes.
+// next sub-panel's rows are prefetched while this one computes. The first
+// sub-panel writes acc's rows [0, A) in every column block.
 void gathered_product(
     const float* xf,
     int A,
@@ -162,6 +181,7 @@ void gathered_product(
     int lda) {
   for (int64_t s0 = e0; s0 < e1; s0 += kSubpanel) {
     const int64_t s1 = std::min(e1, s0 + kSubpanel);
+    const bool first = s0 == e0;
     for (int64_t e = s1; e < std::min(e1, s1 + kSubpanel); ++e) {
       const char* xr = reinterpret_cast<const char*>(xf + (g ? int64_t(g[e]) : e) * A);
       const char* cr = reinterpret_cast<const char*>(cf + (r ? int64_t(r[e]) : e) * B);
@@ -174,7 +194,7 @@ void gathered_product(
     }
     for (auto [col, nv] : blocks) {
       dispatch_vectors(nv, [&]<int NV>() {
-        subpanel_product<NV>(xf, A, cf, B, g, r, s0, s1, col, acc, lda);
+        subpanel_product<NV>(xf, A, cf, B, g, r, s0, s1, col, acc, lda, first);
       });
     }
   }
@@ -265,7 +285,10 @@ void run(
       e = end;
     }
   }
-  std::vector<float> partial(chunks.size() * tile_floats);
+  // Left uninitialised: every chunk writes the rows and columns of its
+  // partial that the reduction reads (zeroing it all, 8-12 MB for the large
+  // layers, was serial work on the calling thread).
+  std::unique_ptr<float[]> partial(new float[chunks.size() * tile_floats]);
   // The broadcast side's rows (and their indices), and the vector side's.
   const int32_t* g = v.offsets ? v.g : nullptr;
   const int32_t* r = v.offsets ? v.r : nullptr;
@@ -274,21 +297,30 @@ void run(
   const int32_t* pi = swap ? r : g;
   const int32_t* qi = swap ? g : r;
   parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1) {
+    // Padding columns stay zero (the tiles read them); rows are overwritten
+    // panel by panel, so a thread zeroes its panels only when the layout
+    // changes: the widths too, as a narrower P or Q at the same padded width
+    // would leave earlier values in the padding.
     thread_local std::vector<float> ppanel, qpanel;
-    if (!direct) {
-      // Padding columns stay zero; rows are overwritten panel by panel.
+    thread_local std::array<int, 4> zeroed_for{};
+    if (!direct && zeroed_for != std::array<int, 4>{P, pp, Q, qp}) {
       ppanel.assign(kPanel * pp, 0.0f);
       qpanel.assign(kPanel * qp, 0.0f);
+      zeroed_for = {P, pp, Q, qp};
     }
     for (int64_t c = c0; c < c1; ++c) {
-      float* acc = partial.data() + c * tile_floats;
-      std::fill(acc, acc + tile_floats, 0.0f);
+      float* acc = partial.get() + c * tile_floats;
+      if (chunks[c].e0 == chunks[c].e1) {
+        std::fill(acc, acc + tile_floats, 0.0f); // no edges of this offset in the block
+        continue;
+      }
       if (direct) {
         gathered_product(pf, P, qf, Q, pi, qi, chunks[c].e0, chunks[c].e1, blocks, acc, qp);
         continue;
       }
       for (int64_t p = chunks[c].e0; p < chunks[c].e1; p += kPanel) {
         const int64_t n = std::min(kPanel, chunks[c].e1 - p);
+        const bool first = p == chunks[c].e0;
         for (int64_t i = 0; i < n; ++i) {
           const int64_t e = p + i;
           const int64_t xg = g ? g[e] : e;
@@ -298,7 +330,7 @@ void run(
         }
         for (auto [col, nv] : blocks) {
           dispatch_vectors(nv, [&]<int NV>() {
-            panel_product<NV>(ppanel.data(), pp, qpanel.data(), qp, n, P, col, acc, qp);
+            panel_product<NV>(ppanel.data(), pp, qpanel.data(), qp, n, P, col, acc, qp, first);
           });
         }
       }
@@ -316,7 +348,7 @@ void run(
       const int64_t k = i / P, p = i % P;
       std::fill(sum.begin(), sum.end(), 0.0f);
       for (int64_t b = 0; b < n_blocks; ++b) {
-        const float* part = partial.data() + (b * v.k + k) * tile_floats + p * qp;
+        const float* part = partial.get() + (b * v.k + k) * tile_floats + p * qp;
         for (int q = 0; q < qp; ++q) {
           sum[q] += part[q];
         }

@@ -150,6 +150,25 @@ void conv(Rng& rng, int64_t rows, int64_t K, int A, int B) {
   digest(name, dw);
 }
 
+// The forward on the row-major traversal (cpu.row_gather), with the
+// grouped traversal's result on the same problem: the two must agree.
+template <typename T>
+void conv_rows(Rng& rng, int64_t rows, int64_t K, int A, int B) {
+  const Relation rel = relation(rng, rows, rows, K);
+  const auto x = values<T>(rng, rows * A, 1.0f), w = values<T>(rng, K * A * B, 0.3f);
+  const WeightStrides row_major{int64_t(A) * B, B, 1};
+  CsrView v = rel.csr();
+  std::vector<T> y(rows * B), y_grouped(rows * B);
+  path::gather_conv(tag<T>(), x.data(), w.data(), row_major, v, rows, K, A, B, y_grouped.data());
+  v.row_major = true;
+  path::gather_conv(tag<T>(), x.data(), w.data(), row_major, v, rows, K, A, B, y.data());
+  char name[96];
+  std::snprintf(name, sizeof(name), "gather_conv_rows/%d/%d/%d", A, B, int(sizeof(T)));
+  digest(name, y);
+  std::snprintf(name, sizeof(name), "gather_conv_rows_grouped/%d/%d/%d", A, B, int(sizeof(T)));
+  digest(name, y_grouped);
+}
+
 void quantized(Rng& rng, int64_t rows, int64_t K, int A, int B, int bits, int group) {
   const Relation rel = relation(rng, rows, rows, K);
   const auto x = values<float>(rng, rows * A, 1.0f);
@@ -265,6 +284,12 @@ int main() {
   conv<float16_t>(rng, 300, 8, 33, 13);
   conv<bfloat16_t>(rng, 300, 27, 48, 24);
   quantized(rng, 200, 27, 64, 24, 4, 32);
+  // Narrow inputs on the row-major traversal: the stem, awkward widths.
+  const int narrow[][2] = {{4, 16}, {1, 24}, {3, 5}, {8, 40}};
+  for (const auto& s : narrow) {
+    conv_rows<float>(rng, 400, 27, s[0], s[1]);
+  }
+  conv_rows<float16_t>(rng, 300, 8, 4, 13);
   // Depthwise, spread groups, groups of whole vectors with and without tails.
   const int groups[][3] = {{48, 48, 48}, {12, 8, 4}, {24, 48, 8}, {34, 34, 2}, {40, 80, 2}, {64, 64, 2}};
   for (const auto& g : groups) {

@@ -231,6 +231,17 @@ void run_case(std::mt19937& gen, int64_t rows, int64_t n_in, int64_t K, int A, i
   if (std::memcmp(y_rev.data(), y_sorted.data(), y_rev.size() * sizeof(T)) != 0) {
     fail("gather_conv: edge order within rows", A, B, K, Typed<T>::name, 1, 0);
   }
+  // The row-major traversal (cpu.row_gather) sums as the grouped one, rows
+  // in offset order or not.
+  for (CsrView v : {csr, reversed}) {
+    v.row_major = true;
+    std::vector<T> y_rows(rows * B);
+    path::gather_conv(Typed<T>::tag, x.data(), w.data(), row_major, v, n_in, K, A, B, y_rows.data());
+    ++checks;
+    if (std::memcmp(y_rows.data(), y_sorted.data(), y_rows.size() * sizeof(T)) != 0) {
+      fail("gather_conv: row-major traversal", A, B, K, Typed<T>::name, 1, 0);
+    }
+  }
 }
 
 // Grouped products: w (K, A / G, B); output c reads the inputs of group
@@ -454,7 +465,7 @@ int main() {
   const int64_t shapes[][5] = {
       {50, 40, 27, 3, 5},   {64, 64, 27, 16, 16}, {33, 70, 8, 17, 33}, {40, 40, 1, 65, 7},
       {30, 20, 27, 32, 64}, {25, 30, 8, 96, 72},  {0, 10, 27, 8, 8},   {12, 0, 27, 8, 8},
-      {9000, 9000, 1, 8, 16},
+      {9000, 9000, 1, 8, 16}, {60, 60, 27, 4, 16},
   };
   for (const auto& s : shapes) {
     run_case<float>(gen, s[0], s[1], s[2], int(s[3]), int(s[4]));
