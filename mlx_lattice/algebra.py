@@ -3,6 +3,8 @@
 - :func:`to_dense` / :func:`from_dense`: to and from dense ``(B, X, Y, Z, C)``
   grids (channels last, the layout of ``mlx.nn.Conv3d``).
 - :func:`cat`: feature concatenation of tensors on identical coordinates.
+- :func:`fork`: one tensor handed to two layers (its gradients summed in
+  one multithreaded pass on the CPU).
 - :func:`add`, :func:`sub`, :func:`mul`, :func:`maximum`, :func:`minimum`:
   element-wise ops on the same support, or on the union or the intersection
   of two supports.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import mlx.core as mx
 
+from . import _ext, routes
 from ._args import as_coords, as_feats, triple
 from .manager import CoordinateManager
 from .tensor import SparseTensor
@@ -27,6 +30,7 @@ __all__ = [
     "to_dense",
     "from_dense",
     "cat",
+    "fork",
     "add",
     "sub",
     "mul",
@@ -182,7 +186,47 @@ def cat(tensors) -> SparseTensor:
                 f"cat: coordinates differ; voxel {_coords_np(first)[i].tolist()} is missing from a tensor"
             )
         parts.append(t.feats[mx.array(rows.astype(np.int32))])
-    return SparseTensor._from_set(first.coordinate_set, mx.concatenate(parts, axis=1), first.manager)
+    return SparseTensor._from_set(first.coordinate_set, _concat_columns(parts), first.manager)
+
+
+# Feature dtypes of the CPU primitives behind cat and fork.
+_CPU_FEATURE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
+def _on_cpu(*arrays) -> bool:
+    return routes.current_backend() == "cpu" and all(
+        a.ndim == 2 and a.dtype in _CPU_FEATURE_DTYPES for a in arrays
+    )
+
+
+def _concat_columns(parts):
+    """Columns side by side: on the CPU one multithreaded primitive (MLX's
+    Concatenate runs on one thread), the same bits; elsewhere
+    ``mx.concatenate``. Both backward passes slice the cotangent."""
+    if len(parts) > 1 and _on_cpu(*parts):
+        return _ext.concat_columns(parts)
+    return mx.concatenate(parts, axis=1)
+
+
+def fork(x):
+    """``(x, x)`` for a SparseTensor or features array that feeds two layers
+    (a residual block's input, a skip connection).
+
+    Where an array feeds two layers, MLX sums its two cotangents with an
+    ``Add`` on one thread. On the CPU the two results here are one primitive's
+    outputs sharing x's buffer (nothing is copied), and its backward pass sums
+    both cotangents in one multithreaded pass, bitwise equal to ``a + b``.
+    Elsewhere (GPUs, other dtypes) it returns ``(x, x)`` unchanged.
+    """
+    f = x.feats if isinstance(x, SparseTensor) else x
+    if not isinstance(f, mx.array):
+        raise TypeError(f"fork: x must be a SparseTensor or an mx.array, got {type(x).__name__}")
+    if not _on_cpu(f):
+        return x, x
+    a, b = _ext.fork(f)
+    if isinstance(x, SparseTensor):
+        return x.replace(a), x.replace(b)
+    return a, b
 
 
 # Element-wise binary ops: the default support, and the value a voxel absent

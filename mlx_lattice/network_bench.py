@@ -3,11 +3,12 @@
 ``python -m mlx_lattice.network_bench [--workload lidar] [--width 0.5]`` times a
 MinkUNet training step (maps built inside, forward, loss, backward, Adam
 update) and replays each of its stages in isolation on the same arrays:
-map building, convolutions by pass (forward / input gradient / weight
-gradient), normalisation, activations, residual adds, concatenations, loss
-and optimizer (``mlx_lattice.optimizers.Adam``, the fused update; ``--mlx-optimizer``
-steps with ``mlx.optimizers.Adam``). Times are reported next to the same run's
-NumPy sgemm.
+map building, tracing the backward graph, convolutions by pass (forward /
+input gradient / weight gradient), normalisation, activations, residual
+adds, concatenations, the cotangent sums of shared tensors, loss and
+optimizer (``mlx_lattice.optimizers.Adam``, the fused update;
+``--mlx-optimizer`` steps with ``mlx.optimizers.Adam``). Times are reported
+next to the same run's NumPy sgemm.
 ``--compare`` also profiles the MLX-op normalisation path (no fused
 norm + activation primitive) in the same run.
 """
@@ -82,10 +83,12 @@ class TrainingStep:
 
 @contextmanager
 def _recording():
-    """Record the convolution products, batch norms and concatenations of a forward pass."""
-    rec = {"conv": [], "norm": [], "cat": []}
+    """Record the convolution products, batch norms, concatenations and shared
+    tensors (forks) of a forward pass."""
+    rec = {"conv": [], "norm": [], "cat": [], "fork": []}
     orig_conv = _ext.gather_conv
     orig_cat = algebra.cat
+    orig_fork = algebra.fork
     orig_bn = normalization.BatchNorm.__call__
 
     def conv(x, w, native, view, route, stream=None, groups=1):
@@ -97,18 +100,24 @@ def _recording():
         rec["cat"].append([t.feats for t in tensors])
         return orig_cat(tensors)
 
+    def fork(x):
+        rec["fork"].append(x.feats if isinstance(x, SparseTensor) else x)
+        return orig_fork(x)
+
     def norm(self, x, act=None, residual=None):
         rec["norm"].append((self, x.feats if isinstance(x, SparseTensor) else x, act, residual))
         return orig_bn(self, x, act=act, residual=residual)
 
     _ext.gather_conv = conv
     algebra.cat = cat
+    algebra.fork = fork
     normalization.BatchNorm.__call__ = norm
     try:
         yield rec
     finally:
         _ext.gather_conv = orig_conv
         algebra.cat = orig_cat
+        algebra.fork = orig_fork
         normalization.BatchNorm.__call__ = orig_bn
 
 
@@ -180,6 +189,10 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
     t_cached = best_time(lambda: model(x0), repeats)
     stages["maps (coordinate hashing, relations)"] = max(t_fresh - t_cached, 0.0)
     stages["graph building (Python)"] = t_cached
+    # The backward graph: MLX tracing the VJPs, and the relations' kernel-
+    # and input-major views built on first use (kernels idle meanwhile).
+    t_traced = best_time(lambda: step.loss_grad(model, step.tensor()), repeats)
+    stages["backward graph (tracing, relation views)"] = max(t_traced - t_fresh, 0.0)
 
     with _recording() as rec:
         y = model(step.tensor())
@@ -237,12 +250,23 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
 
     c_f = c_b = 0.0
     for parts in rec["cat"]:
-        fn = lambda *a: mx.concatenate(a, axis=1)
+        fn = lambda *a: algebra._concat_columns(list(a))
         t = best_time(lambda: mx.eval(fn(*parts)), repeats)
         c_f += t
         c_b += _vjp_time(fn, parts, list(range(len(parts))), repeats) - t
     stages["concatenation forward"] = c_f
     stages["concatenation backward"] = max(c_b, 0.0)
+
+    # Where a tensor feeds two layers its two cotangents are summed (by the
+    # fork's backward pass on the CPU, else by MLX's Add): replayed on
+    # random cotangents of each shared tensor's shape.
+    t_sum = 0.0
+    for f in rec["fork"]:
+        a, b = (mx.random.normal(f.shape).astype(f.dtype) for _ in range(2))
+        mx.eval(a, b)
+        add = _ext.cotangent_sum if algebra._on_cpu(f) else mx.add
+        t_sum += best_time(lambda: mx.eval(add(a, b)), repeats)
+    stages["cotangent sums (shared tensors)"] = t_sum
 
     logits = y.feats
     stages["loss forward + backward"] = best_time(

@@ -11,6 +11,7 @@
 #include "cpu/allocator.h"
 #include "cpu/isa.h"
 #include "cpu/routes.h"
+#include "feature_ops.h"
 #include "metal/map_build.h"
 #include "metal/map_primitive.h"
 #include "metal/neighbors.h"
@@ -315,6 +316,27 @@ NB_MODULE(_ext, m) {
       "x"_a, "weight"_a, "bias"_a, "residual"_a.none(), "segments"_a.none(),
       "n_segments"_a, "mean"_a.none(), "var"_a.none(), "eps"_a, "act"_a,
       "slope"_a, "stream"_a = nb::none());
+
+  m.def(
+      "fork",
+      [](const mx::array& x, std::optional<mx::Stream> s) {
+        return fork(x, stream_or_default(s));
+      },
+      "x"_a, "stream"_a = nb::none());
+
+  m.def(
+      "cotangent_sum",
+      [](const mx::array& a, const mx::array& b, std::optional<mx::Stream> s) {
+        return cotangent_sum(a, b, stream_or_default(s));
+      },
+      "a"_a, "b"_a, "stream"_a = nb::none());
+
+  m.def(
+      "concat_columns",
+      [](const std::vector<mx::array>& xs, std::optional<mx::Stream> s) {
+        return concat_columns(xs, stream_or_default(s));
+      },
+      "arrays"_a, "stream"_a = nb::none());
 
   m.def(
       "adam_update",

@@ -98,6 +98,35 @@ inline bool row_keys(
   return overflow;
 }
 
+// A kernel that tiles the grid: size = stride on every axis, no padding or
+// dilation (the usual 2x2x2 stride-2 layer). Each input then reaches exactly
+// one output, its parent floor(p / s), through offset p mod s.
+bool tiles(const KernelSpec& spec) {
+  for (int a = 0; a < 3; ++a) {
+    if (spec.size[a] != spec.stride[a] || spec.padding[a] != 0 || spec.dilation[a] != 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
+inline int64_t floor_div(int64_t a, int64_t b) {
+  return (a - floor_mod(a, b)) / b;
+}
+
+// The parent key of an input row under a tiling kernel, and the offset index
+// (weight order: dx outer, dz inner) through which it reaches it.
+inline uint64_t parent_key(const int32_t* r, const KernelSpec& spec, int* k) {
+  int64_t q[3];
+  int idx = 0;
+  for (int a = 0; a < 3; ++a) {
+    q[a] = floor_div(r[a + 1], spec.stride[a]);
+    idx = idx * spec.size[a] + static_cast<int>(floor_mod(r[a + 1], spec.stride[a]));
+  }
+  *k = idx;
+  return pack_key(r[0], q[0], q[1], q[2]);
+}
+
 // Every output reached from the inputs, sorted and unique. Generative
 // outputs are q = s*p - pad + dil*d (the conv form applied to inputs);
 // forward outputs are q = (p + pad - dil*d) / s where divisible. A reachable
@@ -106,8 +135,20 @@ mx::array support(const CoordTable& in, const KernelSpec& spec, bool generative)
   check_kernel(spec);
   const int kv = spec.volume();
   const int64_t n = in.size();
-  std::vector<uint64_t> keys(n * kv);
   const int32_t* c = in.coord_data();
+  if (!generative && tiles(spec)) {
+    // One parent per input (inside the range whenever the input is).
+    std::vector<uint64_t> parents(n);
+    parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+      int k;
+      for (int64_t i = b; i < e; ++i) {
+        parents[i] = parent_key(c + 4 * i, spec, &k);
+      }
+    });
+    sort_unique(parents);
+    return coords_from_keys(parents);
+  }
+  std::vector<uint64_t> keys(n * kv);
   const Form form = generative ? Form::Conv : Form::Transposed;
   std::atomic<int64_t> bad_row{n};
   parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
@@ -240,6 +281,80 @@ std::shared_ptr<Relation> build_symmetric(
   });
   auto rel = std::make_shared<Relation>(kind, n, n, kv, offsets, in_idx, k_idx);
   rel->set_neighbor_map(nmap);
+  rel->set_symmetric();
+  return rel;
+}
+
+} // namespace
+
+namespace {
+
+// A tiling kernel onto its own support (unique outputs, each reached): every
+// input looks up its one parent in a table of the outputs (n lookups in a
+// table of the smaller set, instead of kv per output in the inputs'), fills
+// the neighbour map's (parent, offset) slot, and the map is compacted into
+// CSR in offset order, as build_relation orders edges.
+std::shared_ptr<Relation> build_tiled(
+    const CoordTable& in,
+    const mx::array& out_coords,
+    const KernelSpec& spec,
+    const std::string& kind) {
+  const CoordTable out(out_coords);
+  const int64_t n = in.size(), m = out.size();
+  const int kv = spec.volume();
+  const int32_t* c = in.coord_data();
+  mx::array nmap(
+      mx::allocator::malloc(std::max<int64_t>(m * kv, 1) * sizeof(int32_t)),
+      {static_cast<int>(m), kv},
+      mx::int32);
+  int32_t* nm = nmap.data<int32_t>();
+  parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
+    std::fill(nm + b * kv, nm + e * kv, -1);
+  });
+  // Distinct inputs have distinct (parent, offset) slots: no two tasks
+  // write the same one.
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    int k;
+    for (int64_t i = b; i < e; ++i) {
+      const int32_t q = out.find(parent_key(c + 4 * i, spec, &k));
+      if (q >= 0) {
+        nm[int64_t(q) * kv + k] = static_cast<int32_t>(i);
+      }
+    }
+  });
+  mx::array offsets = make_int32(m + 1);
+  int32_t* off = offsets.data<int32_t>();
+  off[0] = 0;
+  parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      int32_t count = 0;
+      for (int k = 0; k < kv; ++k) {
+        count += nm[q * kv + k] >= 0;
+      }
+      off[q + 1] = count;
+    }
+  });
+  for (int64_t q = 0; q < m; ++q) {
+    off[q + 1] += off[q];
+  }
+  mx::array in_idx = make_int32(off[m]);
+  mx::array k_idx = make_int32(off[m]);
+  int32_t* ip = in_idx.data<int32_t>();
+  int32_t* kp = k_idx.data<int32_t>();
+  parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      int32_t j = off[q];
+      for (int k = 0; k < kv; ++k) {
+        const int32_t p = nm[q * kv + k];
+        if (p >= 0) {
+          ip[j] = p;
+          kp[j++] = k;
+        }
+      }
+    }
+  });
+  auto rel = std::make_shared<Relation>(kind, n, m, kv, offsets, in_idx, k_idx);
+  rel->set_neighbor_map(nmap);
   return rel;
 }
 
@@ -256,6 +371,11 @@ std::shared_ptr<Relation> build_relation(
   check_coords(out_coords, "output coordinates");
   if (symmetric(in, out_coords, spec, transposed)) {
     return build_symmetric(in, spec, kind);
+  }
+  // "forward" relations are built onto the support of the same kernel
+  // (unique, valid outputs): the tiled build needs exactly that.
+  if (!transposed && kind == "forward" && tiles(spec)) {
+    return build_tiled(in, out_coords, spec, kind);
   }
   const int64_t m = out_coords.shape(0);
   const int kv = spec.volume();

@@ -149,6 +149,10 @@ const Relation::KernelMajor& Relation::kernel_major() {
 
 const Relation::InputMajor& Relation::input_major() {
   std::call_once(in_once_, [&] {
+    if (symmetric_ && k_ <= 256) {  // ranks within a row fit a byte
+      in_view_ = mirrored_input_major();
+      return;
+    }
     // Stable counting sort of the (k, out)-ordered view by input row gives
     // edges ordered by (in, k).
     const KernelMajor& km = kernel_major();
@@ -175,6 +179,45 @@ const Relation::InputMajor& Relation::input_major() {
     in_view_ = InputMajor{offsets, perm, v_out, v_k};
   });
   return *in_view_;
+}
+
+// A symmetric relation's edges into input p are CSR row p's entries read
+// backwards: entry (in q, k') of row p is the edge (q <- p, K - 1 - k'), and
+// descending k' is ascending k, the order of the view. Its edge number is
+// q's row start plus its rank among row q's entries, taken from a table of
+// ranks by (row, offset) made in one pass over the CSR.
+Relation::InputMajor Relation::mirrored_input_major() {
+  host_ready({&out_offsets_, &in_idx_, &k_idx_});
+  const int32_t* off = out_offsets_.data<int32_t>();
+  const int32_t* in = in_idx_.data<int32_t>();
+  const int32_t* kk = k_idx_.data<int32_t>();
+  const int64_t n = n_out_, K = k_;
+  std::vector<uint8_t> rank(std::max<int64_t>(n * K, 1));
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      for (int32_t j = off[q]; j < off[q + 1]; ++j) {
+        rank[q * K + kk[j]] = static_cast<uint8_t>(j - off[q]);
+      }
+    }
+  });
+  mx::array perm = make_int32(e_);
+  mx::array v_out = make_int32(e_);
+  mx::array v_k = make_int32(e_);
+  int32_t* p = perm.data<int32_t>();
+  int32_t* vo = v_out.data<int32_t>();
+  int32_t* vk = v_k.data<int32_t>();
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      for (int32_t j = off[r], src = off[r + 1] - 1; src >= off[r]; ++j, --src) {
+        const int32_t q = in[src];
+        const int32_t k = static_cast<int32_t>(K - 1 - kk[src]);
+        vo[j] = q;
+        vk[j] = k;
+        p[j] = off[q] + rank[int64_t(q) * K + k];
+      }
+    }
+  });
+  return InputMajor{out_offsets_, perm, v_out, v_k};
 }
 
 void Relation::set_neighbor_map(mx::array nmap) {

@@ -238,6 +238,12 @@ class Relation {
   void set_input_major(InputMajor view);
   void set_input_neighbor_map(mx::array map);
   void set_sorted_plan(SortedPlan plan);
+  // Marks a relation of a set onto itself whose edges pair up: (q <- p, k)
+  // exactly when (p <- q, K - 1 - k) (a centred odd kernel at stride 1).
+  // Its input-major view is then its own CSR mirrored, with no sort.
+  void set_symmetric() {
+    symmetric_ = true;
+  }
 
  private:
   std::string kind_;
@@ -248,6 +254,9 @@ class Relation {
   std::optional<mx::array> out_idx_, nmap_, in_nmap_;
   std::optional<InputMajor> in_view_;
   std::optional<KernelMajor> k_view_;
+  bool symmetric_ = false;
+
+  InputMajor mirrored_input_major();
 };
 
 // Output supports.

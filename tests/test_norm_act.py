@@ -384,6 +384,41 @@ def test_statistics_with_large_offset_over_many_chunks(rng, segmented):
         np.testing.assert_allclose(np.array(var)[g], rows.var(0), rtol=1e-5)
 
 
+@pytest.mark.usefixtures("on_cpu")  # calls the CPU primitive directly
+@pytest.mark.parametrize("isa", mlx_lattice._ext.supported_cpu_isas())
+def test_normalisation_accurate_with_large_mean(rng, isa):
+    # Large mean, small spread: z = x * scale + (b - mean * scale) would lose
+    # about mean * scale * 2^-24 (1e-2 here); centring first keeps z within a
+    # few ulps of the float64 value from the kernel's own statistics, and the
+    # backward pass (which recomputes z's sign) gates where the forward clamped.
+    n, c = 20000, 19
+    x = (1000.0 + rng.standard_normal(c) * 50 + rng.standard_normal((n, c)) * 0.01).astype(np.float32)
+    w = mx.array(rng.uniform(0.5, 1.5, c).astype(np.float32))
+    b = mx.array(rng.standard_normal(c).astype(np.float32))
+    ct = mx.array(rng.standard_normal((n, c)).astype(np.float32))
+    previous = mlx_lattice._ext.cpu_isa()
+    try:
+        mlx_lattice._ext.set_cpu_isa(isa)
+
+        def f(x, w, b):
+            return mlx_lattice._ext.norm_act(x, w, b, None, None, 1, None, None, 1e-5, 1, 0.0)
+
+        (y, mean, var), (_, _, db) = mx.vjp(f, [mx.array(x), w, b], [ct, mx.zeros((1, c)), mx.zeros((1, c))])
+        y, db = np.array(y), np.array(db)
+    finally:
+        mlx_lattice._ext.set_cpu_isa(previous)
+    m, v = np.array(mean, np.float64)[0], np.array(var, np.float64)[0]
+    z = (x - m) / np.sqrt(v + 1e-5) * np.array(w, np.float64) + np.array(b, np.float64)
+    assert np.abs(y - np.maximum(z, 0)).max() < 4e-6
+    # against the exact statistics: bounded by the float32 mean's rounding
+    xd = x.astype(np.float64)
+    exact = (xd - xd.mean(0)) / np.sqrt(xd.var(0) + 1e-5) * np.array(w, np.float64) + np.array(b, np.float64)
+    assert np.abs(y - np.maximum(exact, 0)).max() < 0.006 * 1.5
+    # the backward pass gates with the forward's z: db sums ct where y > 0
+    ref_db = (np.array(ct, np.float64) * (y > 0)).sum(0)
+    np.testing.assert_allclose(db, ref_db, rtol=1e-5, atol=1e-3)
+
+
 @pytest.mark.skipif(
     not {"avx2", "avx512"} <= set(mlx_lattice._ext.supported_cpu_isas()), reason="needs AVX2 and AVX-512"
 )

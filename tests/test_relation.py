@@ -195,3 +195,55 @@ def test_native_relation_from_unevaluated_arrays():
         got, want = (got(), want()) if callable(got) else (got, want)
         for g, w in zip(*(v if isinstance(v, (tuple, list)) else [v] for v in (got, want))):
             np.testing.assert_array_equal(np.array(g), np.array(w))
+
+
+@pytest.mark.usefixtures("on_cpu")  # the CPU builder's mirrored input-major view
+@pytest.mark.parametrize("size,dilation", [((3, 3, 3), (1, 1, 1)), ((5, 3, 1), (1, 2, 1)), ((7, 7, 7), (1, 1, 1))])
+def test_input_major_of_symmetric_relations(rng, size, dilation):
+    """Submanifold relations read their input-major view off the mirrored
+    CSR: exactly NumPy's stable sort of the edges by input row, over
+    several batch items, anisotropic and dilated kernels."""
+    coords = oracle.random_coords(rng, 3000, 16, 3)
+    pad = tuple(d * (s - 1) // 2 for s, d in zip(size, dilation))
+    g = KernelGeometry(size, (1,) * 3, pad, dilation)
+    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    rel = x.manager.submanifold_kernel_relation(x.coordinate_set, g)
+    e = edges_of(rel)
+    im = rel.input_major()
+    iperm = np.argsort(e[:, 1] * rel.kernel_volume + e[:, 2], kind="stable")
+    np.testing.assert_array_equal(np.array(im.perm), iperm)
+    np.testing.assert_array_equal(np.array(im.out_idx), e[iperm, 0])
+    np.testing.assert_array_equal(np.array(im.k_idx), e[iperm, 2])
+    np.testing.assert_array_equal(
+        np.array(im.offsets), np.concatenate([[0], np.cumsum(np.bincount(e[:, 1], minlength=len(coords)))])
+    )
+
+
+@pytest.mark.usefixtures("on_cpu")  # the CPU builder's tiled path
+@pytest.mark.parametrize("stride", [(2, 2, 2), (3, 2, 1)])
+def test_tiling_kernel_support_and_relation(rng, stride):
+    """A kernel with size = stride (no padding or dilation) tiles the grid:
+    its support and relation, built from each input's one parent, against a
+    brute-force NumPy oracle, with negative coordinates and several batches."""
+    coords = oracle.random_coords(rng, 4000, 24, 3)
+    coords[:, 1:] -= 11
+    s = np.array(stride)
+    parents = np.concatenate([coords[:, :1], np.floor_divide(coords[:, 1:], s)], 1)
+    want_out = np.unique(parents, axis=0)  # lexicographic (b, x, y, z): the key order
+    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    g = KernelGeometry(stride, stride, (0, 0, 0), (1, 1, 1))
+    rel, out = x.manager.kernel_relation(x.coordinate_set, g)
+    np.testing.assert_array_equal(np.array(out.coords), want_out)
+    row_of = {tuple(c): i for i, c in enumerate(coords.tolist())}
+    want = []
+    for q, c in enumerate(want_out.tolist()):
+        for k, d in enumerate(np.ndindex(*stride)):
+            p = row_of.get((c[0], *(c[1 + a] * stride[a] + d[a] for a in range(3))))
+            if p is not None:
+                want.append((q, p, k))
+    np.testing.assert_array_equal(edges_of(rel), np.array(want))
+    nm = np.array(rel.neighbor_map)
+    expected = -np.ones((len(want_out), int(np.prod(stride))), np.int64)
+    e = np.array(want)
+    expected[e[:, 0], e[:, 2]] = e[:, 1]
+    np.testing.assert_array_equal(nm, expected)

@@ -12,7 +12,8 @@ Layout (channels ``[32, 32, 64, 128, 256, 256, 128, 96, 96]`` times ``width``):
 
 The 0.5x and 1.0x widths are the ones evaluated in the TorchSparse papers.
 Each batch norm runs fused with its ReLU (and the residual add) through
-:func:`mlx_lattice.nn.norm_act`.
+:func:`mlx_lattice.nn.norm_act`; a tensor that feeds two layers (block
+inputs, skip connections) goes through :func:`mlx_lattice.algebra.fork`.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class ResidualBlock(mnn.Module):
         self.act = nn.ReLU()
 
     def __call__(self, x: SparseTensor) -> SparseTensor:
+        x, shortcut = algebra.fork(x)
         h = nn.norm_act(self.norm1, self.conv1(x), self.act)
-        return nn.norm_act(self.norm2, self.conv2(h), self.act, residual=self.shortcut(x))
+        return nn.norm_act(self.norm2, self.conv2(h), self.act, residual=self.shortcut(shortcut))
 
 
 class MinkUNet(mnn.Module):
@@ -113,10 +115,12 @@ class MinkUNet(mnn.Module):
 
     def features(self, x: SparseTensor) -> SparseTensor:
         """The last decoder stage's features (before the classifier)."""
-        skips = [self.stem(x)]
+        skips = []
+        y = self.stem(x)
         for stage in self.encoder:
-            skips.append(stage(skips[-1]))
-        y = skips.pop()
+            y, skip = algebra.fork(y)
+            skips.append(skip)
+            y = stage(y)
         for up, dec in zip(self.up, self.decoder):
             y = dec(algebra.cat([up(y), skips.pop()]))
         return y

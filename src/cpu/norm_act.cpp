@@ -129,39 +129,41 @@ inline float* row_out(T* y, int64_t i, int64_t C, float* buf) {
   }
 }
 
-// z = x * scale + shift + r with scale = w / sqrt(var + eps) and shift =
-// b - mean * scale: one expression for the forward pass and for the
-// backward pass, which recomputes z's sign rather than reading y.
+// z = (x - mean) * scale + b + r with scale = w / sqrt(var + eps): one
+// expression for the forward pass and for the backward pass, which
+// recomputes z's sign rather than reading y. Centring first keeps z
+// accurate when the mean is large against the spread (folding the mean
+// into a shift b - mean * scale cancels catastrophically there).
 inline void affine_rows(
     const NormShape& sp,
     const float* w,
     const float* b,
-    const float* mean,
     const float* var,
     std::vector<float>& scale,
-    std::vector<float>& shift) {
+    std::vector<float>& bias) {
   const int64_t SC = int64_t(sp.segments) * sp.C;
   scale.resize(SC);
-  shift.resize(SC);
+  bias.resize(SC);
   for (int64_t j = 0; j < SC; ++j) {
     const int64_t c = j % sp.C;
-    const float inv = 1.0f / std::sqrt(var[j] + sp.eps);
-    scale[j] = w[c] * inv;
-    shift[j] = b[c] - mean[j] * w[c] * inv;
+    scale[j] = w[c] * (1.0f / std::sqrt(var[j] + sp.eps));
+    bias[j] = b[c];
   }
 }
 
 template <typename V, bool R>
 inline V pre_activation(
     const float* x,
+    const float* mu,
     const float* sc,
-    const float* sh,
+    const float* bb,
     const float* r,
     int64_t c) {
+  const V z = simd::fma(ld<V>(x + c) - ld<V>(mu + c), ld<V>(sc + c), ld<V>(bb + c));
   if constexpr (R) {
-    return simd::fma(ld<V>(x + c), ld<V>(sc + c), ld<V>(sh + c)) + ld<V>(r + c);
+    return z + ld<V>(r + c);
   } else {
-    return simd::fma(ld<V>(x + c), ld<V>(sc + c), ld<V>(sh + c));
+    return z;
   }
 }
 
@@ -400,8 +402,8 @@ void normalize(
     std::copy(mean_in, mean_in + S * C, mean.begin());
     std::copy(var_in, var_in + S * C, var.begin());
   }
-  std::vector<float> scale, shift;
-  affine_rows(sp, w, b, mean.data(), var.data(), scale, shift);
+  std::vector<float> scale, bias;
+  affine_rows(sp, w, b, var.data(), scale, bias);
   const float lo = sp.low;
   auto pass = [&]<bool R>() {
     parallel_for(N, kRows, [&](int64_t i0, int64_t i1) {
@@ -411,12 +413,13 @@ void normalize(
       for (int64_t i = i0; i < i1; ++i) {
         int s = seg_of(seg, i);
         const float* __restrict sc = scale.data() + s * C;
-        const float* __restrict sh = shift.data() + s * C;
+        const float* __restrict bb = bias.data() + s * C;
+        const float* __restrict mu = mean.data() + s * C;
         const float* xr = row_in(x, i, C, buf);
         const float* rr = R ? row_in(r, i, C, rv.data()) : nullptr;
         float* out = row_out(y, i, C, buf);
         lanes(C, [&]<typename V>(int64_t c) {
-          const V z = pre_activation<V, R>(xr, sc, sh, rr, c);
+          const V z = pre_activation<V, R>(xr, mu, sc, bb, rr, c);
           st(out + c, z > 0.0f ? z : low * z);
         });
         if constexpr (!std::is_same_v<T, float>) {
@@ -460,16 +463,16 @@ void normalize_grad(
   for (int64_t j = 0; j < S * C; ++j) {
     inv[j] = 1.0f / std::sqrt(var[j] + sp.eps);
   }
-  std::vector<float> scale, shift;
-  affine_rows(sp, w, b, mean, var, scale, shift);
+  std::vector<float> scale, bias;
+  affine_rows(sp, w, b, var, scale, bias);
   // g at rows x, y, ct (float32 row pointers; y unused when FromX).
   auto gate = [low = lo]<typename V>(
-                  const float* xr, const float* yr, const float* cr, const float* sc,
-                  const float* sh, int64_t c) {
+                  const float* xr, const float* yr, const float* cr, const float* mu,
+                  const float* sc, const float* bb, int64_t c) {
     const V ctv = ld<V>(cr + c);
     V z;
     if constexpr (FromX) {
-      z = pre_activation<V, false>(xr, sc, sh, nullptr, c);
+      z = pre_activation<V, false>(xr, mu, sc, bb, nullptr, c);
     } else {
       z = ld<V>(yr + c);
     }
@@ -491,11 +494,11 @@ void normalize_grad(
       const float* __restrict mu = mean + s * C;
       const float* __restrict iv = inv.data() + s * C;
       const float* __restrict sc = scale.data() + s * C;
-      const float* __restrict sh = shift.data() + s * C;
+      const float* __restrict bb = bias.data() + s * C;
       float* const q[2] = {p + s * C, p + (S + s) * C};
       column_sums<2>(b - a, C, q, [&]<typename V>(int64_t r, int64_t c, V* t) {
         const int64_t o = r * C;
-        const V g = gate.template operator()<V>(xr + o, FromX ? nullptr : yr + o, cr + r * cst, sc, sh, c);
+        const V g = gate.template operator()<V>(xr + o, FromX ? nullptr : yr + o, cr + r * cst, mu, sc, bb, c);
         t[0] = g;
         t[1] = g * ((ld<V>(xr + o + c) - ld<V>(mu + c)) * ld<V>(iv + c));
       });
@@ -538,7 +541,7 @@ void normalize_grad(
       const float* __restrict cr = row_in(ct, i, C, cv.data(), ldc);
       const float* __restrict yr = FromX ? nullptr : row_in(y, i, C, yv.data());
       const float* __restrict sc = scale.data() + s * C;
-      const float* __restrict sh = shift.data() + s * C;
+      const float* __restrict bb = bias.data() + s * C;
       const float* __restrict f0 = k0.data() + s * C;
       const float* __restrict f1 = k1.data() + s * C;
       const float* __restrict f2 = k2.data() + s * C;
@@ -546,7 +549,7 @@ void normalize_grad(
       float* __restrict go = g_out ? row_out(g_out, i, C, gb) : gb;
       float* __restrict out = row_out(dx, i, C, dv.data());
       lanes(C, [&]<typename V>(int64_t c) {
-        const V g = gate.template operator()<V>(xr, yr, cr, sc, sh, c);
+        const V g = gate.template operator()<V>(xr, yr, cr, mu, sc, bb, c);
         if constexpr (!FromX) {
           st(go + c, g);
         }
