@@ -14,7 +14,7 @@ naming the same routes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import mlx.core as mx
@@ -59,7 +59,9 @@ class RouteContext:
             object.__setattr__(self, "k", a * b * c)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        # Shallow: every field is immutable (dataclasses.asdict deep-copies,
+        # ten times the cost on a call that runs for every convolution).
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,7 @@ def select(ctx: RouteContext) -> Selection:
     if chosen is not None:
         return Selection(chosen, rejected)
     if ctx.backend != "cpu":
-        cpu_ctx = RouteContext(**{**asdict(ctx), "backend": "cpu", "tier": "cpu"})
+        cpu_ctx = RouteContext(**{**ctx.as_dict(), "backend": "cpu", "tier": "cpu"})
         rejected_cpu: list = []
         chosen = _pick(cpu_ctx, rejected_cpu)
         if chosen is not None:
