@@ -81,6 +81,9 @@ CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {
   uint64_t cap = next_pow2(2 * static_cast<uint64_t>(std::max<int64_t>(n_, 8)));
   mask_ = cap - 1;
   slots_.assign(cap, Slot{kEmptyKey, -1, 0});
+  const uint64_t fbits = next_pow2(16 * static_cast<uint64_t>(std::max<int64_t>(n_, 8)));
+  filter_.assign(fbits / 64, 0);
+  filter_shift_ = 64 - (__builtin_ctzll(fbits) - 2);
   const int32_t* c = n_ > 0 ? coords_.data<int32_t>() : nullptr;
   for (int64_t i = 0; i < n_; ++i) {
     const int32_t* r = c + 4 * i;
@@ -99,6 +102,8 @@ CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {
       h = (h + 1) & mask_;
     }
     slots_[h] = Slot{key, static_cast<int32_t>(i), 0};
+    const uint64_t f = filter_bit(mix(key), key);
+    filter_[f >> 6] |= uint64_t(1) << (f & 63);
   }
 }
 
