@@ -115,11 +115,17 @@ mx::array CoordTable::lookup(const mx::array& queries_in) const {
   int32_t* o = out.data<int32_t>();
   const int32_t* q = m > 0 ? queries.data<int32_t>() : nullptr;
   parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const int32_t* r = q + 4 * i;
-      o[i] = in_range(r[0], r[1], r[2], r[3])
-          ? find(pack_key(r[0], r[1], r[2], r[3]))
-          : -1;
+    constexpr int kGroup = 256;
+    uint64_t keys[kGroup];
+    for (int64_t i0 = b; i0 < e; i0 += kGroup) {
+      const int rows = static_cast<int>(std::min<int64_t>(kGroup, e - i0));
+      for (int i = 0; i < rows; ++i) {
+        const int32_t* r = q + 4 * (i0 + i);
+        keys[i] = in_range(r[0], r[1], r[2], r[3])
+            ? pack_key(r[0], r[1], r[2], r[3])
+            : kEmptyKey;
+      }
+      find_many(keys, rows, o + i0);
     }
   });
   return out;

@@ -269,7 +269,7 @@ std::shared_ptr<Relation> build_symmetric(
   });
   parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
     // Several rows per batch of lookups: more misses in flight at once.
-    const int group = std::max(1, 64 / std::max(center, 1));
+    const int group = std::max(1, 256 / std::max(center, 1));
     std::vector<uint64_t> keys(int64_t(group) * kv);
     std::vector<int32_t> found(int64_t(group) * kv);
     AxisCandidates ax[3];
@@ -397,7 +397,7 @@ std::shared_ptr<Relation> build_relation(
     ks.resize((e - b) * kv);
     int64_t n = 0;
     // Several rows per batch of lookups: more misses in flight at once.
-    const int group = std::max(1, 64 / kv);
+    const int group = std::max(1, 256 / kv);
     std::vector<uint64_t> keys(int64_t(group) * kv);
     std::vector<int32_t> found(int64_t(group) * kv);
     AxisCandidates ax[3];

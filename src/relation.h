@@ -83,7 +83,7 @@ class CoordTable {
   // without touching the slots; the rest have their home slots prefetched
   // together before probing, so that their cache misses overlap.
   void find_many(const uint64_t* keys, int n, int32_t* out) const {
-    constexpr int kMax = 64;
+    constexpr int kMax = 256;
     uint64_t home[kMax];
     int idx[kMax];
     for (int b = 0; b < n; b += kMax) {
