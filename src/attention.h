@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mlx/primitives.h"
+#include "primitive_decl.h"
 #include "mlx/utils.h"
 
 namespace mlx_lattice {
@@ -23,24 +24,11 @@ class PatchAttention : public mx::Primitive {
  public:
   PatchAttention(mx::Stream s, float scale) : mx::Primitive(s), scale_(scale) {}
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  std::vector<mx::array> jvp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& tangents,
-      const std::vector<int>& argnums) override;
-  std::vector<mx::array> vjp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& cotangents,
-      const std::vector<int>& argnums,
-      const std::vector<mx::array>& outputs) override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
-  const char* name() const override {
-    return "PatchAttention";
-  }
+  LATTICE_EVAL()
+  LATTICE_JVP()
+  LATTICE_VJP()
+  LATTICE_OUTPUT_SHAPES()
+  LATTICE_NAME("PatchAttention")
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:
@@ -52,24 +40,11 @@ class PatchAttentionGrad : public mx::Primitive {
   PatchAttentionGrad(mx::Stream s, float scale)
       : mx::Primitive(s), scale_(scale) {}
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  std::vector<mx::array> jvp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& tangents,
-      const std::vector<int>& argnums) override;
-  std::vector<mx::array> vjp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& cotangents,
-      const std::vector<int>& argnums,
-      const std::vector<mx::array>& outputs) override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
-  const char* name() const override {
-    return "PatchAttentionGrad";
-  }
+  LATTICE_EVAL()
+  LATTICE_JVP()
+  LATTICE_VJP()
+  LATTICE_OUTPUT_SHAPES()
+  LATTICE_NAME("PatchAttentionGrad")
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:

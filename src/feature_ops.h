@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mlx/primitives.h"
+#include "primitive_decl.h"
 
 namespace mlx_lattice {
 
@@ -20,27 +21,12 @@ class Fork : public mx::Primitive {
  public:
   explicit Fork(mx::Stream s) : mx::Primitive(s) {}
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  std::vector<mx::array> vjp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& cotangents,
-      const std::vector<int>& argnums,
-      const std::vector<mx::array>& outputs) override;
-  std::vector<mx::array> jvp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& tangents,
-      const std::vector<int>& argnums) override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
-  const char* name() const override {
-    return "SparseFork";
-  }
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
-  }
+  LATTICE_EVAL()
+  LATTICE_VJP()
+  LATTICE_JVP()
+  LATTICE_OUTPUT_SHAPES()
+  LATTICE_NAME("SparseFork")
+  LATTICE_ALWAYS_EQUIVALENT()
 };
 
 // a + b for two (N, C) arrays of one floating dtype and any strides, written
@@ -49,27 +35,12 @@ class CotangentSum : public mx::Primitive {
  public:
   explicit CotangentSum(mx::Stream s) : mx::Primitive(s) {}
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  std::vector<mx::array> vjp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& cotangents,
-      const std::vector<int>& argnums,
-      const std::vector<mx::array>& outputs) override;
-  std::vector<mx::array> jvp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& tangents,
-      const std::vector<int>& argnums) override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
-  const char* name() const override {
-    return "SparseCotangentSum";
-  }
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
-  }
+  LATTICE_EVAL()
+  LATTICE_VJP()
+  LATTICE_JVP()
+  LATTICE_OUTPUT_SHAPES()
+  LATTICE_NAME("SparseCotangentSum")
+  LATTICE_ALWAYS_EQUIVALENT()
 };
 
 // Columns of (N, C_i) arrays of one dtype, any strides, side by side in one
@@ -79,27 +50,12 @@ class ConcatColumns : public mx::Primitive {
  public:
   explicit ConcatColumns(mx::Stream s) : mx::Primitive(s) {}
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  std::vector<mx::array> vjp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& cotangents,
-      const std::vector<int>& argnums,
-      const std::vector<mx::array>& outputs) override;
-  std::vector<mx::array> jvp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& tangents,
-      const std::vector<int>& argnums) override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
-  const char* name() const override {
-    return "SparseConcatColumns";
-  }
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
-  }
+  LATTICE_EVAL()
+  LATTICE_VJP()
+  LATTICE_JVP()
+  LATTICE_OUTPUT_SHAPES()
+  LATTICE_NAME("SparseConcatColumns")
+  LATTICE_ALWAYS_EQUIVALENT()
 };
 
 // (x, x) as two arrays that share x's buffer (see Fork).

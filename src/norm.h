@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "mlx/primitives.h"
+#include "primitive_decl.h"
 #include "mlx/utils.h"
 
 namespace mlx_lattice {
@@ -48,25 +49,12 @@ class NormAct : public mx::Primitive {
  public:
   NormAct(mx::Stream s, NormSpec spec) : mx::Primitive(s), spec_(spec) {}
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  std::vector<mx::array> vjp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& cotangents,
-      const std::vector<int>& argnums,
-      const std::vector<mx::array>& outputs) override;
+  LATTICE_EVAL()
+  LATTICE_VJP()
   // Forward mode from MLX ops (tangents are rare; no kernel of its own).
-  std::vector<mx::array> jvp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& tangents,
-      const std::vector<int>& argnums) override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
-  const char* name() const override {
-    return "SparseNormAct";
-  }
+  LATTICE_JVP()
+  LATTICE_OUTPUT_SHAPES()
+  LATTICE_NAME("SparseNormAct")
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:
@@ -81,15 +69,9 @@ class NormActGrad : public mx::Primitive {
  public:
   NormActGrad(mx::Stream s, NormSpec spec) : mx::Primitive(s), spec_(spec) {}
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
-  const char* name() const override {
-    return "SparseNormActGrad";
-  }
+  LATTICE_EVAL()
+  LATTICE_OUTPUT_SHAPES()
+  LATTICE_NAME("SparseNormActGrad")
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:

@@ -8,6 +8,7 @@
 #include "cpu/isa.h"
 #include "mlx/array.h"
 #include "mlx/primitives.h"
+#include "primitive_decl.h"
 #include "mlx/utils.h"
 
 namespace mlx_lattice {
@@ -22,15 +23,9 @@ class AdamUpdate : public mx::Primitive {
  public:
   AdamUpdate(mx::Stream s, cpu::AdamCoefficients k) : mx::Primitive(s), k_(k) {}
 
-  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  void eval_gpu(const std::vector<mx::array>& in, std::vector<mx::array>& out)
-      override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
-  const char* name() const override {
-    return "AdamUpdate";
-  }
+  LATTICE_EVAL()
+  LATTICE_OUTPUT_SHAPES()
+  LATTICE_NAME("AdamUpdate")
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:

@@ -18,6 +18,23 @@ def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
+@pytest.fixture
+def restore_isa():
+    """Puts back the CPU instruction-set path and thread count a test changes."""
+    previous = ml._ext.cpu_isa()
+    threads = ml.num_threads()
+    yield
+    ml._ext.set_cpu_isa(previous)
+    ml.set_num_threads(threads)
+
+
+@pytest.fixture(params=ml._ext.supported_cpu_isas())
+def isa(request, restore_isa):
+    """Each CPU instruction-set path this machine supports, in turn."""
+    ml._ext.set_cpu_isa(request.param)
+    return request.param
+
+
 def to_np(a) -> np.ndarray:
     """mx.array (any float dtype) -> float64 NumPy."""
     return np.array(a.astype(mx.float32)).astype(np.float64)

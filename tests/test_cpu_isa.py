@@ -48,21 +48,6 @@ def cpu_device(on_cpu):
     yield
 
 
-@pytest.fixture
-def restore_isa():
-    previous = _ext.cpu_isa()
-    threads = ml.num_threads()
-    yield
-    _ext.set_cpu_isa(previous)
-    ml.set_num_threads(threads)
-
-
-@pytest.fixture(params=PATHS)
-def isa(request, restore_isa):
-    _ext.set_cpu_isa(request.param)
-    return request.param
-
-
 def test_paths_reported():
     built = _ext.built_cpu_isas()
     assert PATHS and set(PATHS) <= set(built)

@@ -18,15 +18,6 @@ from mlx_lattice import _ext
 
 from conftest import assert_same_across_threads
 
-PATHS = _ext.supported_cpu_isas()
-
-
-@pytest.fixture(params=PATHS)
-def isa(request):
-    previous = _ext.cpu_isa()
-    _ext.set_cpu_isa(request.param)
-    yield request.param
-    _ext.set_cpu_isa(previous)
 
 
 def oracle(grads, p, lr, b1, b2, eps, bias_correction=False, wd=0.0):

@@ -27,21 +27,6 @@ def cpu_device(on_cpu):
     yield
 
 
-@pytest.fixture
-def restore_isa():
-    previous = _ext.cpu_isa()
-    threads = ml.num_threads()
-    yield
-    _ext.set_cpu_isa(previous)
-    ml.set_num_threads(threads)
-
-
-@pytest.fixture(params=PATHS)
-def isa(request, restore_isa):
-    _ext.set_cpu_isa(request.param)
-    return request.param
-
-
 def relation(rng, n_in, n_out, K, max_edges=None, empty_rows=0.2, ascending=True):
     """A relation from CSR arrays: per output row a random set of distinct
     offsets (none for about `empty_rows` of the rows), each with a random

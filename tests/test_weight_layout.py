@@ -19,21 +19,12 @@ from mlx_lattice.relation import KernelGeometry
 import oracle
 from conftest import TOLERANCES, to_np
 
-PATHS = _ext.supported_cpu_isas()
 CPU = mx.default_stream(mx.cpu)
 
 
 @pytest.fixture(autouse=True)
 def cpu_device(on_cpu):
     yield
-
-
-@pytest.fixture(params=PATHS)
-def isa(request):
-    previous = _ext.cpu_isa()
-    _ext.set_cpu_isa(request.param)
-    yield request.param
-    _ext.set_cpu_isa(previous)
 
 
 def _bytes(a):
