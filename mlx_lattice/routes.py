@@ -132,8 +132,11 @@ class Selection:
 _REGISTRY: dict[str, Route] = {}
 # select() by context: a route's predicate is a function of the context alone,
 # and a network asks the same few contexts on every step (forward and both
-# autodiff products of each layer). Emptied when a route is registered.
+# autodiff products of each layer). Emptied when a route is registered, and
+# when full: contexts hold sizes (rows, edges), so data whose sizes change
+# every step would otherwise grow it without bound.
 _SELECTED: dict[RouteContext, tuple[Route, tuple, str | None]] = {}
+_SELECTED_MAX = 4096
 
 
 def register(route: Route) -> Route:
@@ -187,6 +190,8 @@ def select(ctx: RouteContext) -> Selection:
     """
     hit = _SELECTED.get(ctx)
     if hit is None:
+        if len(_SELECTED) >= _SELECTED_MAX:
+            _SELECTED.clear()
         hit = _SELECTED[ctx] = _select(ctx)
     chosen, rejected, fallback = hit
     # Fresh records: the log's entries are the caller's to keep.

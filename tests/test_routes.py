@@ -149,6 +149,11 @@ def test_selection_cached_per_context(monkeypatch):
     ))
     assert not routes._SELECTED
     assert routes.select(c).route is best
+    # Bounded: sizes change with the data, so contexts need not repeat.
+    monkeypatch.setattr(routes, "_SELECTED_MAX", 3)
+    for n in range(10):
+        routes.select(ctx(c_in=16, c_out=16, n_in=100 + n))
+        assert len(routes._SELECTED) <= 3
 
 
 REQUIRED = {"op", "route", "backend", "rejected", "map_kind", "dtype", "quantized", "k", "c_in", "c_out", "n_out", "edges", "tier"}
