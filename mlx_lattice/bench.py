@@ -702,7 +702,7 @@ def run_grouped(coords, channels: int, groups: int, repeats: int) -> dict:
     mx.eval(layer(x.feats, w, groups))
     rel = x.manager.submanifold_kernel_relation(x.coordinate_set, KernelGeometry((3,) * 3, (1,) * 3, (1,) * 3, (1,) * 3))
     edges = rel.edges
-    train = mx.grad(lambda f, w: (layer(f, w, groups) ** 2).sum(), argnums=(0, 1))
+    train = mx.grad(lambda f, w: mx.square(layer(f, w, groups)).sum(), argnums=(0, 1))
     t_fwd = best_time(lambda: mx.eval(layer(x.feats, w, groups)), repeats)
     t_train = best_time(lambda: mx.eval(train(x.feats, w)), repeats)
     t_dense = best_time(lambda: mx.eval(layer(x.feats, w_full, 1)), repeats)

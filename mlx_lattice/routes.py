@@ -61,7 +61,10 @@ class RouteContext:
     def as_dict(self) -> dict:
         # Shallow: every field is immutable (dataclasses.asdict deep-copies,
         # ten times the cost on a call that runs for every convolution).
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in _CONTEXT_FIELDS}
+
+
+_CONTEXT_FIELDS = tuple(f.name for f in fields(RouteContext))
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,13 @@ class Selection:
 
 
 _REGISTRY: dict[str, Route] = {}
+# select() by context: a route's predicate is a function of the context alone,
+# and a network asks the same few contexts on every step (forward and both
+# autodiff products of each layer). Emptied when a route is registered, and
+# when full: contexts hold sizes (rows, edges), so data whose sizes change
+# every step would otherwise grow it without bound.
+_SELECTED: dict[RouteContext, tuple[Route, tuple, str | None]] = {}
+_SELECTED_MAX = 4096
 
 
 def register(route: Route) -> Route:
@@ -135,6 +145,7 @@ def register(route: Route) -> Route:
     if route.backend not in BACKENDS:
         raise ValueError(f"unknown backend {route.backend!r}")
     _REGISTRY[route.name] = route
+    _SELECTED.clear()
     return route
 
 
@@ -177,17 +188,28 @@ def select(ctx: RouteContext) -> Selection:
     When no route of a GPU backend applies, the CPU routes are asked and the
     selection says so in ``fallback``; nothing falls back silently.
     """
+    hit = _SELECTED.get(ctx)
+    if hit is None:
+        if len(_SELECTED) >= _SELECTED_MAX:
+            _SELECTED.clear()
+        hit = _SELECTED[ctx] = _select(ctx)
+    chosen, rejected, fallback = hit
+    # Fresh records: the log's entries are the caller's to keep.
+    return Selection(chosen, [dict(r) for r in rejected], fallback)
+
+
+def _select(ctx: RouteContext) -> tuple[Route, tuple, str | None]:
     rejected: list = []
     chosen = _pick(ctx, rejected)
     if chosen is not None:
-        return Selection(chosen, rejected)
+        return chosen, tuple(rejected), None
     if ctx.backend != "cpu":
         cpu_ctx = RouteContext(**{**ctx.as_dict(), "backend": "cpu", "tier": "cpu"})
         rejected_cpu: list = []
         chosen = _pick(cpu_ctx, rejected_cpu)
         if chosen is not None:
             note = f"no {ctx.backend} route accepts this call; running on the CPU"
-            return Selection(chosen, rejected, fallback=note)
+            return chosen, tuple(rejected), note
     raise ValueError(f"no route accepts {ctx}")
 
 

@@ -131,6 +131,31 @@ def test_register_rejects_duplicates():
         routes.register(routes.get("cpu.pointwise"))
 
 
+def test_selection_cached_per_context(monkeypatch):
+    # The memo answers as the registry does, hands out fresh rejection
+    # records, and is emptied when a route is registered.
+    c = ctx(c_in=16, c_out=16)
+    first, again = routes.select(c), routes.select(c)
+    uncached = routes._select(c)
+    assert first.route is again.route is uncached[0]
+    assert first.rejected == again.rejected == list(uncached[1])
+    first.rejected[0]["reason"] = "changed by the caller"
+    assert routes.select(c).rejected[0]["reason"] != "changed by the caller"
+    assert c in routes._SELECTED
+    monkeypatch.setattr(routes, "_REGISTRY", dict(routes._REGISTRY))
+    monkeypatch.setattr(routes, "_SELECTED", {c: routes._SELECTED[c]})
+    best = routes.register(routes.Route(
+        name="cpu.test_only", backend="cpu", priority=10_000, conditions=(),
+    ))
+    assert not routes._SELECTED
+    assert routes.select(c).route is best
+    # Bounded: sizes change with the data, so contexts need not repeat.
+    monkeypatch.setattr(routes, "_SELECTED_MAX", 3)
+    for n in range(10):
+        routes.select(ctx(c_in=16, c_out=16, n_in=100 + n))
+        assert len(routes._SELECTED) <= 3
+
+
 REQUIRED = {"op", "route", "backend", "rejected", "map_kind", "dtype", "quantized", "k", "c_in", "c_out", "n_out", "edges", "tier"}
 
 
