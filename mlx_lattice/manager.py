@@ -173,15 +173,15 @@ class CoordinateManager:
             self._relations[key] = value
             return value
 
-    def _build(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind):
+    def _build(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind, out_set=None):
         route = _route_of(src)
         before = _sync_count(route)
-        rel = self._build_on(src, out_coords, geom, transposed, kind)
+        rel = self._build_on(src, out_coords, geom, transposed, kind, out_set)
         _record_map("relation", route, before, map_kind=kind, n_in=rel.n_in, n_out=rel.n_out,
                     k=rel.kernel_volume, edges=rel.edges, geometry=geom.args())
         return rel
 
-    def _build_on(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind):
+    def _build_on(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind, out_set=None):
         if src.metal_table is not None:
             return Relation(_metal_build(src, out_coords, geom, transposed, kind), geom, metal=True)
         if src.gpu_table is not None:
@@ -191,7 +191,10 @@ class CoordinateManager:
             native, max_out, max_in, symmetric = build(src.gpu_table, out_coords, geom.args(), transposed, kind)
             return Relation(native, geom, gpu=True, max_neighbors=max_out, max_in_neighbors=max_in,
                             symmetric=symmetric)
-        native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind)
+        # The output set's own table, when it was hashed on the CPU, spares
+        # the tiled (size = stride) build hashing the outputs again.
+        out_table = out_set._table if out_set is not None else None
+        native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind, out_table)
         return Relation(native, geom)
 
     @staticmethod
@@ -224,7 +227,7 @@ class CoordinateManager:
             stride = tuple(a * b for a, b in zip(src.stride, geom.stride))
             out_set = self._new_set(out, stride, trusted=True)
             self._parents.setdefault((out_set.id, geom.stride), (src, geom))
-            return self._build(src, out, geom, False, "forward"), out_set
+            return self._build(src, out, geom, False, "forward", out_set), out_set
 
         return self._cached(key, build)
 

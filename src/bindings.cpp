@@ -264,12 +264,14 @@ NB_MODULE(_ext, m) {
          Triple p,
          Triple d,
          bool transposed,
-         const std::string& kind) {
+         const std::string& kind,
+         const CoordTable* out_table) {
         nb::gil_scoped_release release;
-        return build_relation(t, out, make_spec(k, s, p, d), transposed, kind);
+        return build_relation(
+            t, out, make_spec(k, s, p, d), transposed, kind, out_table);
       },
       "table"_a, "out_coords"_a, "size"_a, "stride"_a, "padding"_a,
-      "dilation"_a, "transposed"_a, "kind"_a);
+      "dilation"_a, "transposed"_a, "kind"_a, "out_table"_a = nb::none());
 
   m.def(
       "gather_conv",

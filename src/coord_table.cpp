@@ -81,6 +81,9 @@ CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {
   uint64_t cap = next_pow2(2 * static_cast<uint64_t>(std::max<int64_t>(n_, 8)));
   mask_ = cap - 1;
   slots_.assign(cap, Slot{kEmptyKey, -1, 0});
+  const uint64_t fbits = next_pow2(16 * static_cast<uint64_t>(std::max<int64_t>(n_, 8)));
+  filter_.assign(fbits / 64, 0);
+  filter_shift_ = 64 - (__builtin_ctzll(fbits) - 2);
   const int32_t* c = n_ > 0 ? coords_.data<int32_t>() : nullptr;
   for (int64_t i = 0; i < n_; ++i) {
     const int32_t* r = c + 4 * i;
@@ -99,6 +102,8 @@ CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {
       h = (h + 1) & mask_;
     }
     slots_[h] = Slot{key, static_cast<int32_t>(i), 0};
+    const uint64_t f = filter_bit(mix(key), key);
+    filter_[f >> 6] |= uint64_t(1) << (f & 63);
   }
 }
 
@@ -110,11 +115,17 @@ mx::array CoordTable::lookup(const mx::array& queries_in) const {
   int32_t* o = out.data<int32_t>();
   const int32_t* q = m > 0 ? queries.data<int32_t>() : nullptr;
   parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const int32_t* r = q + 4 * i;
-      o[i] = in_range(r[0], r[1], r[2], r[3])
-          ? find(pack_key(r[0], r[1], r[2], r[3]))
-          : -1;
+    constexpr int kGroup = 256;
+    uint64_t keys[kGroup];
+    for (int64_t i0 = b; i0 < e; i0 += kGroup) {
+      const int rows = static_cast<int>(std::min<int64_t>(kGroup, e - i0));
+      for (int i = 0; i < rows; ++i) {
+        const int32_t* r = q + 4 * (i0 + i);
+        keys[i] = in_range(r[0], r[1], r[2], r[3])
+            ? pack_key(r[0], r[1], r[2], r[3])
+            : kEmptyKey;
+      }
+      find_many(keys, rows, o + i0);
     }
   });
   return out;

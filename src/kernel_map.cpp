@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include "coords.h"
@@ -186,6 +187,51 @@ mx::array generative_support(const CoordTable& in, const KernelSpec& spec) {
 
 namespace {
 
+// The relation of a dense (m, kv) neighbour map (-1 where absent): CSR in
+// offset order, as build_relation orders edges. Rows are compacted without
+// branches through a per-task buffer (hits are unpredictable).
+std::shared_ptr<Relation> compact(
+    const int32_t* nm,
+    int64_t n,
+    int64_t m,
+    int kv,
+    const std::string& kind) {
+  mx::array offsets = make_int32(m + 1);
+  int32_t* off = offsets.data<int32_t>();
+  off[0] = 0;
+  parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t q = b; q < e; ++q) {
+      int32_t count = 0;
+      for (int k = 0; k < kv; ++k) {
+        count += nm[q * kv + k] >= 0;
+      }
+      off[q + 1] = count;
+    }
+  });
+  for (int64_t q = 0; q < m; ++q) {
+    off[q + 1] += off[q];
+  }
+  mx::array in_idx = make_int32(off[m]);
+  mx::array k_idx = make_int32(off[m]);
+  int32_t* ip = in_idx.data<int32_t>();
+  int32_t* kp = k_idx.data<int32_t>();
+  parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
+    std::vector<int32_t> bi(kv), bk(kv);
+    for (int64_t q = b; q < e; ++q) {
+      const int32_t* row = nm + q * kv;
+      int j = 0;
+      for (int k = 0; k < kv; ++k) {
+        bi[j] = row[k];
+        bk[j] = k;
+        j += row[k] >= 0;
+      }
+      std::copy(bi.begin(), bi.begin() + j, ip + off[q]);
+      std::copy(bk.begin(), bk.begin() + j, kp + off[q]);
+    }
+  });
+  return std::make_shared<Relation>(kind, n, m, kv, offsets, in_idx, k_idx);
+}
+
 // A centred odd kernel at stride 1 mapping a set onto itself: q reaches p
 // through offset k exactly when p reaches q through K - 1 - k.
 bool symmetric(const CoordTable& in, const mx::array& out, const KernelSpec& spec, bool transposed) {
@@ -223,7 +269,7 @@ std::shared_ptr<Relation> build_symmetric(
   });
   parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
     // Several rows per batch of lookups: more misses in flight at once.
-    const int group = std::max(1, 64 / std::max(center, 1));
+    const int group = std::max(1, 256 / std::max(center, 1));
     std::vector<uint64_t> keys(int64_t(group) * kv);
     std::vector<int32_t> found(int64_t(group) * kv);
     AxisCandidates ax[3];
@@ -248,38 +294,7 @@ std::shared_ptr<Relation> build_symmetric(
       }
     }
   });
-  mx::array offsets = make_int32(n + 1);
-  int32_t* off = offsets.data<int32_t>();
-  off[0] = 0;
-  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
-    for (int64_t q = b; q < e; ++q) {
-      int32_t count = 0;
-      for (int k = 0; k < kv; ++k) {
-        count += nm[q * kv + k] >= 0;
-      }
-      off[q + 1] = count;
-    }
-  });
-  for (int64_t q = 0; q < n; ++q) {
-    off[q + 1] += off[q];
-  }
-  mx::array in_idx = make_int32(off[n]);
-  mx::array k_idx = make_int32(off[n]);
-  int32_t* ip = in_idx.data<int32_t>();
-  int32_t* kp = k_idx.data<int32_t>();
-  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
-    for (int64_t q = b; q < e; ++q) {
-      int32_t j = off[q];
-      for (int k = 0; k < kv; ++k) {
-        const int32_t p = nm[q * kv + k];
-        if (p >= 0) {
-          ip[j] = p;
-          kp[j++] = k;
-        }
-      }
-    }
-  });
-  auto rel = std::make_shared<Relation>(kind, n, n, kv, offsets, in_idx, k_idx);
+  auto rel = compact(nm, n, n, kv, kind);
   rel->set_neighbor_map(nmap);
   rel->set_symmetric();
   return rel;
@@ -298,8 +313,17 @@ std::shared_ptr<Relation> build_tiled(
     const CoordTable& in,
     const mx::array& out_coords,
     const KernelSpec& spec,
-    const std::string& kind) {
-  const CoordTable out(out_coords);
+    const std::string& kind,
+    const CoordTable* out_table) {
+  const bool same = out_table != nullptr &&
+      out_table->size() == out_coords.shape(0) &&
+      (out_table->size() == 0 ||
+       out_table->coord_data() == out_coords.data<int32_t>());
+  std::optional<CoordTable> own;
+  if (!same) {
+    own.emplace(out_coords);
+  }
+  const CoordTable& out = same ? *out_table : *own;
   const int64_t n = in.size(), m = out.size();
   const int kv = spec.volume();
   const int32_t* c = in.coord_data();
@@ -314,46 +338,24 @@ std::shared_ptr<Relation> build_tiled(
   // Distinct inputs have distinct (parent, offset) slots: no two tasks
   // write the same one.
   parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
-    int k;
-    for (int64_t i = b; i < e; ++i) {
-      const int32_t q = out.find(parent_key(c + 4 * i, spec, &k));
-      if (q >= 0) {
-        nm[int64_t(q) * kv + k] = static_cast<int32_t>(i);
+    constexpr int kGroup = 64;
+    uint64_t keys[kGroup];
+    int ks[kGroup];
+    int32_t found[kGroup];
+    for (int64_t i0 = b; i0 < e; i0 += kGroup) {
+      const int rows = static_cast<int>(std::min<int64_t>(kGroup, e - i0));
+      for (int i = 0; i < rows; ++i) {
+        keys[i] = parent_key(c + 4 * (i0 + i), spec, &ks[i]);
       }
-    }
-  });
-  mx::array offsets = make_int32(m + 1);
-  int32_t* off = offsets.data<int32_t>();
-  off[0] = 0;
-  parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
-    for (int64_t q = b; q < e; ++q) {
-      int32_t count = 0;
-      for (int k = 0; k < kv; ++k) {
-        count += nm[q * kv + k] >= 0;
-      }
-      off[q + 1] = count;
-    }
-  });
-  for (int64_t q = 0; q < m; ++q) {
-    off[q + 1] += off[q];
-  }
-  mx::array in_idx = make_int32(off[m]);
-  mx::array k_idx = make_int32(off[m]);
-  int32_t* ip = in_idx.data<int32_t>();
-  int32_t* kp = k_idx.data<int32_t>();
-  parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
-    for (int64_t q = b; q < e; ++q) {
-      int32_t j = off[q];
-      for (int k = 0; k < kv; ++k) {
-        const int32_t p = nm[q * kv + k];
-        if (p >= 0) {
-          ip[j] = p;
-          kp[j++] = k;
+      out.find_many(keys, rows, found);
+      for (int i = 0; i < rows; ++i) {
+        if (found[i] >= 0) {
+          nm[int64_t(found[i]) * kv + ks[i]] = static_cast<int32_t>(i0 + i);
         }
       }
     }
   });
-  auto rel = std::make_shared<Relation>(kind, n, m, kv, offsets, in_idx, k_idx);
+  auto rel = compact(nm, n, m, kv, kind);
   rel->set_neighbor_map(nmap);
   return rel;
 }
@@ -365,7 +367,8 @@ std::shared_ptr<Relation> build_relation(
     const mx::array& out_coords_in,
     const KernelSpec& spec,
     bool transposed,
-    const std::string& kind) {
+    const std::string& kind,
+    const CoordTable* out_table) {
   check_kernel(spec);
   mx::array out_coords = evaluated(out_coords_in);
   check_coords(out_coords, "output coordinates");
@@ -375,7 +378,7 @@ std::shared_ptr<Relation> build_relation(
   // "forward" relations are built onto the support of the same kernel
   // (unique, valid outputs): the tiled build needs exactly that.
   if (!transposed && kind == "forward" && tiles(spec)) {
-    return build_tiled(in, out_coords, spec, kind);
+    return build_tiled(in, out_coords, spec, kind, out_table);
   }
   const int64_t m = out_coords.shape(0);
   const int kv = spec.volume();
@@ -394,7 +397,7 @@ std::shared_ptr<Relation> build_relation(
     ks.resize((e - b) * kv);
     int64_t n = 0;
     // Several rows per batch of lookups: more misses in flight at once.
-    const int group = std::max(1, 64 / kv);
+    const int group = std::max(1, 256 / kv);
     std::vector<uint64_t> keys(int64_t(group) * kv);
     std::vector<int32_t> found(int64_t(group) * kv);
     AxisCandidates ax[3];

@@ -72,7 +72,72 @@ class CoordTable {
     return coords_.data<int32_t>();
   }
   int32_t find(uint64_t key) const {
-    uint64_t h = hash(key) & mask_;
+    const uint64_t x = mix(key);
+    if (!may_contain(x, key)) {
+      return -1;
+    }
+    return probe(slot_of(x, key), key);
+  }
+  // Looks up n keys at once (kEmptyKey queries give -1). Most neighbour
+  // candidates are absent: the presence filter (L2-resident) answers them
+  // without touching the slots; the rest have their home slots prefetched
+  // together before probing, so that their cache misses overlap.
+  void find_many(const uint64_t* keys, int n, int32_t* out) const {
+    constexpr int kMax = 256;
+    uint64_t home[kMax];
+    int idx[kMax];
+    for (int b = 0; b < n; b += kMax) {
+      const int m = std::min(kMax, n - b);
+      int cnt = 0;
+      for (int i = 0; i < m; ++i) {
+        const uint64_t key = keys[b + i];
+        const uint64_t x = mix(key);
+        out[b + i] = -1;
+        home[cnt] = slot_of(x, key);
+        idx[cnt] = i;
+        cnt += (key != kEmptyKey) & may_contain(x, key);
+      }
+      for (int j = 0; j < cnt; ++j) {
+        __builtin_prefetch(&slots_[home[j]]);
+      }
+      for (int j = 0; j < cnt; ++j) {
+        out[b + idx[j]] = probe(home[j], keys[b + idx[j]]);
+      }
+    }
+  }
+  // Row index of each query row (-1 where absent); queries (M, 4) int32.
+  mx::array lookup(const mx::array& queries) const;
+
+  // Runs of 4 voxels along z hash to 4 consecutive slots (one cache line of
+  // 16-byte slots), so a row's z-neighbours usually share a line; the rest of
+  // the key is mixed so that runs spread evenly over the table.
+  static uint64_t hash(uint64_t key) {
+    return (mix(key) << 2) | (key & 3);
+  }
+
+ private:
+  static uint64_t mix(uint64_t key) {
+    uint64_t x = key >> 2;
+    x ^= x >> 31;
+    x *= 0x7fb5d329728ea185ULL;
+    x ^= x >> 27;
+    x *= 0x81dadef4bc2dd44dULL;
+    x ^= x >> 33;
+    return x;
+  }
+  uint64_t slot_of(uint64_t x, uint64_t key) const {
+    return ((x << 2) | (key & 3)) & mask_;
+  }
+  // The filter indexes by the mix's top bits (the slots use its bottom
+  // ones), again keeping a z-run of 4 within one byte.
+  uint64_t filter_bit(uint64_t x, uint64_t key) const {
+    return ((x >> filter_shift_) << 2) | (key & 3);
+  }
+  bool may_contain(uint64_t x, uint64_t key) const {
+    const uint64_t i = filter_bit(x, key);
+    return (filter_[i >> 6] >> (i & 63)) & 1;
+  }
+  int32_t probe(uint64_t h, uint64_t key) const {
     for (;;) {
       const Slot& s = slots_[h];
       if (s.key == key) {
@@ -84,56 +149,6 @@ class CoordTable {
       h = (h + 1) & mask_;
     }
   }
-  // Looks up n keys at once, prefetching every home slot before probing so
-  // that the cache misses overlap. kEmptyKey queries give -1.
-  void find_many(const uint64_t* keys, int n, int32_t* out) const {
-    constexpr int kMax = 64;
-    uint64_t home[kMax];
-    for (int b = 0; b < n; b += kMax) {
-      const int m = std::min(kMax, n - b);
-      for (int i = 0; i < m; ++i) {
-        home[i] = hash(keys[b + i]) & mask_;
-        __builtin_prefetch(&slots_[home[i]]);
-      }
-      for (int i = 0; i < m; ++i) {
-        const uint64_t key = keys[b + i];
-        if (key == kEmptyKey) {
-          out[b + i] = -1;
-          continue;
-        }
-        uint64_t h = home[i];
-        for (;;) {
-          const Slot& s = slots_[h];
-          if (s.key == key) {
-            out[b + i] = s.val;
-            break;
-          }
-          if (s.key == kEmptyKey) {
-            out[b + i] = -1;
-            break;
-          }
-          h = (h + 1) & mask_;
-        }
-      }
-    }
-  }
-  // Row index of each query row (-1 where absent); queries (M, 4) int32.
-  mx::array lookup(const mx::array& queries) const;
-
-  // Runs of 4 voxels along z hash to 4 consecutive slots (one cache line of
-  // 16-byte slots), so a row's z-neighbours usually share a line; the rest of
-  // the key is mixed so that runs spread evenly over the table.
-  static uint64_t hash(uint64_t key) {
-    uint64_t x = key >> 2;
-    x ^= x >> 31;
-    x *= 0x7fb5d329728ea185ULL;
-    x ^= x >> 27;
-    x *= 0x81dadef4bc2dd44dULL;
-    x ^= x >> 33;
-    return (x << 2) | (key & 3);
-  }
-
- private:
   struct Slot {
     uint64_t key;
     int32_t val;
@@ -143,6 +158,10 @@ class CoordTable {
   int64_t n_;
   uint64_t mask_;
   std::vector<Slot> slots_; // key and row side by side: one miss per probe
+  // Presence filter: one bit per (hashed) key, about 16 bits per row, so
+  // that an absent key is usually answered by a clear bit.
+  std::vector<uint64_t> filter_;
+  int filter_shift_;
 };
 
 struct KernelSpec {
@@ -266,12 +285,15 @@ mx::array generative_support(const CoordTable& in, const KernelSpec& spec);
 // Edges for given output coordinates.
 //   conv form (transposed=false): in = stride*out - padding + dilation*d
 //   transposed form (transposed=true): out = stride*in - padding + dilation*d
+// out_table, when given, is a table of exactly out_coords (the same buffer):
+// builds that look outputs up use it instead of hashing them again.
 std::shared_ptr<Relation> build_relation(
     const CoordTable& in,
     const mx::array& out_coords,
     const KernelSpec& spec,
     bool transposed,
-    const std::string& kind);
+    const std::string& kind,
+    const CoordTable* out_table = nullptr);
 
 mx::array make_int32(int64_t n);
 

@@ -247,3 +247,51 @@ def test_tiling_kernel_support_and_relation(rng, stride):
     e = np.array(want)
     expected[e[:, 0], e[:, 2]] = e[:, 1]
     np.testing.assert_array_equal(nm, expected)
+
+
+@pytest.mark.parametrize("n", [0, 1, 9, 700, 20_000])
+def test_table_lookups_of_absent_and_present_rows(rng, n):
+    """The coordinate table answers a mix of present rows and absent
+    neighbours (its presence filter's clear bits and its false positives)
+    exactly as a Python dict does."""
+    coords = oracle.random_coords(rng, n, 30, 2) if n else np.zeros((0, 4), np.int32)
+    coords = coords[:n]
+    row_of = {tuple(c): i for i, c in enumerate(coords.tolist())}
+    shifts = rng.integers(-1, 2, size=(3 * max(len(coords), 1), 3))
+    base = coords[rng.integers(0, len(coords), len(shifts))] if len(coords) else np.zeros((len(shifts), 4), np.int32)
+    queries = base.copy()
+    queries[:, 1:] += shifts
+    queries = np.concatenate([coords, queries, np.array([[0, -65536, 65535, 0], [4095, 5, 5, 5]], np.int32)]).astype(np.int32)
+    want = np.array([row_of.get(tuple(q), -1) for q in queries.tolist()])
+    got = np.array(ml._ext.CoordTable(mx.array(coords)).lookup(mx.array(queries)))
+    np.testing.assert_array_equal(got, want)
+    assert (want < 0).any() and (n == 0 or (want >= 0).any())
+
+
+@pytest.mark.usefixtures("on_cpu")  # the CPU builder
+def test_tiled_relation_with_and_without_the_output_table(rng):
+    """A forward tiled relation built with the output set's own table, with
+    a table of other rows (not used) and with none gives the same arrays,
+    for one thread and for several."""
+    from mlx_lattice import _ext
+
+    coords = mx.array(oracle.random_coords(rng, 30_000, 48, 2))
+    g = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    t = _ext.CoordTable(coords)
+    out = _ext.forward_support(t, *g)
+    other = mx.array(np.array(out)[::-1].copy())
+    arrays = lambda r: [np.array(a) for a in (r.out_offsets, r.in_idx, r.k_idx, r.neighbor_map)]
+    before = ml.num_threads()
+    try:
+        runs = []
+        for threads in (1, 4):
+            ml.set_num_threads(threads)
+            runs.append(arrays(_ext.build_relation(t, out, *g, False, "forward")))
+            runs.append(arrays(_ext.build_relation(t, out, *g, False, "forward", _ext.CoordTable(out))))
+            runs.append(arrays(_ext.build_relation(t, out, *g, False, "forward", _ext.CoordTable(other))))
+    finally:
+        ml.set_num_threads(before)
+    assert len(runs[0][1]) == coords.shape[0]
+    for r in runs[1:]:
+        for a, b in zip(runs[0], r):
+            np.testing.assert_array_equal(a, b)
