@@ -401,18 +401,20 @@ void run_packed(
     thread_local BlockEdges edges;
     thread_local std::vector<float> yblk, dummy_row, zero_row;
     zero_row.assign(std::max(A + 1, bp), 0.0f);
-    if (row_major) {
-      // Every row is written whole: no zeroed block.
-      float* acc = nullptr;
+    // The block's accumulator: y's own rows when float32 rows are summed in
+    // place, else the block buffer (converted out afterwards). Never zeroed:
+    // each row's first offset stores, and rows without edges are written.
+    auto accumulator = [&](bool direct) -> float* {
       if constexpr (std::is_same_v<T, float>) {
-        if (y_direct) {
-          acc = y + r0 * B;
+        if (direct) {
+          return y + r0 * B;
         }
       }
-      if (!acc) {
-        yblk.resize((r1 - r0) * bp);
-        acc = yblk.data();
-      }
+      yblk.resize((r1 - r0) * bp);
+      return yblk.data();
+    };
+    if (row_major) {
+      float* acc = accumulator(y_direct);
       if (row_major_rows(v, K, xf, A, packed.data(), blocks, r0, r1, zero_row.data(), acc, bp)) {
         if (acc == yblk.data()) {
           for (int64_t r = r0; r < r1; ++r) {
@@ -423,18 +425,7 @@ void run_packed(
       }
     }
     group_edges(v, K, r0, r1, edges);
-    float* acc;
-    if constexpr (std::is_same_v<T, float>) {
-      if (in_place) {
-        acc = y + r0 * B;
-      }
-    }
-    if (!in_place) {
-      // Not zeroed: a row's first offset stores, later ones add, and rows
-      // without edges are written as zeros below.
-      yblk.resize((r1 - r0) * bp);
-      acc = yblk.data();
-    }
+    float* acc = accumulator(in_place);
     dummy_row.assign(bp, 0.0f);
     for (auto [c0, nv] : blocks) {
       auto product = [&]<int NV>() {
