@@ -7,7 +7,9 @@
 // reduced in chunk order, so results do not depend on the thread count.
 // Nothing is zeroed ahead: a chunk's first sub-panel (or panel) writes its
 // partial sum, its register tiles starting at zero, and later ones
-// accumulate: the same multiply-adds as into a zeroed sum.
+// accumulate: the same multiply-adds as into a zeroed sum. Which thread
+// runs a chunk, and when, changes no bit: only the order of each chunk's
+// own edges matters, and every traversal keeps it.
 //
 // A tile broadcasts one side's channels and holds the other's in vectors.
 // Which side fills the vectors is chosen per problem and path, for the one
@@ -163,9 +165,11 @@ void subpanel_product(
 
 constexpr int64_t kSubpanel = 64; // edges whose rows stay in L1
 
-// Direct path over edges [e0, e1): sub-panels outermost, so that each
-// sub-panel's gathered rows are fetched once for all column blocks; the
-// next sub-panel's rows are prefetched while this one computes. The first
+// Direct path over edges [e0, e1) of one chunk: sub-panels outermost, so
+// that each sub-panel's gathered rows are fetched once for all column
+// blocks; the next sub-panel's rows are prefetched while this one computes,
+// and during the last one the first sub-panel of the edges [n0, n1) that the
+// caller runs next. With `starts` (the range opens its chunk), the first
 // sub-panel writes acc's rows [0, A) in every column block.
 void gathered_product(
     const float* xf,
@@ -178,11 +182,16 @@ void gathered_product(
     int64_t e1,
     const std::vector<std::pair<int, int>>& blocks,
     float* acc,
-    int lda) {
+    int lda,
+    bool starts = true,
+    int64_t n0 = 0,
+    int64_t n1 = 0) {
   for (int64_t s0 = e0; s0 < e1; s0 += kSubpanel) {
     const int64_t s1 = std::min(e1, s0 + kSubpanel);
-    const bool first = s0 == e0;
-    for (int64_t e = s1; e < std::min(e1, s1 + kSubpanel); ++e) {
+    const bool first = starts && s0 == e0;
+    const int64_t p0 = s1 < e1 ? s1 : n0;
+    const int64_t p1 = s1 < e1 ? std::min(e1, s1 + kSubpanel) : std::min(n1, n0 + kSubpanel);
+    for (int64_t e = p0; e < p1; ++e) {
       const char* xr = reinterpret_cast<const char*>(xf + (g ? int64_t(g[e]) : e) * A);
       const char* cr = reinterpret_cast<const char*>(cf + (r ? int64_t(r[e]) : e) * B);
       for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
@@ -296,7 +305,21 @@ void run(
   const float* qf = swap ? xf : cf;
   const int32_t* pi = swap ? r : g;
   const int32_t* qi = swap ? g : r;
-  parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1) {
+  // Scheduling: with enough blocks, a task is one whole block (its chunks for
+  // every offset), so that a block's rows are fetched into one core's L2
+  // rather than into both cores' for alternate offsets; on the direct path
+  // that core walks the block's result rows in windows of 512 KB of rows,
+  // each offset's edges into a window in turn, so that rows shared by
+  // several offsets are reused from L2 where a block is larger than it
+  // (the partial sums' bound and the chunks' minimum size grow the blocks
+  // of the C32 and C64 layers to 1-2 MB of rows).
+  // Each chunk still runs its own edges in order from its first sub-panel.
+  const int64_t n_chunks = static_cast<int64_t>(chunks.size());
+  const bool whole_blocks = n_blocks >= 4 * num_threads();
+  const int64_t window_rows =
+      std::max<int64_t>(kSubpanel, (int64_t(1) << 19) / ((int64_t(A) + B) * 4));
+  const int32_t* rows_of = v.offsets ? v.r : nullptr; // result row of each edge
+  parallel_for(n_chunks, whole_blocks ? v.k : 1, [&](int64_t c0, int64_t c1) {
     // Padding columns stay zero (the tiles read them); rows are overwritten
     // panel by panel, so a thread zeroes its panels only when the layout
     // changes: the widths too, as a narrower P or Q at the same padded width
@@ -307,6 +330,52 @@ void run(
       ppanel.assign(kPanel * pp, 0.0f);
       qpanel.assign(kPanel * qp, 0.0f);
       zeroed_for = {P, pp, Q, qp};
+    }
+    if (direct && whole_blocks) {
+      thread_local std::vector<int64_t> cur, end;
+      cur.resize(v.k);
+      end.resize(v.k);
+      for (int64_t b = c0 / v.k; b < c1 / v.k; ++b) {
+        const Chunk* ch = chunks.data() + b * v.k;
+        float* acc = partial.get() + b * v.k * tile_floats;
+        for (int64_t k = 0; k < v.k; ++k) {
+          cur[k] = ch[k].e0;
+          if (ch[k].e0 == ch[k].e1) {
+            std::fill(acc + k * tile_floats, acc + (k + 1) * tile_floats, 0.0f);
+          }
+        }
+        const int64_t row_end = b + 1 < n_blocks ? (b + 1) * rows_per_block : n_ct;
+        for (int64_t w1 = b * rows_per_block + window_rows;; w1 += window_rows) {
+          // Each offset's edges into rows below w1; the last window takes
+          // the rest (all of them where result rows are not sorted).
+          const bool last = w1 >= row_end;
+          for (int64_t k = 0; k < v.k; ++k) {
+            int64_t e = last ? ch[k].e1 : cur[k];
+            while (e < ch[k].e1 && (rows_of ? int64_t(rows_of[e]) : e) < w1) {
+              ++e;
+            }
+            end[k] = e;
+          }
+          for (int64_t k = 0; k < v.k; ++k) {
+            if (end[k] == cur[k]) {
+              continue;
+            }
+            int64_t j = k + 1;
+            while (j < v.k && end[j] == cur[j]) {
+              ++j;
+            }
+            const int64_t n0 = j < v.k ? cur[j] : 0, n1 = j < v.k ? end[j] : 0;
+            gathered_product(
+                pf, P, qf, Q, pi, qi, cur[k], end[k], blocks, acc + k * tile_floats, qp,
+                cur[k] == ch[k].e0, n0, n1);
+            cur[k] = end[k];
+          }
+          if (last) {
+            break;
+          }
+        }
+      }
+      return;
     }
     for (int64_t c = c0; c < c1; ++c) {
       float* acc = partial.get() + c * tile_floats;
