@@ -270,30 +270,33 @@ void run(
   // Chunk (b, k) holds offset k's edges from where chunk (b - 1, k) ended
   // to the first one whose row is past block b: every edge lies in exactly
   // one chunk.
+  // Offsets are cut in parallel: the scan reads every edge.
   std::vector<Chunk> chunks(n_blocks * v.k);
-  for (int64_t k = 0; k < v.k; ++k) {
-    const int64_t b0 = v.offsets ? v.offsets[k] : 0;
-    const int64_t b1 = v.offsets ? v.offsets[k + 1] : v.edges;
-    int64_t e = b0;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      int64_t end = b1;
-      if (b + 1 < n_blocks) {
-        const int64_t row_end = (b + 1) * rows_per_block;
-        if (v.offsets) {
-          // A scan, not a bisection: r need not be sorted (views whose
-          // result rows are the inputs), and then blocks only lose locality.
-          end = e;
-          while (end < b1 && v.r[end] < row_end) {
-            ++end;
+  parallel_for(v.k, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t b0 = v.offsets ? v.offsets[k] : 0;
+      const int64_t b1 = v.offsets ? v.offsets[k + 1] : v.edges;
+      int64_t e = b0;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        int64_t end = b1;
+        if (b + 1 < n_blocks) {
+          const int64_t row_end = (b + 1) * rows_per_block;
+          if (v.offsets) {
+            // A scan, not a bisection: r need not be sorted (views whose
+            // result rows are the inputs), and then blocks only lose locality.
+            end = e;
+            while (end < b1 && v.r[end] < row_end) {
+              ++end;
+            }
+          } else {
+            end = std::min(b1, std::max(e, row_end));
           }
-        } else {
-          end = std::min(b1, std::max(e, row_end));
         }
+        chunks[b * v.k + k] = {k, e, end};
+        e = end;
       }
-      chunks[b * v.k + k] = {k, e, end};
-      e = end;
     }
-  }
+  });
   // Left uninitialised: every chunk writes the rows and columns of its
   // partial that the reduction reads (zeroing it all, 8-12 MB for the large
   // layers, was serial work on the calling thread).
