@@ -278,6 +278,49 @@ def test_weight_gradient_chunks_without_edges(rng, isa, c_in, c_out):
     assert _bytes(again) == _bytes(dw)
 
 
+@functools.lru_cache(maxsize=2)
+def _dense_cube(side):
+    d = np.arange(side)
+    xyz = np.stack(np.meshgrid(d, d, d, indexing="ij"), -1).reshape(-1, 3)
+    coords = np.concatenate([np.zeros((len(xyz), 1), np.int64), xyz], 1).astype(np.int32)
+    return coords, np.asarray(oracle.conv_edges(coords, coords, 3, 1, 1)).T
+
+
+@pytest.mark.parametrize(
+    "kernel,side,c_in,c_out",
+    [
+        (3, 22, 96, 96),  # 11 row blocks of 1,024 rows, two windows each
+        (3, 26, 32, 64),  # 9 row blocks of 2,048 rows, two windows each
+        (3, 26, 40, 56),  # packed panels on AVX-512 (56 fills no vector), in place on AVX2
+        (1, 26, 64, 128),  # one offset, edges are rows: 18 row blocks
+    ],
+)
+def test_weight_gradient_whole_block_tasks(rng, isa, kernel, side, c_in, c_out):
+    # Enough row blocks that a task takes a whole block (at least 4 per
+    # thread), and on the direct path walks it in windows of result rows
+    # across offsets: with 1 and 2 threads here, not with 3 (but for the
+    # 1x1 layer), so the bits must match across both traversals, and the
+    # oracle.
+    coords, (o, i, k) = _dense_cube(side)
+    x = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)))
+    w = mx.zeros((c_out, kernel, kernel, kernel, c_in))
+    ct = mx.array(rng.standard_normal((len(coords), c_out)).astype(np.float32))
+    conv = ops.subm_conv3d if kernel == 3 else ops.conv3d
+    grad = lambda: mx.vjp(lambda w: conv(x, w).feats, [w], [ct])[1][0]  # noqa: E731
+    ml.set_num_threads(1)
+    ref = grad()
+    mx.eval(ref)
+    for n in (2, 3):
+        ml.set_num_threads(n)
+        assert _bytes(grad()) == _bytes(ref)
+    xf, cf = np.array(x.feats).astype(np.float64), np.array(ct).astype(np.float64)
+    if kernel == 3:
+        e_dw = np.stack([cf[o[k == d]].T @ xf[i[k == d]] for d in range(27)], 1).reshape(w.shape)
+    else:
+        e_dw = (cf.T @ xf).reshape(w.shape)
+    np.testing.assert_allclose(np.array(ref), e_dw, rtol=1e-4, atol=1e-4 * np.abs(e_dw).max())
+
+
 @pytest.mark.skipif(len(FMA_PATHS) < 2, reason="needs two paths with fused multiply-adds (avx2 and avx512)")
 @pytest.mark.parametrize("op,c_in,c_out,dtype", [
     ("subm", 24, 40, mx.float32), ("subm", 64, 64, mx.float32), ("subm", 96, 72, mx.float32),

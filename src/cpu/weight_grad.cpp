@@ -7,7 +7,9 @@
 // reduced in chunk order, so results do not depend on the thread count.
 // Nothing is zeroed ahead: a chunk's first sub-panel (or panel) writes its
 // partial sum, its register tiles starting at zero, and later ones
-// accumulate: the same multiply-adds as into a zeroed sum.
+// accumulate: the same multiply-adds as into a zeroed sum. Which thread
+// runs a chunk, and when, changes no bit: only the order of each chunk's
+// own edges matters, and every traversal keeps it.
 //
 // A tile broadcasts one side's channels and holds the other's in vectors.
 // Which side fills the vectors is chosen per problem and path, for the one
@@ -119,18 +121,15 @@ void panel_product(
 }
 
 // Direct path: float32 rows whose widths are whole vectors are read where
-// they lie, one sub-panel of edges [s0, s1) at a time: every (column block,
-// input-channel tile) pass runs over it while its rows are in L1.
+// they lie, one sub-panel of n edges at a time, edge i's rows at px[i] and
+// pc[i]: every (column block, input-channel tile) pass runs over it while
+// its rows are in L1.
 template <int NV>
 void subpanel_product(
-    const float* xf,
+    const float* const* px,
+    const float* const* pc,
     int A,
-    const float* cf,
-    int B,
-    const int32_t* g,
-    const int32_t* r,
-    int64_t s0,
-    int64_t s1,
+    int64_t n,
     int c0,
     float* acc,
     int lda,
@@ -140,33 +139,34 @@ void subpanel_product(
   const int mr = (A + tiles - 1) / tiles;
   const int full = A / mr;
   const int rest = A - full * mr;
-  // Rows read in place: row g[e] of x and row r[e] of ct (e when g is null).
   auto gathered = [=](int a0) {
-    return [=](int64_t e) {
-      return std::pair{
-          xf + (g ? int64_t(g[e]) : e) * A + a0, cf + (r ? int64_t(r[e]) : e) * B + c0};
-    };
+    return [=](int64_t i) { return std::pair{px[i] + a0, pc[i] + c0}; };
   };
   with_rows<1, kMaxRows>(mr, [&]<int MR>() {
     for (int t = 0; t < full; ++t) {
       const int a0 = t * MR;
-      tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda, first);
+      tile<MR, NV>(gathered(a0), 0, n, acc + int64_t(a0) * lda + c0, lda, first);
     }
   });
   if (rest > 0) {
     with_rows<1, kMaxRows>(rest, [&]<int MR>() {
       const int a0 = full * mr;
-      tile<MR, NV>(gathered(a0), s0, s1, acc + int64_t(a0) * lda + c0, lda, first);
+      tile<MR, NV>(gathered(a0), 0, n, acc + int64_t(a0) * lda + c0, lda, first);
     });
   }
 }
 
 constexpr int64_t kSubpanel = 64; // edges whose rows stay in L1
 
-// Direct path over edges [e0, e1): sub-panels outermost, so that each
-// sub-panel's gathered rows are fetched once for all column blocks; the
-// next sub-panel's rows are prefetched while this one computes. The first
-// sub-panel writes acc's rows [0, A) in every column block.
+// Direct path over edges [e0, e1) of one chunk: sub-panels outermost, so
+// that each sub-panel's gathered rows are fetched once for all column
+// blocks; the next sub-panel's rows are prefetched while this one computes,
+// and during the last one the first sub-panel of the edges [n0, n1) that the
+// caller runs next. The prefetch loop also keeps the next sub-panel's row
+// pointers, so that the tile passes (12 per sub-panel at C = 32 on AVX2)
+// read a pointer per row instead of an index, a multiply and an add. With
+// `starts` (the range opens its chunk), the first sub-panel writes acc's
+// rows [0, A) in every column block.
 void gathered_product(
     const float* xf,
     int A,
@@ -178,23 +178,39 @@ void gathered_product(
     int64_t e1,
     const std::vector<std::pair<int, int>>& blocks,
     float* acc,
-    int lda) {
-  for (int64_t s0 = e0; s0 < e1; s0 += kSubpanel) {
+    int lda,
+    bool starts = true,
+    int64_t n0 = 0,
+    int64_t n1 = 0) {
+  const float* px[2][kSubpanel];
+  const float* pc[2][kSubpanel];
+  auto x_row = [=](int64_t e) { return xf + (g ? int64_t(g[e]) : e) * A; };
+  auto c_row = [=](int64_t e) { return cf + (r ? int64_t(r[e]) : e) * B; };
+  for (int64_t e = e0; e < std::min(e1, e0 + kSubpanel); ++e) {
+    px[0][e - e0] = x_row(e);
+    pc[0][e - e0] = c_row(e);
+  }
+  int cur = 0;
+  for (int64_t s0 = e0; s0 < e1; s0 += kSubpanel, cur = 1 - cur) {
     const int64_t s1 = std::min(e1, s0 + kSubpanel);
-    const bool first = s0 == e0;
-    for (int64_t e = s1; e < std::min(e1, s1 + kSubpanel); ++e) {
-      const char* xr = reinterpret_cast<const char*>(xf + (g ? int64_t(g[e]) : e) * A);
-      const char* cr = reinterpret_cast<const char*>(cf + (r ? int64_t(r[e]) : e) * B);
+    const bool first = starts && s0 == e0;
+    const int64_t p0 = s1 < e1 ? s1 : n0;
+    const int64_t p1 = s1 < e1 ? std::min(e1, s1 + kSubpanel) : std::min(n1, n0 + kSubpanel);
+    for (int64_t e = p0; e < p1; ++e) {
+      const float* xr = x_row(e);
+      const float* cr = c_row(e);
+      px[1 - cur][e - p0] = xr;
+      pc[1 - cur][e - p0] = cr;
       for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
-        __builtin_prefetch(xr + off);
+        __builtin_prefetch(reinterpret_cast<const char*>(xr) + off);
       }
       for (int64_t off = 0; off < int64_t(B) * 4; off += 64) {
-        __builtin_prefetch(cr + off);
+        __builtin_prefetch(reinterpret_cast<const char*>(cr) + off);
       }
     }
     for (auto [col, nv] : blocks) {
       dispatch_vectors(nv, [&]<int NV>() {
-        subpanel_product<NV>(xf, A, cf, B, g, r, s0, s1, col, acc, lda, first);
+        subpanel_product<NV>(px[cur], pc[cur], A, s1 - s0, col, acc, lda, first);
       });
     }
   }
@@ -261,30 +277,33 @@ void run(
   // Chunk (b, k) holds offset k's edges from where chunk (b - 1, k) ended
   // to the first one whose row is past block b: every edge lies in exactly
   // one chunk.
+  // Offsets are cut in parallel: the scan reads every edge.
   std::vector<Chunk> chunks(n_blocks * v.k);
-  for (int64_t k = 0; k < v.k; ++k) {
-    const int64_t b0 = v.offsets ? v.offsets[k] : 0;
-    const int64_t b1 = v.offsets ? v.offsets[k + 1] : v.edges;
-    int64_t e = b0;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      int64_t end = b1;
-      if (b + 1 < n_blocks) {
-        const int64_t row_end = (b + 1) * rows_per_block;
-        if (v.offsets) {
-          // A scan, not a bisection: r need not be sorted (views whose
-          // result rows are the inputs), and then blocks only lose locality.
-          end = e;
-          while (end < b1 && v.r[end] < row_end) {
-            ++end;
+  parallel_for(v.k, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t b0 = v.offsets ? v.offsets[k] : 0;
+      const int64_t b1 = v.offsets ? v.offsets[k + 1] : v.edges;
+      int64_t e = b0;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        int64_t end = b1;
+        if (b + 1 < n_blocks) {
+          const int64_t row_end = (b + 1) * rows_per_block;
+          if (v.offsets) {
+            // A scan, not a bisection: r need not be sorted (views whose
+            // result rows are the inputs), and then blocks only lose locality.
+            end = e;
+            while (end < b1 && v.r[end] < row_end) {
+              ++end;
+            }
+          } else {
+            end = std::min(b1, std::max(e, row_end));
           }
-        } else {
-          end = std::min(b1, std::max(e, row_end));
         }
+        chunks[b * v.k + k] = {k, e, end};
+        e = end;
       }
-      chunks[b * v.k + k] = {k, e, end};
-      e = end;
     }
-  }
+  });
   // Left uninitialised: every chunk writes the rows and columns of its
   // partial that the reduction reads (zeroing it all, 8-12 MB for the large
   // layers, was serial work on the calling thread).
@@ -296,7 +315,21 @@ void run(
   const float* qf = swap ? xf : cf;
   const int32_t* pi = swap ? r : g;
   const int32_t* qi = swap ? g : r;
-  parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1) {
+  // Scheduling: with enough blocks, a task is one whole block (its chunks for
+  // every offset), so that a block's rows are fetched into one core's L2
+  // rather than into both cores' for alternate offsets; on the direct path
+  // that core walks the block's result rows in windows of 512 KB of rows,
+  // each offset's edges into a window in turn, so that rows shared by
+  // several offsets are reused from L2 where a block is larger than it
+  // (the partial sums' bound and the chunks' minimum size grow the blocks
+  // of the C32 and C64 layers to 1-2 MB of rows).
+  // Each chunk still runs its own edges in order from its first sub-panel.
+  const int64_t n_chunks = static_cast<int64_t>(chunks.size());
+  const bool whole_blocks = n_blocks >= 4 * num_threads();
+  const int64_t window_rows =
+      std::max<int64_t>(kSubpanel, (int64_t(1) << 19) / ((int64_t(A) + B) * 4));
+  const int32_t* rows_of = v.offsets ? v.r : nullptr; // result row of each edge
+  parallel_for(n_chunks, whole_blocks ? v.k : 1, [&](int64_t c0, int64_t c1) {
     // Padding columns stay zero (the tiles read them); rows are overwritten
     // panel by panel, so a thread zeroes its panels only when the layout
     // changes: the widths too, as a narrower P or Q at the same padded width
@@ -307,6 +340,52 @@ void run(
       ppanel.assign(kPanel * pp, 0.0f);
       qpanel.assign(kPanel * qp, 0.0f);
       zeroed_for = {P, pp, Q, qp};
+    }
+    if (direct && whole_blocks) {
+      thread_local std::vector<int64_t> cur, end;
+      cur.resize(v.k);
+      end.resize(v.k);
+      for (int64_t b = c0 / v.k; b < c1 / v.k; ++b) {
+        const Chunk* ch = chunks.data() + b * v.k;
+        float* acc = partial.get() + b * v.k * tile_floats;
+        for (int64_t k = 0; k < v.k; ++k) {
+          cur[k] = ch[k].e0;
+          if (ch[k].e0 == ch[k].e1) {
+            std::fill(acc + k * tile_floats, acc + (k + 1) * tile_floats, 0.0f);
+          }
+        }
+        const int64_t row_end = b + 1 < n_blocks ? (b + 1) * rows_per_block : n_ct;
+        for (int64_t w1 = b * rows_per_block + window_rows;; w1 += window_rows) {
+          // Each offset's edges into rows below w1; the last window takes
+          // the rest (all of them where result rows are not sorted).
+          const bool last = w1 >= row_end;
+          for (int64_t k = 0; k < v.k; ++k) {
+            int64_t e = last ? ch[k].e1 : cur[k];
+            while (e < ch[k].e1 && (rows_of ? int64_t(rows_of[e]) : e) < w1) {
+              ++e;
+            }
+            end[k] = e;
+          }
+          for (int64_t k = 0; k < v.k; ++k) {
+            if (end[k] == cur[k]) {
+              continue;
+            }
+            int64_t j = k + 1;
+            while (j < v.k && end[j] == cur[j]) {
+              ++j;
+            }
+            const int64_t n0 = j < v.k ? cur[j] : 0, n1 = j < v.k ? end[j] : 0;
+            gathered_product(
+                pf, P, qf, Q, pi, qi, cur[k], end[k], blocks, acc + k * tile_floats, qp,
+                cur[k] == ch[k].e0, n0, n1);
+            cur[k] = end[k];
+          }
+          if (last) {
+            break;
+          }
+        }
+      }
+      return;
     }
     for (int64_t c = c0; c < c1; ++c) {
       float* acc = partial.get() + c * tile_floats;
