@@ -290,7 +290,8 @@ register(Route(
 register(Route(
     name="cpu.gather_gemm", backend="cpu", priority=0, conditions=(DENSE,),
     passes=("forward", "dgrad"), kernel_file="src/cpu/gather_conv.cpp",
-    summary="blocked gather-GEMM: per block of output rows, edges grouped by offset, "
+    summary="blocked gather-GEMM: per block of output rows, edges by offset (from the "
+    "relation's offset groups, made once per view), "
     "SIMD register tiles, float32 accumulation (in the float32 output itself where "
     "edges per row x C_in <= 200); weight panels packed through W's strides",
 ))

@@ -77,15 +77,14 @@ void check_route(const std::string& route, Op op) {
   }
 }
 
-// Arrays a route reads besides the view's: from its Metal table entry; CPU
-// routes read none.
+// Arrays a route reads besides the view's: from its table entry.
 std::vector<mx::array> route_extra_inputs(
     const std::string& route,
     Op op,
     const std::shared_ptr<Relation>& rel,
     View view) {
   return is_metal(route) ? metal::extra_inputs(route, op, rel, view)
-                         : std::vector<mx::array>{};
+                         : cpu::extra_inputs(route, op, rel, view);
 }
 
 void append_view_inputs(

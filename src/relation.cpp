@@ -147,6 +147,65 @@ const Relation::KernelMajor& Relation::kernel_major() {
   return *k_view_;
 }
 
+const Relation::OffsetGroups& Relation::offset_groups(View v) {
+  const int i = static_cast<int>(v);
+  std::call_once(groups_once_[i], [&] {
+    if (v == View::InputMajor && !symmetric_) {
+      groups_[i] = input_offset_groups();
+      return;
+    }
+    // The kernel-major view's segments, in reverse for a symmetric
+    // relation's input view: its edges of offset k into input p are the
+    // edges (p <- q, K - 1 - k), which segment K - 1 - k holds sorted by p.
+    const KernelMajor& km = kernel_major();
+    host_ready({&km.offsets});
+    const int32_t* off = km.offsets.data<int32_t>();
+    mx::array segments = make_int32(2 * k_);
+    int32_t* s = segments.data<int32_t>();
+    for (int64_t k = 0; k < k_; ++k) {
+      const int64_t src = v == View::OutputMajor ? k : k_ - 1 - k;
+      s[2 * k] = off[src];
+      s[2 * k + 1] = off[src + 1];
+    }
+    groups_[i] = OffsetGroups{segments, km.out_idx, km.in_idx};
+  });
+  return *groups_[i];
+}
+
+// The input-major view (edges by (in, k)) stably sorted by offset: edges by
+// (k, in), each with its input row and the output row it gathers.
+Relation::OffsetGroups Relation::input_offset_groups() {
+  const InputMajor& im = input_major();
+  host_ready({&im.offsets, &im.out_idx, &im.k_idx});
+  const int32_t* off = im.offsets.data<int32_t>();
+  const int32_t* out = im.out_idx.data<int32_t>();
+  const int32_t* kk = im.k_idx.data<int32_t>();
+  std::vector<int32_t> row(e_);
+  parallel_for(n_in_, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      std::fill(row.begin() + off[r], row.begin() + off[r + 1], static_cast<int32_t>(r));
+    }
+  });
+  std::vector<int32_t> starts(k_ + 1);
+  mx::array rows = make_int32(e_);
+  mx::array gather = make_int32(e_);
+  int32_t* vr = rows.data<int32_t>();
+  int32_t* vg = gather.data<int32_t>();
+  block_counting_sort(
+      e_, k_, [&](int64_t j) { return kk[j]; }, starts.data(),
+      [&](int64_t j, int32_t dst) {
+        vr[dst] = row[j];
+        vg[dst] = out[j];
+      });
+  mx::array segments = make_int32(2 * k_);
+  int32_t* s = segments.data<int32_t>();
+  for (int64_t k = 0; k < k_; ++k) {
+    s[2 * k] = starts[k];
+    s[2 * k + 1] = starts[k + 1];
+  }
+  return OffsetGroups{segments, rows, gather};
+}
+
 const Relation::InputMajor& Relation::input_major() {
   std::call_once(in_once_, [&] {
     if (symmetric_ && k_ <= 256) {  // ranks within a row fit a byte

@@ -224,6 +224,17 @@ class Relation {
   };
   const KernelMajor& kernel_major();
 
+  // A view's edges grouped by kernel offset, for the CPU gather-GEMM: the
+  // edges of offset k are rows / gather [segments[2k], segments[2k + 1]),
+  // rows ascending (rows and gather as in the CSR view of `v`). The output
+  // view's is the kernel-major view itself; a symmetric relation's input
+  // view is the same arrays with offset k read from segment K - 1 - k; any
+  // other input view is the input-major view stably sorted by offset.
+  struct OffsetGroups {
+    mx::array segments, rows, gather;
+  };
+  const OffsetGroups& offset_groups(View v);
+
   // (N_out, K) int32, -1 where no input.
   const mx::array& neighbor_map();
   // Provides the neighbour map when the builder already made it.
@@ -269,13 +280,16 @@ class Relation {
   int64_t n_in_, n_out_, k_, e_;
   mx::array out_offsets_, in_idx_, k_idx_;
   std::once_flag out_once_, in_once_, k_once_, nmap_once_, plan_once_, in_nmap_once_;
+  std::once_flag groups_once_[2];
   std::optional<SortedPlan> plan_;
   std::optional<mx::array> out_idx_, nmap_, in_nmap_;
   std::optional<InputMajor> in_view_;
   std::optional<KernelMajor> k_view_;
+  std::optional<OffsetGroups> groups_[2];
   bool symmetric_ = false;
 
   InputMajor mirrored_input_major();
+  OffsetGroups input_offset_groups();
 };
 
 // Output supports.

@@ -8,7 +8,8 @@ the thread pool and MLX's header-only half types) prints a digest of each
 kernel's results on fixed problems; it is built with GCC and with Clang for
 every path this machine supports, with the kernels' flags, and run. Each
 path's digests must agree across the compilers, and avx2's with avx512's
-except attention (its query blocks follow the vector width). Binaries are
+except attention (its query blocks follow the vector width); the forward
+with edges from offset groups must agree with it grouped per block. Binaries are
 cached by the hash of their sources, compiler and flags.
 
 By hand: CC=clang CXX=clang++ pip install -e ".[test]" builds the extension
@@ -141,6 +142,9 @@ def test_kernels_bitwise_across_compilers():
         # the row-major traversal (cpu.row_gather) sums as the grouped one
         rows = {k: v for k, v in gcc.items() if k.startswith("gather_conv_rows/")}
         assert rows and all(v == gcc[k.replace("_rows/", "_rows_grouped/")] for k, v in rows.items()), isa
+        # edges taken from the relation's offset groups sum as those grouped per block
+        groups = {k: v for k, v in gcc.items() if "_offset_groups/" in k}
+        assert groups and all(v == gcc[k.replace("_offset_groups/", "/")] for k, v in groups.items()), isa
     if {"avx2", "avx512"} <= set(paths):
         for kind in compilers:
             a, b = results[kind, "avx2"], results[kind, "avx512"]

@@ -1,9 +1,11 @@
 // Forward / input-gradient CPU kernel: blocked gather-GEMM.
 //
 // Output rows are cut into blocks whose float32 accumulators stay in L2.
-// Within a block, edges are grouped by kernel offset; each group of MR edges
-// gathers MR input rows and multiplies them by the packed W[k] in a register
-// tile, then adds the tile into the block's rows. No two edges of one offset
+// Within a block, edges are taken grouped by kernel offset (from the
+// relation's offset groups, made once per relation and view, else grouped
+// here per block); each group of MR edges gathers MR input rows and
+// multiplies them by the packed W[k] in a register tile, then adds the tile
+// into the block's rows. No two edges of one offset
 // share an output row, so a tile never conflicts with itself, and every
 // output element sums its offsets in increasing order: the result does not
 // depend on the thread count.
@@ -67,82 +69,93 @@ inline void tile(
   }
 }
 
-struct BlockEdges {
-  std::vector<int32_t> offsets; // per kernel offset, into out/in
-  std::vector<int32_t> cursor;  // fill position per kernel offset
-  std::vector<int32_t> out;     // output row within the block
-  std::vector<int32_t> in;      // gathered row
-  std::vector<uint8_t> first;   // the edge is its row's first (lowest offset)
-  std::vector<uint8_t> seen;    // per row of the block: has an edge
+// A block's edges grouped by kernel offset: offset k's are rows / gather
+// [range[k].first, range[k].second), rows (absolute) ascending.
+struct BlockGroups {
+  const int32_t* rows = nullptr;
+  const int32_t* gather = nullptr;
+  std::vector<std::pair<int32_t, int32_t>> range;
 };
 
-// Edges of rows [r0, r1) grouped by kernel offset, rows ascending within.
-void group_edges(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockEdges& b) {
-  b.offsets.assign(K + 1, 0);
+// Rows [r0, r1) of the view's offset groups made once for the relation:
+// within each offset's segment, the rows ascend, so the block's edges are
+// the run found by binary search.
+void cached_groups(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockGroups& b) {
+  b.rows = v.group_rows;
+  b.gather = v.group_gather;
+  b.range.resize(K);
+  for (int64_t k = 0; k < K; ++k) {
+    const int32_t* s0 = v.group_rows + v.segments[2 * k];
+    const int32_t* s1 = v.group_rows + v.segments[2 * k + 1];
+    const int32_t* lo = std::lower_bound(s0, s1, static_cast<int32_t>(r0));
+    const int32_t* hi = std::lower_bound(lo, s1, static_cast<int32_t>(r1));
+    b.range[k] = {static_cast<int32_t>(lo - v.group_rows), static_cast<int32_t>(hi - v.group_rows)};
+  }
+}
+
+// Edges of rows [r0, r1) grouped by kernel offset here, for views handed
+// without their offset groups (pointwise products, cpu.row_gather's
+// fallback, callers of the kernel outside a relation): a counting sort of
+// the block's edges, rows ascending within each offset.
+struct BlockSort {
+  std::vector<int32_t> offsets; // per kernel offset, into out/in
+  std::vector<int32_t> out;     // output row
+  std::vector<int32_t> in;      // gathered row
+};
+
+void group_edges(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockSort& s, BlockGroups& b) {
+  s.offsets.assign(K + 1, 0);
   if (!v.offsets) {
-    b.offsets[1] = static_cast<int32_t>(r1 - r0);
-    b.out.resize(r1 - r0);
-    b.in.resize(r1 - r0);
-    b.first.assign(r1 - r0, 1);
-    b.seen.assign(r1 - r0, 1);
+    s.offsets[1] = static_cast<int32_t>(r1 - r0);
+    s.out.resize(r1 - r0);
     for (int64_t r = r0; r < r1; ++r) {
-      b.out[r - r0] = static_cast<int32_t>(r - r0);
-      b.in[r - r0] = static_cast<int32_t>(r);
+      s.out[r - r0] = static_cast<int32_t>(r);
     }
+    b.rows = b.gather = s.out.data();
+    b.range.assign(K, {0, 0});
+    b.range[0] = {0, static_cast<int32_t>(r1 - r0)};
     return;
   }
   const int64_t e0 = v.offsets[r0], e1 = v.offsets[r1];
   for (int64_t e = e0; e < e1; ++e) {
-    ++b.offsets[v.k[e] + 1];
+    ++s.offsets[v.k[e] + 1];
   }
   for (int64_t k = 0; k < K; ++k) {
-    b.offsets[k + 1] += b.offsets[k];
+    s.offsets[k + 1] += s.offsets[k];
   }
-  b.out.resize(e1 - e0);
-  b.in.resize(e1 - e0);
-  b.first.resize(e1 - e0);
-  b.seen.resize(r1 - r0);
-  b.cursor.assign(b.offsets.begin(), b.offsets.end() - 1);
-  // Offsets are visited in increasing order, so a row's first edge in that
-  // order starts its sum: the row's first in the view when its offsets
-  // ascend (relations sort each row's edges by offset), else found below.
-  // (Raw pointers: the byte stores could otherwise alias the vectors' own.)
+  s.out.resize(e1 - e0);
+  s.in.resize(e1 - e0);
+  b.range.resize(K);
+  for (int64_t k = 0; k < K; ++k) {
+    b.range[k] = {s.offsets[k], s.offsets[k]};
+  }
+  // (Raw pointers: the stores could otherwise alias the vectors' own.)
   const int32_t* row = v.offsets;
   const int32_t* ks = v.k;
   const int32_t* gather = v.gather;
-  int32_t* cursor = b.cursor.data();
-  int32_t* out = b.out.data();
-  int32_t* in = b.in.data();
-  uint8_t* first = b.first.data();
-  uint8_t* seen = b.seen.data();
-  bool ascending = true;
+  auto* range = b.range.data();
+  int32_t* out = s.out.data();
+  int32_t* in = s.in.data();
   for (int64_t r = r0; r < r1; ++r) {
-    int32_t previous = -1;
-    const int32_t start = row[r], end = row[r + 1];
-    for (int32_t e = start; e < end; ++e) {
-      const int32_t k = ks[e];
-      ascending = ascending && k > previous;
-      previous = k;
-      const int32_t dst = cursor[k]++;
-      out[dst] = static_cast<int32_t>(r - r0);
+    for (int32_t e = row[r]; e < row[r + 1]; ++e) {
+      const int32_t dst = range[ks[e]].second++;
+      out[dst] = static_cast<int32_t>(r);
       in[dst] = gather[e];
-      first[dst] = e == start;
-    }
-    seen[r - r0] = start < end;
-  }
-  if (!ascending) {
-    std::fill(b.seen.begin(), b.seen.end(), 0);
-    for (int64_t i = 0; i < e1 - e0; ++i) {
-      b.first[i] = !b.seen[b.out[i]];
-      b.seen[b.out[i]] = 1;
     }
   }
+  b.rows = out;
+  b.gather = in;
 }
 
+// Columns [c0, c0 + NV vectors) of the block's rows [r0, ...). Offsets are
+// visited in increasing order, so the first edge of a row met here starts
+// its sum (adds to a zero row): seen[row] marks the rows met so far, and
+// after the pass, the rows that have edges.
 template <int NV>
 void block_product(
-    const BlockEdges& b,
+    const BlockGroups& b,
     int64_t K,
+    int64_t r0,
     const float* xf,
     int A,
     const float* packed,
@@ -150,6 +163,7 @@ void block_product(
     float* yblk,
     int ldy,
     bool in_place,
+    uint8_t* seen,
     const float* zero_row,
     float* dummy_row) {
   constexpr int MR = simd::rows_for(NV);
@@ -157,8 +171,10 @@ void block_product(
   const float* xr[MR];
   const float* sr[MR];
   float* yr[MR];
+  const int32_t* rows = b.rows;
+  const int32_t* gather = b.gather;
   for (int64_t k = 0; k < K; ++k) {
-    const int32_t g0 = b.offsets[k], g1 = b.offsets[k + 1];
+    const auto [g0, g1] = b.range[k];
     if (g0 == g1) {
       continue;
     }
@@ -168,14 +184,14 @@ void block_product(
       // Gathered rows are scattered in memory: fetch the next tile's rows
       // while this one computes.
       for (int32_t i = g + MR; i < std::min<int32_t>(g + 2 * MR, g1); ++i) {
-        const char* p = reinterpret_cast<const char*>(xf + int64_t(b.in[i]) * A);
+        const char* p = reinterpret_cast<const char*>(xf + int64_t(gather[i]) * A);
         for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
           __builtin_prefetch(p + off);
         }
         // In place, the rows written are the output's own, not a block
         // already in cache: fetch them for writing too.
         if (in_place) {
-          const char* q = reinterpret_cast<const char*>(yblk + int64_t(b.out[i]) * ldy + c0);
+          const char* q = reinterpret_cast<const char*>(yblk + (rows[i] - r0) * ldy + c0);
           for (int64_t off = 0; off < int64_t(W) * 4; off += 64) {
             __builtin_prefetch(q + off, 1);
           }
@@ -183,9 +199,11 @@ void block_product(
       }
       for (int i = 0; i < MR; ++i) {
         if (i < n) {
-          xr[i] = xf + int64_t(b.in[g + i]) * A;
-          yr[i] = yblk + int64_t(b.out[g + i]) * ldy + c0;
-          sr[i] = b.first[g + i] ? zero_row : yr[i];
+          const int64_t r = rows[g + i] - r0;
+          xr[i] = xf + int64_t(gather[g + i]) * A;
+          yr[i] = yblk + r * ldy + c0;
+          sr[i] = seen[r] ? yr[i] : zero_row;
+          seen[r] = 1;
         } else {
           xr[i] = zero_row;
           yr[i] = dummy_row;
@@ -398,7 +416,9 @@ void run_packed(
   const int64_t rows_per_block = std::clamp<int64_t>((int64_t(1) << 16) / bp, 16, 2048);
   const bool row_major = v.row_major && v.offsets;
   parallel_for(v.rows, rows_per_block, [&](int64_t r0, int64_t r1) {
-    thread_local BlockEdges edges;
+    thread_local BlockGroups groups;
+    thread_local BlockSort sorted;
+    thread_local std::vector<uint8_t> seen;
     thread_local std::vector<float> yblk, dummy_row, zero_row;
     zero_row.assign(std::max(A + 1, bp), 0.0f);
     // The block's accumulator: y's own rows when float32 rows are summed in
@@ -424,26 +444,33 @@ void run_packed(
         return;
       }
     }
-    group_edges(v, K, r0, r1, edges);
+    if (v.segments) {
+      cached_groups(v, K, r0, r1, groups);
+    } else {
+      group_edges(v, K, r0, r1, sorted, groups);
+    }
     float* acc = accumulator(in_place);
     dummy_row.assign(bp, 0.0f);
+    seen.assign(r1 - r0, 0);
     for (auto [c0, nv] : blocks) {
+      // Every column block starts the rows' sums afresh.
+      std::fill(seen.begin(), seen.end(), 0);
       auto product = [&]<int NV>() {
         block_product<NV>(
-            edges, K, xf, A, packed.data(), c0, acc, bp, in_place, zero_row.data(),
-            dummy_row.data());
+            groups, K, r0, xf, A, packed.data(), c0, acc, bp, in_place, seen.data(),
+            zero_row.data(), dummy_row.data());
       };
       dispatch_vectors(nv, product);
     }
     if (in_place) {
       for (int64_t r = r0; r < r1; ++r) {
-        if (!edges.seen[r - r0]) {
+        if (!seen[r - r0]) {
           std::fill(acc + (r - r0) * B, acc + (r - r0 + 1) * B, 0.0f);
         }
       }
     } else {
       for (int64_t r = r0; r < r1; ++r) {
-        from_float(edges.seen[r - r0] ? yblk.data() + (r - r0) * bp : zero_row.data(), y + r * B, B);
+        from_float(seen[r - r0] ? yblk.data() + (r - r0) * bp : zero_row.data(), y + r * B, B);
       }
     }
   });

@@ -26,6 +26,13 @@ struct CsrView {
   // The row-major traversal (cpu.row_gather) instead of edges grouped by
   // offset: the same sums, for narrow inputs.
   bool row_major = false;
+  // The same edges grouped by offset once for the relation
+  // (Relation::offset_groups): offset k's are group_rows / group_gather
+  // [segments[2k], segments[2k + 1]), rows ascending. Null: the kernel
+  // groups each block's edges itself.
+  const int32_t* segments = nullptr;
+  const int32_t* group_rows = nullptr;
+  const int32_t* group_gather = nullptr;
 };
 
 // Element strides of a (K, A, B) weight (kernel offset, input channel,

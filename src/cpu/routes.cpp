@@ -11,6 +11,8 @@ namespace mlx_lattice::cpu {
 namespace {
 
 // The CSR view arrays at inputs [first, first + 3) (offsets, gather, k).
+// Routes reading the view's offset groups have them at [first + 3,
+// first + 6) (segments, rows, gather).
 CsrView csr_view(const Call& c, size_t first) {
   CsrView v;
   v.rows = c.out.shape(0);
@@ -19,10 +21,22 @@ CsrView csr_view(const Call& c, size_t first) {
     v.gather = c.in[first + 1].data<int32_t>();
     v.k = c.in[first + 2].data<int32_t>();
     v.edges = c.in[first + 1].shape(0);
+    if (c.in.size() >= first + 6) {
+      v.segments = c.in[first + 3].data<int32_t>();
+      v.group_rows = c.in[first + 4].data<int32_t>();
+      v.group_gather = c.in[first + 5].data<int32_t>();
+    }
   } else {
     v.edges = v.rows;
   }
   return v;
+}
+
+// The relation's edges grouped by offset for the view (cached on it), so
+// that the gather-GEMM need not group each block's edges on every call.
+std::vector<mx::array> offset_groups(Relation& rel, View view) {
+  const auto& g = rel.offset_groups(view);
+  return {g.segments, g.rows, g.gather};
 }
 
 // x @ W[0] in the blocked GEMM kernel; no relation.
@@ -33,13 +47,16 @@ void pointwise(const Call& c) {
   gather_conv(c.in[0], c.in[1], csr_view(c, 2), c.out, c.stream);
 }
 
-// Blocked gather-GEMM over the CSR view (x, w, offsets, gather, k).
+// Blocked gather-GEMM over the CSR view (x, w, offsets, gather, k) and its
+// offset groups (segments, rows, gather).
 void gather_gemm(const Call& c) {
   gather_conv(c.in[0], c.in[1], csr_view(c, 2), c.out, c.stream);
 }
 
 // The same kernel on its row-major traversal (narrow inputs): edges in
-// the view's order, no grouping by offset; the same sums.
+// the view's order, no grouping by offset; the same sums. (Rows whose
+// offsets do not ascend, which only relations made from CSR arrays have,
+// are grouped per block instead.)
 void row_gather(const Call& c) {
   if (!c.relation) {
     throw std::invalid_argument(c.route + " needs a relation (a pointwise product has none)");
@@ -50,7 +67,7 @@ void row_gather(const Call& c) {
 }
 
 // The gather-GEMM with int4/int8 codes unpacked into float32 weight panels
-// (x, codes, scales, biases, offsets, gather, k).
+// (x, codes, scales, biases, offsets, gather, k, segments, rows, gather).
 void quantized_gather_gemm(const Call& c) {
   gather_conv_quantized(
       c.in[0], c.in[1], c.in[2], c.in[3], c.bits, c.group, c.in[1].shape(1), csr_view(c, 4),
@@ -92,10 +109,10 @@ void grouped_wgrad(const Call& c) {
 const std::vector<Route>& routes() {
   static const std::vector<Route> table = {
       {"cpu.pointwise", Op::Conv, pointwise},
-      {"cpu.gather_gemm", Op::Conv, gather_gemm},
+      {"cpu.gather_gemm", Op::Conv, gather_gemm, offset_groups},
       {"cpu.row_gather", Op::Conv, row_gather},
       {"cpu.wgrad_gemm", Op::WeightGrad, wgrad_gemm},
-      {"cpu.quantized_gather_gemm", Op::QuantizedConv, quantized_gather_gemm},
+      {"cpu.quantized_gather_gemm", Op::QuantizedConv, quantized_gather_gemm, offset_groups},
       {"cpu.grouped_gather", Op::Conv, grouped_gather},
       {"cpu.grouped_wgrad", Op::WeightGrad, grouped_wgrad},
   };
@@ -114,6 +131,18 @@ const Route& find(const std::string& name, Op op) {
     }
   }
   throw std::invalid_argument("no CPU route named " + name);
+}
+
+std::vector<mx::array> extra_inputs(
+    const std::string& name,
+    Op op,
+    const std::shared_ptr<Relation>& rel,
+    View view) {
+  const Route& r = find(name, op);
+  if (!rel || r.extra_inputs == nullptr) {
+    return {};
+  }
+  return r.extra_inputs(*rel, view);
 }
 
 } // namespace mlx_lattice::cpu

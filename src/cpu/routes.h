@@ -7,6 +7,7 @@
 
 #include "mlx/array.h"
 #include "mlx/stream.h"
+#include "relation.h"
 #include "route_op.h"
 
 namespace mlx_lattice::cpu {
@@ -29,11 +30,21 @@ struct Route {
   const char* name;
   Op op; // the primitive that runs it
   void (*run)(const Call& call);
+  // Arrays appended after the view's (offsets, gather, k), for that view;
+  // nullptr: none.
+  std::vector<mx::array> (*extra_inputs)(Relation& rel, View view) = nullptr;
 };
 
 const std::vector<Route>& routes();
 
 // The entry of `name`, which must be a CPU route of `op`.
 const Route& find(const std::string& name, Op op);
+
+// Arrays route `name` reads besides the view's (none without a relation).
+std::vector<mx::array> extra_inputs(
+    const std::string& name,
+    Op op,
+    const std::shared_ptr<Relation>& rel,
+    View view);
 
 } // namespace mlx_lattice::cpu

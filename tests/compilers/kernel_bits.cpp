@@ -93,9 +93,17 @@ void digest(const char* name, const std::vector<T>& v) {
 // Each output row takes a random subset of the K offsets (ascending), each
 // gathering a random input row; pairs are the same edges offset-major.
 struct Relation {
-  std::vector<int32_t> offsets{0}, gather, k, pk, pg, pr;
+  std::vector<int32_t> offsets{0}, gather, k, pk, pg, pr, segments;
   CsrView csr() const {
     return {offsets.data(), gather.data(), k.data(), int64_t(offsets.size()) - 1, int64_t(gather.size())};
+  }
+  // The view with its offset groups (the pairs, as Relation::offset_groups).
+  CsrView grouped_csr() const {
+    CsrView v = csr();
+    v.segments = segments.data();
+    v.group_rows = pr.data();
+    v.group_gather = pg.data();
+    return v;
   }
   PairView pairs() const {
     return {pk.data(), pg.data(), pr.data(), int64_t(pk.size()) - 1, int64_t(pg.size())};
@@ -124,6 +132,8 @@ Relation relation(Rng& rng, int64_t rows, int64_t n_in, int64_t K) {
       }
     }
     r.pk[k + 1] = int32_t(r.pg.size());
+    r.segments.push_back(r.pk[k]);
+    r.segments.push_back(r.pk[k + 1]);
   }
   return r;
 }
@@ -141,11 +151,16 @@ void conv(Rng& rng, int64_t rows, int64_t K, int A, int B) {
   const auto ct = values<T>(rng, rows * B, 1.0f);
   const WeightStrides row_major{int64_t(A) * B, B, 1};
   std::vector<T> y(rows * B), dw(K * A * B);
+  std::vector<T> y_groups(rows * B);
   path::gather_conv(tag<T>(), x.data(), w.data(), row_major, rel.csr(), rows, K, A, B, y.data());
+  path::gather_conv(
+      tag<T>(), x.data(), w.data(), row_major, rel.grouped_csr(), rows, K, A, B, y_groups.data());
   path::weight_grad(tag<T>(), x.data(), ct.data(), rel.pairs(), rows, rows, A, B, row_major, dw.data());
   char name[96];
   std::snprintf(name, sizeof(name), "gather_conv/%d/%d/%d", A, B, int(sizeof(T)));
   digest(name, y);
+  std::snprintf(name, sizeof(name), "gather_conv_offset_groups/%d/%d/%d", A, B, int(sizeof(T)));
+  digest(name, y_groups);
   std::snprintf(name, sizeof(name), "weight_grad/%d/%d/%d", A, B, int(sizeof(T)));
   digest(name, dw);
 }
@@ -178,12 +193,17 @@ void quantized(Rng& rng, int64_t rows, int64_t K, int A, int B, int bits, int gr
   }
   const auto scales = values<float>(rng, B * K * A / group, 0.02f);
   const auto biases = values<float>(rng, B * K * A / group, 0.1f);
-  std::vector<float> y(rows * B);
+  std::vector<float> y(rows * B), y_groups(rows * B);
   path::gather_conv_quantized(Float::f32, Float::f32, x.data(), codes.data(), scales.data(),
                               biases.data(), bits, group, rel.csr(), rows, K, A, B, y.data());
+  path::gather_conv_quantized(Float::f32, Float::f32, x.data(), codes.data(), scales.data(),
+                              biases.data(), bits, group, rel.grouped_csr(), rows, K, A, B,
+                              y_groups.data());
   char name[96];
   std::snprintf(name, sizeof(name), "gather_conv_quantized/%d/%d/%d", A, B, bits);
   digest(name, y);
+  std::snprintf(name, sizeof(name), "gather_conv_quantized_offset_groups/%d/%d/%d", A, B, bits);
+  digest(name, y_groups);
 }
 
 template <typename T>
