@@ -8,7 +8,18 @@ from mlx_lattice import bench, scenes
 KEYS = {"workload", "layer", "pass", "c_in", "c_out", "dtype", "n", "edges", "ms", "gflops", "sgemm_fraction", "route"}
 
 
-def test_bench_cases_have_schema():
+def test_best_time_warms_up_for_the_given_time():
+    calls = []
+    t = bench.best_time(lambda: calls.append(1), 3, warmup_s=0.02)
+    # one warm-up call, more until 20 ms have passed, then the 3 timed ones
+    assert len(calls) > 4 and t >= 0.0
+    calls.clear()
+    bench.best_time(lambda: calls.append(1), 3)
+    assert len(calls) == 4
+
+
+def test_bench_cases_have_schema(monkeypatch):
+    monkeypatch.setattr(bench, "LAYER_WARMUP_S", 0.0)
     coords = scenes.uniform_random(3000, 24)
     cases = []
     for layer in bench.layers(quick=True):
