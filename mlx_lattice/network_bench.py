@@ -294,12 +294,14 @@ def _norm_bytes(norms) -> tuple[float, float]:
     """Bytes the fused norms move per step (forward, backward), counting every
     array pass of the kernels (src/cpu/norm_act.cpp): forward, x twice (the
     statistics sweep, the normalising sweep), the residual, y; backward, x
-    and ct twice and dx, and with a residual y twice and its gradient."""
+    and ct twice and dx; with a residual, float32: x, y and ct, g (the
+    residual's gradient) written, then g and x read and dx written; other
+    dtypes read x, y and ct twice and write g and dx."""
     fwd = bwd = 0.0
     for _, f, _, res in norms:
         b = f.size * f.dtype.size
         fwd += b * (4 if res is not None else 3)
-        bwd += b * (8 if res is not None else 5)
+        bwd += b * (5 if res is None else 7 if f.dtype == mx.float32 else 8)
     return fwd, bwd
 
 

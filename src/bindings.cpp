@@ -320,6 +320,17 @@ NB_MODULE(_ext, m) {
       "slope"_a, "stream"_a = nb::none());
 
   m.def(
+      "running_stats",
+      [](const mx::array& mean, const mx::array& var, const mx::array& batch_mean,
+         const mx::array& batch_var, float keep, float mu, float ratio,
+         std::optional<mx::Stream> s) {
+        return running_stats(
+            mean, var, batch_mean, batch_var, keep, mu, ratio, stream_or_default(s));
+      },
+      "mean"_a, "var"_a, "batch_mean"_a, "batch_var"_a, "keep"_a, "mu"_a, "ratio"_a,
+      "stream"_a = nb::none());
+
+  m.def(
       "fork",
       [](const mx::array& x, std::optional<mx::Stream> s) {
         return fork(x, stream_or_default(s));

@@ -142,7 +142,8 @@ std::vector<mx::array> NormAct::vjp(
   // slice) in place; the Metal programs bind it as dense rows.
   auto ct = s.device == mx::Device::cpu ? mx::astype(cotangents[0], x.dtype(), s)
                                         : dense(cotangents[0], x.dtype(), s);
-  std::vector<mx::array> in = {dense(x, x.dtype(), s), outputs[0], ct, w, primals[2]};
+  // x, w and b are NormAct's inputs, which norm_act made dense already.
+  std::vector<mx::array> in = {x, outputs[0], ct, w, primals[2]};
   if (spec_.training) {
     in.push_back(outputs[1]);
     in.push_back(outputs[2]);
@@ -356,6 +357,109 @@ bool NormActGrad::is_equivalent(const mx::Primitive& other) const {
   return o.segments == spec_.segments && o.segmented == spec_.segmented &&
       o.training == spec_.training && o.residual == spec_.residual &&
       o.act == spec_.act && o.slope == spec_.slope && o.eps == spec_.eps;
+}
+
+// ---------------------------------------------------------------- RunningStats
+
+void RunningStats::eval_cpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  auto& enc = cpu::encode_all(in, out, stream());
+  // Element c of a C-element array of any shape: its last axis' stride
+  // (the leading axes have extent 1).
+  auto vec = [](const mx::array& a) {
+    return std::pair<const float*, int64_t>{
+        a.data<float>(), a.ndim() ? int64_t(a.strides().back()) : 0};
+  };
+  enc.dispatch([m = vec(in[0]), v = vec(in[1]), bm = vec(in[2]), bv = vec(in[3]),
+                C = int64_t(out[0].size()), keep = keep_, mu = mu_, ratio = ratio_,
+                nm = out[0].data<float>(), nv = out[1].data<float>()]() {
+    for (int64_t c = 0; c < C; ++c) {
+      const float a = keep * m.first[c * m.second];
+      const float b = mu * bm.first[c * bm.second];
+      nm[c] = a + b;
+      const float u = bv.first[c * bv.second] * ratio;
+      const float w = mu * u;
+      nv[c] = keep * v.first[c * v.second] + w;
+    }
+  });
+}
+
+void RunningStats::eval_gpu(
+    const std::vector<mx::array>&,
+    std::vector<mx::array>&) {
+  throw std::runtime_error("running_stats: a CPU primitive (GPU streams use MLX's ops)");
+}
+
+std::vector<mx::array> RunningStats::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>&,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  std::vector<mx::array> out;
+  for (int arg : argnums) {
+    out.push_back(mx::zeros_like(primals[arg], stream()));
+  }
+  return out;
+}
+
+std::vector<mx::array> RunningStats::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>&,
+    const std::vector<int>&) {
+  return {mx::zeros_like(primals[0], stream()), mx::zeros_like(primals[1], stream())};
+}
+
+std::vector<mx::Shape> RunningStats::output_shapes(const std::vector<mx::array>& in) {
+  const int C = static_cast<int>(in[0].size());
+  return {{C}, {C}};
+}
+
+bool RunningStats::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const RunningStats&>(other);
+  return o.keep_ == keep_ && o.mu_ == mu_ && o.ratio_ == ratio_;
+}
+
+std::vector<mx::array> running_stats(
+    const mx::array& mean,
+    const mx::array& var,
+    const mx::array& batch_mean,
+    const mx::array& batch_var,
+    float keep,
+    float mu,
+    float ratio,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  const auto C = mean.size();
+  const mx::array* args[] = {&mean, &var, &batch_mean, &batch_var};
+  const char* names[] = {"mean", "var", "batch_mean", "batch_var"};
+  for (int k = 0; k < 4; ++k) {
+    const auto& a = *args[k];
+    if (a.dtype() != mx::float32) {
+      throw std::invalid_argument(std::string("running_stats: ") + names[k] + " must be float32");
+    }
+    if (a.size() != C || (a.ndim() > 0 && a.shape().back() != static_cast<int>(C))) {
+      throw std::invalid_argument(
+          std::string("running_stats: ") + names[k] +
+          " must hold C elements along its last axis, C = mean.size");
+    }
+  }
+  if (stream.device != mx::Device::cpu) {
+    // MLX's ops, in the order of the CPU task.
+    auto f = [&](float v) { return mx::array(v, mx::float32); };
+    auto flat = [&](const mx::array& a) { return mx::reshape(a, {static_cast<int>(C)}, stream); };
+    auto nm = mx::add(mx::multiply(f(keep), flat(mean), stream),
+                      mx::multiply(f(mu), flat(batch_mean), stream), stream);
+    auto nv = mx::add(mx::multiply(f(keep), flat(var), stream),
+                      mx::multiply(f(mu), mx::multiply(flat(batch_var), f(ratio), stream), stream),
+                      stream);
+    return {mx::stop_gradient(nm, stream), mx::stop_gradient(nv, stream)};
+  }
+  const int Ci = static_cast<int>(C);
+  return mx::array::make_arrays(
+      {{Ci}, {Ci}}, {mx::float32, mx::float32},
+      std::make_shared<RunningStats>(stream, keep, mu, ratio),
+      {mean, var, batch_mean, batch_var});
 }
 
 // ---------------------------------------------------------------- op

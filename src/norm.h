@@ -78,6 +78,42 @@ class NormActGrad : public mx::Primitive {
   NormSpec spec_;
 };
 
+// A batch norm's running statistics after a training step, in one CPU
+// task: new_mean = keep * mean + mu * batch_mean and new_var = keep * var +
+// mu * (batch_var * ratio), each product and the sum rounded to float32 as
+// MLX's Multiply and Add round them (keep = 1 - momentum, mu = momentum,
+// ratio = n / (n - 1), each already rounded to float32), so the bits are
+// those of the same expression in MLX ops, without its dozen small
+// single-threaded ops per norm. Inputs: mean, var, batch_mean, batch_var
+// (float32, C elements each, any strides). Outputs: new_mean, new_var (C,).
+// Gradients do not flow through (running statistics are state).
+class RunningStats : public mx::Primitive {
+ public:
+  RunningStats(mx::Stream s, float keep, float mu, float ratio)
+      : mx::Primitive(s), keep_(keep), mu_(mu), ratio_(ratio) {}
+
+  LATTICE_EVAL()
+  LATTICE_VJP()
+  LATTICE_JVP()
+  LATTICE_OUTPUT_SHAPES()
+  LATTICE_NAME("SparseRunningStats")
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float keep_, mu_, ratio_;
+};
+
+// Builds RunningStats' graph (CPU streams; elsewhere the same MLX ops).
+std::vector<mx::array> running_stats(
+    const mx::array& mean,
+    const mx::array& var,
+    const mx::array& batch_mean,
+    const mx::array& batch_var,
+    float keep,
+    float mu,
+    float ratio,
+    mx::StreamOrDevice s = {});
+
 // Builds NormAct's graph; returns {y} (eval) or {y, mean, var} (training).
 std::vector<mx::array> norm_act(
     const mx::array& x,

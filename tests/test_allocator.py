@@ -103,3 +103,16 @@ def test_status_in_process():
     assert isinstance(_ext.malloc_tuning(), str) and _ext.malloc_tuning()
     if not GLIBC:
         assert _ext.malloc_tuning() in ("not applied (not glibc)", "off (MLX_LATTICE_MALLOC_TUNING=0)")
+
+
+@pytest.mark.skipif(not GLIBC, reason="the heap settings are glibc's (mallopt)")
+def test_huge_page_tunable_combines_with_the_thresholds():
+    out = _run(STATUS, GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("glibc: blocks up to 32 MiB from the heap")
+    assert out.stdout.strip().endswith("transparent huge pages for the heap (glibc.malloc.hugetlb=1)")
+    out = _run(STATUS, GLIBC_TUNABLES="glibc.malloc.hugetlb=0")
+    assert "huge pages" not in out.stdout and out.stdout.startswith("glibc: ")
+    # another malloc tunable beside it still leaves the heap as configured
+    out = _run(STATUS, GLIBC_TUNABLES="glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0")
+    assert out.stdout.strip().startswith("left as configured (GLIBC_TUNABLES")

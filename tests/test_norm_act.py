@@ -451,3 +451,73 @@ def test_bitwise_identical_across_fma_paths(rng):
         mlx_lattice._ext.set_cpu_isa(previous)
     for a, b_ in zip(*results):
         assert a.tobytes() == b_.tobytes()
+
+
+def _running_oracle(rm, rv, mean, var, mu, n):
+    """The running statistics as MLX's float32 ops round them, one operation
+    at a time in NumPy float32: keep * rm + mu * mean and keep * rv + mu *
+    (var * ratio), with keep, mu and ratio rounded to float32 first."""
+    f = np.float32
+    m, ratio = f(mu), f(n / (n - 1))
+    # a Python scalar takes the running statistics' dtype (float16 products
+    # round to float16 before the sum promotes to float32)
+    keep = np.asarray(rm).dtype.type(1 - mu)
+    rm, rv = (np.asarray(a).reshape(-1) for a in (rm, rv))
+    mean, var = (np.asarray(a, np.float32).reshape(-1) for a in (mean, var))
+    return (keep * rm).astype(f) + m * mean, (keep * rv).astype(f) + m * (var * ratio)
+
+
+@pytest.mark.usefixtures("on_cpu")  # calls the CPU primitive directly
+@pytest.mark.parametrize("c", [1, 5, 16, 67])
+def test_running_stats_bits(rng, c):
+    mu, n = 0.1, 97
+    rm = rng.standard_normal(c).astype(np.float32)
+    rv = rng.uniform(0.5, 2, c).astype(np.float32)
+    mean = rng.standard_normal((1, c)).astype(np.float32)
+    var = rng.uniform(0.1, 3, (1, c)).astype(np.float32)
+    # strided running statistics (every other element of a longer array)
+    rv_wide = np.repeat(rv, 2)
+    args = [mx.array(rm), mx.array(rv_wide)[::2], mx.array(mean), mx.array(var)]
+    new_mean, new_var = mlx_lattice._ext.running_stats(*args, 1 - mu, mu, n / (n - 1))
+    exp_mean, exp_var = _running_oracle(rm, rv, mean, var, mu, n)
+    assert new_mean.shape == (c,) and new_var.shape == (c,)
+    np.testing.assert_array_equal(np.array(new_mean), exp_mean)
+    np.testing.assert_array_equal(np.array(new_var), exp_var)
+    # the same bits as the expression in MLX ops (what BatchNorm ran before)
+    ref_mean = (1 - mu) * args[0] + mu * args[2][0]
+    ref_var = (1 - mu) * args[1] + mu * (args[3][0] * (n / (n - 1)))
+    np.testing.assert_array_equal(np.array(new_mean), np.array(ref_mean))
+    np.testing.assert_array_equal(np.array(new_var), np.array(ref_var))
+
+
+@pytest.mark.usefixtures("on_cpu")
+def test_running_stats_no_gradient_and_bad_input():
+    a = mx.ones((4,))
+    g = mx.grad(lambda m: mlx_lattice._ext.running_stats(a, a, m, a, 0.9, 0.1, 2.0)[0].sum())(mx.ones((1, 4)))
+    np.testing.assert_array_equal(np.array(g), 0.0)
+    with pytest.raises(ValueError, match="running_stats: mean must be float32"):
+        mlx_lattice._ext.running_stats(a.astype(mx.float16), a, a, a, 0.9, 0.1, 2.0)
+    with pytest.raises(ValueError, match="running_stats: batch_var must hold C elements"):
+        mlx_lattice._ext.running_stats(a, a, a, mx.ones((5,)), 0.9, 0.1, 2.0)
+
+
+@pytest.mark.usefixtures("on_cpu")
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_batch_norm_running_stats_over_steps(rng, dtype):
+    """Three training steps: the running statistics are the oracle's float32
+    roundings of the kernel's batch statistics (float16 modules keep MLX's
+    expression and its promotion to float32)."""
+    n, c = 300, 6
+    bn = nn.BatchNorm(c, momentum=0.2)
+    if dtype != mx.float32:
+        bn.set_dtype(dtype)
+    rm, rv = np.array(bn.running_mean), np.array(bn.running_var)  # float16 kept
+    for _ in range(3):
+        x = tensor(rng, n, c).feats.astype(dtype)
+        w, b = mx.ones((c,)), mx.zeros((c,))
+        _, mean, var = mlx_lattice._ext.norm_act(x, w, b, None, None, 1, None, None, bn.eps, 1, 0.0)
+        nn.norm_act(bn, x, nn.ReLU())
+        rm, rv = _running_oracle(rm, rv, np.array(mean), np.array(var), 0.2, n)
+        assert bn.running_mean.dtype == mx.float32
+        np.testing.assert_array_equal(to_np(bn.running_mean), rm)
+        np.testing.assert_array_equal(to_np(bn.running_var), rv)

@@ -161,15 +161,27 @@ class BatchNorm(mnn.Module):
         if self.training or not self.track_running_stats:
             y, mean, var = _fused_op()(f, w, b, residual, None, 1, None, None, self.eps, code, slope)
             if self.training and self.track_running_stats and n > 1:
-                mu = self.momentum
-                mean, var = mx.stop_gradient(mean[0]), mx.stop_gradient(var[0])
-                self.running_mean = (1 - mu) * self.running_mean + mu * mean
-                self.running_var = (1 - mu) * self.running_var + mu * (var * (n / (n - 1)))
+                self._update_running(mean, var, n)
             return y
         (y,) = _fused_op()(
             f, w, b, residual, None, 1, self.running_mean, self.running_var, self.eps, code, slope
         )
         return y
+
+    def _update_running(self, mean, var, n):
+        """running = (1 - momentum) * running + momentum * batch statistic
+        (the variance unbiased), from the fused kernel's (1, C) statistics.
+        On the CPU one primitive forms both with MLX's float32 roundings (the
+        same bits as these expressions in MLX ops, which put 18 small
+        single-threaded nodes per norm into the step's graph)."""
+        mu = self.momentum
+        rm, rv = self.running_mean, self.running_var
+        if routes.current_backend() == "cpu" and rm.dtype == mx.float32 and rv.dtype == mx.float32:
+            self.running_mean, self.running_var = _ext.running_stats(rm, rv, mean, var, 1 - mu, mu, n / (n - 1))
+            return
+        mean, var = mx.stop_gradient(mean[0]), mx.stop_gradient(var[0])
+        self.running_mean = (1 - mu) * rm + mu * mean
+        self.running_var = (1 - mu) * rv + mu * (var * (n / (n - 1)))
 
     def _reference(self, f: mx.array, residual=None) -> mx.array:
         """The MLX-op path (activations the fused kernels lack, and comparisons);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -22,8 +23,22 @@ std::string& status() {
 // blocks up to this size come from the heap and are reused across steps.
 constexpr int kMmapThreshold = 32 * 1024 * 1024;
 
+// The value of glibc.malloc.hugetlb in GLIBC_TUNABLES ("" when absent).
+std::string hugetlb_tunable() {
+  const char* t = std::getenv("GLIBC_TUNABLES");
+  const char* key = "glibc.malloc.hugetlb=";
+  const char* p = t ? std::strstr(t, key) : nullptr;
+  if (!p) {
+    return "";
+  }
+  p += std::strlen(key);
+  return std::string(p, std::strcspn(p, ":"));
+}
+
 // Names of the environment settings through which a user configures glibc's
-// malloc; when one is present, the heap is left as configured.
+// malloc thresholds; when one is present, the heap is left as configured.
+// glibc.malloc.hugetlb (huge pages for the heap) is not one: it combines
+// with the thresholds below.
 const char* user_malloc_setting() {
   static const char* const kVars[] = {
       "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
@@ -34,8 +49,10 @@ const char* user_malloc_setting() {
     }
   }
   const char* t = std::getenv("GLIBC_TUNABLES");
-  if (t && std::strstr(t, "glibc.malloc.")) {
-    return "GLIBC_TUNABLES (glibc.malloc.*)";
+  for (const char* p = t; p && (p = std::strstr(p, "glibc.malloc.")); ++p) {
+    if (std::strncmp(p, "glibc.malloc.hugetlb=", 21) != 0) {
+      return "GLIBC_TUNABLES (glibc.malloc.*)";
+    }
   }
   return nullptr;
 }
@@ -70,6 +87,10 @@ void tune_malloc_from_env() {
     return;
   }
   status() = "glibc: blocks up to 32 MiB from the heap, freed memory kept (no trimming)";
+  const std::string thp = hugetlb_tunable();
+  if (!thp.empty() && thp != "0") {
+    status() += "; transparent huge pages for the heap (glibc.malloc.hugetlb=" + thp + ")";
+  }
 #else
   status() = "not applied (not glibc)";
 #endif

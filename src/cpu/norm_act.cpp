@@ -9,7 +9,9 @@
 // ReLU inputs are random: branches mispredict).
 //
 // Passes over memory: forward, one statistics sweep and one normalising
-// sweep; backward, one sweep for the per-channel sums and one for dx.
+// sweep; backward, one sweep for the per-channel sums and one for dx. The
+// first sweep of each runs last row chunk to first, the second first to
+// last, so each starts where the data last touched is still in cache.
 #include <cmath>
 
 #include "cpu/isa_begin.h"
@@ -293,7 +295,11 @@ inline void column_sums(int64_t n, int64_t C, float* const (&out)[NT], F&& f) {
   }
 }
 
-// Chunk partials: fn(first row, end row, the chunk's accumulators).
+// Chunk partials: fn(first row, end row, the chunk's accumulators). The
+// chunks are visited last to first: the rows a producer wrote last are the
+// ones still in cache, and the sweep after this one (first to last) starts
+// on the rows this one read last. Each chunk keeps its own slot, so the
+// partials and their combination do not depend on the visiting order.
 template <typename F>
 void chunk_sums(
     int64_t N,
@@ -303,7 +309,8 @@ void chunk_sums(
   int64_t chunks = n_chunks(N);
   part.assign(chunks * width, 0.0f);
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
+    for (int64_t k = c0; k < c1; ++k) {
+      const int64_t c = chunks - 1 - k;
       fn(c * kRows, std::min(N, (c + 1) * kRows), part.data() + c * width);
     }
   });
@@ -478,6 +485,10 @@ void normalize_grad(
     }
     return z > 0.0f ? ctv : low * ctv;
   };
+  // With a residual and float32 rows, the sums sweep also stores g (the
+  // residual's gradient) and the dx sweep reads it back in place of y and
+  // ct: one array pass fewer, the same values.
+  constexpr bool kKeepG = !FromX && std::is_same_v<T, float>;
   // Per segment A = sum g, B = sum g * xhat.
   std::vector<float> part;
   std::vector<double> acc;
@@ -499,6 +510,9 @@ void normalize_grad(
       column_sums<2>(b - a, C, q, [&]<typename V>(int64_t r, int64_t c, V* t) {
         const int64_t o = r * C;
         const V g = gate.template operator()<V>(xr + o, FromX ? nullptr : yr + o, cr + r * cst, mu, sc, bb, c);
+        if constexpr (kKeepG) {
+          st(reinterpret_cast<float*>(g_out) + (a + r) * C + c, g);
+        }
         t[0] = g;
         t[1] = g * ((ld<V>(xr + o + c) - ld<V>(mu + c)) * ld<V>(iv + c));
       });
@@ -538,8 +552,8 @@ void normalize_grad(
     for (int64_t i = i0; i < i1; ++i) {
       int s = seg_of(seg, i);
       const float* __restrict xr = row_in(x, i, C, xv.data());
-      const float* __restrict cr = row_in(ct, i, C, cv.data(), ldc);
-      const float* __restrict yr = FromX ? nullptr : row_in(y, i, C, yv.data());
+      const float* __restrict cr = kKeepG ? nullptr : row_in(ct, i, C, cv.data(), ldc);
+      const float* __restrict yr = FromX || kKeepG ? nullptr : row_in(y, i, C, yv.data());
       const float* __restrict sc = scale.data() + s * C;
       const float* __restrict bb = bias.data() + s * C;
       const float* __restrict f0 = k0.data() + s * C;
@@ -549,9 +563,14 @@ void normalize_grad(
       float* __restrict go = g_out ? row_out(g_out, i, C, gb) : gb;
       float* __restrict out = row_out(dx, i, C, dv.data());
       lanes(C, [&]<typename V>(int64_t c) {
-        const V g = gate.template operator()<V>(xr, yr, cr, mu, sc, bb, c);
-        if constexpr (!FromX) {
-          st(go + c, g);
+        V g;
+        if constexpr (kKeepG) {
+          g = ld<V>(go + c);
+        } else {
+          g = gate.template operator()<V>(xr, yr, cr, mu, sc, bb, c);
+          if constexpr (!FromX) {
+            st(go + c, g);
+          }
         }
         if (training) {
           const V d = ld<V>(xr + c) - ld<V>(mu + c);
