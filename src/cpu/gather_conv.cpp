@@ -69,6 +69,30 @@ inline void tile(
   }
 }
 
+// The same, compiled apart: a tile of three or four vectors takes nearly
+// all 32 vector registers, and inlined into the traversal below, the
+// compiler keeps some of the traversal's values in them and spills weight
+// vectors instead (C64 forward 20% slower). Narrower tiles gain from
+// inlining (the call would cost more than the spills at A = 32).
+template <int MR, int NV>
+__attribute__((noinline)) void tile_apart(
+    const float* const* xr,
+    const float* wk,
+    int A,
+    const float* const* sr,
+    float* const* yr) {
+  tile<MR, NV>(xr, wk, A, sr, yr);
+}
+
+// Rows of the grouped traversal's register tile: at most 12, so that the
+// gathered rows' pointers and the loop's own stay in the 16 general
+// registers (14 rows spill three pointers per input channel; C32 forward
+// 3% slower).
+template <int NV>
+constexpr int grouped_rows() {
+  return std::min(simd::rows_for(NV), 12);
+}
+
 // A block's edges grouped by kernel offset: offset k's are rows / gather
 // [range[k].first, range[k].second), rows (absolute) ascending.
 struct BlockGroups {
@@ -147,10 +171,22 @@ void group_edges(const CsrView& v, int64_t K, int64_t r0, int64_t r1, BlockSort&
   b.gather = in;
 }
 
+// A tile's row pointers: gathered inputs, the sums it adds to (a row's
+// own, or a zero row for its first offset) and the rows it writes.
+template <int MR>
+struct TileRows {
+  const float* x[MR];
+  const float* s[MR];
+  float* y[MR];
+  const float* wk;
+};
+
 // Columns [c0, c0 + NV vectors) of the block's rows [r0, ...). Offsets are
 // visited in increasing order, so the first edge of a row met here starts
 // its sum (adds to a zero row): seen[row] marks the rows met so far, and
-// after the pass, the rows that have edges.
+// after the pass, the rows that have edges. Each tile's pointers are made
+// one tile ahead, in the same pass that prefetches its rows: the gathered
+// rows are scattered in memory, and the row indices are then read once.
 template <int NV>
 void block_product(
     const BlockGroups& b,
@@ -162,56 +198,75 @@ void block_product(
     int c0,
     float* yblk,
     int ldy,
-    bool in_place,
     uint8_t* seen,
     const float* zero_row,
     float* dummy_row) {
-  constexpr int MR = simd::rows_for(NV);
+  constexpr int MR = grouped_rows<NV>();
   constexpr int W = NV * simd::kWidth;
-  const float* xr[MR];
-  const float* sr[MR];
-  float* yr[MR];
   const int32_t* rows = b.rows;
   const int32_t* gather = b.gather;
-  for (int64_t k = 0; k < K; ++k) {
-    const auto [g0, g1] = b.range[k];
-    if (g0 == g1) {
-      continue;
-    }
-    const float* wk = packed_block(packed, K, A, c0, W, k);
-    for (int32_t g = g0; g < g1; g += MR) {
-      const int n = std::min<int32_t>(MR, g1 - g);
-      // Gathered rows are scattered in memory: fetch the next tile's rows
-      // while this one computes.
-      for (int32_t i = g + MR; i < std::min<int32_t>(g + 2 * MR, g1); ++i) {
-        const char* p = reinterpret_cast<const char*>(xf + int64_t(gather[i]) * A);
-        for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
-          __builtin_prefetch(p + off);
-        }
-        // In place, the rows written are the output's own, not a block
-        // already in cache: fetch them for writing too.
-        if (in_place) {
-          const char* q = reinterpret_cast<const char*>(yblk + (rows[i] - r0) * ldy + c0);
-          for (int64_t off = 0; off < int64_t(W) * 4; off += 64) {
-            __builtin_prefetch(q + off, 1);
-          }
-        }
+  const int64_t x_bytes = int64_t(A) * 4;
+  // Fills t with the n edges from g on (the rest padded with a zero input
+  // row written to a scratch row) and fetches their rows.
+  auto fill = [&](int32_t g, int n, TileRows<MR>& t) {
+    for (int i = 0; i < n; ++i) {
+      const int64_t r = rows[g + i] - r0;
+      const float* x = xf + int64_t(gather[g + i]) * A;
+      float* y = yblk + r * ldy + c0;
+      t.x[i] = x;
+      t.y[i] = y;
+      t.s[i] = seen[r] ? y : zero_row;
+      seen[r] = 1;
+      // (The rows written are not fetched: in place, where they are the
+      // output's own, prefetching them for writing measured 5% slower at
+      // C32, the extra requests competing with the gathered rows'.)
+      const char* p = reinterpret_cast<const char*>(x);
+      for (int64_t off = 0; off < x_bytes; off += 64) {
+        __builtin_prefetch(p + off);
       }
-      for (int i = 0; i < MR; ++i) {
-        if (i < n) {
-          const int64_t r = rows[g + i] - r0;
-          xr[i] = xf + int64_t(gather[g + i]) * A;
-          yr[i] = yblk + r * ldy + c0;
-          sr[i] = seen[r] ? yr[i] : zero_row;
-          seen[r] = 1;
-        } else {
-          xr[i] = zero_row;
-          yr[i] = dummy_row;
-          sr[i] = dummy_row;
-        }
-      }
-      tile<MR, NV>(xr, wk, A, sr, yr);
     }
+    for (int i = n; i < MR; ++i) {
+      t.x[i] = zero_row;
+      t.y[i] = dummy_row;
+      t.s[i] = dummy_row;
+    }
+  };
+  // The tiles in order: offsets ascending, MR edges at a time.
+  int64_t k = 0;
+  int32_t g = 0, g1 = 0;
+  auto next = [&](TileRows<MR>& t) -> bool {
+    while (g >= g1) {
+      if (k == K) {
+        return false;
+      }
+      g = b.range[k].first;
+      g1 = b.range[k].second;
+      t.wk = packed_block(packed, K, A, c0, W, k);
+      ++k;
+    }
+    const int n = std::min<int32_t>(MR, g1 - g);
+    fill(g, n, t);
+    g += n;
+    return true;
+  };
+  TileRows<MR> tiles[2];
+  int cur = 0;
+  if (!next(tiles[cur])) {
+    return;
+  }
+  for (;;) {
+    tiles[cur ^ 1].wk = tiles[cur].wk;
+    const bool more = next(tiles[cur ^ 1]);
+    const TileRows<MR>& t = tiles[cur];
+    if constexpr (NV <= 2) {
+      tile<MR, NV>(t.x, t.wk, A, t.s, t.y);
+    } else {
+      tile_apart<MR, NV>(t.x, t.wk, A, t.s, t.y);
+    }
+    if (!more) {
+      break;
+    }
+    cur ^= 1;
   }
 }
 
@@ -457,7 +512,7 @@ void run_packed(
       std::fill(seen.begin(), seen.end(), 0);
       auto product = [&]<int NV>() {
         block_product<NV>(
-            groups, K, r0, xf, A, packed.data(), c0, acc, bp, in_place, seen.data(),
+            groups, K, r0, xf, A, packed.data(), c0, acc, bp, seen.data(),
             zero_row.data(), dummy_row.data());
       };
       dispatch_vectors(nv, product);
