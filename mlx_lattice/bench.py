@@ -27,21 +27,32 @@ DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
 LAYER_WARMUP_S = 0.2
+# Layer passes are timed over at least this much time (best call of all):
+# a few milliseconds' kernel then gets as wide a window as the sgemm
+# reference's three 2048^3 products, and one slow call from the host
+# machine's other work does not decide its row.
+LAYER_MIN_TIME_S = 0.25
 
 
-def best_time(fn, repeats: int, clock=time.perf_counter, warmup_s: float = 0.0) -> float:
+def best_time(
+    fn, repeats: int, clock=time.perf_counter, warmup_s: float = 0.0, min_time_s: float = 0.0, max_calls: int = 500
+) -> float:
     """Best of `repeats` calls of fn, in seconds of `clock`, after warming up:
     one call (allocations, lazily built views), then more until `warmup_s`
-    seconds of wall time have passed."""
+    seconds of wall time have passed. With `min_time_s`, calls go on past
+    `repeats` until that much wall time has been timed (at most `max_calls`)."""
     end = time.perf_counter() + warmup_s
     fn()
     while time.perf_counter() < end:
         fn()
     best = float("inf")
-    for _ in range(repeats):
+    start = time.perf_counter()
+    calls = 0
+    while calls < repeats or (time.perf_counter() - start < min_time_s and calls < max_calls):
         t0 = clock()
         fn()
         best = min(best, clock() - t0)
+        calls += 1
     return best
 
 
@@ -250,7 +261,10 @@ def run_layer(wl, coords, layer, dtype_name, sgemm, repeats, baseline, emit, com
     # between cases the pool's worker can take milliseconds to rejoin, and a
     # short kernel's first calls then run on one thread (wall time equal to
     # CPU time, about twice the steady time).
-    times = {pname: best_time(fn, repeats, warmup_s=LAYER_WARMUP_S) for pname, fn in passes.items()}
+    times = {
+        pname: best_time(fn, repeats, warmup_s=LAYER_WARMUP_S, min_time_s=LAYER_MIN_TIME_S)
+        for pname, fn in passes.items()
+    }
     for pname, t in times.items():
         case = dict(
             workload=wl, layer=layer.name, **{"pass": pname}, c_in=layer.c_in, c_out=layer.c_out,

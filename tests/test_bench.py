@@ -18,8 +18,19 @@ def test_best_time_warms_up_for_the_given_time():
     assert len(calls) == 4
 
 
+def test_best_time_times_calls_for_the_given_time():
+    calls = []
+    bench.best_time(lambda: calls.append(1), 3, min_time_s=0.02)
+    # a call takes microseconds: far more than 3 are timed in 20 ms
+    assert len(calls) > 10
+    calls.clear()
+    bench.best_time(lambda: calls.append(1), 3, min_time_s=10.0, max_calls=7)
+    assert len(calls) == 1 + 7
+
+
 def test_bench_cases_have_schema(monkeypatch):
     monkeypatch.setattr(bench, "LAYER_WARMUP_S", 0.0)
+    monkeypatch.setattr(bench, "LAYER_MIN_TIME_S", 0.0)
     coords = scenes.uniform_random(3000, 24)
     cases = []
     for layer in bench.layers(quick=True):
