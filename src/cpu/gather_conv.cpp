@@ -69,11 +69,12 @@ inline void tile(
   }
 }
 
-// The same, compiled apart: a tile of three or four vectors takes nearly
-// all 32 vector registers, and inlined into the traversal below, the
-// compiler keeps some of the traversal's values in them and spills weight
-// vectors instead (C64 forward 20% slower). Narrower tiles gain from
-// inlining (the call would cost more than the spills at A = 32).
+// The same, compiled apart: a tile that takes nearly all the vector
+// registers (three or four vectors of 32 registers, any tile of AVX2's 16),
+// inlined into the traversal below, has the compiler keep some of the
+// traversal's values in them and spill weight vectors instead (AVX-512 C64
+// forward 20% slower, AVX2 mesh C32 4%). Narrower AVX-512 tiles gain from
+// inlining (C32 forward 5%).
 template <int MR, int NV>
 __attribute__((noinline)) void tile_apart(
     const float* const* xr,
@@ -258,7 +259,7 @@ void block_product(
     tiles[cur ^ 1].wk = tiles[cur].wk;
     const bool more = next(tiles[cur ^ 1]);
     const TileRows<MR>& t = tiles[cur];
-    if constexpr (NV <= 2) {
+    if constexpr (NV <= 2 && simd::kRegisters > 16) {
       tile<MR, NV>(t.x, t.wk, A, t.s, t.y);
     } else {
       tile_apart<MR, NV>(t.x, t.wk, A, t.s, t.y);
