@@ -221,6 +221,19 @@ def _block_case():
     return coords, np.asarray(oracle.conv_edges(coords, coords, 3, 1, 1)).T
 
 
+def _weight_grad_across_threads(conv, x, w, ct):
+    """conv's weight gradient with 1 thread, after asserting 2 and 3 threads
+    give the same bytes."""
+    grad = lambda: mx.vjp(lambda w: conv(x, w).feats, [w], [ct])[1][0]  # noqa: E731
+    ml.set_num_threads(1)
+    ref = grad()
+    mx.eval(ref)
+    for n in (2, 3):
+        ml.set_num_threads(n)
+        assert _bytes(grad()) == _bytes(ref)
+    return ref
+
+
 @pytest.mark.parametrize("c_in,c_out", [(8, 16), (40, 24), (48, 4)])
 def test_weight_gradient_row_blocks_bitwise_across_threads(rng, isa, c_in, c_out):
     # Enough rows and edges that the weight gradient cuts every offset into
@@ -229,13 +242,7 @@ def test_weight_gradient_row_blocks_bitwise_across_threads(rng, isa, c_in, c_out
     x = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)))
     w = mx.zeros((c_out, 3, 3, 3, c_in))
     ct = mx.array(rng.standard_normal((len(coords), c_out)).astype(np.float32))
-    grad = lambda: mx.vjp(lambda w: ops.subm_conv3d(x, w).feats, [w], [ct])[1][0]  # noqa: E731
-    ml.set_num_threads(1)
-    ref = grad()
-    mx.eval(ref)
-    for n in (2, 3):
-        ml.set_num_threads(n)
-        assert _bytes(grad()) == _bytes(ref)
+    ref = _weight_grad_across_threads(ops.subm_conv3d, x, w, ct)
     # per offset x[i]^T ct[o] over the oracle's edges, in float64
     xf, cf = np.array(x.feats).astype(np.float64), np.array(ct).astype(np.float64)
     e_dw = np.stack([cf[o[k == d]].T @ xf[i[k == d]] for d in range(27)], 1).reshape(c_out, 3, 3, 3, c_in)
@@ -306,13 +313,7 @@ def test_weight_gradient_whole_block_tasks(rng, isa, kernel, side, c_in, c_out):
     w = mx.zeros((c_out, kernel, kernel, kernel, c_in))
     ct = mx.array(rng.standard_normal((len(coords), c_out)).astype(np.float32))
     conv = ops.subm_conv3d if kernel == 3 else ops.conv3d
-    grad = lambda: mx.vjp(lambda w: conv(x, w).feats, [w], [ct])[1][0]  # noqa: E731
-    ml.set_num_threads(1)
-    ref = grad()
-    mx.eval(ref)
-    for n in (2, 3):
-        ml.set_num_threads(n)
-        assert _bytes(grad()) == _bytes(ref)
+    ref = _weight_grad_across_threads(conv, x, w, ct)
     xf, cf = np.array(x.feats).astype(np.float64), np.array(ct).astype(np.float64)
     if kernel == 3:
         e_dw = np.stack([cf[o[k == d]].T @ xf[i[k == d]] for d in range(27)], 1).reshape(w.shape)
