@@ -139,7 +139,8 @@ def _run(fn, feats, w, ct):
         ("subm", 64, 64, mx.float32),  # weight gradient read in place
         ("subm", 72, 40, mx.float32),
         ("subm", 96, 64, mx.float32),  # weight gradient read in place (A + B <= 192)
-        ("subm", 128, 80, mx.float32),  # weight gradient over packed panels (A + B > 192)
+        ("subm", 128, 80, mx.float32),  # in place, 32-edge sub-panels (192 < A + B <= 384)
+        ("subm", 272, 128, mx.float32),  # weight gradient over packed panels (A + B > 384)
         ("down", 32, 64, mx.float32),
         ("down", 33, 13, mx.float16),
         ("up", 48, 24, mx.bfloat16),
@@ -297,6 +298,7 @@ def _dense_cube(side):
     "kernel,side,c_in,c_out",
     [
         (3, 22, 96, 96),  # 11 row blocks of 1,024 rows, two windows each
+        (3, 22, 128, 128),  # the same with 32-edge sub-panels
         (3, 26, 32, 64),  # 9 row blocks of 2,048 rows, two windows each
         (3, 26, 40, 56),  # packed panels on AVX-512 (56 fills no vector), in place on AVX2
         (1, 26, 64, 128),  # one offset, edges are rows: 18 row blocks

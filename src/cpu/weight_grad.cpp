@@ -19,6 +19,7 @@
 // changes no bit.
 #include "cpu/isa_begin.h"
 
+#include <algorithm>
 #include <array>
 #include <memory>
 
@@ -30,7 +31,12 @@ namespace {
 
 using simd::vec;
 
-constexpr int64_t kPanel = 256; // edges packed at a time
+// Edges packed at a time: as many as keep a column block of the vector
+// side's panel (kMaxVectors vectors per edge) within 16 KB of L1, where each
+// row tile re-reads it. At 256 edges the AVX-512 block (256 B per edge) was
+// 64 KB, read from L2: C128 weight gradients were 8-10% slower (float16 C64
+// 12%); on AVX2 (64 B per edge) 256 edges remain the fastest measured.
+constexpr int64_t kPanel = std::min(256, 4096 / (simd::kMaxVectors * simd::kWidth));
 constexpr int64_t kMinChunkEdges = 512; // average edges of a chunk (see run)
 
 struct Chunk {
@@ -156,7 +162,14 @@ void subpanel_product(
   }
 }
 
-constexpr int64_t kSubpanel = 64; // edges whose rows stay in L1
+// Edges of a direct sub-panel: as many as keep their rows within 48 KB
+// (each row tile re-reads them from L1): 64, or 32 for rows wider than
+// 768 B (C128 -> 128 is 7% faster with 32 than with 64).
+constexpr int64_t kSubpanel = 64;
+constexpr int64_t kSubpanelBytes = 48 << 10;
+inline int64_t subpanel_edges(int A, int B) {
+  return (int64_t(A) + B) * 4 * kSubpanel <= kSubpanelBytes ? kSubpanel : kSubpanel / 2;
+}
 
 // Direct path over edges [e0, e1) of one chunk: sub-panels outermost, so
 // that each sub-panel's gathered rows are fetched once for all column
@@ -184,18 +197,19 @@ void gathered_product(
     int64_t n1 = 0) {
   const float* px[2][kSubpanel];
   const float* pc[2][kSubpanel];
+  const int64_t sub = subpanel_edges(A, B);
   auto x_row = [=](int64_t e) { return xf + (g ? int64_t(g[e]) : e) * A; };
   auto c_row = [=](int64_t e) { return cf + (r ? int64_t(r[e]) : e) * B; };
-  for (int64_t e = e0; e < std::min(e1, e0 + kSubpanel); ++e) {
+  for (int64_t e = e0; e < std::min(e1, e0 + sub); ++e) {
     px[0][e - e0] = x_row(e);
     pc[0][e - e0] = c_row(e);
   }
   int cur = 0;
-  for (int64_t s0 = e0; s0 < e1; s0 += kSubpanel, cur = 1 - cur) {
-    const int64_t s1 = std::min(e1, s0 + kSubpanel);
+  for (int64_t s0 = e0; s0 < e1; s0 += sub, cur = 1 - cur) {
+    const int64_t s1 = std::min(e1, s0 + sub);
     const bool first = starts && s0 == e0;
     const int64_t p0 = s1 < e1 ? s1 : n0;
-    const int64_t p1 = s1 < e1 ? std::min(e1, s1 + kSubpanel) : std::min(n1, n0 + kSubpanel);
+    const int64_t p1 = s1 < e1 ? std::min(e1, s1 + sub) : std::min(n1, n0 + sub);
     for (int64_t e = p0; e < p1; ++e) {
       const float* xr = x_row(e);
       const float* cr = c_row(e);
@@ -238,12 +252,14 @@ void run(
   const int pp = static_cast<int>(round_up(P, 16) + 16);
   const int64_t tile_floats = int64_t(pp) * qp;
   const auto blocks = column_blocks(qp);
-  // Narrow dtypes are widened while packing, cheaper than whole-array copies;
-  // wide rows (A + B > 192) gain more from contiguous panels than they lose
-  // packing them (measured on the LiDAR and mesh workloads and the layers of
-  // MinkUNet: 96 -> 64 takes 21% less time read in place, 128 -> 128 the
-  // same, 192 -> 128 2% more). Both ways sum every element's edges in order.
-  const bool direct = std::is_same_v<T, float> && Q % simd::kWidth == 0 && A + B <= 192;
+  // Narrow dtypes are widened while packing, cheaper than whole-array copies.
+  // Float32 rows are read in place while a 32-edge sub-panel of them fits
+  // the L1 budget (A + B <= 384): at C128 -> 128 that is 7% faster than
+  // packing (4% on AVX2). Wider rows gain more from contiguous panels than
+  // they lose packing them (C256 -> 256 takes 8% less time packed).
+  // Both ways sum every element's edges in order.
+  const bool direct = std::is_same_v<T, float> && Q % simd::kWidth == 0 &&
+      (int64_t(A) + B) * 4 * (kSubpanel / 2) <= kSubpanelBytes;
   Scratch xbuf, cbuf;
   const float* xf = direct ? float_rows(x, n_x, A, xbuf) : nullptr;
   const float* cf = direct ? float_rows(ct, n_ct, B, cbuf) : nullptr;
