@@ -126,11 +126,19 @@ void panel_product(
   });
 }
 
+// Tile passes subpanel_product makes over A rows with NV = nv vectors.
+inline int tile_passes(int A, int nv) {
+  const int max_rows = tile_rows(nv);
+  const int tiles = (A + max_rows - 1) / max_rows;
+  const int mr = (A + tiles - 1) / tiles;
+  return A / mr + (A % mr > 0);
+}
+
 // Direct path: float32 rows whose widths are whole vectors are read where
 // they lie, one sub-panel of n edges at a time, edge i's rows at px[i] and
 // pc[i]: every (column block, input-channel tile) pass runs over it while
 // its rows are in L1.
-template <int NV>
+template <int NV, typename Before>
 void subpanel_product(
     const float* const* px,
     const float* const* pc,
@@ -139,7 +147,8 @@ void subpanel_product(
     int c0,
     float* acc,
     int lda,
-    bool first) {
+    bool first,
+    Before&& before) {
   constexpr int kMaxRows = tile_rows(NV);
   const int tiles = (A + kMaxRows - 1) / kMaxRows;
   const int mr = (A + tiles - 1) / tiles;
@@ -151,12 +160,14 @@ void subpanel_product(
   with_rows<1, kMaxRows>(mr, [&]<int MR>() {
     for (int t = 0; t < full; ++t) {
       const int a0 = t * MR;
+      before();
       tile<MR, NV>(gathered(a0), 0, n, acc + int64_t(a0) * lda + c0, lda, first);
     }
   });
   if (rest > 0) {
     with_rows<1, kMaxRows>(rest, [&]<int MR>() {
       const int a0 = full * mr;
+      before();
       tile<MR, NV>(gathered(a0), 0, n, acc + int64_t(a0) * lda + c0, lda, first);
     });
   }
@@ -175,8 +186,8 @@ inline int64_t subpanel_edges(int A, int B) {
 // that each sub-panel's gathered rows are fetched once for all column
 // blocks; the next sub-panel's rows are prefetched while this one computes,
 // and during the last one the first sub-panel of the edges [n0, n1) that the
-// caller runs next. The prefetch loop also keeps the next sub-panel's row
-// pointers, so that the tile passes (12 per sub-panel at C = 32 on AVX2)
+// caller runs next. The next sub-panel's row pointers are kept with the
+// prefetches, so that the tile passes (12 per sub-panel at C = 32 on AVX2)
 // read a pointer per row instead of an index, a multiply and an add. With
 // `starts` (the range opens its chunk), the first sub-panel writes acc's
 // rows [0, A) in every column block.
@@ -204,29 +215,48 @@ void gathered_product(
     px[0][e - e0] = x_row(e);
     pc[0][e - e0] = c_row(e);
   }
+  // The next sub-panel's prefetches are spread over this one's first tile
+  // passes (at most 8), not issued at once: a burst of 64 rows' lines
+  // (384 at C48) stalled on the line-fill buffers, and C32 weight gradients
+  // were 3-5% slower. Over all passes, the last lines were requested too
+  // late where there are many (AVX2 C64: 44 passes, 7% slower).
+  int passes = 0;
+  for (auto [col, nv] : blocks) {
+    passes += tile_passes(A, nv);
+  }
+  const int spread = std::min(passes, 8);
   int cur = 0;
   for (int64_t s0 = e0; s0 < e1; s0 += sub, cur = 1 - cur) {
     const int64_t s1 = std::min(e1, s0 + sub);
     const bool first = starts && s0 == e0;
     const int64_t p0 = s1 < e1 ? s1 : n0;
     const int64_t p1 = s1 < e1 ? std::min(e1, s1 + sub) : std::min(n1, n0 + sub);
+    const int64_t np = p1 - p0;
     for (int64_t e = p0; e < p1; ++e) {
-      const float* xr = x_row(e);
-      const float* cr = c_row(e);
-      px[1 - cur][e - p0] = xr;
-      pc[1 - cur][e - p0] = cr;
-      for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
-        __builtin_prefetch(reinterpret_cast<const char*>(xr) + off);
-      }
-      for (int64_t off = 0; off < int64_t(B) * 4; off += 64) {
-        __builtin_prefetch(reinterpret_cast<const char*>(cr) + off);
-      }
+      px[1 - cur][e - p0] = x_row(e);
+      pc[1 - cur][e - p0] = c_row(e);
     }
+    int64_t issued = 0;
+    auto prefetch_to = [&](int64_t upto) {
+      for (; issued < upto; ++issued) {
+        const char* xr = reinterpret_cast<const char*>(px[1 - cur][issued]);
+        const char* cr = reinterpret_cast<const char*>(pc[1 - cur][issued]);
+        for (int64_t off = 0; off < int64_t(A) * 4; off += 64) {
+          __builtin_prefetch(xr + off);
+        }
+        for (int64_t off = 0; off < int64_t(B) * 4; off += 64) {
+          __builtin_prefetch(cr + off);
+        }
+      }
+    };
+    int pass = 0;
+    auto before = [&] { ++pass; prefetch_to(np * std::min(pass, spread) / spread); };
     for (auto [col, nv] : blocks) {
       dispatch_vectors(nv, [&]<int NV>() {
-        subpanel_product<NV>(px[cur], pc[cur], A, s1 - s0, col, acc, lda, first);
+        subpanel_product<NV>(px[cur], pc[cur], A, s1 - s0, col, acc, lda, first, before);
       });
     }
+    prefetch_to(np);
   }
 }
 
