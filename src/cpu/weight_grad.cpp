@@ -272,10 +272,14 @@ void run(
     WeightStrides os,
     T* out) {
   // Orientation: rows of x broadcast against vectors of ct, or (swap) rows
-  // of ct against vectors of x, whichever pads less. P is the broadcast
-  // side (width P), Q the vector side (width Q).
+  // of ct against vectors of x, whichever pads less; on a tie, the one whose
+  // vector side is contiguous in out. P is the broadcast side (width P), Q
+  // the vector side (width Q).
   const int64_t pad_b = round_up(B, simd::kWidth) * A, pad_a = round_up(A, simd::kWidth) * B;
-  const bool swap = pad_b > pad_a;
+  // (The parameter's own layout, (C_out, K, C_in), has C_in contiguous:
+  // written with C_out in vectors, each element went to its own line, and
+  // the copy out took 15% of a C128 weight gradient at 3,160 rows.)
+  const bool swap = pad_b > pad_a || (pad_b == pad_a && os.a == 1 && os.b != 1);
   const int P = swap ? B : A, Q = swap ? A : B;
   const int qp = static_cast<int>(round_up(Q, simd::kWidth));
   // Room for the last row tile (up to 16 rows) past P.
