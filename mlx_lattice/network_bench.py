@@ -27,6 +27,7 @@ import mlx.optimizers
 
 from . import _ext, algebra, num_threads
 from . import optimizers as optim
+from . import bench
 from .bench import best_time
 from .nn import normalization
 from .tensor import SparseTensor
@@ -181,7 +182,9 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
     """Per-stage milliseconds of one training step (see the module doc)."""
     model = step.model
     stages = {}
-    total = best_time(step, repeats)
+    # The whole step as the bench's network row times it (one slow step from
+    # the host's other work would otherwise land in "other").
+    total = best_time(step, repeats, min_time_s=bench.NETWORK_MIN_TIME_S, max_calls=16)
 
     # Map building: the graph of a forward pass on a fresh manager, minus the
     # same graph on a manager that already holds every map.

@@ -74,9 +74,10 @@ def test_useful_flops_match_the_recorded_products(on_cpu):
     assert network_bench.useful_flops(step) == pytest.approx(by_products, rel=1e-12)
 
 
-def test_network_profile_stages(on_cpu):  # the stage profile replays CPU primitives
+def test_network_profile_stages(on_cpu, monkeypatch):  # the stage profile replays CPU primitives
     from mlx_lattice import network_bench
 
+    monkeypatch.setattr(bench, "NETWORK_MIN_TIME_S", 0.0)
     coords = scenes.uniform_random(1500, 20)
     for fused in (True, False):
         with network_bench.fused_norms(fused):
