@@ -529,7 +529,7 @@ void run_packed(
     for (size_t i = 0; i < blocks.size();) {
       // Consecutive column blocks of one width share a walk while their
       // weights for one offset fit half of L1 (AVX2: up to 12 blocks at
-      // C_in = 32, 3 at 128; AVX-512 at C_in >= 96 one); each walk starts
+      // C_in = 32, 3 at 128; AVX-512 one from C_in = 64); each walk starts
       // the rows' sums afresh.
       const auto [c0, nv] = blocks[i];
       const int64_t block_weights = int64_t(A) * nv * simd::kWidth * 4;
