@@ -88,9 +88,12 @@ __attribute__((noinline)) void tile_apart(
 }
 
 // Column blocks that share one walk over a block's edges hold at most this
-// many bytes of weights per offset between them (half of L1): the AVX-512
-// C128 forward, whose two blocks hold 64 KB, ran 6% slower sharing.
-constexpr int64_t kSharedWeightBytes = 24 << 10;
+// many bytes of weights per offset between them: half of a 32 KB L1 (AVX2
+// cores such as Zen 3), leaving room for the tile's rows. The AVX-512 C128
+// forward, whose two blocks hold 64 KB, ran 6% slower sharing; with 48 KB
+// of L1, 24 KB (three AVX2 C128 blocks instead of two) measured 3% faster,
+// within noise.
+constexpr int64_t kSharedWeightBytes = 16 << 10;
 
 // Rows of the grouped traversal's register tile: at most 12, so that the
 // gathered rows' pointers and the loop's own stay in the 16 general
@@ -528,9 +531,9 @@ void run_packed(
     seen.assign(r1 - r0, 0);
     for (size_t i = 0; i < blocks.size();) {
       // Consecutive column blocks of one width share a walk while their
-      // weights for one offset fit half of L1 (AVX2: up to 12 blocks at
-      // C_in = 32, 3 at 128; AVX-512 one from C_in = 64); each walk starts
-      // the rows' sums afresh.
+      // weights for one offset fit kSharedWeightBytes (AVX2: 8 blocks at
+      // C_in = 32, 2 at 128; AVX-512: 2 at C_in = 32, one from 48); each
+      // walk starts the rows' sums afresh.
       const auto [c0, nv] = blocks[i];
       const int64_t block_weights = int64_t(A) * nv * simd::kWidth * 4;
       const size_t most = std::max<int64_t>(1, kSharedWeightBytes / block_weights);
