@@ -65,7 +65,8 @@ inline void tile(
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
-      simd::store(yr[i] + off + j * simd::kWidth, simd::load(sr[i] + off + j * simd::kWidth) + acc[i][j]);
+      const int c = off + j * simd::kWidth;
+      simd::store(yr[i] + c, simd::load(sr[i] + c) + acc[i][j]);
     }
   }
 }
@@ -194,12 +195,13 @@ struct TileRows {
 
 // Columns [c0, c0 + nb * NV vectors) of the block's rows [r0, ...): nb > 1
 // (Shared) column blocks of NV vectors take each tile in turn, so the walk
-// below runs once for all of them (AVX2 C32-C64 forward 8-11% faster than
-// a walk per block). Offsets are visited in increasing order, so the first edge of a row met here starts
-// its sum (adds to a zero row): seen[row] marks the rows met so far, and
-// after the pass, the rows that have edges. Each tile's pointers are made
-// one tile ahead, in the same pass that prefetches its rows: the gathered
-// rows are scattered in memory, and the row indices are then read once.
+// below runs once for all of them (AVX2 C32-C64 forward 8-11% faster than a
+// walk per block). Offsets are visited in increasing order, so the first
+// edge of a row met here starts its sum (adds to a zero row): seen[row]
+// marks the rows met so far, and after the pass, the rows that have edges.
+// Each tile's pointers are made one tile ahead, in the same pass that
+// prefetches its rows: the gathered rows are scattered in memory, and the
+// row indices are then read once.
 template <int NV, bool Shared>
 void block_product(
     const BlockGroups& b,
