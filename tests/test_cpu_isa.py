@@ -172,6 +172,26 @@ def test_kernels_match_oracle(rng, isa, op, c_in, c_out, dtype):
     np.testing.assert_allclose(to_np(dw), e_dw, rtol=tol["rtol"], atol=tol["atol"] * max(1.0, np.abs(e_dw).max()))
 
 
+@pytest.mark.parametrize("op,c_in,c_out,dtype", [
+    ("subm", 32, 32, mx.float32),  # summed in place
+    ("subm", 16, 16, mx.float16),  # summed in the block buffer
+    ("subm", 48, 48, mx.float32),
+    ("down", 64, 64, mx.float32),
+    ("up", 32, 16, mx.float32),
+])
+def test_one_block_many_tiles_match_oracle(rng, isa, op, c_in, c_out, dtype):
+    # One output block over 16-64 input channels (the staged traversal where
+    # the path has it), with hundreds of tiles per offset in several row
+    # blocks and part-filled last tiles.
+    fn, feats, w, ct, sup, edges = _conv_case(rng, op, c_in, c_out, dtype, n=6000, extent=28, batches=2)
+    y, dx, _ = _run(fn, feats, w, ct)
+    x_q, w_q, ct_q = to_np(feats), to_np(w), to_np(ct)
+    e_dx, _, _ = oracle.grads(edges, x_q, w_q, ct_q)
+    tol = {k: v * (1 + np.sqrt(c_in / 16)) for k, v in TOLERANCES[dtype].items()}
+    np.testing.assert_allclose(to_np(y), oracle.apply(edges, x_q, w_q, len(sup)), **tol)
+    np.testing.assert_allclose(to_np(dx), e_dx, **tol)
+
+
 def test_weight_gradient_many_chunks(rng, isa):
     # > 4096 edges per offset: several partial sums reduced in chunk order
     n, c_in, c_out = 9000, 8, 16
@@ -207,8 +227,9 @@ def test_quantized(rng, isa, bits, group):
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
-def test_bitwise_across_threads(rng, isa, dtype):
-    fn, feats, w, ct, _, _ = _conv_case(rng, "subm", 24, 40, dtype, n=3000, extent=24, batches=2)
+@pytest.mark.parametrize("c_in,c_out", [(24, 40), (32, 32)])
+def test_bitwise_across_threads(rng, isa, dtype, c_in, c_out):
+    fn, feats, w, ct, _, _ = _conv_case(rng, "subm", c_in, c_out, dtype, n=3000, extent=24, batches=2)
     ml.set_num_threads(1)
     ref = [_bytes(a) for a in _run(fn, feats, w, ct)]
     for n in (2, 5):
@@ -335,6 +356,10 @@ def test_weight_gradient_whole_block_tasks(rng, isa, kernel, side, c_in, c_out):
     ("subm", 20, 8, mx.float32), ("up", 36, 8, mx.float32),
     # 16-row weight-gradient tiles on AVX-512, 6-row ones on AVX2
     ("subm", 16, 16, mx.float32),
+    # one output block over 16-64 input channels: the staged traversal on
+    # AVX-512 (and on AVX2 at 16 outputs), block_product on AVX2
+    ("subm", 32, 32, mx.float32), ("subm", 48, 48, mx.float16), ("down", 16, 32, mx.float32),
+    ("up", 64, 48, mx.float32), ("subm", 32, 16, mx.bfloat16),
 ])
 def test_bitwise_across_fma_paths(rng, restore_isa, op, c_in, c_out, dtype):
     fn, feats, w, ct, _, _ = _conv_case(rng, op, c_in, c_out, dtype, n=2000, extent=20)

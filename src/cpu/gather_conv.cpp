@@ -294,6 +294,206 @@ void block_product(
   }
 }
 
+// A tile of the staged traversal below: its edges' gathered rows, sums and
+// written rows (as TileRows), its offset's weights, and where its edges lie
+// in the offset groups.
+template <int MR>
+struct StagedTile {
+  const float* x[MR];
+  const float* s[MR];
+  float* y[MR];
+  const float* wk;
+  const int32_t* rows;
+  const int32_t* gather;
+  int n;
+};
+
+// block_product for one column block spanning the whole (padded) output,
+// with A input channels known at compile time: the same tiles in the same
+// order, summed alike (the same bits), but software-pipelined over three
+// tiles. While tile t's multiply-adds run, tile t + 1's gathered rows are
+// copied into a contiguous panel and tile t + 2's pointers are made and its
+// rows prefetched, one edge every A / MR input channels. The multiply-adds
+// then read the panel at fixed offsets, so they need no row pointers, and
+// the walk gets the general registers they held: interleaved with the
+// multiply-adds rather than run between tiles, where it did not overlap
+// them. (Measured against block_product, AVX-512 LiDAR: C32 forward +5%,
+// input gradient +6%, C16 +8-16%, C48 +3%, C64 even; AVX2 C16 +12-17%.)
+template <int A, int NV>
+void staged_product(
+    const BlockGroups& b,
+    int64_t K,
+    int64_t r0,
+    const float* xf,
+    const float* packed,
+    float* yblk,
+    uint8_t* seen,
+    const float* zero_row,
+    float* dummy_row) {
+  constexpr int W = NV * simd::kWidth; // also the rows' stride: one block
+  constexpr int MR = grouped_rows<NV>();
+  // Tile t's edge i is walked, and tile t - 1's copied, at input channel
+  // (i + 1) * spacing - 1 of tile t - 2's loop.
+  constexpr int spacing = A / MR;
+  static_assert(spacing >= 1, "at least one input channel per edge");
+  const int32_t* rows = b.rows;
+  const int32_t* gather = b.gather;
+  const auto* range = b.range.data();
+  // Indexed by absolute row.
+  float* const yb = yblk - r0 * W;
+  uint8_t* const seenb = seen - r0;
+  int64_t k = 0;
+  int32_t g = 0, g1 = 0;
+  const float* wk_k = packed;
+  // The next tile's offset, weights and edges (n = 0: none left).
+  auto start = [&](StagedTile<MR>& t) {
+    while (g >= g1) {
+      if (k == K) {
+        t.n = 0;
+        return;
+      }
+      g = range[k].first;
+      g1 = range[k].second;
+      wk_k = packed_block(packed, K, A, 0, W, k);
+      ++k;
+    }
+    t.wk = wk_k;
+    t.n = std::min<int32_t>(MR, g1 - g);
+    t.rows = rows + g;
+    t.gather = gather + g;
+    g += t.n;
+  };
+  // Edge i's pointers, as block_product's fill: tiles are walked in order,
+  // so seen[] marks the rows met by earlier tiles, whose sums are also
+  // written (below) before this tile's.
+  auto walk_edge = [&](StagedTile<MR>& t, int i) __attribute__((always_inline)) {
+    if (i < t.n) {
+      const int64_t r = t.rows[i];
+      const float* x = xf + int64_t(t.gather[i]) * A;
+      float* y = yb + r * W;
+      t.x[i] = x;
+      t.y[i] = y;
+      t.s[i] = seenb[r] ? y : zero_row;
+      seenb[r] = 1;
+      const char* p = reinterpret_cast<const char*>(x);
+#pragma GCC unroll 8
+      for (int off = 0; off < A * 4; off += 64) {
+        __builtin_prefetch(p + off);
+      }
+    } else {
+      t.x[i] = zero_row;
+      t.y[i] = dummy_row;
+      t.s[i] = dummy_row;
+    }
+  };
+  // Edge i's gathered row (prefetched one tile earlier) into the panel.
+  auto copy_edge = [&](const StagedTile<MR>& t, float* panel, int i) __attribute__((always_inline)) {
+    const float* x = t.x[i];
+#pragma GCC unroll 8
+    for (int v = 0; v < A; v += simd::kWidth) {
+      simd::store(panel + i * A + v, simd::load(x + v));
+    }
+  };
+  // The first two tiles walked and the first copied, then per tile: start
+  // tile t + 2, the multiply-adds of t over its panel with t + 1's copy and
+  // t + 2's walk between them, t's sums written.
+  alignas(64) float panels[2][MR * A];
+  StagedTile<MR> st[3];
+  StagedTile<MR>* cur = &st[0];
+  StagedTile<MR>* nx = &st[1];
+  StagedTile<MR>* nn = &st[2];
+  start(*cur);
+  if (cur->n == 0) {
+    return;
+  }
+  for (int i = 0; i < MR; ++i) {
+    walk_edge(*cur, i);
+  }
+  start(*nx);
+  for (int i = 0; i < MR; ++i) {
+    walk_edge(*nx, i);
+  }
+  for (int i = 0; i < MR; ++i) {
+    copy_edge(*cur, panels[0], i);
+  }
+  float* pc = panels[0];
+  float* pn = panels[1];
+  for (;;) {
+    start(*nn);
+    const float* wk = cur->wk;
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        acc[i][j] = simd::zero();
+      }
+    }
+    auto step = [&]<int a>() __attribute__((always_inline)) {
+      vec wv[NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        wv[j] = simd::load(wk + a * W + j * simd::kWidth);
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const vec xb = simd::broadcast_load(pc + i * A + a);
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) {
+          acc[i][j] = simd::fma(xb, wv[j], acc[i][j]);
+        }
+      }
+      if constexpr (a % spacing == spacing - 1 && a / spacing < MR) {
+        copy_edge(*nx, pn, a / spacing);
+        walk_edge(*nn, a / spacing);
+      }
+    };
+    [&]<int... As>(std::integer_sequence<int, As...>) {
+      (step.template operator()<As>(), ...);
+    }(std::make_integer_sequence<int, A>{});
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        const int c = j * simd::kWidth;
+        simd::store(cur->y[i] + c, simd::load(cur->s[i] + c) + acc[i][j]);
+      }
+    }
+    if (nx->n == 0) {
+      break;
+    }
+    StagedTile<MR>* t = cur;
+    cur = nx;
+    nx = nn;
+    nn = t;
+    std::swap(pc, pn);
+  }
+}
+
+// Runs fn.template operator()<A, NV>() where staged_product is compiled for
+// A input channels (16 to 64 in steps of 16: wider products leave the walk
+// little to hide, and its fully unrolled channel loop grows with A);
+// false where it is not.
+template <typename F>
+bool staged_product_for(int A, int nv, F&& fn) {
+  auto with = [&]<int AC>() {
+    dispatch_vectors(nv, [&]<int NV>() { fn.template operator()<AC, NV>(); });
+    return true;
+  };
+  switch (A) {
+    case 16:
+      return with.template operator()<16>();
+    case 32:
+      return with.template operator()<32>();
+    case 48:
+      return with.template operator()<48>();
+    case 64:
+      return with.template operator()<64>();
+    default:
+      return false;
+  }
+}
+
 // Row-major traversal (cpu.row_gather), for narrow inputs (C_in <= 8),
 // whose products are too short for the grouping by offset, the row
 // pointers and the read-modify-write of output rows to pay off: edges are
@@ -544,6 +744,18 @@ void run_packed(
         ++j;
       }
       std::fill(seen.begin(), seen.end(), 0);
+      // One block spanning the output over a compiled channel count: the
+      // staged traversal (AVX2 and AVX-512; 4-wide vectors leave the walk
+      // less to hide behind).
+      if constexpr (simd::kWidth >= 8) {
+        if (blocks.size() == 1 && staged_product_for(A, nv, [&]<int AC, int NV>() {
+              staged_product<AC, NV>(
+                  groups, K, r0, xf, packed.data(), acc, seen.data(), zero_row.data(),
+                  dummy_row.data());
+            })) {
+          break;
+        }
+      }
       auto product = [&]<int NV>() {
         if (j - i > 1) {
           block_product<NV, true>(
