@@ -375,6 +375,13 @@ void staged_product(
       t.y[i] = y;
       t.s[i] = seenb[r] ? y : zero_row;
       seenb[r] = 1;
+      // (Here, unlike in block_product, fetching the row to be written
+      // pays: LiDAR C16-C32 forward 2-6% faster, in place.)
+      const char* q = reinterpret_cast<const char*>(y);
+#pragma GCC unroll 4
+      for (int off = 0; off < W * 4; off += 64) {
+        __builtin_prefetch(q + off, 1);
+      }
       const char* p = reinterpret_cast<const char*>(x);
 #pragma GCC unroll 8
       for (int off = 0; off < A * 4; off += 64) {
