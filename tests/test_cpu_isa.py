@@ -178,11 +178,13 @@ def test_kernels_match_oracle(rng, isa, op, c_in, c_out, dtype):
     ("subm", 48, 48, mx.float32),
     ("down", 64, 64, mx.float32),
     ("up", 32, 16, mx.float32),
+    ("subm", 32, 128, mx.float32),  # column blocks sharing a walk
+    ("subm", 48, 80, mx.float32),  # column blocks of different widths
 ])
-def test_one_block_many_tiles_match_oracle(rng, isa, op, c_in, c_out, dtype):
-    # One output block over 16-64 input channels (the staged traversal where
-    # the path has it), with hundreds of tiles per offset in several row
-    # blocks and part-filled last tiles.
+def test_staged_many_tiles_match_oracle(rng, isa, op, c_in, c_out, dtype):
+    # 16-64 input channels (the staged traversal where the path has it),
+    # with hundreds of tiles per offset in several row blocks and
+    # part-filled last tiles.
     fn, feats, w, ct, sup, edges = _conv_case(rng, op, c_in, c_out, dtype, n=6000, extent=28, batches=2)
     y, dx, _ = _run(fn, feats, w, ct)
     x_q, w_q, ct_q = to_np(feats), to_np(w), to_np(ct)
@@ -360,6 +362,9 @@ def test_weight_gradient_whole_block_tasks(rng, isa, kernel, side, c_in, c_out):
     # AVX-512 (and on AVX2 at 16 outputs), block_product on AVX2
     ("subm", 32, 32, mx.float32), ("subm", 48, 48, mx.float16), ("down", 16, 32, mx.float32),
     ("up", 64, 48, mx.float32), ("subm", 32, 16, mx.bfloat16),
+    # several blocks: two sharing a walk on AVX-512 (8 on AVX2), and blocks
+    # of different widths, each walked on its own
+    ("subm", 32, 128, mx.float32), ("subm", 64, 80, mx.float16),
 ])
 def test_bitwise_across_fma_paths(rng, restore_isa, op, c_in, c_out, dtype):
     fn, feats, w, ct, _, _ = _conv_case(rng, op, c_in, c_out, dtype, n=2000, extent=20)

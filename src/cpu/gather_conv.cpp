@@ -12,11 +12,14 @@
 //
 // A row's first offset adds its tile to a zero row and stores, later ones
 // add to the row, and rows without edges are written as zeros, so the
-// block is never zeroed first. Float32 outputs whose width is whole
-// vectors, where rows have few edges and short products, are accumulated in
-// place (in the output itself, no copy out). Narrow inputs may take the
-// row-major traversal instead (cpu.row_gather, below). Results are identical
-// whichever way a call takes.
+// block is never zeroed first. Over 16 to 64 input channels (AVX2 and
+// AVX-512) the tiles are software-pipelined: each tile's walk and row
+// fetches run during an earlier tile's multiply-adds (staged_product).
+// Float32 outputs whose width is whole vectors, where rows have few edges
+// and short products, are accumulated in place (in the output itself, no
+// copy out). Narrow inputs may take the row-major traversal instead
+// (cpu.row_gather, below). Results are identical whichever way a call
+// takes.
 #include "cpu/isa_begin.h"
 
 #include "cpu/pack.h"
@@ -308,39 +311,47 @@ struct StagedTile {
   int n;
 };
 
-// block_product for one column block spanning the whole (padded) output,
-// with A input channels known at compile time: the same tiles in the same
-// order, summed alike (the same bits), but software-pipelined over three
-// tiles. While tile t's multiply-adds run, tile t + 1's gathered rows are
-// copied into a contiguous panel and tile t + 2's pointers are made and its
-// rows prefetched, one edge every A / MR input channels. The multiply-adds
-// then read the panel at fixed offsets, so they need no row pointers, and
-// the walk gets the general registers they held: interleaved with the
-// multiply-adds rather than run between tiles, where it did not overlap
-// them. (Measured against block_product, AVX-512 LiDAR: C32 forward +5%,
-// input gradient +6%, C16 +8-16%, C48 +3%, C64 even; AVX2 C16 +12-17%.)
-template <int A, int NV>
+// block_product with A input channels known at compile time: the same
+// tiles in the same order, summed alike (the same bits), but software-
+// pipelined over three tiles. While tile t's multiply-adds run, tile
+// t + 1's gathered rows are copied into a contiguous panel and tile t + 2's
+// pointers are made and its rows prefetched, one edge every A / MR input
+// channels. The multiply-adds then read the panel at fixed offsets, so they
+// need no row pointers, and the walk gets the general registers they held:
+// interleaved with the multiply-adds rather than run between tiles, where
+// it did not overlap them. A group's further column blocks (shared walk)
+// run over the same panel after the first. OneBlock: one block spans the
+// output, so the rows' stride is known here.
+//
+// Measured against block_product (LiDAR unless named): AVX-512 C32 forward
+// +5%, input gradient +6%, C16 +8-16%, C48 +3%, C64 even, 32 -> 128 +5%;
+// AVX2 C16 +12-17%, C32 +6-10% (mesh +6%), C64 and 64 -> 128 +3-5%.
+template <int A, int NV, bool OneBlock>
 void staged_product(
     const BlockGroups& b,
     int64_t K,
     int64_t r0,
     const float* xf,
     const float* packed,
+    int c0,
+    int nb,
     float* yblk,
+    int ldy_,
     uint8_t* seen,
     const float* zero_row,
     float* dummy_row) {
-  constexpr int W = NV * simd::kWidth; // also the rows' stride: one block
+  constexpr int W = NV * simd::kWidth;
   constexpr int MR = grouped_rows<NV>();
   // Tile t's edge i is walked, and tile t - 1's copied, at input channel
-  // (i + 1) * spacing - 1 of tile t - 2's loop.
+  // (i + 1) * spacing - 1 of tile t - 2's first block.
   constexpr int spacing = A / MR;
   static_assert(spacing >= 1, "at least one input channel per edge");
+  const int64_t ldy = OneBlock ? W : ldy_;
   const int32_t* rows = b.rows;
   const int32_t* gather = b.gather;
   const auto* range = b.range.data();
   // Indexed by absolute row.
-  float* const yb = yblk - r0 * W;
+  float* const yb = yblk - r0 * ldy + (OneBlock ? 0 : c0);
   uint8_t* const seenb = seen - r0;
   int64_t k = 0;
   int32_t g = 0, g1 = 0;
@@ -354,7 +365,7 @@ void staged_product(
       }
       g = range[k].first;
       g1 = range[k].second;
-      wk_k = packed_block(packed, K, A, 0, W, k);
+      wk_k = packed_block(packed, K, A, OneBlock ? 0 : c0, W, k);
       ++k;
     }
     t.wk = wk_k;
@@ -370,7 +381,7 @@ void staged_product(
     if (i < t.n) {
       const int64_t r = t.rows[i];
       const float* x = xf + int64_t(t.gather[i]) * A;
-      float* y = yb + r * W;
+      float* y = yb + r * ldy;
       t.x[i] = x;
       t.y[i] = y;
       t.s[i] = seenb[r] ? y : zero_row;
@@ -464,6 +475,20 @@ void staged_product(
       for (int j = 0; j < NV; ++j) {
         const int c = j * simd::kWidth;
         simd::store(cur->y[i] + c, simd::load(cur->s[i] + c) + acc[i][j]);
+      }
+    }
+    if constexpr (!OneBlock) {
+      // The group's other blocks over the same panel, apart (inlined, their
+      // loops take registers that the walk above needs).
+      if (nb > 1) {
+        const float* xr[MR];
+        for (int i = 0; i < MR; ++i) {
+          xr[i] = pc + i * A;
+        }
+        for (int cb = 1; cb < nb; ++cb) {
+          const int off = cb * W;
+          tile_apart<MR, NV>(xr, cur->wk + int64_t(off) * K * A, A, cur->s, cur->y, off);
+        }
       }
     }
     if (nx->n == 0) {
@@ -758,16 +783,24 @@ void run_packed(
         ++j;
       }
       std::fill(seen.begin(), seen.end(), 0);
-      // One block spanning the output over a compiled channel count: the
-      // staged traversal (AVX2 and AVX-512; 4-wide vectors leave the walk
-      // less to hide behind).
+      // Over a compiled input-channel count, the staged traversal (AVX2 and
+      // AVX-512; 4-wide vectors leave the walk less to hide behind).
       if constexpr (simd::kWidth >= 8) {
-        if (blocks.size() == 1 && staged_product_for(A, nv, [&]<int AC, int NV>() {
-              staged_product<AC, NV>(
-                  groups, K, r0, xf, packed.data(), acc, seen.data(), zero_row.data(),
-                  dummy_row.data());
+        const bool one = blocks.size() == 1;
+        const int nb = static_cast<int>(j - i);
+        if (staged_product_for(A, nv, [&]<int AC, int NV>() {
+              if (one) {
+                staged_product<AC, NV, true>(
+                    groups, K, r0, xf, packed.data(), 0, 1, acc, bp, seen.data(),
+                    zero_row.data(), dummy_row.data());
+              } else {
+                staged_product<AC, NV, false>(
+                    groups, K, r0, xf, packed.data(), c0, nb, acc, bp, seen.data(),
+                    zero_row.data(), dummy_row.data());
+              }
             })) {
-          break;
+          i = j;
+          continue;
         }
       }
       auto product = [&]<int NV>() {
