@@ -296,8 +296,11 @@ int main() {
   set_num_threads(2);
   Rng rng{14};
   // Awkward and whole-vector channel counts; weight gradients read in place
-  // (A + B <= 192, B whole vectors) and over packed panels.
-  const int shapes[][2] = {{3, 5}, {17, 33}, {24, 40}, {64, 64}, {96, 64}, {96, 72}, {128, 80}};
+  // (A + B <= 192, B whole vectors) and over packed panels; the staged
+  // gather-GEMM (A of 16-64) over one block, blocks sharing a walk, and
+  // blocks of different widths.
+  const int shapes[][2] = {{3, 5},   {17, 33}, {24, 40}, {64, 64}, {96, 64},
+                           {96, 72}, {128, 80}, {32, 32}, {16, 16}, {48, 128}, {32, 80}};
   for (const auto& s : shapes) {
     conv<float>(rng, 400, 27, s[0], s[1]);
   }
