@@ -502,10 +502,16 @@ void staged_product(
   }
 }
 
-// Runs fn.template operator()<A, NV>() where staged_product is compiled for
-// A input channels (16 to 64 in steps of 16: wider products leave the walk
-// little to hide, and its fully unrolled channel loop grows with A);
-// false where it is not.
+// Whether staged_product is compiled for A input channels: 16 to 64 in
+// steps of 16, on the paths with 8- and 16-float vectors (wider products
+// leave the walk little to hide, and its fully unrolled channel loop grows
+// with A).
+constexpr bool staged_channels(int A) {
+  return simd::kWidth >= 8 && A >= 16 && A <= 64 && A % 16 == 0;
+}
+
+// Runs fn.template operator()<A, NV>() where staged_channels(A); false
+// where not.
 template <typename F>
 bool staged_product_for(int A, int nv, F&& fn) {
   auto with = [&]<int AC>() {
@@ -715,21 +721,24 @@ void run_packed(
   const float* xf = float_rows(x, n_x, A, xbuf);
   const int bp = static_cast<int>(round_up(B, simd::kWidth));
   const auto blocks = column_blocks(bp);
-  // In place where a row's products are short (edges per row x A <= 200):
-  // the block's zeroing and copy out then weigh against them (measured on
-  // MinkUNet's layers: 10-25% less time on the strided layers and C16, 2-9%
-  // at C32 with 8 edges a row), while longer rows amortise them and gain
-  // from accumulating in L2 (C48-C64 at 5-8 edges a row: 2-6% slower in
-  // place; the mesh's 14 edges a row: 1-4%).
+  // In place where a row's products are short (edges per row x A <= 200;
+  // 450 over the staged traversal): the block's copy out then weighs
+  // against them (measured on MinkUNet's layers: 10-25% less time on the
+  // strided layers and C16, 2-9% at C32 with 8 edges a row), while longer
+  // rows amortise it and gain from accumulating in L2 (over block_product,
+  // C48-C64 at 5-8 edges a row: 2-6% slower in place; the mesh's 14 edges a
+  // row: 1-4%). The staged traversal fetches the rows it writes ahead, so
+  // its C48-C64 at 5-7 edges a row and mesh C32 run 2-6% faster in place.
   const bool y_direct = std::is_same_v<T, float> && bp == B;
-  const bool in_place = y_direct && v.edges * A <= 200 * v.rows;
+  const bool in_place = y_direct && v.edges * A <= (staged_channels(A) ? 450 : 200) * v.rows;
   // Block rows, fixed by the problem alone (the sums do not depend on
   // them): 256 KiB of float32 accumulators, in L2 even on cores with 512 KiB
-  // of it, or where rows are summed in place, up to 4096 rows, which leaves
-  // fewer part-filled tiles per offset (LiDAR C16-C32 2-5% faster than
-  // 2048); at least 8 blocks where there are rows enough, so that threads
-  // finish together.
-  const int64_t block_floats = int64_t(1) << (in_place ? 17 : 16);
+  // of it, or where rows are summed in place and L2 holds 1 MiB or more,
+  // 512 KiB of rows up to 4096, which leaves fewer part-filled tiles per
+  // offset (LiDAR C16-C32 2-5% faster than 2048 rows, C48-C64 1-3%); at
+  // least 8 blocks where there are rows enough, so that threads finish
+  // together.
+  const int64_t block_floats = int64_t(1) << (in_place && l2_cache_bytes() >= (1 << 20) ? 17 : 16);
   const int64_t rows_per_block =
       std::clamp<int64_t>(std::min<int64_t>(block_floats / bp, (v.rows + 7) / 8), 16, 4096);
   const bool row_major = v.row_major && v.offsets;
@@ -783,8 +792,7 @@ void run_packed(
         ++j;
       }
       std::fill(seen.begin(), seen.end(), 0);
-      // Over a compiled input-channel count, the staged traversal (AVX2 and
-      // AVX-512; 4-wide vectors leave the walk less to hide behind).
+      // The staged traversal where it is compiled (staged_channels).
       if constexpr (simd::kWidth >= 8) {
         const bool one = blocks.size() == 1;
         const int nb = static_cast<int>(j - i);

@@ -28,6 +28,10 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
+#endif
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
 #endif
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>

@@ -12,6 +12,24 @@ inline int64_t round_up(int64_t v, int64_t m) {
   return (v + m - 1) / m * m;
 }
 
+// Bytes of one core's L2 cache as the system reports it; 0 where it does
+// not (the kernels then size their blocks for 512 KiB).
+inline int64_t l2_cache_bytes() {
+  static const int64_t bytes = [] {
+    int64_t v = 0;
+#if defined(__linux__) && defined(_SC_LEVEL2_CACHE_SIZE)
+    v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#elif defined(__APPLE__)
+    size_t n = sizeof(v);
+    if (sysctlbyname("hw.perflevel0.l2cachesize", &v, &n, nullptr, 0) != 0) {
+      v = 0;
+    }
+#endif
+    return v > 0 ? v : int64_t(0);
+  }();
+  return bytes;
+}
+
 // Column blocks of a padded width: full blocks of kMaxVectors vectors, then
 // one narrower block. Returns (first column, vectors) pairs.
 inline std::vector<std::pair<int, int>> column_blocks(int padded) {
