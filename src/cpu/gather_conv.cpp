@@ -30,6 +30,51 @@ namespace {
 
 using simd::vec;
 
+// The register tile's parts, shared by tile and staged_product.
+template <int MR, int NV>
+inline __attribute__((always_inline)) void zero_tile(vec (&acc)[MR][NV]) {
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      acc[i][j] = simd::zero();
+    }
+  }
+}
+
+// acc[i] += x(i)[0] w over the tile's columns: x(i) is row i's current
+// input channel, w that channel's packed weights.
+template <int MR, int NV, typename X>
+inline __attribute__((always_inline)) void channel_step(vec (&acc)[MR][NV], const float* w, X&& x) {
+  vec wv[NV];
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j) {
+    wv[j] = simd::load(w + j * simd::kWidth);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    const vec xb = simd::broadcast_load(x(i));
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      acc[i][j] = simd::fma(xb, wv[j], acc[i][j]);
+    }
+  }
+}
+
+// yr[i] = sr[i] + acc[i] over columns [off, off + NV vectors).
+template <int MR, int NV>
+inline __attribute__((always_inline)) void add_tile(
+    const vec (&acc)[MR][NV], const float* const* sr, float* const* yr, int off) {
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      const int c = off + j * simd::kWidth;
+      simd::store(yr[i] + c, simd::load(sr[i] + c) + acc[i][j]);
+    }
+  }
+}
+
 // yr[i] = sr[i] + x_i W_k over the tile's columns; sr[i] is yr[i] (add) or
 // a zero row (a row's first offset, written in place).
 template <int MR, int NV>
@@ -42,36 +87,11 @@ inline void tile(
     int off = 0) {
   constexpr int W = NV * simd::kWidth;
   vec acc[MR][NV];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      acc[i][j] = simd::zero();
-    }
-  }
+  zero_tile(acc);
   for (int a = 0; a < A; ++a) {
-    vec wv[NV];
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      wv[j] = simd::load(wk + a * W + j * simd::kWidth);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const vec xb = simd::broadcast_load(xr[i] + a);
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) {
-        acc[i][j] = simd::fma(xb, wv[j], acc[i][j]);
-      }
-    }
+    channel_step(acc, wk + a * W, [&](int i) { return xr[i] + a; });
   }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) {
-      const int c = off + j * simd::kWidth;
-      simd::store(yr[i] + c, simd::load(sr[i] + c) + acc[i][j]);
-    }
-  }
+  add_tile(acc, sr, yr, off);
 }
 
 // The same, compiled apart: a tile that takes nearly all the vector
@@ -440,27 +460,9 @@ void staged_product(
     start(*nn);
     const float* wk = cur->wk;
     vec acc[MR][NV];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) {
-        acc[i][j] = simd::zero();
-      }
-    }
+    zero_tile(acc);
     auto step = [&]<int a>() __attribute__((always_inline)) {
-      vec wv[NV];
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) {
-        wv[j] = simd::load(wk + a * W + j * simd::kWidth);
-      }
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const vec xb = simd::broadcast_load(pc + i * A + a);
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) {
-          acc[i][j] = simd::fma(xb, wv[j], acc[i][j]);
-        }
-      }
+      channel_step(acc, wk + a * W, [&](int i) { return pc + i * A + a; });
       if constexpr (a % spacing == spacing - 1 && a / spacing < MR) {
         copy_edge(*nx, pn, a / spacing);
         walk_edge(*nn, a / spacing);
@@ -469,14 +471,7 @@ void staged_product(
     [&]<int... As>(std::integer_sequence<int, As...>) {
       (step.template operator()<As>(), ...);
     }(std::make_integer_sequence<int, A>{});
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) {
-        const int c = j * simd::kWidth;
-        simd::store(cur->y[i] + c, simd::load(cur->s[i] + c) + acc[i][j]);
-      }
-    }
+    add_tile(acc, cur->s, cur->y, 0);
     if constexpr (!OneBlock) {
       // The group's other blocks over the same panel, apart (inlined, their
       // loops take registers that the walk above needs).
