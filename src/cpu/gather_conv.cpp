@@ -473,8 +473,9 @@ void staged_product(
     }(std::make_integer_sequence<int, A>{});
     add_tile(acc, cur->s, cur->y, 0);
     if constexpr (!OneBlock) {
-      // The group's other blocks over the same panel, apart (inlined, their
-      // loops take registers that the walk above needs).
+      // The group's other blocks over the same panel, compiled apart:
+      // inlined, their loops took the registers the walk above needs
+      // (AVX2 C64 and AVX-512 64 -> 128 then ran at half speed).
       if (nb > 1) {
         const float* xr[MR];
         for (int i = 0; i < MR; ++i) {
