@@ -317,15 +317,10 @@ void block_product(
   }
 }
 
-// A tile of the staged traversal below: its edges' gathered rows, sums and
-// written rows (as TileRows), its offset's weights, and where its edges lie
-// in the offset groups.
+// A tile of the staged traversal below: its rows and weights (TileRows)
+// and where its n edges lie in the offset groups.
 template <int MR>
-struct StagedTile {
-  const float* x[MR];
-  const float* s[MR];
-  float* y[MR];
-  const float* wk;
+struct StagedTile : TileRows<MR> {
   const int32_t* rows;
   const int32_t* gather;
   int n;
@@ -425,7 +420,8 @@ void staged_product(
     }
   };
   // Edge i's gathered row (prefetched one tile earlier) into the panel.
-  auto copy_edge = [&](const StagedTile<MR>& t, float* panel, int i) __attribute__((always_inline)) {
+  auto copy_edge = [&](const StagedTile<MR>& t, float* panel, int i)
+                       __attribute__((always_inline)) {
     const float* x = t.x[i];
 #pragma GCC unroll 8
     for (int v = 0; v < A; v += simd::kWidth) {

@@ -100,6 +100,14 @@ inline void with_rows(int mr, F&& fn) {
   }
 }
 
+// Height of the equal row tiles that split A rows into tiles no taller
+// than max_rows, so that the last is not mostly padding (A = 32 -> 11 + 11
+// + 10).
+inline int tile_height(int A, int max_rows) {
+  const int tiles = (A + max_rows - 1) / max_rows;
+  return (A + tiles - 1) / tiles;
+}
+
 template <int NV>
 void panel_product(
     const float* xp,
@@ -112,12 +120,8 @@ void panel_product(
     float* acc,
     int lda,
     bool first) {
-  // Split A into equal row tiles no taller than the register file allows,
-  // so the last tile is not mostly padding (A = 32 -> 11 + 11 + 10).
   constexpr int kMaxRows = tile_rows(NV);
-  const int tiles = (A + kMaxRows - 1) / kMaxRows;
-  const int mr = (A + tiles - 1) / tiles;
-  with_rows<1, kMaxRows>(mr, [&]<int MR>() {
+  with_rows<1, kMaxRows>(tile_height(A, kMaxRows), [&]<int MR>() {
     for (int a0 = 0; a0 < A; a0 += MR) {
       // packed panels: edge e's rows are the panels' rows e
       auto rows = [=](int64_t e) { return std::pair{xp + a0 + e * ldx, cp + c0 + e * ldc}; };
@@ -128,9 +132,7 @@ void panel_product(
 
 // Tile passes subpanel_product makes over A rows with NV = nv vectors.
 inline int tile_passes(int A, int nv) {
-  const int max_rows = tile_rows(nv);
-  const int tiles = (A + max_rows - 1) / max_rows;
-  const int mr = (A + tiles - 1) / tiles;
+  const int mr = tile_height(A, tile_rows(nv));
   return A / mr + (A % mr > 0);
 }
 
@@ -150,8 +152,7 @@ void subpanel_product(
     bool first,
     Before&& before) {
   constexpr int kMaxRows = tile_rows(NV);
-  const int tiles = (A + kMaxRows - 1) / kMaxRows;
-  const int mr = (A + tiles - 1) / tiles;
+  const int mr = tile_height(A, kMaxRows);
   const int full = A / mr;
   const int rest = A - full * mr;
   auto gathered = [=](int a0) {
@@ -175,11 +176,17 @@ void subpanel_product(
 
 // Edges of a direct sub-panel: as many as keep their rows within 48 KB
 // (each row tile re-reads them from L1): 64, or 32 for rows wider than
-// 768 B (C128 -> 128 is 7% faster with 32 than with 64).
+// 768 B (C128 -> 128 is 7% faster with 32 than with 64); 0 where 32 do not
+// fit (the rows are then packed).
 constexpr int64_t kSubpanel = 64;
 constexpr int64_t kSubpanelBytes = 48 << 10;
 inline int64_t subpanel_edges(int A, int B) {
-  return (int64_t(A) + B) * 4 * kSubpanel <= kSubpanelBytes ? kSubpanel : kSubpanel / 2;
+  for (int64_t n = kSubpanel; n >= kSubpanel / 2; n /= 2) {
+    if ((int64_t(A) + B) * 4 * n <= kSubpanelBytes) {
+      return n;
+    }
+  }
+  return 0;
 }
 
 // Direct path over edges [e0, e1) of one chunk: sub-panels outermost, so
@@ -292,8 +299,8 @@ void run(
   // packing (4% on AVX2). Wider rows gain more from contiguous panels than
   // they lose packing them (C256 -> 256 takes 8% less time packed).
   // Both ways sum every element's edges in order.
-  const bool direct = std::is_same_v<T, float> && Q % simd::kWidth == 0 &&
-      (int64_t(A) + B) * 4 * (kSubpanel / 2) <= kSubpanelBytes;
+  const bool direct =
+      std::is_same_v<T, float> && Q % simd::kWidth == 0 && subpanel_edges(A, B) > 0;
   Scratch xbuf, cbuf;
   const float* xf = direct ? float_rows(x, n_x, A, xbuf) : nullptr;
   const float* cf = direct ? float_rows(ct, n_ct, B, cbuf) : nullptr;
