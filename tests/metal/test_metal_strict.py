@@ -154,7 +154,7 @@ def test_scan_defines_the_file_version(tmp_path):
 
 def test_missing_clang_is_an_error_not_a_skip(monkeypatch):
     monkeypatch.setenv("MLX_LATTICE_HARNESS_CLANG", "clang++-does-not-exist")
-    with pytest.raises(strict.StrictError, match=r"needs clang\+\+ >= 15.*apt-get install -y clang-16"):
+    with pytest.raises(strict.StrictError, match=r"needs clang >= 15.*ziglang.*apt-get install -y clang-16"):
         strict.find_clang()
 
 

@@ -301,35 +301,110 @@ def clang_unit(text: str, class_spaces: bool = False) -> str:
     return out
 
 
-_CLANG_CANDIDATES = ("clang++-19", "clang++-18", "clang++-17", "clang++-16", "clang++-15", "clang++")
+_CLANG_CANDIDATES = ("clang++-22", "clang++-21", "clang++-20", "clang++-19", "clang++-18", "clang++-17",
+                     "clang++-16", "clang++-15", "clang++")
+
+# The clang the test extra installs: the one in the `ziglang` wheel (clang
+# 22 for ziglang 0.17), run as a bare front end (`zig clang`, not `zig c++`,
+# which would first build a C++ runtime for the host). It parses against the
+# headers the wheel carries (libc++, musl, clang's builtins) for one fixed
+# target, so the pass reads the same headers on every host: Linux x86_64
+# and aarch64, macOS. Syntax only, so the target never has to run.
+_ZIG_TARGET = "x86_64-linux-musl"
+_ZIG_LIBCXX_DEFINES = (
+    "_LIBCPP_ABI_VERSION=1", "_LIBCPP_ABI_NAMESPACE=__1", "_LIBCPP_HAS_THREADS=1",
+    "_LIBCPP_HAS_MONOTONIC_CLOCK", "_LIBCPP_HAS_TERMINAL", "_LIBCPP_HAS_MUSL_LIBC=1",
+    "_LIBCPP_DISABLE_VISIBILITY_ANNOTATIONS", "_LIBCXXABI_DISABLE_VISIBILITY_ANNOTATIONS",
+    "_LIBCPP_HAS_VENDOR_AVAILABILITY_ANNOTATIONS=0", "_LIBCPP_HAS_FILESYSTEM=1",
+    "_LIBCPP_HAS_RANDOM_DEVICE", "_LIBCPP_HAS_LOCALIZATION", "_LIBCPP_HAS_UNICODE",
+    "_LIBCPP_HAS_WIDE_CHARACTERS", "_LIBCPP_HAS_NO_STD_MODULES", "_LIBCPP_HAS_TIME_ZONE_DATABASE",
+    "_LIBCPP_PSTL_BACKEND_SERIAL", "_LIBCPP_HARDENING_MODE=_LIBCPP_HARDENING_MODE_NONE",
+    "_LIBCPP_ASSERTION_SEMANTIC_DEFAULT=_LIBCPP_ASSERTION_SEMANTIC_IGNORE",
+)
 
 
-_found_clang: dict[str | None, tuple[str, str]] = {}
+@dataclass(frozen=True)
+class Clang:
+    """A clang front end: the command line that starts it (before the
+    strict flags), its version line, and the header roots it brings, whose
+    diagnostics are reported at the .metal line that led to them."""
+
+    argv: tuple[str, ...]
+    version: str
+    header_roots: tuple[str, ...] = ("/usr/",)
 
 
-def _clang() -> tuple[str, str]:
-    """(path, version line) of a clang++ >= 15, or StrictError saying how to
-    install one."""
+def _version_of(argv: list[str]) -> tuple[int, str] | None:
+    try:
+        out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"clang version (\d+)", out)
+    return (int(m.group(1)), out.splitlines()[0]) if m else None
+
+
+def _zig_clang() -> Clang | None:
+    """The test extra's clang, or None where the ziglang wheel is absent."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ziglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    exe = next((p for p in (pkg / "zig", pkg / "zig.exe") if p.is_file()), None)
+    lib = pkg / "lib"
+    found = _version_of([str(exe), "clang"]) if exe else None
+    if not found or found[0] < 15:
+        return None
+    libc = lib / "libc" / "include"
+    dirs = [lib / "libcxx" / "include", lib / "libcxxabi" / "include", lib / "include",
+            libc / _ZIG_TARGET, libc / "generic-musl", libc / "x86-linux-any", libc / "any-linux-any"]
+    argv = [str(exe), "clang", "-target", _ZIG_TARGET, "-nostdinc", "-nostdinc++"]
+    for d in dirs:
+        argv += ["-isystem", str(d)]
+    argv += [f"-D{d}" for d in _ZIG_LIBCXX_DEFINES]
+    # libc++'s <utility> brings in <cmath> for older code, and its <math.h>
+    # declares float overloads (sqrt, floor, fma) in the global namespace
+    # that collide with the shim's metal:: ones; MSL has no global maths.
+    argv.append("-D_LIBCPP_REMOVE_TRANSITIVE_INCLUDES")
+    return Clang(tuple(argv), f"{found[1]} (ziglang, {_ZIG_TARGET} headers)", (str(lib) + os.sep,))
+
+
+_found_clang: dict[str | None, Clang] = {}
+
+
+def _clang() -> Clang:
+    """The front end: MLX_LATTICE_HARNESS_CLANG where set (a clang++ command
+    or path), else the test extra's clang (ziglang), else a system clang++ >=
+    15; StrictError saying how to get one where there is none."""
     env = os.environ.get("MLX_LATTICE_HARNESS_CLANG")
     if env in _found_clang:
         return _found_clang[env]
-    for name in ([env] if env else _CLANG_CANDIDATES):
+    found = None if env else _zig_clang()
+    for name in ([env] if env else _CLANG_CANDIDATES if found is None else ()):
         exe = shutil.which(name)
-        if not exe:
-            continue
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-        m = re.search(r"clang version (\d+)", out)
-        if m and int(m.group(1)) >= 15:
-            _found_clang[env] = (exe, out.splitlines()[0])
-            return _found_clang[env]
-    raise StrictError(
-        "the strict Metal pass needs clang++ >= 15 (address spaces as types, _Float16 on x86): "
-        "install it (Debian bookworm: apt-get install -y clang-16) or set MLX_LATTICE_HARNESS_CLANG"
-    )
+        version = _version_of([exe]) if exe else None
+        if version and version[0] >= 15:
+            found = Clang((exe,), version[1])
+            break
+    if found is None:
+        raise StrictError(
+            "the strict Metal pass needs clang >= 15 (address spaces as types, _Float16 on x86): "
+            'install the test extra (pip install -e ".[test]", which brings clang in the ziglang '
+            "wheel), or a system clang++ (Debian: apt-get install -y clang-16), or set "
+            "MLX_LATTICE_HARNESS_CLANG"
+        )
+    _found_clang[env] = found
+    return found
 
 
-def find_clang() -> str:
-    return _clang()[0]
+def find_clang() -> Clang:
+    return _clang()
+
+
+def _from_headers(file: str) -> bool:
+    """A diagnostic inside the shim or a standard header, not a .metal source."""
+    return file.startswith(str(INCLUDE)) or any(file.startswith(r) for r in _clang().header_roots)
 
 
 CLANG_FLAGS = [
@@ -429,7 +504,7 @@ def diagnose(stderr: str, mismatch_only: bool = False) -> list[Violation]:
     for g in _groups(stderr):
         if g[0][2] != "error" or (mismatch_only and not _space_mismatch(g)) or _bfloat_in_space(g):
             continue
-        sources = [(f, ln) for f, ln, _, _ in g if not f.startswith(str(INCLUDE)) and not f.startswith("/usr/")]
+        sources = [(f, ln) for f, ln, _, _ in g if not _from_headers(f)]
         where = sources[0] if sources else (g[0][0], g[0][1])
         rule, text = _rule_of(g[0][3])
         if mismatch_only or (rule == "compile" and any(_mentions_space(msg) for _, _, _, msg in g[1:])):
@@ -445,17 +520,18 @@ def clang_check(text: str, version: int, cache: Path) -> list[Violation]:
     """Address spaces (and the shim's static checks) through clang, in two
     passes: class objects without their spaces (every error counts), then
     with them (only pointers and references moved between spaces count)."""
-    exe, exe_version = _clang()
+    clang = _clang()
     units = [clang_unit(text), clang_unit(text, class_spaces=True)]
     key = hashlib.sha256(
-        ("".join(units) + str(version) + exe_version + " ".join(CLANG_FLAGS) + _shim_digest()).encode()
+        ("".join(units) + str(version) + " ".join(clang.argv) + clang.version + " ".join(CLANG_FLAGS)
+         + _shim_digest()).encode()
     ).hexdigest()[:20]
     stamp = cache / f"strict-{key}.ok"
     if stamp.exists():
         return []
     for second, unit in enumerate(units):
         res = subprocess.run(
-            [exe, *CLANG_FLAGS, f"-D__METAL_VERSION__={version}", "-"],
+            [*clang.argv, *CLANG_FLAGS, f"-D__METAL_VERSION__={version}", "-"],
             input=unit, capture_output=True, text=True,
         )
         if res.returncode == 0:
