@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     conv.add_argument("--layout", default="KRSC", help="spconv weight layout: KRSC (2.x), RSCK (1.x), RSKC")
     conv.add_argument("--prefix", default="", help="convert only the entries whose names start with this")
     conv.add_argument("input", help=".pth checkpoint (needs torch) or safetensors file")
-    conv.add_argument("output", help="converted .safetensors")
+    conv.add_argument("output", help="converted .safetensors; load it with "
+                      "mlx_lattice.convert.load_converted(path, model)")
 
     doctor = sub.add_parser("doctor", help="what this install can run here: versions, backends, "
                             "Metal libraries, capability tier, the route a typical layer takes")
@@ -68,18 +69,15 @@ def main(argv=None) -> int:
                 print(f"{r['name']:<34} {r['backend']:<6} {r['priority']:>4}  {r['predicate']}")
         return 0
     if args.command == "convert":
-        import mlx.core as mx
-
         from . import convert
 
-        extra = {"layout": args.layout} if args.source == "spconv" else {}
         try:
             sd = {k: v for k, v in convert.load_state_dict(args.input).items() if k.startswith(args.prefix)}
-            flat = convert.SOURCES[args.source](sd, axes=args.axes, **extra)
+            n = convert.save_converted(sd, args.output, source=args.source, axes=args.axes, layout=args.layout)
         except (ValueError, TypeError) as e:
             parser.error(f"convert: {e}")
-        mx.save_safetensors(args.output, flat, metadata={"source": args.source, "axes": args.axes})
-        print(f"{len(flat)} tensors -> {args.output}")
+        print(f"{n} tensors -> {args.output}; load them with "
+              f"mlx_lattice.convert.load_converted({args.output!r}, model)")
         return 0
     return 2
 

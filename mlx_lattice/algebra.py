@@ -6,8 +6,8 @@
 - :func:`fork`: one tensor handed to two layers (its gradients summed in
   one multithreaded pass on the CPU).
 - :func:`add`, :func:`sub`, :func:`mul`, :func:`maximum`, :func:`minimum`:
-  element-wise ops on the same support, or on the union or the intersection
-  of two supports.
+  element-wise ops on the same voxels, or, when a ``mode`` asks for it, on
+  the union or the intersection of two supports.
 - :func:`prune`, :func:`crop`, :func:`top_k`: keep a subset of rows (by a
   mask, a box, or the largest scores per batch item).
 - :func:`sparse_collate`: several scenes as the batch items of one tensor.
@@ -74,8 +74,11 @@ def _same_layout(op, a: SparseTensor, b: SparseTensor):
         raise ValueError(f"{op}: tensor strides differ: {a.stride} and {b.stride}")
 
 
-def _new_tensor(manager: CoordinateManager, coords: np.ndarray, feats: mx.array, stride) -> SparseTensor:
+def _new_tensor(manager: CoordinateManager, coords: np.ndarray, feats: mx.array, stride, num_batches=0) -> SparseTensor:
+    """A tensor on a new set of ``manager``; ``num_batches``: the batch size
+    it keeps (its source's, so empty trailing batch items survive)."""
     cset = manager.register(mx.array(np.ascontiguousarray(coords, dtype=np.int32)), stride)
+    cset.declare_batches(num_batches)
     return SparseTensor._from_set(cset, feats, manager)
 
 
@@ -153,7 +156,7 @@ def from_dense(
     cells[:, 1:] += np.asarray(triple(origin, "origin", minimum=-(2**31)), dtype=np.int64)
     feats = dense.reshape(-1, dense.shape[4])[mx.array(flat.astype(np.int32))]
     manager = manager if manager is not None else CoordinateManager()
-    return _new_tensor(manager, cells, feats, triple(stride, "stride", minimum=1))
+    return _new_tensor(manager, cells, feats, triple(stride, "stride", minimum=1), num_batches=grid[0])
 
 
 # ---------------------------------------------------------------- algebra
@@ -229,23 +232,34 @@ def fork(x):
     return a, b
 
 
-# Element-wise binary ops: the default support, and the value a voxel absent
-# from one operand takes (None: the other operand's value passes through).
+# Element-wise binary ops: the value a voxel absent from one operand takes
+# (None: the other operand's value passes through), and the array op.
 _BINARY = {
-    "add": ("union", 0.0, mx.add),
-    "sub": ("union", 0.0, mx.subtract),
-    "mul": ("intersection", 0.0, mx.multiply),
-    "maximum": ("union", None, mx.maximum),
-    "minimum": ("union", None, mx.minimum),
+    "add": (0.0, mx.add),
+    "sub": (0.0, mx.subtract),
+    "mul": (0.0, mx.multiply),
+    "maximum": (None, mx.maximum),
+    "minimum": (None, mx.minimum),
 }
+
+
+def _different_supports(op, a, b, b_rows_of_a) -> ValueError:
+    shared = int((b_rows_of_a >= 0).sum())
+    return ValueError(
+        f"{op}: a and b hold different voxels (a {len(a)}, b {len(b)}, {shared} in both), so there is no "
+        f"row-by-row {op}. Pass mode='union' (every voxel of either) or mode='intersection' (voxels of "
+        "both) to combine different supports. If both should lie on the same voxels, build the second "
+        "tensor from the first: a.replace(feats), or SparseTensor(a.coords, feats), which shares a's "
+        "coordinate manager (a tensor rebuilt from copied coordinates gets its own manager, and a later "
+        "conv_transpose3d may land on other voxels)"
+    )
 
 
 def _binary(op, a, b, mode):
     _check(op, a, b)
-    default, absent, fn = _BINARY[op]
-    mode = default if mode is None else mode
-    if mode not in ("union", "intersection"):
-        raise ValueError(f"{op}: mode must be 'union' or 'intersection', got {mode!r}")
+    absent, fn = _BINARY[op]
+    if mode not in (None, "union", "intersection"):
+        raise ValueError(f"{op}: mode must be None, 'union' or 'intersection', got {mode!r}")
     _same_layout(op, a, b)
     if a.feats.shape[1] != b.feats.shape[1]:
         raise ValueError(f"{op}: channel counts differ: {a.feats.shape[1]} and {b.feats.shape[1]}")
@@ -255,12 +269,17 @@ def _binary(op, a, b, mode):
         return a.replace(fn(a.feats, b.feats))
     b_rows_of_a = _lookup(b, a.coords)  # where each of a's voxels sits in b
     on_b = b_rows_of_a >= 0
+    if mode is None:
+        # No mode: the voxel sets must be equal (rows in any order).
+        if len(a) != len(b) or not on_b.all():
+            raise _different_supports(op, a, b, b_rows_of_a)
+        return a.replace(fn(a.feats, b.feats[mx.array(b_rows_of_a.astype(np.int32))]))
     if mode == "intersection":
         if on_b.all():
             return a.replace(fn(a.feats, _gather_rows(b.feats, b_rows_of_a)))
         sel = np.flatnonzero(on_b)
         feats = fn(a.feats[mx.array(sel.astype(np.int32))], b.feats[mx.array(b_rows_of_a[sel].astype(np.int32))])
-        return _new_tensor(a.manager, _coords_np(a)[sel], feats, a.stride)
+        return _new_tensor(a.manager, _coords_np(a)[sel], feats, a.stride, max(a.num_batches, b.num_batches))
     a_rows_of_b = _lookup(a, b.coords)
     extra = np.flatnonzero(a_rows_of_b < 0)
     zeros = lambda n: mx.zeros((n, a.feats.shape[1]), dtype=a.dtype)  # noqa: E731
@@ -276,14 +295,18 @@ def _binary(op, a, b, mode):
         return a.replace(on_a)
     feats = mx.concatenate([on_a, b_only], axis=0)
     coords = np.concatenate([_coords_np(a), _coords_np(b)[extra]], axis=0)
-    return _new_tensor(a.manager, coords, feats, a.stride)
+    return _new_tensor(a.manager, coords, feats, a.stride, max(a.num_batches, b.num_batches))
 
 
-def add(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
-    """Element-wise ``a + b``, missing voxels counting as zero.
+def add(a: SparseTensor, b: SparseTensor, mode=None) -> SparseTensor:
+    """Element-wise ``a + b``.
 
-    On the same coordinate set: ``a``'s rows. Otherwise ``mode`` picks the
-    support:
+    ``mode=None`` (the default) needs both tensors on the same voxels: on
+    the same coordinate set the op runs row by row on ``a``'s rows; two sets
+    holding the same voxels in another order are aligned by hash lookup
+    (``a``'s rows and set, as :func:`cat`); different voxels raise
+    ``ValueError``, never a silent union. To combine different supports,
+    ask for one (missing voxels count as zero):
 
     - ``'union'``: ``a``'s rows in ``a``'s order, then ``b``'s voxels absent
       from ``a`` in ``b``'s order (``a``'s coordinate set when ``b``'s voxels
@@ -298,28 +321,30 @@ def add(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
     return _binary("add", a, b, mode)
 
 
-def sub(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
-    """Element-wise ``a - b``, missing voxels counting as zero (so a voxel
-    only in ``b`` gives ``-b``). Supports and row order as :func:`add`."""
+def sub(a: SparseTensor, b: SparseTensor, mode=None) -> SparseTensor:
+    """Element-wise ``a - b``; with ``mode='union'`` missing voxels count as
+    zero (a voxel only in ``b`` gives ``-b``). Modes and row order as
+    :func:`add`."""
     return _binary("sub", a, b, mode)
 
 
-def mul(a: SparseTensor, b: SparseTensor, mode="intersection") -> SparseTensor:
-    """Element-wise ``a * b``. By default on the intersection of the supports;
-    with ``mode='union'`` the voxels in only one tensor are kept with value
-    zero (a missing voxel counts as zero). Row order as :func:`add`."""
+def mul(a: SparseTensor, b: SparseTensor, mode=None) -> SparseTensor:
+    """Element-wise ``a * b``. Modes and row order as :func:`add`; with
+    ``mode='union'`` the voxels in only one tensor are kept with value zero
+    (a missing voxel counts as zero), ``mode='intersection'`` keeps the
+    voxels of both (the usual choice for a mask)."""
     return _binary("mul", a, b, mode)
 
 
-def maximum(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
+def maximum(a: SparseTensor, b: SparseTensor, mode=None) -> SparseTensor:
     """Element-wise maximum. A missing voxel is no value, not a zero (as in
     max pooling): with ``mode='union'`` a voxel held by one tensor only keeps
-    that tensor's features. Supports and row order as :func:`add`; gradients
+    that tensor's features. Modes and row order as :func:`add`; gradients
     follow ``mx.maximum``."""
     return _binary("maximum", a, b, mode)
 
 
-def minimum(a: SparseTensor, b: SparseTensor, mode="union") -> SparseTensor:
+def minimum(a: SparseTensor, b: SparseTensor, mode=None) -> SparseTensor:
     """Element-wise minimum; missing voxels as in :func:`maximum`."""
     return _binary("minimum", a, b, mode)
 
@@ -338,7 +363,7 @@ def prune(x: SparseTensor, keep) -> SparseTensor:
         return x
     sel = np.flatnonzero(k)
     feats = x.feats[mx.array(sel.astype(np.int32))]
-    return _new_tensor(x.manager, _coords_np(x)[sel], feats, x.stride)
+    return _new_tensor(x.manager, _coords_np(x)[sel], feats, x.stride, x.num_batches)
 
 
 def _box(v, name, n_b):
@@ -426,7 +451,10 @@ def sparse_collate(items, *, manager=None) -> SparseTensor:
     indices are shifted by the number of batch items before it, so each
     scene keeps its own batch index; rows stay in item order. Features are
     concatenated (gradients flow back to each item). SparseTensor items must
-    share one stride, which the result keeps.
+    share one stride, which the result keeps. An empty scene still counts as
+    a batch item, at the end too: ``num_batches`` is the number of scenes
+    (items with several batch items count theirs), and global pooling gives
+    every scene a row.
     """
     items = list(items)
     if not items:
@@ -467,6 +495,7 @@ def sparse_collate(items, *, manager=None) -> SparseTensor:
         raise TypeError("sparse_collate: feature dtypes differ")
     coords = np.concatenate(coords_parts, axis=0)
     feats = mx.concatenate(feats_parts, axis=0)
-    return SparseTensor(
-        as_coords(coords), feats, stride=stride or 1, manager=manager
-    )
+    out = SparseTensor(as_coords(coords), feats, stride=stride or 1, manager=manager)
+    # Every item keeps its batch index, empty trailing ones included.
+    out.coordinate_set.declare_batches(offset)
+    return out

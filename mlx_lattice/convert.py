@@ -17,10 +17,17 @@ Without ``model`` a converter returns the flat dict of mx.arrays named
 into the model's convolution / linear / batch-norm modules, matched in order
 (definition order, depth first), casts them to the model's dtypes and returns
 the model. Any other tensor in the source is an error, never dropped.
+
+Files: :func:`save_converted` (what ``python -m mlx_lattice convert`` runs)
+writes the converted tensors to a safetensors file together with the source's
+module order (safetensors stores keys sorted, which loses it), and
+:func:`load_converted` reads such a file into a model in that order, in one
+call: ``convert.load_converted("out.safetensors", model)``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -38,9 +45,14 @@ __all__ = [
     "from_torchsparse",
     "from_minkowski",
     "load_state_dict",
+    "save_converted",
+    "load_converted",
     "source_coordinates",
     "SOURCES",
 ]
+
+# The metadata "format" of files written by save_converted (the CLI).
+CONVERTED_FORMAT = "mlx_lattice.converted/1"
 
 SPCONV_LAYOUTS = ("KRSC", "RSCK", "RSKC")
 _BN_KEYS = ("weight", "bias", "running_mean", "running_var")
@@ -90,7 +102,9 @@ def load_state_dict(path) -> dict:
     if not os.path.isfile(path):
         raise ValueError(f"path: no such file {path!r}")
     if _is_safetensors(path):
-        tensors = mx.load(path, format="safetensors")
+        tensors, metadata = mx.load(path, format="safetensors", return_metadata=True)
+        if metadata.get("format") == CONVERTED_FORMAT:
+            return _in_module_order(tensors, metadata, path)
         return {k: tensors[k] for k in sorted(tensors, key=_natural_key)}
     try:
         import torch
@@ -378,6 +392,87 @@ def _convert(units, model, axes):
     if model is None:
         return _flat(units, perm)
     return _load(units, model, perm)
+
+
+def _source_units(state_dict, source, layout="KRSC"):
+    if source == "spconv":
+        if layout not in SPCONV_LAYOUTS:
+            raise ValueError(f"layout must be one of {SPCONV_LAYOUTS}, got {layout!r}")
+        return _units(state_dict, _spconv_conv(layout))
+    if source == "torchsparse":
+        return _units(state_dict, _offset_table_conv(_torchsparse_order))
+    if source == "minkowski":
+        return _units(state_dict, _offset_table_conv(_minkowski_order))
+    raise ValueError(f"source must be one of {sorted(SOURCES)}, got {source!r}")
+
+
+def save_converted(state_dict, path, *, source: str, axes: str = "xyz", layout: str = "KRSC") -> int:
+    """Convert a ``source`` (``"spconv"``, ``"torchsparse"``, ``"minkowski"``)
+    state dict and write it to the safetensors file ``path``; returns the
+    number of tensors written (``python -m mlx_lattice convert`` runs this).
+
+    The tensors are in our layout under their source names
+    (``<source module>.<our parameter>``, as the converters return without a
+    model); the metadata holds ``source``, ``axes`` and the source's module
+    order, which :func:`load_converted` needs to pair them with a model's
+    layers. ``axes`` and ``layout`` as for the converters.
+    """
+    units = _source_units(state_dict, source, layout)
+    flat = _flat(units, _axes_perm(axes))
+    metadata = {
+        "format": CONVERTED_FORMAT,
+        "source": source,
+        "axes": axes,
+        "modules": json.dumps([u.name for u in units]),
+    }
+    mx.save_safetensors(os.fspath(path), flat, metadata=metadata)
+    return len(flat)
+
+
+def _in_module_order(tensors: dict, metadata: dict, path: str) -> dict:
+    try:
+        modules = json.loads(metadata["modules"])
+    except (KeyError, ValueError):
+        raise ValueError(f"path: {path!r} has no readable module order in its metadata") from None
+    by_module: dict[str, list[str]] = {}
+    for key in tensors:
+        by_module.setdefault(key.rpartition(".")[0], []).append(key)
+    if sorted(by_module) != sorted(modules):
+        raise ValueError(f"path: {path!r}: its tensors do not match the module list in its metadata")
+    return {k: tensors[k] for name in modules for k in by_module[name]}
+
+
+def load_converted(path, model=None):
+    """Read a file written by :func:`save_converted` / ``python -m
+    mlx_lattice convert`` into ``model``, in one call::
+
+        model = convert.load_converted("out.safetensors", MinkUNet(4, 19))
+
+    The tensors are already in our layout and axes; they are paired with the
+    model's convolution / linear / batch-norm layers in the source's module
+    order (kept in the file's metadata), checked and cast as the converters
+    do with a model, and loaded. Returns the model; without ``model``, the
+    ``{<source module>.<parameter>: mx.array}`` dict in the source's order.
+    ``model.load_weights(path)`` cannot read such a file: its names are the
+    source's, not the model's.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"path: no such file {path!r}")
+    if not _is_safetensors(path):
+        raise ValueError(f"path: {path!r} is not a safetensors file")
+    tensors, metadata = mx.load(path, format="safetensors", return_metadata=True)
+    if metadata.get("format") != CONVERTED_FORMAT:
+        raise ValueError(
+            f"path: {path!r} was not written by `python -m mlx_lattice convert` (its metadata has no "
+            "module order); convert the source checkpoint with it, or call "
+            "convert.from_<library>(convert.load_state_dict(<source checkpoint>), model)"
+        )
+    ordered = _in_module_order(tensors, metadata, path)
+    if model is None:
+        return ordered
+    # Our layout is spconv 2.x's KRSC in our own axes.
+    return _load(_units(ordered, _spconv_conv("KRSC")), model, _axes_perm("xyz"))
 
 
 def from_spconv(state_dict, model=None, *, axes: str = "xyz", layout: str = "KRSC"):

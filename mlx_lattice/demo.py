@@ -21,10 +21,9 @@ from collections import Counter
 import numpy as np
 import mlx.core as mx
 import mlx.nn as mnn
-import mlx.optimizers as optim
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten
 
-from . import diagnostics, num_threads, scenes, tasks
+from . import diagnostics, num_threads, optimizers, scenes, tasks
 from ._png import write_png
 from .models import MinkUNet
 from .points import devoxelize, sparse_quantize
@@ -194,32 +193,20 @@ def run(args) -> int:
     )
 
     mx.random.seed(args.seed)
-    # float32 master weights (what the optimizer updates); half-precision runs
-    # use a cast copy for the passes, so Adam never sees half-precision state
-    master = MinkUNet(in_channels=x.feats.shape[1], num_classes=3, width=args.width)
-    model = master
+    model = MinkUNet(in_channels=x.feats.shape[1], num_classes=3, width=args.width)
     if dtype != mx.float32:
-        model = MinkUNet(in_channels=x.feats.shape[1], num_classes=3, width=args.width)
         model.set_dtype(dtype)
-    n_params = sum(v.size for _, v in tree_flatten(master.trainable_parameters()))
+    n_params = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     labels_mx = mx.array(labels)
 
-    def bind(params):
-        if model is not master:
-            params = tree_map(lambda p: p.astype(dtype), params)
-        model.update(params)
-        return model
-
-    def loss_fn(params, t):
-        logits = bind(params)(t).feats.astype(mx.float32)
+    def loss_fn(m, t):
+        logits = m(t).feats.astype(mx.float32)  # the loss in float32
         return mnn.losses.cross_entropy(logits, labels_mx, reduction="mean")
 
-    value_and_grad = mx.value_and_grad(loss_fn)
+    value_and_grad = mnn.value_and_grad(model, loss_fn)
 
     def grad_fn(t):
-        return value_and_grad(master.trainable_parameters(), t)
-
-    bind(master.trainable_parameters())
+        return value_and_grad(model, t)
 
     _say(f"[3/6] MinkUNet {args.width:g}x ({n_params / 1e6:.2f}M parameters, {args.dtype}, "
          f"{num_threads()} CPU threads): forward and backward")
@@ -248,13 +235,17 @@ def run(args) -> int:
     stages.add(f"forward+backward (best of {len(fb_times)})", min(fb_times))
 
     _say(f"[4/6] fit to the labels: Adam, {args.train_steps} steps")
-    optimizer = optim.Adam(learning_rate=args.lr)
+    optimizer = optimizers.Adam(learning_rate=args.lr)
+    if dtype != mx.float32:
+        # Half-precision passes, float32 master weights and Adam state: Adam
+        # on float16 parameters would underflow (NaN from the second step).
+        optimizer = optimizers.MixedPrecision(optimizer)
     t0 = time.perf_counter()
     curve = []
     for step in range(args.train_steps):
         loss, grads = grad_fn(x)
-        optimizer.update(master, grads)
-        mx.eval(loss, master.parameters(), optimizer.state)
+        optimizer.update(model, grads)
+        mx.eval(loss, model.parameters(), optimizer.state)
         curve.append(float(loss))
         if step % 5 == 0 or step == args.train_steps - 1:
             _say(f"      step {step:3d}  loss {curve[-1]:.4f}  ({time.perf_counter() - t0:5.1f} s)")
@@ -264,7 +255,7 @@ def run(args) -> int:
     # Batch norm keeps normalising with this scene's statistics: after a few
     # steps its running averages have not settled yet.
     t0 = time.perf_counter()
-    logits = bind(master.trainable_parameters())(x)
+    logits = model(x)
     pred = np.array(mx.argmax(logits.feats, axis=1)).astype(np.int64)
     stages.add("predict", time.perf_counter() - t0)
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 
 import numpy as np
 import mlx.core as mx
@@ -107,6 +108,18 @@ class CoordinateSet:
         n = coords.shape[0]
         _record_map("table", route, before, map_kind=None, n_in=n, n_out=n, k=1, edges=0)
         self._batch_counts = None
+        # Batch items declared beyond the last one holding a voxel (empty
+        # trailing items): at least ``_declared_batches`` items, and at least
+        # as many as the set it was derived from (a convolution's output
+        # keeps its input's batch size).
+        self._declared_batches = 0
+        self._batch_parent = None
+        self._manager = None  # weak reference to the owning manager
+
+    @property
+    def manager(self):
+        """The CoordinateManager that registered this set (None once it is gone)."""
+        return None if self._manager is None else self._manager()
 
     @property
     def table(self):
@@ -120,11 +133,70 @@ class CoordinateSet:
     def size(self) -> int:
         return self.coords.shape[0]
 
+    @property
+    def num_batches(self) -> int:
+        """Batch items: one past the largest batch index, or more where a
+        batch size was declared (``batch_counts=``) on this set or the set it
+        was derived from."""
+        return len(self.batch_counts())
+
+    def declare_batches(self, n: int) -> None:
+        """Record that this set spans at least ``n`` batch items (the last
+        ones may hold no voxel)."""
+        if n > self._declared_batches:
+            self._declared_batches = int(n)
+
+    def _min_batches(self) -> int:
+        n = self._declared_batches
+        if self._batch_parent is not None:
+            n = max(n, self._batch_parent._min_batches())
+        return n
+
     def batch_counts(self) -> np.ndarray:
+        """Rows per batch item, ``(num_batches,)`` int64 (zeros for empty items)."""
         if self._batch_counts is None:
             b = np.array(self.coords[:, 0]) if self.size else np.zeros(0, np.int32)
-            self._batch_counts = np.bincount(b, minlength=int(b.max()) + 1 if b.size else 0)
-        return self._batch_counts
+            self._batch_counts = np.bincount(b, minlength=int(b.max()) + 1 if b.size else 0).astype(np.int64)
+        counts = self._batch_counts
+        extra = self._min_batches() - len(counts)
+        return np.pad(counts, (0, extra)) if extra > 0 else counts
+
+
+# Every live coordinate set by the id of its coordinate arrays (the stored
+# array and the one the user registered). A SparseTensor built from an array
+# that is a live set's coordinates joins that set and its manager (checked
+# with ``is``: an id alone may be reused once its array is gone).
+_OWNERS: "weakref.WeakValueDictionary[int, CoordinateSet]" = weakref.WeakValueDictionary()
+_OWNERS_LOCK = threading.Lock()
+
+
+def _live_owner(arr):
+    s = _OWNERS.get(id(arr))
+    if s is None or not (s.coords is arr or s.source is arr) or s.manager is None:
+        return None
+    return s
+
+
+def _record_owner(s: "CoordinateSet", manager: "CoordinateManager") -> None:
+    """Record ``manager`` as the owner of ``s``'s arrays; an array a live
+    set of another manager already owns (a tensor's coordinates registered
+    again as another network's ``coordinates=``) keeps its first owner."""
+    s._manager = weakref.ref(manager)
+    with _OWNERS_LOCK:
+        for arr in (s.coords, s.source):
+            if arr is not None and _live_owner(arr) is None:
+                _OWNERS[id(arr)] = s
+
+
+def owner_of(coords):
+    """``(manager, coordinate set)`` when ``coords`` is (the very array
+    object of) a live coordinate set's coordinates, else None."""
+    with _OWNERS_LOCK:
+        s = _live_owner(coords)
+    if s is None:
+        return None
+    manager = s.manager
+    return None if manager is None else (manager, s)
 
 
 class CoordinateManager:
@@ -152,11 +224,24 @@ class CoordinateManager:
             # Both arrays stay referenced by the set, so their ids stay unique.
             self._sets[id(coords)] = s
             self._sets[id(contiguous)] = s
+            _record_owner(s, self)
             return s
 
-    def _new_set(self, coords: mx.array, stride, trusted=False) -> CoordinateSet:
+    def find(self, coords) -> CoordinateSet | None:
+        """The set this manager registered for this very array, or None."""
+        with self._lock:
+            s = self._sets.get(id(coords))
+            if s is not None and (s.coords is coords or s.source is coords):
+                return s
+            return None
+
+    def _new_set(self, coords: mx.array, stride, trusted=False, parent=None) -> CoordinateSet:
+        """A set this manager derived (an op's output); ``parent``: the set
+        it came from, whose batch size it keeps."""
         s = CoordinateSet(coords, tuple(stride), trusted=trusted)
+        s._batch_parent = parent
         self._sets[id(coords)] = s
+        _record_owner(s, self)
         return s
 
     # ------------------------------------------------------------ relations
@@ -225,7 +310,7 @@ class CoordinateManager:
         def build():
             out = self._support(src, geom, generative=False)
             stride = tuple(a * b for a, b in zip(src.stride, geom.stride))
-            out_set = self._new_set(out, stride, trusted=True)
+            out_set = self._new_set(out, stride, trusted=True, parent=src)
             self._parents.setdefault((out_set.id, geom.stride), (src, geom))
             return self._build(src, out, geom, False, "forward", out_set), out_set
 
@@ -268,7 +353,7 @@ class CoordinateManager:
                     stride = tuple(
                         a // b if a % b == 0 else 1 for a, b in zip(src.stride, geom.stride)
                     )
-                    return None, self._new_set(up, stride)
+                    return None, self._new_set(up, stride, parent=src)
 
                 dst = self._cached(key, make_dst)[1]
         key = ("transposed", src.id, dst.id, geom)
@@ -290,7 +375,7 @@ class CoordinateManager:
         def build():
             out = self._support(src, geom, generative=True)
             stride = tuple(a // b if a % b == 0 else 1 for a, b in zip(src.stride, geom.stride))
-            out_set = self._new_set(out, stride, trusted=True)
+            out_set = self._new_set(out, stride, trusted=True, parent=src)
             return self._build(src, out, geom, True, "generative"), out_set
 
         return self._cached(key, build)

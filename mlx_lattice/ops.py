@@ -92,7 +92,12 @@ def mapped_weight(weight: mx.array) -> mx.array:
 def _target_set(x: SparseTensor, coordinates, stride):
     if isinstance(coordinates, SparseTensor):
         if coordinates.manager is not x.manager:
-            raise ValueError("coordinates must belong to the same CoordinateManager as x")
+            raise ValueError(
+                "coordinates must belong to the same CoordinateManager as x; pass the target's "
+                "coordinate array instead, coordinates=t.coords (hashed into x's manager), or build "
+                "both tensors on one manager (t.replace(feats) or SparseTensor(t.coords, feats) "
+                "keep t's manager; SparseTensor(..., manager=x.manager) joins x's)"
+            )
         return coordinates.coordinate_set
     return x.manager.register(as_coords(coordinates, "coordinates"), stride)
 

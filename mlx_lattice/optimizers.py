@@ -12,12 +12,26 @@ float32 in MLX's order. Other dtypes and GPU streams take MLX's update.
     import mlx_lattice.optimizers as optim
     opt = optim.Adam(learning_rate=1e-3)
     opt.update(model, grads)
+
+Half precision: Adam's ``eps`` (1e-8) and squared gradients underflow in
+float16, so Adam on float16 parameters gives NaN within a step or two (these
+classes warn once when asked to). :class:`MixedPrecision` wraps any
+optimizer to keep float32 master weights and optimizer state for a float16
+or bfloat16 model:
+
+    model.set_dtype(mx.float16)
+    opt = optim.MixedPrecision(optim.Adam(learning_rate=1e-3))
+    loss, grads = mlx.nn.value_and_grad(model, loss_fn)(model, x)
+    opt.update(model, grads)
 """
 
 from __future__ import annotations
 
+import warnings
+
 import mlx.core as mx
 import mlx.optimizers as mopt
+from mlx.utils import tree_map
 
 from . import _ext, routes
 
@@ -60,6 +74,15 @@ class _FusedAdam:
         return self._scalars
 
     def apply_single(self, gradient: mx.array, parameter: mx.array, state: dict):
+        if parameter.dtype == mx.float16 and not getattr(self, "_warned_float16", False):
+            self._warned_float16 = True
+            warnings.warn(
+                f"{type(self).__name__}: updating float16 parameters; eps={self.eps:g} and the squared "
+                "gradients underflow in float16, which turns the update into NaN within a few steps. "
+                "Keep float32 master weights: mlx_lattice.optimizers.MixedPrecision("
+                f"{type(self).__name__}(...)) (docs/mixed_precision.md)",
+                stacklevel=2,
+            )
         if not _fusable(gradient, parameter, state):
             return super().apply_single(gradient, parameter, state)
         b1, b2 = self.betas
@@ -85,4 +108,119 @@ class AdamW(_FusedAdam, mopt.AdamW):
         return self.weight_decay
 
 
-__all__ = ["Adam", "AdamW"]
+def _masters(grads, params, masters, dtype):
+    """The master copy of every parameter the gradient tree names: the one
+    kept from earlier steps when it has the parameter's shape, else the
+    parameter cast to ``dtype`` (first step, or a parameter that began
+    training since)."""
+    if isinstance(grads, dict):
+        masters = masters if isinstance(masters, dict) else {}
+        return {k: _masters(g, params[k], masters.get(k), dtype) for k, g in grads.items()}
+    if isinstance(grads, (list, tuple)):
+        ok = isinstance(masters, (list, tuple)) and len(masters) == len(grads)
+        return [_masters(g, params[i], masters[i] if ok else None, dtype) for i, g in enumerate(grads)]
+    if isinstance(masters, mx.array) and masters.shape == params.shape:
+        return masters
+    return params.astype(dtype)
+
+
+class MixedPrecision:
+    """Train a half-precision model on float32 master weights.
+
+    ``MixedPrecision(optimizer)`` wraps any
+    ``mlx.optimizers`` optimizer (ours included) and has its interface:
+    ``update(model, grads)``, ``apply_gradients(grads, params)``,
+    ``init(params)``, ``state``, ``learning_rate``, ``step``. The model's
+    parameters stay in their own dtype (float16 or bfloat16, for fast
+    passes and small activations); the wrapper keeps a float32 copy of every
+    trained parameter (``state["master"]``), and the wrapped optimizer's
+    state is float32 too. Each update casts the gradients up,
+    lets the optimizer update the master copy, and writes the master copy
+    cast to each parameter's dtype back to the model. Small updates that
+    round away in float16 accumulate in the master copy, and Adam's ``eps``
+    and second moments never underflow.
+
+        model.set_dtype(mx.float16)
+        opt = MixedPrecision(Adam(learning_rate=1e-3))
+        loss, grads = mlx.nn.value_and_grad(model, loss_fn)(model, x)
+        opt.update(model, grads)
+
+    The master copy is made from the model on the first update (or by
+    ``init(model.trainable_parameters())``). It is the truth from then on:
+    after loading other weights into the model (``load_weights``, a
+    converter), call ``init`` again, or the next update overwrites them.
+    ``state`` holds the master copy and the optimizer's state, so saving and
+    loading it (``tree_flatten`` / ``tree_unflatten``) resumes training
+    exactly, and ``mx.compile`` takes it as captured state like any
+    optimizer's (call ``init(model.trainable_parameters())`` first, then
+    ``state = [model.state, opt.state]``). Gradients are those of
+    the half-precision model: compute the loss in float32
+    (``logits.astype(mx.float32)``). No loss scaling is applied.
+    """
+
+    master_dtype = mx.float32
+
+    def __init__(self, optimizer):
+        if not isinstance(optimizer, mopt.Optimizer):
+            raise TypeError(
+                f"optimizer must be an mlx.optimizers.Optimizer (e.g. mlx_lattice.optimizers.Adam(...)), "
+                f"got {type(optimizer).__name__}"
+            )
+        self.optimizer = optimizer
+        self._state = {"master": None, "optimizer": optimizer.state}
+
+    # -------------------------------------------------------------- state
+    @property
+    def state(self) -> dict:
+        """``{"master": master weights, "optimizer": the wrapped optimizer's state}``."""
+        self._state["optimizer"] = self.optimizer.state
+        return self._state
+
+    @state.setter
+    def state(self, state: dict):
+        if not isinstance(state, dict) or set(state) != {"master", "optimizer"}:
+            raise ValueError("state must be a dict with keys 'master' and 'optimizer' (a MixedPrecision state)")
+        self._state["master"] = state["master"]
+        self.optimizer.state = state["optimizer"]
+        self._state["optimizer"] = self.optimizer.state
+
+    @property
+    def learning_rate(self):
+        return self.optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self.optimizer.learning_rate = value
+
+    @property
+    def step(self):
+        return self.optimizer.step
+
+    # -------------------------------------------------------------- updates
+    def init(self, parameters) -> None:
+        """(Re)make the master copy from ``parameters`` (e.g.
+        ``model.trainable_parameters()``) and initialise the optimizer's
+        state for it (moments already there are kept)."""
+        master = tree_map(lambda p: p.astype(self.master_dtype), parameters)
+        self._state["master"] = master
+        self.optimizer.init(master)
+
+    def apply_gradients(self, gradients, parameters):
+        """Parameters after one step, each in its own dtype, shaped as
+        ``gradients`` (``parameters`` may hold more, e.g. the model)."""
+        dtype = self.master_dtype
+        master = _masters(gradients, parameters, self._state["master"], dtype)
+        grads = tree_map(lambda g: g.astype(dtype), gradients)
+        master = self.optimizer.apply_gradients(grads, master)
+        self._state["master"] = master
+        return tree_map(lambda m, p: m.astype(p.dtype), master, parameters)
+
+    def update(self, model, gradients) -> None:
+        """Apply the gradients to the master copy and write it to the model."""
+        model.update(self.apply_gradients(gradients, model))
+
+    def __repr__(self) -> str:
+        return f"MixedPrecision({type(self.optimizer).__name__})"
+
+
+__all__ = ["Adam", "AdamW", "MixedPrecision"]

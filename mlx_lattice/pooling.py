@@ -23,7 +23,12 @@ coarse voxel's features go back to the fine voxels of its receptive field,
 on the support :func:`mlx_lattice.ops.conv_transpose3d` would use.
 
 Global pooling reduces each batch item to one row: ``(B, C)`` dense arrays
-with ``B = x.num_batches``; batch items without voxels give zeros.
+with ``B = x.num_batches``, one row per batch item in batch order; batch
+items without voxels give zeros (sum, average and max alike). The batch
+column alone cannot hold an empty last item: build the tensor with
+``batch_counts=`` (``SparseTensor(coords, feats, batch_counts=[2, 0])``, or
+:func:`mlx_lattice.sparse_collate`) and every tensor computed from it keeps
+that batch size.
 
 Everything is built from MLX gathers, scatters and elementwise ops, so
 ``mx.grad``, ``mx.vjp``, ``mx.jvp`` and ``mx.compile`` apply.
@@ -164,14 +169,16 @@ def _batch_index(x: SparseTensor):
 
 
 def global_sum_pool(x: SparseTensor) -> mx.array:
-    """Per batch item, the sum of its voxels' features: ``(B, C)``."""
+    """Per batch item, the sum of its voxels' features: ``(B, C)`` with
+    ``B = x.num_batches`` (0 for an empty item)."""
     _check("global_sum_pool", x)
     b, n_b, _ = _batch_index(x)
     return segment_sum(x.feats, b, n_b).astype(x.dtype)
 
 
 def global_avg_pool(x: SparseTensor) -> mx.array:
-    """Per batch item, the mean of its voxels' features: ``(B, C)`` (0 if empty)."""
+    """Per batch item, the mean of its voxels' features: ``(B, C)`` with
+    ``B = x.num_batches`` (0 for an empty item)."""
     _check("global_avg_pool", x)
     b, n_b, counts = _batch_index(x)
     s = segment_sum(x.feats, b, n_b)
@@ -179,7 +186,8 @@ def global_avg_pool(x: SparseTensor) -> mx.array:
 
 
 def global_max_pool(x: SparseTensor) -> mx.array:
-    """Per batch item, the maximum of its voxels' features: ``(B, C)`` (0 if empty).
+    """Per batch item, the maximum of its voxels' features: ``(B, C)`` with
+    ``B = x.num_batches``. An empty item gives 0 (not -inf), with no gradient.
 
     Ties go to the lowest row index, which alone receives the gradient.
     """

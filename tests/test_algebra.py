@@ -118,7 +118,7 @@ def test_add_same_and_subset_sets(rng):
     assert s.coordinate_set is a.coordinate_set
     np.testing.assert_allclose(np.array(s.feats), 3 * fa, rtol=1e-6)
     sub = algebra.prune(a, np.arange(len(ca)) % 3 == 0)
-    u = algebra.add(a, sub)  # every voxel of sub is in a: a's set is kept
+    u = algebra.add(a, sub, "union")  # every voxel of sub is in a: a's set is kept
     assert u.coordinate_set is a.coordinate_set
     i = algebra.add(sub, a, "intersection")
     assert i.coordinate_set is sub.coordinate_set

@@ -331,6 +331,113 @@ def test_cli_safetensors_in_any_extension(tmp_path):
         main(["convert", "--from", "spconv", "--axes", "xy", str(path), str(out)])
 
 
+class _NamedNet(mnn.Module):
+    """Layers whose definition order is not the sorted order of their names."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.SubmConv3d(4, 6, 3)
+        self.bn = nn.BatchNorm(6)
+        self.down = nn.Conv3d(6, 8, (1, 2, 3), stride=2, bias=False)
+        self.head = nn.Linear(8, 3)
+
+
+def _spconv_named_state_dict(rng):
+    """An spconv-style state dict for _NamedNet fed (batch, z, y, x) indices:
+    weights (C_out, Kz, Ky, Kx, C_in), names that sort in another order."""
+    return {
+        "conv_input.0.weight": _rand(rng, 6, 3, 3, 3, 4), "conv_input.0.bias": _rand(rng, 6),
+        "conv_input.1.weight": _rand(rng, 6), "conv_input.1.bias": _rand(rng, 6),
+        "conv_input.1.running_mean": _rand(rng, 6),
+        "conv_input.1.running_var": rng.uniform(0.5, 2, 6).astype(np.float32),
+        "conv_input.1.num_batches_tracked": np.array(5),
+        "conv2.0.weight": _rand(rng, 8, 3, 2, 1, 6),
+        "cls_head.weight": _rand(rng, 3, 8), "cls_head.bias": _rand(rng, 3),
+    }
+
+
+def _check_named_net(model, sd):
+    """The loaded parameters against the source, mapped here with NumPy."""
+    zyx = (0, 3, 2, 1, 4)  # (C_out, Kz, Ky, Kx, C_in) -> (C_out, Kx, Ky, Kz, C_in)
+    expected = {
+        "stem.weight": sd["conv_input.0.weight"].transpose(zyx), "stem.bias": sd["conv_input.0.bias"],
+        "bn.weight": sd["conv_input.1.weight"], "bn.bias": sd["conv_input.1.bias"],
+        "bn.running_mean": sd["conv_input.1.running_mean"], "bn.running_var": sd["conv_input.1.running_var"],
+        "down.weight": sd["conv2.0.weight"].transpose(zyx),
+        "head.weight": sd["cls_head.weight"], "head.bias": sd["cls_head.bias"],
+    }
+    from mlx.utils import tree_flatten
+    got = dict(tree_flatten(model.parameters()))
+    assert got.keys() == expected.keys()
+    for k, v in expected.items():
+        np.testing.assert_array_equal(np.asarray(got[k]), v, err_msg=k)
+
+
+def test_cli_output_loads_in_one_call(tmp_path, monkeypatch):
+    rng = np.random.default_rng(14)
+    sd = _spconv_named_state_dict(rng)
+    # The CLI reads a torch checkpoint (module order kept); stand in for it
+    # without torch.
+    monkeypatch.setattr(convert, "load_state_dict", lambda path: dict(sd))
+    out = tmp_path / "out.safetensors"
+    assert main(["convert", "--from", "spconv", "--axes", "zyx", "ckpt.pth", str(out)]) == 0
+    monkeypatch.undo()
+    model = convert.load_converted(out, _NamedNet())
+    _check_named_net(model, sd)
+    # the source order comes back, though the file stores keys sorted
+    modules = ["conv_input.0", "conv_input.1", "conv2.0", "cls_head"]
+    order = list(dict.fromkeys(k.rpartition(".")[0] for k in convert.load_converted(out)))
+    assert order == modules
+    assert list(dict.fromkeys(k.rpartition(".")[0] for k in convert.load_state_dict(out))) == modules
+    # the same as converting the state dict directly with the model
+    direct = convert.from_spconv(sd, _NamedNet(), axes="zyx")
+    _check_named_net(direct, sd)
+    # the loaded stem on (batch, z, y, x) indices against spconv's definition
+    src = oracle.random_coords(rng, 40, extent=6, batches=2, low=0).astype(np.int32)
+    feats = _rand(rng, len(src), 4)
+    expected = spconv_conv(src, feats, sd["conv_input.0.weight"], src, stride=1, padding=1)
+    y = model.stem(SparseTensor(mx.array(_ours(src, "zyx")), mx.array(feats)))
+    _check(y.feats, expected + sd["conv_input.0.bias"])
+
+
+def test_save_converted_every_source(tmp_path):
+    rng = np.random.default_rng(15)
+    kernel = _rand(rng, 27, 3, 5)
+    for source, sd in (("torchsparse", {"b.conv.kernel": kernel}), ("minkowski", {"b.conv.kernel": kernel}),
+                       ("spconv", {"b.conv.weight": _rand(rng, 5, 3, 3, 3, 3)})):
+        path = tmp_path / f"{source}.safetensors"
+        assert convert.save_converted(sd, path, source=source) == 1
+        model = mnn.Sequential(nn.SubmConv3d(3, 5, 3, bias=False))
+        convert.load_converted(path, model)
+        want = convert.SOURCES[source](sd)["b.conv.weight"]
+        np.testing.assert_array_equal(np.asarray(model.layers[0].weight), np.asarray(want))
+    with pytest.raises(ValueError, match="source must be one of"):
+        convert.save_converted({}, tmp_path / "x.safetensors", source="spconv2")
+
+
+def test_load_converted_errors(tmp_path):
+    with pytest.raises(ValueError, match="path: no such file"):
+        convert.load_converted(tmp_path / "missing.safetensors", mnn.Sequential())
+    plain = tmp_path / "plain.safetensors"
+    mx.save_safetensors(str(plain), {"conv.weight": mx.zeros((2, 1, 1, 1, 2))})
+    with pytest.raises(ValueError, match="not written by `python -m mlx_lattice convert`"):
+        convert.load_converted(plain, mnn.Sequential(nn.Linear(2, 2)))
+    sd = {"a.weight": _rand(np.random.default_rng(16), 4, 3)}
+    out = tmp_path / "out.safetensors"
+    convert.save_converted(sd, out, source="spconv")
+    with pytest.raises(ValueError, match="does not match"):
+        convert.load_converted(out, mnn.Sequential(nn.Linear(4, 3)))
+
+
+def test_torch_checkpoint_cli_to_model(tmp_path):
+    torch = pytest.importorskip("torch")
+    sd = _spconv_named_state_dict(np.random.default_rng(17))
+    torch.save({"state_dict": {k: torch.from_numpy(np.asarray(v)) for k, v in sd.items()}}, tmp_path / "ckpt.pth")
+    out = tmp_path / "out.safetensors"
+    assert main(["convert", "--from", "spconv", "--axes", "zyx", str(tmp_path / "ckpt.pth"), str(out)]) == 0
+    _check_named_net(convert.load_converted(out, _NamedNet()), sd)
+
+
 def test_load_errors(tmp_path):
     with pytest.raises(ValueError, match="path: no such file"):
         convert.load_state_dict(tmp_path / "missing.pth")
@@ -362,9 +469,19 @@ def test_torch_checkpoint(tmp_path):
 
 
 # ------------------------------------------------------ spconv itself (CPU)
-@pytest.mark.usefixtures("on_cpu")  # against spconv's CPU path
-def test_spconv_cpu_outputs():
+@pytest.fixture
+def torch_one_thread():
+    """torch with one CPU thread (spconv's CPU path races with more)."""
     torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield torch
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("on_cpu")  # against spconv's CPU path
+def test_spconv_cpu_outputs(torch_one_thread):
+    torch = torch_one_thread
     try:
         import spconv.pytorch as spconv
     except Exception as e:  # noqa: BLE001  (any import failure: not installable here)
@@ -401,10 +518,10 @@ def test_spconv_cpu_outputs():
 
 
 @pytest.mark.usefixtures("on_cpu")  # against spconv's CPU path
-def test_spconv_inverse_cpu_outputs():
+def test_spconv_inverse_cpu_outputs(torch_one_thread):
     """SparseConv3d then SparseInverseConv3d (a U-Net down/up pair) on spconv's
     own output voxels (spconv keeps only outputs inside its spatial shape)."""
-    torch = pytest.importorskip("torch")
+    torch = torch_one_thread
     try:
         import spconv.pytorch as spconv
     except Exception as e:  # noqa: BLE001

@@ -41,6 +41,14 @@ def test_demo_sweep(tmp_path, capsys):
     assert (tmp_path / "routes.json").stat().st_size > 0
 
 
+def test_demo_float16_trains_on_float32_master_weights(tmp_path, capsys):
+    assert demo.run(args(tmp_path, dtype="float16", train_steps=3)) == 0
+    out = capsys.readouterr().out
+    curve = out.split("training curve (step: loss): ")[1].splitlines()[0]
+    losses = [float(item.split(": ")[1]) for item in curve.split(", ")]
+    assert len(losses) >= 2 and np.isfinite(losses).all()
+
+
 def test_demo_point_file(tmp_path, capsys):
     v, f = scenes.procedural_closed_mesh(subdiv=3)
     mesh = tmp_path / "blob.ply"

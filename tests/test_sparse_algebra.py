@@ -56,8 +56,8 @@ def test_union_intersection(rng, kind):
     assert keys(np.array(ml.union(e, pb))) == keys(cb)
     assert np.array(ml.intersection(pa, e)).shape == (0, 4)
     # the supports of add (union) and mul (intersection)
-    assert np.array_equal(np.array(ml.union(a, b)), np.array(ml.add(a, b).coords))
-    assert np.array_equal(np.array(ml.intersection(a, b)), np.array(ml.mul(a, b).coords))
+    assert np.array_equal(np.array(ml.union(a, b)), np.array(ml.add(a, b, mode="union").coords))
+    assert np.array_equal(np.array(ml.intersection(a, b)), np.array(ml.mul(a, b, mode="intersection").coords))
 
 
 def test_set_errors(rng):
@@ -124,10 +124,10 @@ def test_binary_ops(rng, op, mode, dtype):
 def test_binary_defaults_gradients_errors(rng):
     a, ca, fa = make(rng)
     b, cb, fb = make(rng)
-    assert keys(np.array(ml.mul(a, b).coords)) == binary_ref("mul", ca, fa, cb, fb, "intersection")[0]
-    assert len(ml.sub(a, b)) == len(ml.union(a, b))
+    assert keys(np.array(ml.mul(a, b, mode="intersection").coords)) == binary_ref("mul", ca, fa, cb, fb, "intersection")[0]
+    assert len(ml.sub(a, b, mode="union")) == len(ml.union(a, b))
     # gradient of maximum: to the larger operand, and to a lone operand
-    ga, gb = mx.grad(lambda u, v: ml.maximum(a.replace(u), b.replace(v)).feats.sum(), argnums=(0, 1))(a.feats, b.feats)
+    ga, gb = mx.grad(lambda u, v: ml.maximum(a.replace(u), b.replace(v), mode="union").feats.sum(), argnums=(0, 1))(a.feats, b.feats)
     bd = dict(zip(keys(cb), fb))
     ref_a = np.array([[1.0 if (k not in bd or u > bd[k][j]) else 0.0 for j, u in enumerate(row)] for k, row in zip(keys(ca), fa)])
     np.testing.assert_array_equal(np.array(ga), ref_a)
@@ -135,7 +135,7 @@ def test_binary_defaults_gradients_errors(rng):
     ref_b = np.array([[1.0 if (k not in ad or v > ad[k][j]) else 0.0 for j, v in enumerate(row)] for k, row in zip(keys(cb), fb)])
     np.testing.assert_array_equal(np.array(gb), ref_b)
     # gradient of sub on the union: -1 for every b row
-    gb = mx.grad(lambda v: ml.sub(a, b.replace(v)).feats.sum())(b.feats)
+    gb = mx.grad(lambda v: ml.sub(a, b.replace(v), mode="union").feats.sum())(b.feats)
     np.testing.assert_array_equal(np.array(gb), -1.0)
     with pytest.raises(ValueError, match="mode must be"):
         ml.mul(a, b, mode="both")
@@ -146,8 +146,8 @@ def test_binary_defaults_gradients_errors(rng):
     with pytest.raises(TypeError, match="SparseTensor"):
         ml.maximum(a, fb)
     e = ml.SparseTensor(np.zeros((0, 4), np.int32), np.zeros((0, 3), np.float32))
-    assert len(ml.mul(a, e)) == 0 and len(ml.maximum(e, e)) == 0
-    np.testing.assert_array_equal(np.array(ml.sub(e, a).feats), -fa)
+    assert len(ml.mul(a, e, mode="intersection")) == 0 and len(ml.maximum(e, e)) == 0
+    np.testing.assert_array_equal(np.array(ml.sub(e, a, mode="union").feats), -fa)
 
 
 # ------------------------------------------------------------------ crop / top-k

@@ -2,11 +2,16 @@
 
 Modules take and return :class:`mlx_lattice.SparseTensor` (global pooling
 returns a dense ``(B, C)`` array), keep their parameters as attributes, and
-compose with ``mlx.nn.Sequential`` (re-exported here), ``save_weights`` /
-``load_weights``, ``mlx.optimizers`` and ``mx.compile``.
+compose with ``mlx.nn.Sequential`` (``Sequential`` here is the same, and
+names an ``mlx.nn`` array layer handed a SparseTensor), ``save_weights`` /
+``load_weights``, ``mlx.optimizers`` and ``mx.compile``. ``mlx.nn``'s own
+layers take arrays, not SparseTensors: use the layer of the same name here,
+or ``FeatureMap(layer)``. ``docs/nn.md`` lists every layer.
 """
 
-from mlx.nn import Identity, Module, Sequential
+from mlx.nn import Identity, Module
+
+from .container import Sequential
 
 from .activations import GELU, Dropout, FeatureMap, LeakyReLU, ReLU, Sigmoid, SiLU, Softplus, Tanh
 from .attention import MLP, ConditionalPositionalEncoding, SerializedAttention, TransformerBlock

@@ -8,8 +8,28 @@ import mlx.core as mx
 import mlx.nn as mnn
 
 from .. import ops
-from .._args import triple
+from .._args import dtype_name, triple
 from ..tensor import SparseTensor
+
+
+def _check_input(layer, x, sparse_only=True):
+    """TypeError naming the layer when ``x`` is not a SparseTensor (where
+    the layer needs one) or its features' dtype is not the layer's."""
+    if not isinstance(x, SparseTensor):
+        if sparse_only:
+            raise TypeError(
+                f"{type(layer).__name__}({layer._extra_repr()}) takes a SparseTensor, got "
+                f"{type(x).__name__}; build one with mlx_lattice.SparseTensor(coords, feats)"
+            )
+        return
+    for name in ("weight", "bias"):
+        p = layer.get(name)
+        if p is not None and p.dtype != x.dtype:
+            raise TypeError(
+                f"{type(layer).__name__}({layer._extra_repr()}): {name} dtype {dtype_name(p.dtype)} does not "
+                f"match the input features' dtype {dtype_name(x.dtype)}; cast the input (x.astype(...)) "
+                "or the model (model.set_dtype(...))"
+            )
 
 
 class _ConvBase(mnn.Module):
@@ -63,6 +83,7 @@ class Conv3d(_ConvBase):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias, groups)
 
     def __call__(self, x: SparseTensor, coordinates=None) -> SparseTensor:
+        _check_input(self, x)
         return ops.conv3d(
             x, self.weight, self._bias(), stride=self.stride, padding=self.padding,
             dilation=self.dilation, coordinates=coordinates, groups=self.groups,
@@ -77,6 +98,7 @@ class SubmConv3d(_ConvBase):
         super().__init__(in_channels, out_channels, kernel_size, 1, 0, dilation, bias, groups)
 
     def __call__(self, x: SparseTensor) -> SparseTensor:
+        _check_input(self, x)
         return ops.subm_conv3d(
             x, self.weight, self._bias(), dilation=self.dilation, groups=self.groups
         )
@@ -104,6 +126,7 @@ class ConvTranspose3d(_ConvBase):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias, groups)
 
     def __call__(self, x: SparseTensor, coordinates=None) -> SparseTensor:
+        _check_input(self, x)
         return ops.conv_transpose3d(
             x, self.weight, self._bias(), stride=self.stride, padding=self.padding,
             dilation=self.dilation, coordinates=coordinates, groups=self.groups,
@@ -121,6 +144,7 @@ class GenerativeConvTranspose3d(_ConvBase):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias, groups)
 
     def __call__(self, x: SparseTensor) -> SparseTensor:
+        _check_input(self, x)
         return ops.generative_conv_transpose3d(
             x, self.weight, self._bias(), stride=self.stride, padding=self.padding,
             dilation=self.dilation, groups=self.groups,
@@ -148,6 +172,7 @@ class Linear(mnn.Module):
         return f"input_dims={self.weight.shape[1]}, output_dims={self.weight.shape[0]}, bias={'bias' in self}"
 
     def __call__(self, x):
+        _check_input(self, x, sparse_only=False)
         if isinstance(x, SparseTensor):
             c_out, c_in = self.weight.shape
             return ops.conv3d(x, self.weight.reshape(c_out, 1, 1, 1, c_in), self.get("bias"))

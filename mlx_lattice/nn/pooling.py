@@ -52,21 +52,24 @@ class SumPool3d(_LocalPool):
 
 
 class GlobalMaxPool(mnn.Module):
-    """Per batch item maximum: SparseTensor -> ``(B, C)``."""
+    """Per batch item maximum: SparseTensor -> ``(B, C)``, ``B = x.num_batches``
+    (an empty item gives zeros)."""
 
     def __call__(self, x):
         return pooling.global_max_pool(x)
 
 
 class GlobalAvgPool(mnn.Module):
-    """Per batch item mean: SparseTensor -> ``(B, C)``."""
+    """Per batch item mean: SparseTensor -> ``(B, C)``, ``B = x.num_batches``
+    (an empty item gives zeros)."""
 
     def __call__(self, x):
         return pooling.global_avg_pool(x)
 
 
 class GlobalSumPool(mnn.Module):
-    """Per batch item sum: SparseTensor -> ``(B, C)``."""
+    """Per batch item sum: SparseTensor -> ``(B, C)``, ``B = x.num_batches``
+    (an empty item gives zeros)."""
 
     def __call__(self, x):
         return pooling.global_sum_pool(x)
