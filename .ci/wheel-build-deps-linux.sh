@@ -5,9 +5,11 @@
 # config and libmlx.so to link against (it never loads them), so the wheels
 # are unpacked into the build interpreter for the target platform, and the
 # build runs without isolation. The repaired wheels are tested on a
-# glibc >= 2.35 host (.github/workflows/wheels.yml).
+# glibc >= 2.35 host (.github/workflows/wheels.yml). The releases are the
+# newest supported MLX and its nanobind (cmake/mlx_release.py); the wheel's
+# metadata then pins that MLX.
 set -euo pipefail
-python -m pip install "scikit-build-core>=0.10" "nanobind==3.1.0" build
+python -m pip install "scikit-build-core>=0.11" "nanobind==3.1.0" build
 site="$(python -c "import sysconfig; print(sysconfig.get_path('purelib'))")"
 python -m pip install --no-deps --only-binary=:all: --upgrade \
   --platform "manylinux_2_35_$(uname -m)" --target "$site" \

@@ -10,7 +10,37 @@ except ImportError as e:  # on Linux the mlx wheel alone has no backend (no libm
         "clone, `pip install -e \".[cpu]\"`. On macOS `pip install mlx` brings Metal."
     ) from e
 
-from . import _ext, diagnostics, ops, routes
+
+
+def _check_mlx_release() -> None:
+    """The extension runs only beside the MLX release it was compiled
+    against (it links libmlx and subclasses its C++ classes): a clear error
+    here instead of a crash or a missing symbol inside the extension."""
+    import importlib.metadata
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(f"{__name__}._ext")
+    if spec is None or spec.origin is None:
+        return  # the import below says what is missing
+    try:
+        built = json.loads((Path(spec.origin).parent / "build_info.json").read_text()).get("mlx_version")
+        installed = importlib.metadata.version("mlx")
+    except (OSError, ValueError, importlib.metadata.PackageNotFoundError):
+        return
+    if built and built != installed:
+        raise ImportError(
+            f"mlx_lattice was built against MLX {built}, but MLX {installed} is installed; the "
+            "extension runs only with the release it was compiled against. Either reinstall "
+            "mlx_lattice, which builds against the installed MLX when it is a supported release "
+            f"(from a clone: pip install --no-deps --force-reinstall -e .), or `pip install mlx=={built}`"
+        )
+
+
+_check_mlx_release()
+
+from . import _ext, diagnostics, ops, routes  # noqa: E402
 from .manager import CoordinateManager, CoordinateSet
 from .quantized import QuantizedWeight
 from .relation import MAP_KINDS, KernelGeometry, Relation

@@ -60,6 +60,21 @@ class RouteLog(list):
         return "\n".join(out)
 
 
+    def why(self) -> str:
+        """Each convolution call's route, and why each other route of the
+        same backend for that pass was not taken."""
+        out = []
+        for r in self:
+            if r["op"] == "map":
+                continue
+            out.append(f"{r['op']} ({r['map_kind']}, {r['dtype']}, K={r['k']}, "
+                       f"{r['c_in']}->{r['c_out']}, {r['direction']}): {r['route']}")
+            family = r["route"].split(".")[0] + "."
+            out += [f"  not {x['route']}: {x['reason']}" for x in r.get("rejected", [])
+                    if x["route"].startswith(family) and not x["reason"].startswith("route serves")]
+        return "\n".join(out)
+
+
 @contextlib.contextmanager
 def record(maps: bool = False):
     """Collect the route record of every convolution call in the block and,

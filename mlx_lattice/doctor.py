@@ -109,6 +109,7 @@ def collect() -> dict:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "mlx": mx.__version__,
+            "mlx_built_against": info.get("mlx_version", "unknown"),
             "mlx_backend_packages": {p: v for p in MLX_BACKEND_PACKAGES if (v := _package_version(p))},
             "mlx_lattice": __version__,
             "nanobind": info.get("nanobind_version", "unknown"),
@@ -140,7 +141,8 @@ def render(report: dict) -> str:
         "",
         "versions",
         f"  mlx_lattice   {v['mlx_lattice']}",
-        f"  mlx           {v['mlx']} (backend packages: {pkgs})",
+        f"  mlx           {v['mlx']} (built against {v.get('mlx_built_against', 'unknown')}; "
+        f"backend packages: {pkgs})",
         f"  nanobind      {v['nanobind']} ({v['nanobind_abi']})",
         f"  python        {v['python']} on {v['platform']}",
         "",

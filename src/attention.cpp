@@ -10,10 +10,6 @@ namespace mlx_lattice {
 
 namespace {
 
-bool is_float(mx::Dtype t) {
-  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
-}
-
 mx::array contiguous(const mx::array& a, const mx::Stream& s) {
   return mx::contiguous(a, false, s);
 }
@@ -37,7 +33,7 @@ std::vector<mx::array> patch_attention(
     throw std::invalid_argument(
         "patch_attention: q, k and v must share one shape (patches, heads, P, D)");
   }
-  if (!is_float(q.dtype()) || k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
+  if (!cpu::is_feature_dtype(q.dtype()) || k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
     throw std::invalid_argument(
         "patch_attention: q, k and v must share a float32, float16 or bfloat16 dtype");
   }

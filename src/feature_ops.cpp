@@ -21,10 +21,6 @@ int64_t row_grain(int64_t C) {
   return std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(C, 1));
 }
 
-bool is_float(mx::Dtype t) {
-  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
-}
-
 void check_features(const mx::array& a, const char* op, const char* what) {
   if (a.ndim() != 2) {
     throw std::invalid_argument(
@@ -192,7 +188,7 @@ mx::array cotangent_sum(const mx::array& a, const mx::array& b, mx::Stream s) {
   }
   check_features(a, "cotangent_sum", "a");
   check_features(b, "cotangent_sum", "b");
-  if (a.shape() != b.shape() || a.dtype() != b.dtype() || !is_float(a.dtype())) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype() || !cpu::is_feature_dtype(a.dtype())) {
     throw std::invalid_argument(
         "cotangent_sum: a and b must have one shape and one floating dtype (float32, float16, bfloat16)");
   }
@@ -288,7 +284,7 @@ mx::array concat_columns(const std::vector<mx::array>& xs, mx::Stream s) {
     }
     C += xs[k].shape(1);
   }
-  if (!is_float(xs[0].dtype())) {
+  if (!cpu::is_feature_dtype(xs[0].dtype())) {
     throw std::invalid_argument("concat_columns: arrays must be float32, float16 or bfloat16");
   }
   if (s.device != mx::Device::cpu) {

@@ -210,3 +210,25 @@ def test_metal_capability_tiers():
     assert not ml.diagnostics.metal_capabilities("applegpu_g17s", "26.1")["tensor_ops"]
     assert not ml.diagnostics.metal_capabilities("applegpu_g15p", "26.0")["tensor_ops"]
     assert not ml.diagnostics.metal_capabilities("applegpu_g17s", "15.5")["tensor_ops"]
+
+
+def test_route_log_says_why_other_routes_were_not_taken():
+    coords = np.array([[0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 1, 0]], np.int32)
+    x = ml.SparseTensor(coords, mx.ones((3, 8)))
+    with ml.diagnostics.record() as log:
+        ops.subm_conv3d(x, mx.ones((16, 3, 3, 3, 8)))
+        ops.conv3d(x, mx.ones((4, 1, 1, 1, 8)))
+    lines = log.why().splitlines()
+    heads = [ln for ln in lines if not ln.startswith("  ")]
+    assert len(heads) == 2
+    assert heads[0].startswith("subm_conv3d (submanifold, float32, K=27, 8->16, forward): ")
+    first = log[0]
+    taken = first["route"]
+    assert heads[0].endswith(taken)
+    family = taken.split(".")[0] + "."
+    # every rejection of the taken route's backend that concerns this pass, none of another backend's
+    expected = [f"  not {r['route']}: {r['reason']}" for r in first["rejected"]
+                if r["route"].startswith(family) and not r["reason"].startswith("route serves")]
+    assert expected and lines[1 : 1 + len(expected)] == expected
+    assert not any(ln.startswith("  not ") and not ln.startswith(f"  not {family}") for ln in lines)
+    assert heads[1].startswith("conv3d (forward, float32, K=1, 8->4, forward): ")

