@@ -39,11 +39,14 @@ STATUS = "from mlx_lattice import _ext; print(_ext.malloc_tuning())"
 # Page faults of three rounds of six fresh 20 MiB arrays, after a first round
 # (MLX's CPU allocator is malloc): the pages of the first round are reused
 # when freed memory stays in the heap, and faulted in again when it is
-# returned to the kernel.
+# returned to the kernel. The arrays live on the CPU whatever the machine's
+# default device (with a GPU, MLX would put them in GPU memory).
 FAULTS = """
 import resource
 import mlx.core as mx
 import mlx_lattice
+
+mx.set_default_device(mx.cpu)
 
 def round_():
     arrays = [mx.full((5 << 20,), float(i)) for i in range(6)]

@@ -150,3 +150,22 @@ def test_nvidia_driver_without_mlx_cuda_is_noted(monkeypatch, capsys):
     monkeypatch.setattr(doctor, "nvidia_driver_present", lambda: True)
     report = doctor.collect()
     assert any("mlx[cuda13]" in n for n in report["notes"])
+
+
+def test_import_refuses_another_mlx_release():
+    # The extension runs only beside the MLX release it was compiled against:
+    # another release installed later is an ImportError naming both, not a crash.
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.metadata as m\n"
+        "real = m.version\n"
+        "m.version = lambda name: '0.0.1' if name == 'mlx' else real(name)\n"
+        "import mlx_lattice\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0
+    built = ml.diagnostics.build_info()["mlx_version"]
+    assert f"built against MLX {built}, but MLX 0.0.1 is installed" in out.stderr
+    assert "--force-reinstall" in out.stderr and f"mlx=={built}" in out.stderr
