@@ -9,6 +9,8 @@ import functools
 
 import mlx.core as mx
 
+from . import jit
+
 
 # ------------------------------------------------------------------ sources
 HEADER = """
@@ -280,7 +282,7 @@ def _kernel(name: str, shared_memory: int = 0):
         ),
         "grouped_wgrad": (["x", "ct", "koffsets", "gidx", "ridx", "params"], ["dw"], GROUPED_WGRAD_SOURCE),
     }[name]
-    return mx.fast.cuda_kernel(
+    return jit.kernel(
         name=f"mlx_lattice_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],
         header=HEADER, shared_memory=shared_memory,
     )

@@ -23,6 +23,7 @@ import numpy as np
 import mlx.core as mx
 
 from .. import _ext
+from . import jit
 
 # The packing of src/relation.h: batch << 51 | (x - MIN) << 34 | (y - MIN) << 17 | (z - MIN).
 COMMON = """
@@ -301,7 +302,7 @@ def _kernel(name: str):
         "support_compact": (["coords", "winner", "rank", "params"], ["uniq"], SUPPORT_COMPACT_SOURCE),
         "unpack_unique": (["sorted", "params"], ["out"], UNPACK_UNIQUE_SOURCE),
     }[name]
-    return mx.fast.cuda_kernel(
+    return jit.kernel(
         name=f"mlx_lattice_map_{name}", input_names=spec[0], output_names=spec[1],
         source=spec[2], header=COMMON,
     )

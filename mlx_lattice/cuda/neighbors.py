@@ -22,6 +22,7 @@ import numpy as np
 import mlx.core as mx
 
 from .. import _ext
+from . import jit
 
 # ip: n_query, n_points, n_batch, dims[3], n_cells, k, radius bits (lo, hi)
 # fp: origin[3], inv_cell, cell
@@ -252,7 +253,7 @@ KERNELS = {
 @functools.lru_cache(maxsize=None)
 def _kernel(name: str):
     inputs, outputs, source = KERNELS[name]
-    return mx.fast.cuda_kernel(
+    return jit.kernel(
         name=f"mlx_lattice_neighbors_{name}", input_names=inputs, output_names=outputs,
         source=source, header=COMMON,
     )

@@ -45,6 +45,7 @@ import numpy as np
 import mlx.core as mx
 
 from .._segment import segment_sum
+from . import jit
 
 # Rows per reduction chunk; threads per merge block.
 CHUNK_ROWS = 64
@@ -343,7 +344,7 @@ _SPECS = {
 @functools.lru_cache(maxsize=None)
 def _kernel(name: str):
     inputs, outputs, source = _SPECS[name]
-    return mx.fast.cuda_kernel(
+    return jit.kernel(
         name=f"mlx_lattice_{name}", input_names=inputs, output_names=outputs, source=source,
         header=HEADER,
     )

@@ -20,6 +20,7 @@ import numpy as np
 import mlx.core as mx
 
 from .. import _ext
+from . import jit
 
 # One thread per output row: the row of each of its edges.
 OUT_IDX_SOURCE = """
@@ -162,7 +163,7 @@ def _kernel(name: str):
         "tiles": (["masks", "reorder", "params"], ["tiles"], TILE_SOURCE),
         "chunks": (["first", "koffsets", "params"], ["chunks"], CHUNKS_SOURCE),
     }[name]
-    return mx.fast.cuda_kernel(
+    return jit.kernel(
         name=f"mlx_lattice_plan_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],
     )
 
