@@ -1,7 +1,8 @@
-"""The Metal harness's strict pass (tests/metal/metal_harness/strict.py): each rule
-has a planted defect in selftest/strict/ that must fail to build with
-'<file>:<line>: [rule]', the line being the one marked `// defect`; every
-kernel in metal/ must pass.
+"""The Metal harness's strict pass (tests/metal/metal_harness/strict.py,
+opencl.py, analysis.py): each rule of the specification walk (the harness
+README's table) has a planted defect in selftest/strict/ that must fail to
+build with '<file>:<line>: [rule]', the line being the one marked
+`// defect`; the `*_ok` files and every kernel in metal/ must pass.
 """
 
 from __future__ import annotations
@@ -56,6 +57,48 @@ PLANTED = {
     "tensorops_constant_space": ("tensor-ops", "not constant"),
     "tensorops_scope": ("tensor-ops", "Scope template argument is an execution scope"),
     "tensorops_element_space": ("tensor-ops", "element type is unqualified"),
+    # clang in C++-for-OpenCL mode (opencl.py) and mh/opencl.h's library rules
+    "program_scope_device": ("program-scope", "program scope variable must reside in constant address space"),
+    "program_scope_threadgroup": ("program-scope", "program scope variable must reside in constant address space"),
+    "program_scope_plain": ("program-scope", "program scope variable must reside in constant address space"),
+    "static_local": ("program-scope", "static local variable must reside in constant address space"),
+    "constant_uninitialized": ("constant-init", "variable in constant address space must be initialized"),
+    "constant_write": ("read-only", "read-only variable is not assignable"),
+    "const_device_write": ("read-only", "read-only variable is not assignable"),
+    "threadgroup_in_helper": ("threadgroup-scope", "non-kernel function variable cannot be declared in threadgroup"),
+    "threadgroup_nested_scope": ("threadgroup-scope", "only be declared in the outermost scope of a kernel"),
+    "threadgroup_initializer": ("threadgroup-init", "'threadgroup' variable cannot have an initializer"),
+    "device_local": ("address-space", "automatic variable qualified with an address space"),
+    "kernel_return": ("kernel-signature", "kernel must have void return type"),
+    "kernel_overload": ("kernel-signature", "conflicting types for 'planted'"),
+    "function_pointer": ("function-pointer", "pointers to functions are not allowed"),
+    "atomic_thread_space": ("atomic", "takes an atomic in device or threadgroup memory"),
+    "atomic_type": ("atomic", "MSL's atomic types are"),
+    "as_type_size": ("as-type", "needs sizeof(T) == sizeof(x)"),
+    "simdgroup_matrix_type": ("simdgroup-matrix", "holds float, half or bfloat"),
+    "threadgroup_memory": ("threadgroup-memory",
+                           "kernel 'planted_float_8192': its threadgroup variables take more than 32768 bytes"),
+    # the strict pass's own analyses (analysis.py)
+    "recursion": ("recursion", "recursive call (depth -> depth)"),
+    "recursion_mutual": ("recursion", "recursive call (even_steps -> odd_steps -> even_steps)"),
+    "main": ("main", "cannot be named main"),
+    "max_threads": ("resource-limit", "[[max_total_threads_per_threadgroup(2048)]]: Apple GPUs run 1 to 1024"),
+    "buffer_index": ("resource-limit", "'x' is bound at [[buffer(31)]]; Apple GPUs' buffer table has indices 0 to 30"),
+    "buffer_index_twice": ("resource-limit", "'y' and 'x' are both bound at [[buffer(1)]]"),
+    "threadgroup_index": ("resource-limit", "[[threadgroup(40)]]"),
+    "threadgroup_allocations": ("threadgroup-memory", "32 threadgroup allocations; a kernel has at most 31"),
+    "builtin_type": ("builtin", "[[thread_position_in_grid]] is declared 'int'"),
+    "builtin_widths": ("builtin", "one number of components (gid: 2, group: 3)"),
+    "builtin_twice": ("builtin", "[[threads_per_simdgroup]] is declared twice"),
+    "barrier_divergent": ("uniform-control", "threadgroup_barrier is reached under a condition that differs"),
+    "barrier_after_return": ("uniform-control", "threadgroup_barrier is reached under a condition that differs"),
+    "barrier_in_helper": ("uniform-control", "sync_group is reached under a condition that differs"),
+    "simd_divergent": ("uniform-control", "simd_sum is reached under a condition that differs between the threads"
+                                          " of a simdgroup"),
+}
+ACCEPTED = {
+    "tensorops_decltype_ok", "space_class_objects_ok", "space_bfloat_ok", "constant_copy_ok", "msl_names_ok",
+    "uniform_ok", "version_atomic_float", "version_bfloat",
 }
 
 
@@ -67,10 +110,15 @@ def defect_line(path: Path) -> int:
 
 def test_every_planted_file_is_listed():
     stems = {p.stem for p in STRICT.glob("*.metal")}
-    accepted = {
-        "tensorops_decltype_ok", "space_class_objects_ok", "space_bfloat_ok", "version_atomic_float", "version_bfloat",
-    }
-    assert stems - accepted == set(PLANTED)
+    assert stems - ACCEPTED == set(PLANTED)
+
+
+def test_the_readme_table_names_every_self_test():
+    # The specification walk: each corpus file appears in the README's table.
+    readme = (Path(mh.__file__).parent / "README.md").read_text()
+    table = readme[readme.index("## Specification walk"):]
+    missing = [p.name for p in sorted(STRICT.glob("*.metal")) if f"`{p.name}`" not in table]
+    assert not missing, missing
 
 
 @pytest.mark.parametrize("stem", sorted(PLANTED))
@@ -103,6 +151,13 @@ def test_features_above_the_language_version(stem, version, phrase, tmp_path):
         f"{path.relative_to(build.ROOT)}:{defect_line(path)}: [version] {phrase}"
     ]
     mh.load(path)
+
+
+@pytest.mark.parametrize("stem", ["constant_copy_ok", "msl_names_ok", "uniform_ok"])
+def test_what_msl_allows_and_opencl_forbids_is_accepted(stem):
+    # Copies out of constant memory, OpenCL keywords as names (each dropped
+    # precisely), and collectives under conditions uniform for their group.
+    mh.load(STRICT / f"{stem}.metal")
 
 
 def test_decltype_operands_with_reference_cv_and_space_are_accepted():
@@ -169,5 +224,40 @@ def test_the_project_has_metal_sources():
 @pytest.mark.parametrize("path", METAL_SOURCES, ids=lambda p: p.name)
 def test_every_project_kernel_passes_the_strict_pass(path):
     text = build.scan(path)
-    assert strict.scan_rules(text, strict.version_for(path)) == []
-    assert strict.clang_check(text, strict.version_for(path), build.cache_dir()) == []
+    assert strict.violations(text, strict.version_for(path), build.cache_dir()) == []
+
+
+def test_the_runtime_self_tests_planted_defects_are_seen_statically():
+    # broken.metal plants defects for the executor; those a static pass can
+    # see are found at their lines, and the file declares exactly their rules.
+    path = Path(mh.__file__).parent / "selftest" / "broken.metal"
+    found = strict.violations(build.scan(path), strict.version_for(path), build.cache_dir())
+    lines = path.read_text().splitlines()
+    at = {(v.line, v.rule) for v in found}
+    for snippet, rule in [("v = simd_sum(v);  // PLANTED", "uniform-control"),
+                          ("threadgroup_barrier(mem_flags::mem_threadgroup);  // PLANTED", "uniform-control"),
+                          ("threadgroup float big[9000];  // PLANTED", "threadgroup-memory")]:
+        line = next(i for i, t in enumerate(lines, 1) if snippet in t)
+        assert (line, rule) in at, found
+    returned = next(i for i, t in enumerate(lines, 1) if "return;  // PLANTED" in t)
+    assert any(v.rule == "uniform-control" and f"(line {returned - 1})" in v.message for v in found), found
+    assert strict.expected_rules(path) == {v.rule for v in found}
+
+
+def test_expected_violations_must_match(tmp_path, monkeypatch):
+    src = tmp_path / "probe.metal"
+    body = ("#include <metal_stdlib>\nusing namespace metal;\n"
+            "kernel void k(device float* y [[buffer(0)]], uint t [[thread_index_in_threadgroup]]) {\n"
+            "  if (t < 4) { threadgroup_barrier(mem_flags::mem_threadgroup); }\n}\n")
+    src.write_text("// strict-pass: expect uniform-control\n" + body)
+    strict.check(src, build.scan(src), 310, tmp_path)
+    src.write_text("// strict-pass: expect recursion\n" + body)
+    with pytest.raises(strict.StrictError, match=r"expected and not found: \['recursion'\]"):
+        strict.check(src, build.scan(src), 310, tmp_path)
+    # The project's kernels declare no expected violations.
+    (tmp_path / "metal").mkdir()
+    kernel = tmp_path / "metal" / "probe.metal"
+    kernel.write_text("// strict-pass: expect uniform-control\n" + body)
+    monkeypatch.setattr(strict, "ROOT", tmp_path)
+    with pytest.raises(strict.StrictError, match="cannot expect strict-pass violations"):
+        strict.expected_rules(kernel)

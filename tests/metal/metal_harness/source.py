@@ -179,10 +179,11 @@ def _attr_items(pre: str) -> list[tuple[str, str]]:
     return items
 
 
-def _is_template(masked: str, start: int) -> bool:
+def template_start(masked: str, start: int) -> int:
+    """Offset of the `template` keyword heading the declaration at `start`, or -1."""
     head = masked[:start].rstrip()
     if not head.endswith(">"):
-        return False
+        return -1
     depth = 0
     for i in range(len(head) - 1, -1, -1):
         if head[i] == ">":
@@ -190,8 +191,13 @@ def _is_template(masked: str, start: int) -> bool:
         elif head[i] == "<":
             depth -= 1
             if depth == 0:
-                return head[:i].rstrip().endswith("template")
-    return False
+                before = head[:i].rstrip()
+                return len(before) - len("template") if before.endswith("template") else -1
+    return -1
+
+
+def _is_template(masked: str, start: int) -> bool:
+    return template_start(masked, start) >= 0
 
 
 def _parse_param(raw: str, function: str) -> Param:
@@ -231,10 +237,27 @@ def _template_id(decl: str) -> tuple[str, str]:
     return m.group(1), " ".join(d[lt + 1 : gt].split())
 
 
-def _threadgroup_edits(text: str, masked: str) -> list[tuple[int, int, str]]:
-    """Rewrite `threadgroup T name[dims];` declarations to shared storage."""
-    edits = []
-    counter = 0
+@dataclass
+class SharedDecl:
+    """A `threadgroup T name[dims];` variable: offsets of the word and the `;`."""
+
+    start: int
+    end: int
+    type: str
+    name: str
+    dims: str
+    init: bool = False  # has an initializer (lenient only)
+
+    @property
+    def type_id(self) -> str:
+        return f"{self.type}{self.dims.replace(' ', '')}"
+
+
+def threadgroup_decls(text: str, masked: str, lenient: bool = False) -> list[SharedDecl]:
+    """The threadgroup variable declarations of a unit; one the executor
+    cannot hold (an initializer, several names) raises, or with `lenient`
+    is left out."""
+    out = []
     for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
         j = m.start() - 1
         while j >= 0 and masked[j].isspace():
@@ -266,15 +289,26 @@ def _threadgroup_edits(text: str, masked: str) -> list[tuple[int, int, str]]:
             r"(?P<type>.+?)\s*\b(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\[\]]*\]\s*)*)", decl
         )
         if masked[end] != ";" or not dm or not dm.group("type").strip():
+            if lenient and dm and dm.group("type").strip() and masked[end] == "=":
+                init = SharedDecl(m.start(), end, dm.group("type").strip(), dm.group("name"), dm.group("dims"), True)
+                out.append(init)  # refused by the strict pass, not here
+                continue
+            if lenient:
+                continue
             raise SourceError(
                 f"unsupported threadgroup declaration 'threadgroup {decl}{masked[end]}' "
                 "(declare one variable per statement, without an initializer)"
             )
-        counter += 1
-        type_id = f"{dm.group('type').strip()}{dm.group('dims').replace(' ', '')}"
-        name = dm.group("name")
-        repl = f'auto& {name} = *::mh::tg_var<{type_id}>({counter}, "{name}")'
-        edits.append((m.start(), end, repl))
+        out.append(SharedDecl(m.start(), end, dm.group("type").strip(), dm.group("name"), dm.group("dims")))
+    return out
+
+
+def _threadgroup_edits(text: str, masked: str) -> list[tuple[int, int, str]]:
+    """Rewrite `threadgroup T name[dims];` declarations to shared storage."""
+    edits = []
+    for counter, d in enumerate(threadgroup_decls(text, masked), 1):
+        repl = f'auto& {d.name} = *::mh::tg_var<{d.type_id}>({counter}, "{d.name}")'
+        edits.append((d.start, d.end, repl))
     return edits
 
 

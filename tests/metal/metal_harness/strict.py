@@ -1,7 +1,8 @@
 """The strict pass: what Apple's Metal compiler rejects, rejected before a
 source is built for the executor.
 
-Three checks, each failing with ``<file>.metal:<line>: [rule] message``:
+Checks in order (``violations``), each failing with
+``<file>.metal:<line>: [rule] message``:
 
 * a source scan of the preprocessed translation unit (project headers
   expanded, MSL headers empty) for MSL's C++ subset, kernel parameters and
@@ -12,7 +13,12 @@ Three checks, each failing with ``<file>.metal:<line>: [rule] message``:
   default space): a pointer or reference passed or assigned into another
   space does not compile (run twice, for class objects: see clang_check);
 * the shim's own compile-time checks (``mh/tensor.h``: the MetalPerformance-
-  Primitives constraints), which both front ends see.
+  Primitives constraints);
+* a third front end, clang in C++-for-OpenCL mode (opencl.py), whose kernel
+  language shares most of MSL's rules;
+* the pass's own analyses (analysis.py): resource indices and limits,
+  built-in inputs, recursion, uniform control flow of barriers and simd
+  functions.
 
 The language version of a file is the ``-std`` the CMake build gives it:
 files named ``tensorops_*`` compile at ``LATTICE_TENSOROPS_STD``, all others
@@ -275,7 +281,7 @@ def clang_unit(text: str, class_spaces: bool = False) -> str:
     for m in re.finditer(r"\[\[\s*threadgroup\s*\(", code):
         edits.append((m.start(), m.end(), "[[mh_threadgroup("))
     # Shared-memory variables: static storage in the threadgroup space.
-    tg_decl = {s for s, _, _ in src._threadgroup_edits(text, src._mask_literals(text))}
+    tg_decl = {d.start for d in src.threadgroup_decls(text, src._mask_literals(text), lenient=True)}
     for s in tg_decl:
         edits.append((s, s, "static "))
     attr_spans = [(m.start(), m.end()) for m in re.finditer(src._ATTR_BLOCK, code)]
@@ -429,12 +435,35 @@ def _mentions_space(msg: str) -> bool:
     return "address space" in msg or bool(re.search(r"'(?:const )?(?:device|constant|threadgroup) ", msg))
 
 
+# clang's messages -> the MSL rule they enforce (both front ends).
+MESSAGE_RULES = [
+    ("program-scope", r"program scope variable must reside in constant address space"
+                      r"|static local variable must reside in constant address space"),
+    ("constant-init", r"variable in constant address space must be initialized"),
+    ("read-only", r"read-only variable is not assignable|cannot assign to variable .* with const-qualified type"
+                  r"|cannot assign to return value because .* const-qualified"),
+    ("threadgroup-scope", r"non-kernel function variable cannot be declared in local address space"
+                          r"|variables in the local address space can only be declared in the outermost scope"),
+    ("threadgroup-init", r"'__local' variable cannot have an initializer"),
+    ("function-pointer", r"pointers to functions are not allowed|references to functions are not allowed"),
+    ("variadic", r"variadic arguments are not allowed"),
+    ("kernel-signature", r"kernel must have void return type|cannot be used as the type of a kernel parameter"
+                         r"|kernel functions cannot be|conflicting types for"),
+    ("double", r"use of type '(?:long )?double' requires"),
+    ("virtual", r"virtual functions are not supported"),
+    ("address-space", r"address space|function scope variable cannot be declared in global address space"),
+]
+
+
 def _rule_of(msg: str) -> tuple[str, str]:
-    msg = _space_names(msg)
     tag = re.match(r"(?:static assertion failed(?: due to requirement '[^']*')?: )?\[([\w-]+)\] (.*)", msg)
     if tag:
-        return tag.group(1), tag.group(2)
-    if "address space" in msg or re.search(r"\b(device|constant|threadgroup)\b", msg):
+        return tag.group(1), _space_names(tag.group(2))
+    msg = _space_names(msg)
+    rule = next((r for r, rx in MESSAGE_RULES if re.search(rx, msg)), None)
+    if rule:
+        return rule, msg
+    if re.search(r"\b(device|constant|threadgroup)\b", msg):
         return "address-space", msg
     return "compile", msg
 
@@ -456,6 +485,8 @@ def _space_mismatch(group: list[tuple[str, int, str, str]]) -> bool:
         msg = _space_names(msg)
         if "generic address space" in msg and file.startswith(str(INCLUDE)):
             continue  # a shim operator or method on a class object
+        if re.search(r"\(the implicit (?:copy|move) (?:constructor|assignment operator)\)", msg):
+            continue  # MSL copies class objects between spaces
         if _SPACE_MISMATCH.search(msg) and _mentions_space(msg):
             return True
     return False
@@ -557,15 +588,45 @@ def _shim_digest() -> str:
     return h.hexdigest()
 
 
-def check(path: Path, text: str, version: int, cache: Path) -> None:
-    """Every strict rule on one scanned source; StrictError lists what fails."""
-    found = scan_rules(text, version)
+_EXPECT = re.compile(r"^// strict-pass: expect ([\w-]+(?:, [\w-]+)*)$", re.M)
+
+
+def expected_rules(path: Path) -> set[str]:
+    """The rules a self-test source declares it breaks (a line
+    `// strict-pass: expect rule, rule`): a source that exists to show the
+    executor catching a defect which the strict pass sees too. It builds
+    only if the pass finds exactly those rules; metal/ may not declare any."""
+    m = _EXPECT.search(Path(path).read_text())
+    if m and Path(path).resolve().is_relative_to(ROOT / "metal"):
+        raise StrictError(f"{path.name}: the project's kernels cannot expect strict-pass violations")
+    return set(m.group(1).split(", ")) if m else set()
+
+
+def violations(text: str, version: int, cache: Path) -> list[Violation]:
+    """Every strict rule on one scanned source, in order: the source scan
+    and source analyses, the C++ front end, the OpenCL front end and the
+    analyses on its AST (a later stage runs once the earlier ones pass)."""
+    from . import analysis, opencl
+
+    found = scan_rules(text, version) + analysis.kernel_rules(text)
     if not found:
         found = clang_check(text, version, cache)
-    if found:
+    if not found:
+        found = opencl.check(text, version, cache)
+    return found
+
+
+def check(path: Path, text: str, version: int, cache: Path) -> None:
+    """violations() on one scanned source; StrictError lists what fails."""
+    found = violations(text, version, cache)
+    expected = expected_rules(path)
+    if expected and expected == {v.rule for v in found}:
+        return
+    if found or expected:
         lines = "\n".join(f"  {v}" for v in found[:20])
         more = f"\n  ... and {len(found) - 20} more" if len(found) > 20 else ""
+        missing = f"\n  expected and not found: {sorted(expected - {v.rule for v in found})}" if expected else ""
         raise StrictError(
             f"{path.name} is not valid {version_text(version)} for Apple's compiler "
-            f"(strict harness rules):\n{lines}{more}"
+            f"(strict harness rules):\n{lines}{more}{missing}"
         )

@@ -1,4 +1,7 @@
-// Harness self-test kernels with planted bugs; each must be caught.
+// Harness self-test kernels with planted bugs; each must be caught. The
+// executor must see them, so the strict pass lets this file build only if
+// it finds exactly these (test_metal_strict.py checks where):
+// strict-pass: expect threadgroup-memory, uniform-control
 #include <metal_stdlib>
 using namespace metal;
 

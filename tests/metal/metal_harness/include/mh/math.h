@@ -8,7 +8,7 @@ namespace metal {
 
 template <class To, class From>
 inline To as_type(const From& from) {
-  static_assert(sizeof(To) == sizeof(From), "as_type needs types of equal size");
+  static_assert(sizeof(To) == sizeof(From), "[as-type] as_type<T>(x) needs sizeof(T) == sizeof(x)");
   To to;
   std::memcpy(static_cast<void*>(&to), &from, sizeof(To));
   return to;

@@ -291,7 +291,7 @@ inline void mat_coord(uint lane, uint& row, uint& col) {
 
 template <class T, int Cols, int Rows>
 struct simdgroup_matrix {
-  static_assert(Cols == 8 && Rows == 8, "only 8x8 simdgroup matrices are emulated");
+  static_assert(Cols == 8 && Rows == 8, "[simdgroup-matrix] simdgroup_matrix is 8x8");
   vec<T, 2> e;
 
   simdgroup_matrix() = default;

@@ -1,0 +1,545 @@
+"""The strict pass's own analyses: MSL's and Apple GPUs' rules that neither
+clang front end checks.
+
+* kernel_rules, on the source: a kernel's resource indices and limits
+  (`[[buffer(n)]]` and `[[threadgroup(n)]]` at most 30 and distinct,
+  `[[max_total_threads_per_threadgroup(n)]]` at most 1024, at most 31
+  threadgroup allocations), the types of its built-in parameters, and no
+  function named `main`;
+* ast_rules, on clang's AST of the OpenCL unit (every template
+  instantiation included): no recursion (a cycle in the call graph), and
+  barriers and simd-/quad-group functions reached in control flow uniform
+  over the threads that must reach them together (a taint analysis from
+  the per-thread built-ins).
+
+The threadgroup-memory total per kernel is a static_assert in the OpenCL
+unit (opencl.py); launch sizes are checked where the host dispatches
+(runtime.cpp).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from . import source as src
+from . import strict
+
+MAX_BUFFER_INDEX = 30  # 31 entries in the buffer and threadgroup-memory argument tables
+MAX_THREADS_PER_THREADGROUP = 1024
+MAX_THREADGROUP_ALLOCATIONS = 31
+
+# Built-in kernel inputs: the grid-shaped ones take uint or ushort, scalar or
+# vector; the counts and indices take a scalar.
+_GRID = {
+    "thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
+    "threads_per_grid", "threads_per_threadgroup", "threadgroups_per_grid",
+    "dispatch_threads_per_threadgroup", "grid_origin", "grid_size",
+}
+_SCALAR = {
+    "thread_index_in_threadgroup", "thread_index_in_simdgroup", "simdgroup_index_in_threadgroup",
+    "simdgroups_per_threadgroup", "threads_per_simdgroup", "thread_execution_width",
+    "thread_index_in_quadgroup", "quadgroup_index_in_threadgroup", "quadgroups_per_threadgroup",
+    "dispatch_simdgroups_per_threadgroup", "dispatch_quadgroups_per_threadgroup",
+}
+_TYPE_NAMES = {"unsigned int": "uint", "unsigned short": "ushort", "uint32_t": "uint", "uint16_t": "ushort"}
+
+
+def _type_of(decl: str) -> str:
+    t = re.sub(r"\b(?:const|metal\s*::)\s*", "", decl).strip()
+    return _TYPE_NAMES.get(" ".join(t.split()), t)
+
+
+def _builtin_rules(kernel, at) -> list[strict.Violation]:
+    """Built-in inputs: the types their attributes take, one vector width, each once."""
+    out = []
+    where = at(kernel.start)
+    seen: dict[str, str] = {}
+    widths: dict[str, str] = {}
+    for ptype, name, attrs in kernel.param_list():
+        for attr, _ in attrs:
+            if attr not in _GRID and attr not in _SCALAR:
+                continue
+            t = _type_of(ptype)
+            ok = re.fullmatch(r"u(?:int|short)", t) if attr in _SCALAR else re.fullmatch(r"u(?:int|short)[23]?", t)
+            if not ok:
+                allowed = "uint or ushort" if attr in _SCALAR else "uint, ushort or their 2- and 3-vectors"
+                out.append(f"built-in '{name}' [[{attr}]] is declared '{ptype}'; it takes {allowed}")
+            key = "threads_per_simdgroup" if attr == "thread_execution_width" else attr
+            if key in seen:
+                out.append(f"[[{attr}]] is declared twice ('{seen[key]}' and '{name}')")
+            seen[key] = name
+            if attr in _GRID and ok and t[-1].isdigit():
+                widths[name] = t[-1]
+    if len(set(widths.values())) > 1:
+        listed = ", ".join(f"{n}: {w}" for n, w in widths.items())
+        out.append(f"vector built-ins of one kernel have one number of components ({listed})")
+    return [strict.Violation(strict._short(where[0]), where[1], "builtin", f"kernel '{kernel.name}': {m}")
+            for m in out]
+
+
+def _index_rules(kernel, at) -> list[strict.Violation]:
+    """Resource indices: at most 30, one parameter per index and table."""
+    out = []
+    where = at(kernel.start)
+    used: dict[tuple[str, int], str] = {}
+    for _, name, attrs in kernel.param_list():
+        for attr, arg in attrs:
+            if attr not in ("buffer", "threadgroup"):
+                continue
+            try:
+                index = int(arg, 0)
+            except ValueError:
+                continue
+            if index > MAX_BUFFER_INDEX:
+                out.append(f"'{name}' is bound at [[{attr}({index})]]; Apple GPUs' {attr} table has indices "
+                           f"0 to {MAX_BUFFER_INDEX}")
+            if (attr, index) in used:
+                out.append(f"'{used[attr, index]}' and '{name}' are both bound at [[{attr}({index})]]")
+            used[attr, index] = name
+    for key, arg in kernel.attrs:
+        if key == "max_total_threads_per_threadgroup":
+            try:
+                n = int(arg, 0)
+            except ValueError:
+                continue
+            if not 0 < n <= MAX_THREADS_PER_THREADGROUP:
+                out.append(f"[[max_total_threads_per_threadgroup({n})]]: Apple GPUs run 1 to "
+                           f"{MAX_THREADS_PER_THREADGROUP} threads per threadgroup")
+    return [strict.Violation(strict._short(where[0]), where[1], "resource-limit", f"kernel '{kernel.name}': {m}")
+            for m in out]
+
+
+def _allocation_rules(kernel, text, code, at) -> list[strict.Violation]:
+    """At most 31 threadgroup allocations (variables and [[threadgroup(n)]] buffers)."""
+    decls = src.threadgroup_decls(text[kernel.start : kernel.end], code[kernel.start : kernel.end], lenient=True)
+    buffers = sum(1 for _, _, attrs in kernel.param_list() for a, _ in attrs if a == "threadgroup")
+    if len(decls) + buffers <= MAX_THREADGROUP_ALLOCATIONS:
+        return []
+    f, ln = at(kernel.start + decls[max(0, MAX_THREADGROUP_ALLOCATIONS - buffers)].start)
+    return [strict.Violation(strict._short(f), ln, "threadgroup-memory",
+                             f"kernel '{kernel.name}' has {len(decls) + buffers} threadgroup allocations; "
+                             f"a kernel has at most {MAX_THREADGROUP_ALLOCATIONS}")]
+
+
+def _declares_main(code: str, pos: int) -> bool:
+    """Whether `main(` at pos declares a function (a type before it), not a call."""
+    before = code[:pos].rstrip()
+    return bool(re.search(r"[\w>*&]$", before)) and not re.search(r"(?:\breturn|[.:]|->)$", before)
+
+
+def kernel_rules(text: str) -> list[strict.Violation]:
+    """The source rules above on a scanned unit."""
+    from . import opencl
+
+    at = strict.Locator(text)
+    code = strict._code_only(text)
+    out = []
+    for m in re.finditer(r"\bmain\s*\(", code):
+        if not _declares_main(code, m.start()):
+            continue
+        f, ln = at(m.start())
+        out.append(strict.Violation(strict._short(f), ln, "main", "an MSL function cannot be named main"))
+    for k in opencl.kernel_defs(text):
+        out += _index_rules(k, at) + _builtin_rules(k, at) + _allocation_rules(k, text, code, at)
+    return out
+
+
+# ------------------------------------------------------------ the AST
+
+_FUNCTIONS = {"FunctionDecl", "CXXMethodDecl", "CXXConstructorDecl", "CXXConversionDecl", "CXXDestructorDecl"}
+
+
+class _Walker:
+    """clang's JSON AST of the unit, read for the functions defined in it (not
+    the prelude): each node's offset in the unit, the call graph and the
+    calls' control context."""
+
+    def __init__(self, ast: dict, unit_text: str):
+        self.at = strict.Locator(unit_text)
+        self.file = ""
+        self.functions: dict[str, dict] = {}  # id -> FunctionDecl node with a body
+        self.names: dict[str, str] = {}
+        self.later: dict[str, str] = {}  # declaration id -> its next redeclaration
+        for top in ast.get("inner", []):
+            self._collect(top)
+
+    def resolve(self, fid: str) -> str:
+        """The definition of a function named by any of its declarations."""
+        seen = set()
+        while fid not in self.functions and fid in self.later and fid not in seen:
+            seen.add(fid)
+            fid = self.later[fid]
+        return fid
+
+    def offset(self, node: dict) -> int | None:
+        """Offset of a node in the unit, or None where it is in a header."""
+        loc = node.get("range", {}).get("begin") or node.get("loc") or {}
+        loc = loc.get("expansionLoc", loc)
+        return loc.get("offset") if loc.get("mh_stdin") else None
+
+    def _mark(self, node) -> None:
+        """Fills in the file of every location (the JSON names a file only
+        where it changes, in document order)."""
+        if isinstance(node, dict):
+            if "offset" in node:
+                self.file = node.get("file", self.file)
+                node["mh_stdin"] = self.file in ("<stdin>", "-")
+            for v in node.values():
+                if isinstance(v, (dict, list)):
+                    self._mark(v)
+        elif isinstance(node, list):
+            for v in node:
+                self._mark(v)
+
+    def _collect(self, node: dict) -> None:
+        self._mark(node)
+        self._find(node)
+
+    def _find(self, node: dict) -> None:
+        kind = node.get("kind")
+        if kind in _FUNCTIONS and node.get("id"):
+            self.names[node["id"]] = node.get("name", "?")
+            if "previousDecl" in node:
+                self.later[node["previousDecl"]] = node["id"]
+            body = next((c for c in node.get("inner", []) if c.get("kind") == "CompoundStmt"), None)
+            if body is not None and self.offset(node) is not None:
+                self.functions[node["id"]] = node
+        for c in node.get("inner", []):
+            if isinstance(c, dict):
+                self._find(c)
+
+    def where(self, node: dict) -> tuple[str, int]:
+        off = self.offset(node)
+        f, ln = self.at(off) if off is not None else ("<prelude>", 0)
+        return strict._short(f), ln
+
+
+def _callee(node: dict) -> tuple[str, str] | None:
+    """(id, name) of the function a DeclRefExpr or MemberExpr names."""
+    if node.get("kind") == "DeclRefExpr":
+        ref = node.get("referencedDecl", {})
+        if ref.get("kind") in _FUNCTIONS:
+            return ref["id"], ref.get("name", "?")
+    elif node.get("kind") == "MemberExpr" and "referencedMemberDecl" in node:
+        return node["referencedMemberDecl"], node.get("name", "?")
+    return None
+
+
+def _calls(node: dict, w: "_Walker | None" = None):
+    """(callee id, name, node) of every call or function reference under
+    node, the callee resolved to its definition where `w` is given."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        c = _callee(n)
+        if c:
+            yield (w.resolve(c[0]) if w else c[0]), c[1], n
+        stack.extend(x for x in reversed(n.get("inner", [])) if isinstance(x, dict))
+
+
+def _recursion(w: _Walker) -> list[strict.Violation]:
+    graph = {f: [(c, name, n) for c, name, n in _calls(node, w) if c in w.functions]
+             for f, node in w.functions.items()}
+    out, done = [], set()
+    for start in sorted(graph, key=lambda f: w.offset(w.functions[f]) or 0):
+        # A path from start back to itself: depth-first, remembering the way.
+        stack, seen = [(start, [])], {start}
+        while stack:
+            f, path = stack.pop()
+            for c, name, n in graph[f]:
+                if c == start:
+                    cycle = [w.names[start]] + [w.names[g] for g, _ in path] + [w.names[start]]
+                    call = (path[0][1] if path else n)
+                    v = strict.Violation(*w.where(call), "recursion",
+                                         f"recursive call ({' -> '.join(cycle)}); MSL functions do not recurse")
+                    key = frozenset([start] + [g for g, _ in path])
+                    if key not in done:
+                        done.add(key)
+                        out.append(v)
+                elif c not in seen:
+                    seen.add(c)
+                    stack.append((c, path + [(c, n)]))
+    return out
+
+
+# ------------------------------------------------------------ uniform control flow
+
+# What varies between the threads of a threadgroup (g), of a simdgroup (s)
+# and of a quad (q), by built-in input.
+_VARIES = {
+    "thread_position_in_grid": "gsq", "thread_position_in_threadgroup": "gsq", "thread_index_in_threadgroup": "gsq",
+    "thread_index_in_simdgroup": "gsq", "thread_index_in_quadgroup": "gsq",
+    "simdgroup_index_in_threadgroup": "g", "quadgroup_index_in_threadgroup": "gs",
+}
+# Collectives: the group whose threads must all reach them (the letter of
+# _VARIES that must not control them).
+_COLLECTIVE = [
+    ("g", re.compile(r"threadgroup_barrier$")),
+    ("s", re.compile(r"simdgroup_barrier$|simd_\w+$|simdgroup_(?:load|store|multiply|multiply_accumulate)$")),
+    ("q", re.compile(r"quad_\w+$")),
+]
+# Library results that differ between threads of a group from uniform arguments.
+_SOURCES = [
+    ("gsq", re.compile(r"atomic_\w+$|simd_(?:shuffle\w*|prefix_\w+|is_first)$|quad_(?:shuffle\w*|prefix_\w+)$")),
+    ("g", re.compile(r"simd_\w+$")),
+    ("gs", re.compile(r"quad_\w+$")),
+]
+
+
+def _source_taint(name: str) -> str:
+    return next((t for t, rx in _SOURCES if rx.match(name)), "")
+
+
+def _collective(name: str) -> str:
+    return next((g for g, rx in _COLLECTIVE if rx.match(name)), "")
+
+
+_BRANCHES = {"IfStmt", "SwitchStmt", "ConditionalOperator", "BinaryConditionalOperator"}
+_LOOPS = {"ForStmt", "WhileStmt", "DoStmt", "CXXForRangeStmt"}
+
+
+def _is_kernel(node: dict) -> bool:
+    return any(c.get("kind") in ("OpenCLKernelAttr", "DeviceKernelAttr")  # clang < 21, >= 21
+               for c in node.get("inner", []) if isinstance(c, dict))
+
+
+def _children(n: dict) -> list[dict]:
+    return [c for c in n.get("inner", []) if isinstance(c, dict)]
+
+
+class _Uniformity:
+    """Which values differ between the threads of a group, then every
+    collective checked against the conditions that control it.
+
+    A taint is a set of letters (g, s, q: differs within a threadgroup,
+    simdgroup, quad) and, inside a helper, markers of the helper's own
+    parameters: a helper's result is summarised in terms of its parameters
+    and resolved at each call; what a helper's parameters may receive
+    (`actual`) is gathered over every call."""
+
+    def __init__(self, w: _Walker, builtins: dict[str, dict[str, str]]):
+        self.w = w
+        self.taint: dict[str, set] = defaultdict(set)  # decl id -> letters and markers
+        self.returns: dict[str, set] = defaultdict(set)  # function id -> taint of its result
+        self.actual: dict[str, set] = defaultdict(set)  # helper parameter id -> letters it may receive
+        self.vectors: dict[str, str] = {}  # vector built-in parameter id -> attribute
+        self.params: dict[str, list[str]] = {}
+        for f, node in w.functions.items():
+            kernel = builtins.get(node.get("name", "")) if _is_kernel(node) else None
+            self.params[f] = []
+            for c in _children(node):
+                if c.get("kind") != "ParmVarDecl":
+                    continue
+                self.params[f].append(c["id"])
+                if kernel is None:
+                    self.taint[c["id"]] = {"p" + c["id"]}
+                elif c.get("name") in kernel:
+                    attr = kernel[c["name"]]
+                    self.taint[c["id"]] = set(_VARIES[attr])
+                    if re.search(r"\d$", c.get("type", {}).get("qualType", "")):
+                        self.vectors[c["id"]] = attr
+        self.kinds = self._collective_kinds()
+        for _ in range(50):  # to a fixed point
+            size = self._size()
+            for f, node in w.functions.items():
+                self._propagate(f, node)
+            if size == self._size():
+                break
+
+    def _size(self) -> int:
+        return sum(len(v) for d in (self.taint, self.returns, self.actual) for v in d.values())
+
+    def _collective_kinds(self) -> dict[str, set]:
+        """The collective groups each defined function reaches, transitively."""
+        kinds = {f: set() for f in self.w.functions}
+        for _ in range(len(kinds) + 1):
+            changed = False
+            for f, node in self.w.functions.items():
+                for c, name, _ in _calls(node, self.w):
+                    new = self._groups_of(c, name) | kinds.get(c, set())
+                    if not new <= kinds[f]:
+                        kinds[f] |= new
+                        changed = True
+            if not changed:
+                break
+        return kinds
+
+    def _groups_of(self, fid: str, name: str) -> set:
+        """The group a library collective needs (none for the unit's own functions)."""
+        return set() if fid in self.w.functions else set(_collective(name))
+
+    def letters(self, t: set) -> set:
+        """A taint with the markers replaced by what the parameters may receive."""
+        out = {x for x in t if len(x) == 1}
+        for x in t:
+            if len(x) > 1:
+                out |= self.actual.get(x[1:], set())
+        return out
+
+    def expr(self, n: dict) -> set:
+        out: set = set()
+        stack = [n]
+        while stack:
+            x = stack.pop()
+            k = x.get("kind")
+            kids = _children(x)
+            if k == "DeclRefExpr":
+                out |= self.taint.get(x.get("referencedDecl", {}).get("id"), set())
+            elif k == "ExtVectorElementExpr" and self._vector_of(x) is not None:
+                # threadgroups here are 32 or more threads wide: y and z
+                # positions are shared by a simdgroup and a quad
+                attr = self.vectors[self._vector_of(x)]
+                out |= set(_VARIES[attr]) if "x" in x.get("name", "") else {"g"}
+                continue
+            elif k in ("CallExpr", "CXXOperatorCallExpr"):
+                callee = next(iter(_calls(x, self.w)), None)
+                if callee and callee[0] in self.params:  # a helper: its summary, at these arguments
+                    args = kids[1:]
+                    summary = self.returns.get(callee[0], set())
+                    out |= {t for t in summary if len(t) == 1}
+                    for pid, arg in zip(self.params[callee[0]], args):
+                        if "p" + pid in summary:
+                            out |= self.expr(arg)
+                    continue
+                if callee:
+                    out |= set(_source_taint(callee[1]))
+            stack.extend(kids)
+        return out
+
+    def _vector_of(self, x: dict) -> str | None:
+        kids = _children(x)
+        while kids and kids[0].get("kind") in ("ImplicitCastExpr", "ParenExpr"):
+            kids = _children(kids[0])
+        if kids and kids[0].get("kind") == "DeclRefExpr":
+            pid = kids[0].get("referencedDecl", {}).get("id")
+            return pid if pid in self.vectors else None
+        return None
+
+    def _propagate(self, f: str, node: dict) -> None:
+        stack = [node]
+        while stack:
+            x = stack.pop()
+            k = x.get("kind")
+            kids = _children(x)
+            if k == "VarDecl" and kids:
+                self.taint[x["id"]] |= self.expr(kids[-1])
+            elif k in ("BinaryOperator", "CompoundAssignOperator") and x.get("opcode", "").endswith("=") \
+                    and x.get("opcode") not in ("==", "!=", "<=", ">=") and len(kids) == 2:
+                base = self._assigned(kids[0])
+                if base:
+                    self.taint[base] |= self.expr(kids[1]) | self.expr(kids[0])
+            elif k == "ReturnStmt" and kids:
+                self.returns[f] |= self.expr(kids[0])
+            elif k in ("CallExpr", "CXXMemberCallExpr", "CXXOperatorCallExpr"):
+                callee = next(iter(_calls(x, self.w)), None)
+                if callee and callee[0] in self.params:
+                    for pid, arg in zip(self.params[callee[0]], kids[1:]):
+                        self.actual[pid] |= self.letters(self.expr(arg))
+            stack.extend(kids)
+
+    def _assigned(self, lhs: dict) -> str | None:
+        """The thread-private variable an assignment writes, if any (a store
+        to device or threadgroup memory taints no variable)."""
+        while lhs.get("kind") in ("ImplicitCastExpr", "ParenExpr", "ArraySubscriptExpr", "MemberExpr",
+                                  "ExtVectorElementExpr"):
+            kids = _children(lhs)
+            if not kids:
+                return None
+            base = kids[0].get("type", {}).get("qualType", "")
+            if lhs.get("kind") == "ArraySubscriptExpr" and re.search(r"__(?:global|local)", base):
+                return None
+            lhs = kids[0]
+        if lhs.get("kind") == "DeclRefExpr":
+            ref = lhs.get("referencedDecl", {})
+            if not re.search(r"__(?:global|local|constant)", ref.get("type", {}).get("qualType", "")):
+                return ref.get("id")
+        return None
+
+    def violations(self) -> list[strict.Violation]:
+        out: list[strict.Violation] = []
+        for node in self.w.functions.values():
+            self._visit(node, [], out)
+        return out
+
+    def _condition(self, n: dict) -> tuple[set, list[dict]]:
+        """Taint of what decides whether and how often n's parts run, and its parts."""
+        kids = _children(n)
+        k = n.get("kind")
+        if k in _LOOPS:
+            body = kids[0] if k == "DoStmt" else kids[-1]
+            heads = [c for c in kids if c is not body]
+            return set().union(set(), *(self.expr(c) for c in heads)), [body]
+        cond = next((c for c in kids if c.get("kind") not in ("DeclStmt", "NullStmt", None)), None)
+        return (self.expr(cond) if cond else set()), [c for c in kids if c is not cond]
+
+    def _exits(self, n: dict, kinds: tuple[str, ...]) -> set:
+        """Taint of the conditions under which n's statements return (or,
+        with Break/ContinueStmt in kinds, leave the loop n is the body of)."""
+        out: set = set()
+        stack = [(n, frozenset(), kinds)]
+        while stack:
+            x, path, ks = stack.pop()
+            k = x.get("kind")
+            if k in ks:
+                out |= path
+            if k in _LOOPS or k == "SwitchStmt":  # they own the breaks (and loops the continues) inside
+                ks = tuple(c for c in ks if c == "ReturnStmt" or (k == "SwitchStmt" and c == "ContinueStmt"))
+            if k in _BRANCHES or k in _LOOPS:
+                t, parts = self._condition(x)
+                stack.extend((c, path | t, ks) for c in parts)
+            else:
+                stack.extend((c, path, ks) for c in _children(x))
+        return out
+
+    def _visit(self, n: dict, controls: list[tuple[set, dict]], out: list) -> None:
+        """Walks n with the conditions in force, checking each collective."""
+        k = n.get("kind")
+        kids = _children(n)
+        if k in _BRANCHES or k in _LOOPS:
+            t, parts = self._condition(n)
+            if k in _LOOPS:  # a divergent break or continue splits the later iterations
+                t = t | self._exits(parts[0], ("BreakStmt", "ContinueStmt", "ReturnStmt"))
+            for c in kids:
+                self._visit(c, controls + [(t, n)] if any(c is x for x in parts) else controls, out)
+            return
+        if k == "BinaryOperator" and n.get("opcode") in ("&&", "||") and len(kids) == 2:
+            self._visit(kids[0], controls, out)
+            self._visit(kids[1], controls + [(self.expr(kids[0]), n)], out)
+            return
+        if k == "CompoundStmt":  # after a divergent return, the rest runs in fewer threads
+            for c in kids:
+                self._visit(c, controls, out)
+                t = self._exits(c, ("ReturnStmt",))
+                if t:
+                    controls = controls + [(t, c)]
+            return
+        if k in ("CallExpr", "CXXMemberCallExpr"):
+            callee = next(iter(_calls(n, self.w)), None)
+            if callee:
+                for g in sorted(self._groups_of(callee[0], callee[1]) | self.kinds.get(callee[0], set())):
+                    cond = next((c for t, c in controls if g in self.letters(t)), None)
+                    if cond is not None:
+                        self._report(n, callee[1], g, cond, out)
+        for c in kids:
+            self._visit(c, controls, out)
+
+    def _report(self, call: dict, name: str, group: str, cond: dict, out: list) -> None:
+        f, ln = self.w.where(call)
+        cl = self.w.where(cond)[1]
+        who = {"g": "threadgroup", "s": "simdgroup", "q": "quad"}[group]
+        v = strict.Violation(f, ln, "uniform-control",
+                             f"{name} is reached under a condition that differs between the threads of a {who} "
+                             f"(line {cl}); every thread of the {who} must reach it")
+        if v not in out:
+            out.append(v)
+
+
+def ast_rules(ast: dict, unit) -> list[strict.Violation]:
+    """Recursion and uniform control flow on clang's AST of an opencl.Unit."""
+    w = _Walker(ast, unit.text)
+    builtins = {
+        name: {pname: a for _, pname, attrs in k.param_list() for a, _ in attrs if a in _VARIES}
+        for name, (k, _) in unit.kernels.items()
+    }
+    return _recursion(w) + _Uniformity(w, builtins).violations()

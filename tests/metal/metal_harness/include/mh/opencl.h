@@ -1,0 +1,418 @@
+// MSL's library as the strict pass's OpenCL front end sees it (opencl.py:
+// clang in C++-for-OpenCL mode, C++17, with device / constant / threadgroup
+// / thread mapped onto __global / __constant / __local / __private). Types
+// are exact (sizes; vectors as clang's ext_vector_type; atomics, packed
+// vectors and simdgroup matrices as structs); functions are declared
+// loosely, one template per name whose result is its first argument's
+// type: type checking library calls is the other front end's job
+// (mh/all.h). Rules of MSL's library that OpenCL does not have are
+// static_asserts tagged [rule]. Every static data member here is
+// `constant`: OpenCL and MSL put no other variable at program scope.
+#pragma once
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+
+typedef unsigned char uchar;
+typedef unsigned short ushort;
+typedef unsigned int uint;
+typedef unsigned long ulong;
+// bfloat: a 16-bit float distinct from half (clang 16 has no __bf16 for SPIR;
+// its size and overloads are what this front end needs).
+typedef _Float16 bfloat;
+typedef unsigned long size_t;
+typedef long ptrdiff_t;
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long int64_t;
+typedef unsigned long uint64_t;
+typedef long intptr_t;
+typedef unsigned long uintptr_t;
+
+#define MH_VECTORS(T)                                   \
+  typedef T T##2 __attribute__((ext_vector_type(2)));   \
+  typedef T T##3 __attribute__((ext_vector_type(3)));   \
+  typedef T T##4 __attribute__((ext_vector_type(4)));   \
+  namespace metal { using ::T##2; using ::T##3; using ::T##4; }
+MH_VECTORS(char)
+MH_VECTORS(uchar)
+MH_VECTORS(short)
+MH_VECTORS(ushort)
+MH_VECTORS(int)
+MH_VECTORS(uint)
+MH_VECTORS(long)
+MH_VECTORS(ulong)
+MH_VECTORS(half)
+MH_VECTORS(float)
+MH_VECTORS(bfloat)
+#undef MH_VECTORS
+// OpenCL has no bool vectors: bytes of another type than charN, sized as MSL's.
+typedef signed char bool2 __attribute__((ext_vector_type(2)));
+typedef signed char bool3 __attribute__((ext_vector_type(3)));
+typedef signed char bool4 __attribute__((ext_vector_type(4)));
+
+// Packed vectors: MSL's sizes (no padding), members and conversions only.
+template <class T, int N> struct packed_vec;
+#define MH_PACKED(N, ...)                                                   \
+  template <class T> struct packed_vec<T, N> {                             \
+    T __VA_ARGS__;                                                         \
+    packed_vec() = default;                                                \
+    template <class... A> packed_vec(A...);                                \
+    operator T __attribute__((ext_vector_type(N)))() const;                \
+    T& operator[](int);                                                    \
+    const T& operator[](int) const;                                        \
+  };
+MH_PACKED(2, x, y)
+MH_PACKED(3, x, y, z)
+MH_PACKED(4, x, y, z, w)
+#undef MH_PACKED
+#define MH_PACKED(T)                        \
+  typedef packed_vec<T, 2> packed_##T##2;   \
+  typedef packed_vec<T, 3> packed_##T##3;   \
+  typedef packed_vec<T, 4> packed_##T##4;
+MH_PACKED(char) MH_PACKED(uchar) MH_PACKED(short) MH_PACKED(ushort) MH_PACKED(int) MH_PACKED(uint)
+MH_PACKED(long) MH_PACKED(ulong) MH_PACKED(half) MH_PACKED(float) MH_PACKED(bfloat)
+#undef MH_PACKED
+
+// MSL's constants (metal_math, metal_limits).
+#define MAXFLOAT 0x1.fffffep+127f
+#define INFINITY (__builtin_inff())
+#define NAN (__builtin_nanf(""))
+#define FLT_MAX 0x1.fffffep+127f
+#define FLT_MIN 0x1p-126f
+#define FLT_EPSILON 0x1p-23f
+#define HALF_MAX (half(65504.0f))
+#define HALF_MIN (half(6.103515625e-05f))
+#define HALF_EPSILON (half(0.0009765625f))
+#define M_PI_F 3.14159265358979323846f
+#define M_PI_2_F 1.57079632679489661923f
+#define M_PI_4_F 0.785398163397448309616f
+#define M_1_PI_F 0.318309886183790671538f
+#define M_2_PI_F 0.636619772367581343076f
+#define M_2_SQRTPI_F 1.12837916709551257390f
+#define M_E_F 2.71828182845904523536f
+#define M_LOG2E_F 1.44269504088896340736f
+#define M_LOG10E_F 0.434294481903251827651f
+#define M_LN2_F 0.693147180559945309417f
+#define M_LN10_F 2.30258509299404568402f
+#define M_SQRT2_F 1.41421356237309504880f
+#define M_SQRT1_2_F 0.707106781186547524401f
+#define CHAR_BIT 8
+#define INT_MAX 2147483647
+#define INT_MIN (-2147483647 - 1)
+#define UINT_MAX 4294967295u
+#define SHRT_MAX 32767
+#define USHRT_MAX 65535
+#define UCHAR_MAX 255
+
+namespace mh {
+enum { kThread = 0, kDevice = 1, kConstant = 2, kThreadgroup = 3, kGeneric = 4 };
+
+// The address space of a type, and the type without it.
+template <class T> struct space { static constexpr __constant int value = kThread; using type = T; };
+template <class T> struct space<__global T> { static constexpr __constant int value = kDevice; using type = T; };
+template <class T> struct space<__constant T> { static constexpr __constant int value = kConstant; using type = T; };
+template <class T> struct space<__local T> { static constexpr __constant int value = kThreadgroup; using type = T; };
+template <class T> struct space<__generic T> { static constexpr __constant int value = kGeneric; using type = T; };
+
+template <class T> struct bare { using type = T; };
+template <class T> struct bare<const T> : bare<T> {};
+template <class T> struct bare<volatile T> : bare<T> {};
+template <class T> struct bare<T&> : bare<T> {};
+template <class T> struct bare<T&&> : bare<T> {};
+template <class T> using bare_t = typename bare<typename space<typename bare<T>::type>::type>::type;
+
+// Element type and width of a scalar or vector.
+template <class T> struct shape { using elem = T; static constexpr __constant int n = 1; };
+template <class T, int N> struct shape<T __attribute__((ext_vector_type(N)))> {
+  using elem = T;
+  static constexpr __constant int n = N;
+};
+template <class T> using elem_t = typename shape<bare_t<T>>::elem;
+
+// A vector built from scalars and vectors (MSL's float4(a, b) and kin; clang's
+// vectors take no constructor syntax, so opencl.py rewrites the calls here).
+template <class V, class... A> V make(A...);
+} // namespace mh
+
+namespace metal {
+// ---------------------------------------------------------------- traits
+template <class T, T v> struct integral_constant {
+  static constexpr __constant T value = v;
+  constexpr operator T() const { return v; }
+};
+template <bool B> using bool_constant = integral_constant<bool, B>;
+using true_type = bool_constant<true>;
+using false_type = bool_constant<false>;
+template <class A, class B> struct is_same : false_type {};
+template <class A> struct is_same<A, A> : true_type {};
+template <class A, class B> constexpr __constant bool is_same_v = is_same<A, B>::value;
+template <bool B, class T = void> struct enable_if {};
+template <class T> struct enable_if<true, T> { using type = T; };
+template <bool B, class T = void> using enable_if_t = typename enable_if<B, T>::type;
+template <bool B, class T, class F> struct conditional { using type = T; };
+template <class T, class F> struct conditional<false, T, F> { using type = F; };
+template <bool B, class T, class F> using conditional_t = typename conditional<B, T, F>::type;
+template <class T> struct remove_cv { using type = T; };
+template <class T> struct remove_cv<const T> { using type = T; };
+template <class T> struct remove_cv<volatile T> { using type = T; };
+template <class T> struct remove_cv<const volatile T> { using type = T; };
+template <class T> using remove_cv_t = typename remove_cv<T>::type;
+template <class T> struct remove_reference { using type = T; };
+template <class T> struct remove_reference<T&> { using type = T; };
+template <class T> struct remove_reference<T&&> { using type = T; };
+template <class T> using remove_reference_t = typename remove_reference<T>::type;
+template <class T> using remove_cvref_t = remove_cv_t<remove_reference_t<T>>;
+template <class T> struct remove_address_space { using type = typename mh::space<T>::type; };
+template <class T> using remove_address_space_t = typename remove_address_space<T>::type;
+template <class T> T&& declval();
+template <class T> constexpr __constant bool is_integral_v =
+    __is_integral(T) && !is_same_v<remove_cv_t<T>, bool>;
+template <class T> constexpr __constant bool is_floating_point_v =
+    is_same_v<remove_cv_t<T>, float> || is_same_v<remove_cv_t<T>, half> || is_same_v<remove_cv_t<T>, bfloat>;
+template <class T> constexpr __constant bool is_arithmetic_v = __is_integral(T) || is_floating_point_v<T>;
+template <class T> constexpr __constant bool is_scalar_v = is_arithmetic_v<T>;
+template <class T> constexpr __constant bool is_signed_v = is_arithmetic_v<T> && T(-1) < T(0);
+template <class T> constexpr __constant bool is_unsigned_v = __is_integral(T) && T(0) < T(-1);
+template <class T> constexpr __constant bool is_const_v = !is_same_v<T, remove_cv_t<T>> ;
+template <class T> constexpr __constant bool is_pointer_v = __is_pointer(T);
+template <class T> constexpr __constant bool is_reference_v = __is_reference(T);
+template <class T> struct is_integral : bool_constant<is_integral_v<T>> {};
+template <class T> struct is_floating_point : bool_constant<is_floating_point_v<T>> {};
+template <class T> struct is_arithmetic : bool_constant<is_arithmetic_v<T>> {};
+template <class T> struct is_signed : bool_constant<is_signed_v<T>> {};
+template <class T> struct is_unsigned : bool_constant<is_unsigned_v<T>> {};
+template <class T> struct make_unsigned { using type = __make_unsigned(T); };
+template <class T> using make_unsigned_t = typename make_unsigned<T>::type;
+template <class T> struct make_signed { using type = __make_signed(T); };
+template <class T> using make_signed_t = typename make_signed<T>::type;
+
+template <class T> struct numeric_limits {
+  static constexpr __constant bool is_specialized = true;
+  static constexpr __constant bool is_integer = __is_integral(T);
+  static constexpr __constant bool is_signed = is_signed_v<T>;
+  static constexpr T min();
+  static constexpr T max();
+  static constexpr T lowest();
+  static constexpr T epsilon();
+  static constexpr T infinity();
+  static constexpr T quiet_NaN();
+};
+
+// ---------------------------------------------------------------- arrays
+template <class T, size_t N> struct array {
+  T mh_elems[N];
+  T& operator[](size_t i) { return mh_elems[i]; }
+  const T& operator[](size_t i) const { return mh_elems[i]; }
+  const __constant T& operator[](size_t i) const __constant { return mh_elems[i]; }
+  constexpr size_t size() const { return N; }
+};
+template <class T, size_t N> struct array_ref {
+  template <class... A> array_ref(A...);
+  const T& operator[](size_t i) const;
+  size_t size() const;
+};
+
+// ---------------------------------------------------------------- functions
+#define MH_LIKE_FIRST(f) template <class X, class... A> X f(X, A...);
+#define MH_SCALAR_OF(f) template <class X, class... A> mh::elem_t<X> f(X, A...);
+#define MH_BOOL(f) template <class... A> bool f(A...);
+#define MH_MATH(M)                                                                                       \
+  M(abs) M(acos) M(acosh) M(asin) M(asinh) M(atan) M(atan2) M(atanh) M(ceil) M(clamp) M(copysign) M(cos) \
+  M(cosh) M(cospi) M(divide) M(exp) M(exp10) M(exp2) M(fabs) M(fdim) M(floor) M(fma) M(fmax) M(fmax3)    \
+  M(fmedian3) M(fmin) M(fmin3) M(fmod) M(fract) M(frexp) M(ldexp) M(log) M(log10) M(log2) M(max) M(max3) \
+  M(median3) M(min) M(min3) M(mix) M(modf) M(pow) M(powr) M(rint) M(round) M(rsqrt) M(saturate) M(sign)  \
+  M(sin) M(sincos) M(sinh) M(sinpi) M(smoothstep) M(sqrt) M(step) M(tan) M(tanh) M(tanpi) M(trunc)       \
+  M(normalize) M(cross) M(reflect) M(refract) M(faceforward)
+MH_MATH(MH_LIKE_FIRST)
+namespace fast { MH_MATH(MH_LIKE_FIRST) }
+namespace precise { MH_MATH(MH_LIKE_FIRST) }
+MH_LIKE_FIRST(absdiff) MH_LIKE_FIRST(addsat) MH_LIKE_FIRST(clz) MH_LIKE_FIRST(ctz) MH_LIKE_FIRST(extract_bits)
+MH_LIKE_FIRST(hadd) MH_LIKE_FIRST(insert_bits) MH_LIKE_FIRST(mad24) MH_LIKE_FIRST(madhi) MH_LIKE_FIRST(madsat)
+MH_LIKE_FIRST(mul24) MH_LIKE_FIRST(mulhi) MH_LIKE_FIRST(popcount) MH_LIKE_FIRST(reverse_bits)
+MH_LIKE_FIRST(rhadd) MH_LIKE_FIRST(rotate) MH_LIKE_FIRST(subsat) MH_LIKE_FIRST(select)
+MH_SCALAR_OF(dot) MH_SCALAR_OF(length) MH_SCALAR_OF(length_squared) MH_SCALAR_OF(distance)
+MH_SCALAR_OF(distance_squared)
+MH_BOOL(all) MH_BOOL(any) MH_BOOL(isfinite) MH_BOOL(isinf) MH_BOOL(isnan) MH_BOOL(isnormal)
+MH_BOOL(isordered) MH_BOOL(isunordered) MH_BOOL(signbit)
+
+// as_type: MSL reinterprets only between types of one size.
+template <class T, class U> T as_type(U x) {
+  static_assert(sizeof(T) == sizeof(U), "[as-type] as_type<T>(x) needs sizeof(T) == sizeof(x)");
+  return __builtin_bit_cast(T, x);
+}
+
+// ---------------------------------------------------------------- barriers, simd and quad functions
+enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4,
+                       mem_threadgroup_imageblock = 8, mem_object_data = 16 };
+constexpr mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(int(a) | int(b)); }
+void threadgroup_barrier(mem_flags);
+void simdgroup_barrier(mem_flags = mem_flags::mem_none);
+
+struct simd_vote {
+  using vote_t = ulong;
+  explicit constexpr simd_vote(vote_t v = 0) : bits(v) {}
+  explicit constexpr operator vote_t() const { return bits; }
+  constexpr bool all() const { return bits == ~vote_t(0); }
+  constexpr bool any() const { return bits != 0; }
+  vote_t bits;
+};
+#define MH_COLLECTIVES(M)                                                                          \
+  M(simd_sum) M(simd_product) M(simd_min) M(simd_max) M(simd_and) M(simd_or) M(simd_xor)          \
+  M(simd_prefix_exclusive_sum) M(simd_prefix_inclusive_sum) M(simd_prefix_exclusive_product)     \
+  M(simd_prefix_inclusive_product) M(simd_shuffle) M(simd_broadcast) M(simd_broadcast_first)     \
+  M(simd_shuffle_xor) M(simd_shuffle_down) M(simd_shuffle_up) M(simd_shuffle_rotate_down)        \
+  M(simd_shuffle_rotate_up) M(simd_shuffle_and_fill_down) M(simd_shuffle_and_fill_up)            \
+  M(quad_sum) M(quad_product) M(quad_min) M(quad_max) M(quad_and) M(quad_or) M(quad_xor)          \
+  M(quad_prefix_exclusive_sum) M(quad_prefix_inclusive_sum) M(quad_shuffle) M(quad_broadcast)    \
+  M(quad_broadcast_first) M(quad_shuffle_xor) M(quad_shuffle_down) M(quad_shuffle_up)            \
+  M(quad_shuffle_rotate_down) M(quad_shuffle_rotate_up)
+MH_COLLECTIVES(MH_LIKE_FIRST)
+simd_vote simd_ballot(bool);
+simd_vote simd_active_threads_mask();
+bool simd_all(bool);
+bool simd_any(bool);
+bool simd_is_first();
+bool simd_is_helper_thread();
+bool quad_all(bool);
+bool quad_any(bool);
+ushort quad_ballot(bool);
+#undef MH_COLLECTIVES
+#undef MH_MATH
+#undef MH_LIKE_FIRST
+#undef MH_SCALAR_OF
+#undef MH_BOOL
+
+// ---------------------------------------------------------------- atomics
+enum memory_order { memory_order_relaxed, memory_order_acquire, memory_order_release,
+                    memory_order_acq_rel, memory_order_seq_cst };
+enum thread_scope { thread_scope_thread, thread_scope_simdgroup, thread_scope_threadgroup,
+                    thread_scope_device };
+template <class T> struct atomic {
+  static_assert(is_same_v<T, int> || is_same_v<T, uint> || is_same_v<T, bool> || is_same_v<T, float> ||
+                    is_same_v<T, long> || is_same_v<T, ulong>,
+                "[atomic] MSL's atomic types are atomic_int, _uint, _bool, _float, _long and _ulong");
+  T mh_value;
+};
+// Complete before any kernel names them (clang's OpenCL mode refuses a
+// kernel parameter pointing to a specialisation not yet instantiated).
+template struct atomic<int>;
+template struct atomic<uint>;
+template struct atomic<bool>;
+template struct atomic<float>;
+template struct atomic<long>;
+template struct atomic<ulong>;
+// MSL's atomic functions take device or threadgroup atomics only.
+template <class A> using atomic_t = decltype(mh::bare_t<A>::mh_value);
+template <class A> constexpr __constant bool atomic_space_v =
+    mh::space<A>::value == mh::kDevice || mh::space<A>::value == mh::kThreadgroup;
+#define MH_ATOMIC(f)                                                                                  \
+  template <class A, class... R> atomic_t<A> f(A* obj, R...) {                                        \
+    static_assert(atomic_space_v<A>, "[atomic] " #f " takes an atomic in device or threadgroup memory"); \
+    return {};                                                                                        \
+  }
+MH_ATOMIC(atomic_load_explicit) MH_ATOMIC(atomic_exchange_explicit) MH_ATOMIC(atomic_fetch_add_explicit)
+MH_ATOMIC(atomic_fetch_sub_explicit) MH_ATOMIC(atomic_fetch_and_explicit) MH_ATOMIC(atomic_fetch_or_explicit)
+MH_ATOMIC(atomic_fetch_xor_explicit) MH_ATOMIC(atomic_fetch_min_explicit) MH_ATOMIC(atomic_fetch_max_explicit)
+#undef MH_ATOMIC
+template <class A, class... R> void atomic_store_explicit(A* obj, R...) {
+  static_assert(atomic_space_v<A>, "[atomic] atomic_store_explicit takes an atomic in device or threadgroup memory");
+}
+template <class A, class... R> bool atomic_compare_exchange_weak_explicit(A* obj, R...) {
+  static_assert(atomic_space_v<A>,
+                "[atomic] atomic_compare_exchange_weak_explicit takes an atomic in device or threadgroup memory");
+  return false;
+}
+
+// ---------------------------------------------------------------- simdgroup matrices
+template <class T, int R, int C> struct simdgroup_matrix {
+  static_assert(is_same_v<T, float> || is_same_v<T, half> || is_same_v<T, bfloat>,
+                "[simdgroup-matrix] simdgroup_matrix holds float, half or bfloat");
+  static_assert(R == 8 && C == 8, "[simdgroup-matrix] simdgroup_matrix is 8x8");
+  T mh_elems[2];
+  simdgroup_matrix() = default;
+  explicit simdgroup_matrix(T);
+};
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
+template <class T, int R, int C> simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T);
+template <class M, class P, class... A> void simdgroup_load(M&, P*, A...);
+template <class M, class P, class... A> void simdgroup_store(const M&, P*, A...);
+template <class D, class... A> void simdgroup_multiply(D&, const A&...);
+template <class D, class... A> void simdgroup_multiply_accumulate(D&, const A&...);
+
+// ---------------------------------------------------------------- tensors (Metal 4)
+// Loose stand-ins: MetalPerformancePrimitives' constraints live in
+// mh/tensor.h, which the other front end checks.
+constexpr __constant int dynamic_extent = -1;
+template <class I, size_t R> struct dextents {
+  template <class... A> dextents(A...);
+};
+struct tensor_inline {};
+struct mh_any {
+  template <class T> operator T() const;
+};
+template <class E, class X, class L = tensor_inline> struct tensor {
+  using element_type = E;
+  template <class... A> tensor(A...);
+  template <class... A> mh_any get_extent(A...) const;
+  template <class... A> mh_any operator[](A...) const;
+};
+template <class P, class X> tensor(P*, X) -> tensor<P, X, tensor_inline>;
+template <class P, class X, class S> tensor(P*, X, S) -> tensor<P, X, tensor_inline>;
+template <int N> struct execution_simdgroups {};
+struct execution_simdgroup {};
+struct execution_thread {};
+} // namespace metal
+
+namespace mpp {
+namespace tensor_ops {
+// A class as a template argument needs C++20; OpenCL's C++ is C++17, so the
+// descriptor passes as a number here.
+struct matmul2d_descriptor {
+  enum class mode { multiply, multiply_accumulate };
+  template <class... A> constexpr matmul2d_descriptor(A...) {}
+  constexpr operator long() const { return 0; }
+};
+template <class T> struct mh_cooperative {
+  using element_type = T;
+  size_t get_capacity() const;
+  T& operator[](size_t);
+  template <class... A> void load(A...);
+  template <class... A> void store(A...);
+};
+template <long D, class Scope> struct matmul2d {
+  template <class... A> void run(const A&...);
+  template <class L, class R, class T> mh_cooperative<T> get_destination_cooperative_tensor() const;
+};
+} // namespace tensor_ops
+} // namespace mpp
+
+// OpenCL C++ declares its own atomic_int and kin (as _Atomic types); MSL's
+// are spelled here before clang sees them.
+#define atomic_int ::metal::atomic<int>
+#define atomic_uint ::metal::atomic<uint>
+#define atomic_bool ::metal::atomic<bool>
+#define atomic_float ::metal::atomic<float>
+#define atomic_long ::metal::atomic<long>
+#define atomic_ulong ::metal::atomic<ulong>
+// OpenCL keywords that are names in MSL: `half` is a type MSL code may
+// shadow (`const int half = n / 2;`), the rest plain identifiers.
+typedef half mh_half;
+#define half mh_half
+#define global mh_name_global
+#define local mh_name_local
+#define generic mh_name_generic
+#define read_only mh_name_read_only
+#define write_only mh_name_write_only
+#define read_write mh_name_read_write
+#define pipe mh_name_pipe
+#define METAL_FUNC inline
+#define METAL_CONST constexpr __constant
+#define device __global
+#define constant __constant
+#define threadgroup __local
+#define thread __private
