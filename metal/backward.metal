@@ -251,8 +251,9 @@ template <typename T, int C>
   }
 }
 
-// Second step of the TensorOps weight gradient (tensorops_backward.metal):
-// dw[k, i] = sum over p = 0 .. parts - 1, in order, of the float partials.
+// Second step of the partitioned weight gradients (tensorops_backward.metal,
+// wgrad_mma.metal): dw[k, i] = sum over p = 0 .. parts - 1, in order, of the
+// float partials.
 template <typename T>
 [[kernel]] void wgrad_reduce(
     device const float* partials [[buffer(0)]],
@@ -274,6 +275,8 @@ template <typename T>
 
 template [[host_name("wgrad_reduce_float32")]] [[kernel]] decltype(wgrad_reduce<float>) wgrad_reduce<float>;
 template [[host_name("wgrad_reduce_float16")]] [[kernel]] decltype(wgrad_reduce<half>) wgrad_reduce<half>;
+// bfloat16: the second step of metal.wgrad_mma (wgrad_mma.metal).
+template [[host_name("wgrad_reduce_bfloat16")]] [[kernel]] decltype(wgrad_reduce<bfloat>) wgrad_reduce<bfloat>;
 
 template [[host_name("dgrad_dense_grouped_float32_16x16")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 16>) dense_channel_grouped<float, 16, 16>;
 template [[host_name("dgrad_dense_grouped_float32_16x32")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 32>) dense_channel_grouped<float, 16, 32>;

@@ -43,6 +43,17 @@ struct WeightGradPartsParams {
   int parts; // partitions per offset
 };
 
+// Matrix-unit weight gradient (metal/wgrad_mma.metal): the fields of
+// WeightGradPartsParams (its reduction step's), then the rows of a pointwise
+// product.
+struct WeightGradMmaParams {
+  int k;
+  int a;
+  int b;
+  int parts;          // partitions per offset (1: dW written directly)
+  int pointwise_rows; // rows of a pointwise product; -1 with a relation
+};
+
 // Quantized convolution (QuantizedConv); metal/quant_params.h has the
 // kernels' code and weight readers.
 struct QuantParams {

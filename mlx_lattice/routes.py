@@ -127,6 +127,7 @@ class Selection:
     route: Route
     rejected: list = field(default_factory=list)
     fallback: str | None = None
+    variant: dict | None = None  # tile shapes of the route, where the tuner chose them
 
 
 _REGISTRY: dict[str, Route] = {}
@@ -228,17 +229,36 @@ def context(op: str, backend: str, **fields) -> RouteContext:
     )
 
 
-def choose(ctx: RouteContext, fallback: str | None = None) -> Selection:
+# The route tuner (mlx_lattice/tuning.py) installs itself here: given the
+# context, the static selection and the call's data (a probe, or None where
+# the call has none at hand), it returns the selection to run and the fields
+# its record gets (where the choice came from, the timings measured).
+_choice_hook: Callable | None = None
+
+
+def set_choice_hook(hook: Callable | None) -> None:
+    global _choice_hook
+    _choice_hook = hook
+
+
+def choose(ctx: RouteContext, fallback: str | None = None, probe=None) -> Selection:
     """Select ctx's route and record the choice (with the rejected routes and
     any fallback) in the diagnostics log. ``fallback``: why the call already
     left its device (diagnostics.backend_fallback: a GPU without this build's
-    kernels)."""
+    kernels). The static selection goes through the route tuner, which may
+    take another eligible route (a cached or measured choice, or one named
+    explicitly); ``probe``: the call's data, for the tuner to measure on."""
     sel = select(ctx)
+    tuned = None
+    if _choice_hook is not None:
+        sel, tuned = _choice_hook(ctx, sel, probe)
     entry = ctx.as_dict()
     entry.update(
         route=sel.route.name, backend=sel.route.backend, rejected=sel.rejected,
         fallback=fallback or sel.fallback, deterministic=sel.route.deterministic,
     )
+    if tuned:
+        entry.update(tuned)
     diagnostics.emit(entry)
     return sel
 
@@ -362,6 +382,27 @@ register(Route(
     kernel_file="metal/forward_vector.metal",
     summary="one thread per row computing all 16 output channels",
 ))
+# The matrix-unit route: every dense float product the routes above do not
+# take, in any dtype, ahead of the scalar routes below (the order's reason is
+# in its summary).
+METAL_ALL_DTYPES = _cond(
+    "features float32, float16 or bfloat16", lambda c: c.dtype in ("float32", "float16", "bfloat16")
+)
+register(Route(
+    name="metal.csr_mma", backend="metal", priority=65,
+    conditions=(DENSE, METAL_ALL_DTYPES), passes=("forward", "dgrad"),
+    kernel_file="metal/csr_mma.metal",
+    summary="implicit GEMM on simdgroup matrices over the CSR edges of either view, any C_in, "
+    "C_out and K: 32 rows x 16-128 output channels per threadgroup (4 simdgroups of 8x8 float "
+    "fragments, float accumulation); each round takes the smallest offset pending among the 32 "
+    "rows (offsets absent from the block never visited) and stages their gathered rows and W[k], "
+    "16 input channels at a time, through threadgroup memory with masked loads. Priority: below "
+    "the seed routes, which move fewer bytes or pad fewer MACs per row where they apply (rows "
+    "grouped by neighbour mask; compile-time channels, W[k] staged once per offset); above the "
+    "scalar routes, which per row read each gathered x row once per 1-4 output channels (this: "
+    "once per 16-128) and run its E x C_in x C_out MACs one lane at a time (this: on 8x8 "
+    "matrices, channels padded to multiples of 8, rows to the block's rounds)",
+))
 register(Route(
     name="metal.vec4", backend="metal", priority=60,
     conditions=(DENSE, FP32, COUT_DIV4), passes=("forward", "dgrad"),
@@ -444,6 +485,23 @@ register(Route(
     summary="partitioned TensorOps contraction: threadgroup (p, k) sums x^T ct over 32-edge "
     "chunks p, p+P, ... of offset k with matmul2d into a float partial; a second kernel "
     "(metal/backward.metal) adds the P partials in order",
+))
+# The matrix-unit weight gradient: every dense product's, in any dtype (so a
+# bfloat16 product on metal.csr_mma has its gradients on the GPU), ahead of
+# the scalar wgrad_* routes below (the order's reason is in its summary).
+register(Route(
+    name="metal.wgrad_mma", backend="metal", priority=50,
+    conditions=(DENSE, METAL_ALL_DTYPES), passes=("wgrad",),
+    kernel_file="metal/wgrad_mma.metal",
+    summary="x^T ct on simdgroup matrices over the kernel-major edges, any C_in, C_out and K: a "
+    "32 x 32 or 32 x 64 block of dW[k] per threadgroup (4 simdgroups of 8x8 float fragments), "
+    "16-edge chunks of x rows (transposed) and ct rows staged through threadgroup memory with "
+    "masked loads; P partitions of an offset's chunks (about 512 edges each, P fixed by the "
+    "shapes) into float partials that wgrad_reduce (metal/backward.metal) adds in order, or dW "
+    "directly when P is 1. Priority: below the TensorOps contraction; above the scalar wgrad_* "
+    "routes, which read each edge's x and ct rows once per element block of 1-16 weights (this: "
+    "once per 32 x 32-64 block) and run the E x C_in x C_out MACs one lane at a time (this: on "
+    "8x8 matrices, channels and edges padded to multiples of 8)",
 ))
 register(Route(
     name="metal.wgrad_dense_square", backend="metal", priority=40,
@@ -620,19 +678,27 @@ register(Route(
 ))
 
 
-def _autodiff_route(q: dict) -> str:
-    """Route of a product created by autodiff (called from the primitives)."""
+def autodiff_context(q: dict, backend: str | None = None) -> RouteContext:
+    """The context of a product created by autodiff, from the primitives'
+    query (direction, kind, k, c_in, c_out, n_in, n_out, edges, dtype, gpu,
+    from_route, groups); the route tuner builds the same ones ahead of the
+    backward pass (``backend``: the GPU backend of a ``gpu`` query, default
+    the current one)."""
     pointwise = q["kind"] == "pointwise"
-    ctx = context(
+    return context(
         f"{q['direction']} of {q['from_route']}",
-        current_backend() if q["gpu"] else "cpu",
+        (backend or current_backend()) if q["gpu"] else "cpu",
         map_kind="forward" if pointwise else q["kind"],
         dtype=q["dtype"],
         kernel_size=(1, 1, 1) if pointwise else None,
         k=q["k"], c_in=q["c_in"], c_out=q["c_out"], n_in=q["n_in"], n_out=q["n_out"],
         edges=q["edges"], direction=q["direction"], groups=q["groups"],
     )
-    return choose(ctx).route.name
+
+
+def _autodiff_route(q: dict) -> str:
+    """Route of a product created by autodiff (called from the primitives)."""
+    return choose(autodiff_context(q)).route.name
 
 
 _ext.set_route_hook(_autodiff_route)

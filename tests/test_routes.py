@@ -100,11 +100,12 @@ def test_selection_is_pure_and_explains_rejections():
     assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target", c_in=32)).route.name == "cpu.gather_gemm"
     # a Mac would take the Metal routes for the same shapes
     assert routes.select(ctx(backend="metal", kernel_size=(1, 1, 1))).route.name == "metal.pointwise"
-    assert routes.select(ctx(backend="metal", c_in=8, c_out=8)).route.name == "metal.vec4"
-    # bfloat16 has no Metal kernel yet: the CPU route, said out loud
-    s3 = routes.select(ctx(backend="metal", dtype="bfloat16"))
+    assert routes.select(ctx(backend="metal", c_in=8, c_out=8)).route.name == "metal.csr_mma"
+    assert routes.select(ctx(backend="metal", dtype="bfloat16")).route.name == "metal.csr_mma"
+    # a grouped bfloat16 product has no Metal kernel yet: the CPU route, said out loud
+    s3 = routes.select(ctx(backend="metal", dtype="bfloat16", groups=2, c_in=8, c_out=8))
     assert s3.route.backend == "cpu" and "no metal route" in s3.fallback
-    assert {r["route"]: r["reason"] for r in s3.rejected}["metal.fetch_on_demand"] == "features float32 or float16"
+    assert {r["route"]: r["reason"] for r in s3.rejected}["metal.grouped_fetch_on_demand"] == "features float32 or float16"
 
 
 def test_row_gather_takes_narrow_inputs():
@@ -199,8 +200,8 @@ def test_backward_routes_go_through_registry(rng, on_cpu):
     assert dgrad["c_in"] == 4 and dgrad["c_out"] == 3 and dgrad["k"] == 27
     assert REQUIRED <= set(dgrad)
     # a Mac would run the same backward passes on its Metal routes
-    assert routes.select(ctx(backend="metal", direction="wgrad")).route.name == "metal.wgrad_direct"
-    assert routes.select(ctx(backend="metal", direction="dgrad")).route.name == "metal.fetch_on_demand"
+    assert routes.select(ctx(backend="metal", direction="wgrad")).route.name == "metal.wgrad_mma"
+    assert routes.select(ctx(backend="metal", direction="dgrad")).route.name == "metal.csr_mma"
 
 
 def test_metal_capability_tiers():

@@ -88,6 +88,8 @@ const std::vector<Route>& tensorops_backward_routes();
 const std::vector<Route>& quantized_routes();
 const std::vector<Route>& tensorops_quantized_routes();
 const std::vector<Route>& grouped_routes();
+const std::vector<Route>& csr_mma_routes();
+const std::vector<Route>& wgrad_mma_routes();
 
 // Every Metal route, in family order.
 const std::vector<const Route*>& routes();

@@ -81,6 +81,59 @@ def case(rng, n, c_in, c_out, dtype, kind="submanifold", extent=None, batches=2,
     return feats, w5.astype(weight_dtype or dtype), rel, edges, len(out)
 
 
+def geometry(ks, stride=1, padding=0) -> KernelGeometry:
+    return KernelGeometry((ks,) * 3, (stride,) * 3, (padding,) * 3, (1,) * 3)
+
+
+def relation(rng, kind, n, ks=3, extent=None, batches=2):
+    """A relation of any map kind built by the project's manager on random
+    coordinates, with the oracle's edges (out row, in row, k) for it:
+    (relation, rows of x, output rows, edges).
+
+    submanifold: K = ks^3, centred; forward: stride 2 (ks 2: K = 8; ks 3:
+    padding 1); target: n // 2 random outputs and one far from every input;
+    transposed: back onto the finer set of a 2x2x2 stride-2 layer (that
+    layer's edges swapped); generative: every point a centred kernel reaches.
+    """
+    extent = extent or max(5, int(round((n / batches * 3) ** (1 / 3))))
+    coords = oracle.random_coords(rng, n, extent, batches)
+    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    m, s = x.manager, x.coordinate_set
+    pad = (ks - 1) // 2
+    if kind == "submanifold":
+        rel = m.submanifold_kernel_relation(s, geometry(ks, 1, pad))
+        edges = oracle.conv_edges(coords, coords, ks, 1, pad)
+        n_out = len(coords)
+    elif kind == "forward":
+        rel, out_set = m.kernel_relation(s, geometry(ks, 2, pad))
+        out = np.array(out_set.coords)
+        edges = oracle.conv_edges(coords, out, ks, 2, pad)
+        n_out = len(out)
+    elif kind == "target":
+        out = oracle.random_coords(rng, max(n // 2, 1), extent, batches)
+        out = np.concatenate([out, np.array([[0, 500, 500, 500]], np.int32)])
+        rel = m.target_kernel_relation(s, m.register(mx.array(out)), geometry(ks, 1, pad))
+        edges = oracle.conv_edges(coords, out, ks, 1, pad)
+        n_out = len(out)
+    elif kind == "transposed":
+        g = geometry(2, 2, 0)
+        _, coarse = m.kernel_relation(s, g)
+        rel, dst = m.transposed_kernel_relation(coarse, g)
+        assert dst.id == s.id
+        coarse_coords = np.array(coarse.coords)
+        edges = oracle.transposed_edges(coarse_coords, coords, 2, 2, 0)
+        n_out, coords = len(coords), coarse_coords
+    elif kind == "generative":
+        rel, out_set = m.generative_relation(s, geometry(ks, 1, pad))
+        out = np.array(out_set.coords)
+        edges = oracle.transposed_edges(coords, out, ks, 1, pad)
+        n_out = len(out)
+    else:
+        raise ValueError(f"unknown map kind {kind!r}")
+    assert rel.kind == kind and rel.n_out == n_out and rel.edges == len(edges)
+    return rel, len(coords), n_out, edges
+
+
 def _rows(x, relation, view) -> int:
     if relation is None:
         return x.shape[0]
@@ -92,22 +145,25 @@ def _record(route: str, program: dict, backend: str, fields: dict | None) -> Non
     entry.update(route=route, backend=backend, kernels=[s["kernel"] for s in program["steps"]])
     diagnostics.emit(entry)
 
-NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+MX_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
-def _np(a: mx.array) -> np.ndarray:
-    if a.dtype == mx.bfloat16:
-        raise TypeError("the harness has no bfloat16 buffers")
-    return np.array(a)
+def host(a: mx.array) -> np.ndarray:
+    """A result as NumPy: bfloat16 (which NumPy lacks) widened to float32,
+    exactly."""
+    return np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)
 
 
 def run_program(program: dict, inputs: list, out_shape, out_dtype: str, schedule="forward", seed=0):
-    """Execute every step of a program; returns the output array."""
-    ins = [_np(a) for a in inputs]
+    """Execute every step of a program; returns the output array (bfloat16
+    widened to float32, see `host`)."""
+    dtype = MX_DTYPES[out_dtype]
+    ins = [buffer(a) for a in inputs]
     # Metal leaves new buffers uninitialised: NaN catches unwritten outputs.
-    out = np.full(out_shape, np.nan, dtype=NP_DTYPES[out_dtype])
-    temps = [np.full(n, np.nan, dtype=NP_DTYPES[d]) for d, n in program["temps"]]
-    return run_steps(program, ins, out, temps, schedule, seed)
+    out = fresh(out_shape, dtype)
+    temps = [fresh(n, MX_DTYPES[d]) for d, n in program["temps"]]
+    y = run_steps(program, ins, out, temps, schedule, seed)
+    return host(from_buffer(y, dtype))
 
 
 def run_steps(program: dict, inputs: list, out, temps: list, schedule: str, seed: int):
@@ -176,7 +232,7 @@ def conv(route: str, x: mx.array, w: mx.array, relation, view=OUTPUT_MAJOR, sche
     program = _ext.metal_program("conv", route, inputs, shape, x.dtype)
     if BACKEND == "metal":
         gpu = mx.default_stream(mx.gpu)
-        y = np.array(_ext.gather_conv(x, w, relation, view, route, gpu, groups=groups))
+        y = host(_ext.gather_conv(x, w, relation, view, route, gpu, groups=groups))
         for step in program["steps"]:
             metal_harness.record_ran(step["kernel"], "metal")
     else:
@@ -197,7 +253,7 @@ def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=OU
         gpu = mx.default_stream(mx.gpu)
         for step in program["steps"]:
             metal_harness.record_ran(step["kernel"], "metal")
-        dw = np.array(_ext.weight_grad(x, ct, relation, view, k, route, gpu, groups=groups))
+        dw = host(_ext.weight_grad(x, ct, relation, view, k, route, gpu, groups=groups))
     else:
         dw = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
     _record(route, program, BACKEND, {"direction": "wgrad", **(record or {})})

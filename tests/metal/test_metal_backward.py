@@ -110,9 +110,12 @@ def selected(direction, rel, dtype, c_in, c_out, tensor_ops=False):
         (dict(c_in=16, c_out=16, n_out=65536), "metal.dgrad_dense_grouped"),
         (dict(c_in=32, c_out=64, n_out=65535), "metal.dgrad_dense_channel"),
         (dict(c_in=64, c_out=16, n_out=4096, dtype="float16"), "metal.dgrad_dense_channel"),
-        (dict(c_in=32, c_out=64, n_out=4095), "metal.vec4"),
-        (dict(c_in=32, c_out=64, n_out=4095, dtype="float16"), "metal.fp16_gather"),
-        (dict(c_in=32, c_out=64, n_out=5000, weight_layout="mapped"), "metal.vec4"),
+        # below the seed routes' thresholds: the matrix-unit route (vec4 and
+        # fp16_gather before it)
+        (dict(c_in=32, c_out=64, n_out=4095), "metal.csr_mma"),
+        (dict(c_in=32, c_out=64, n_out=4095, dtype="float16"), "metal.csr_mma"),
+        (dict(c_in=32, c_out=64, n_out=5000, weight_layout="mapped"), "metal.csr_mma"),
+        (dict(c_in=32, c_out=64, n_out=5000, dtype="bfloat16"), "metal.csr_mma"),
         (dict(c_in=24, c_out=16, n_out=5000), "metal.cout16"),
     ],
 )
@@ -125,19 +128,23 @@ def test_dgrad_selection(kw, route):
     [
         (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=True), "metal.tensorops_wgrad"),
         (dict(c_in=16, c_out=16, n_in=32768, tensor_ops=True, dtype="float16"), "metal.tensorops_wgrad"),
-        (dict(c_in=32, c_out=64, n_in=32767, tensor_ops=True), "metal.wgrad_block4"),
-        (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=False), "metal.wgrad_block4"),
-        (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=True, k=8), "metal.wgrad_block4"),
-        (dict(c_in=48, c_out=64, n_in=32768, tensor_ops=True), "metal.wgrad_block4"),
-        (dict(c_in=32, c_out=32, edges=4096), "metal.wgrad_dense_square"),
-        (dict(c_in=64, c_out=64, edges=4096, dtype="float16"), "metal.wgrad_dense_square"),
-        (dict(c_in=32, c_out=32, edges=4095), "metal.wgrad_block4"),
-        (dict(c_in=32, c_out=32, edges=4095, dtype="float16"), "metal.wgrad_fp16"),
-        (dict(c_in=7, c_out=16), "metal.wgrad_cout16"),
-        (dict(c_in=7, c_out=16, dtype="float16"), "metal.wgrad_cout16"),
-        (dict(c_in=8, c_out=12), "metal.wgrad_block4"),
-        (dict(c_in=7, c_out=12), "metal.wgrad_direct"),
-        (dict(c_in=7, c_out=12, dtype="float16"), "metal.wgrad_fp16"),
+        # outside the TensorOps predicate: the matrix-unit weight gradient,
+        # where the scalar wgrad_* routes (block4, dense_square, fp16, cout16,
+        # direct) were taken before
+        (dict(c_in=32, c_out=64, n_in=32767, tensor_ops=True), "metal.wgrad_mma"),
+        (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=False), "metal.wgrad_mma"),
+        (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=True, k=8), "metal.wgrad_mma"),
+        (dict(c_in=48, c_out=64, n_in=32768, tensor_ops=True), "metal.wgrad_mma"),
+        (dict(c_in=32, c_out=32, edges=4096), "metal.wgrad_mma"),
+        (dict(c_in=64, c_out=64, edges=4096, dtype="float16"), "metal.wgrad_mma"),
+        (dict(c_in=32, c_out=32, edges=4095), "metal.wgrad_mma"),
+        (dict(c_in=32, c_out=32, edges=4095, dtype="float16"), "metal.wgrad_mma"),
+        (dict(c_in=7, c_out=16), "metal.wgrad_mma"),
+        (dict(c_in=7, c_out=16, dtype="float16"), "metal.wgrad_mma"),
+        (dict(c_in=8, c_out=12), "metal.wgrad_mma"),
+        (dict(c_in=7, c_out=12), "metal.wgrad_mma"),
+        (dict(c_in=7, c_out=12, dtype="float16"), "metal.wgrad_mma"),
+        (dict(c_in=32, c_out=32, edges=4096, dtype="bfloat16"), "metal.wgrad_mma"),
     ],
 )
 def test_wgrad_selection(kw, route):
@@ -232,7 +239,7 @@ def test_wgrad_dense_square(rng, dtype, c):
 def test_wgrad_dense_square_on_selecting_shape(rng):
     feats, w5, rel, edges, n_out = case(rng, 700, 16, 16, mx.float32, extent=10, batches=1)
     assert rel.edges >= 4096
-    assert selected("wgrad", rel, mx.float32, 16, 16) == "metal.wgrad_dense_square"
+    assert selected("wgrad", rel, mx.float32, 16, 16) == "metal.wgrad_mma"  # wgrad_dense_square before
     run_wgrad("metal.wgrad_dense_square", feats, w5, rel, edges, n_out, mx.float32, rng)
 
 
@@ -240,21 +247,21 @@ def test_wgrad_dense_square_on_selecting_shape(rng):
 @pytest.mark.parametrize("c_in", [3, 70])
 def test_wgrad_cout16(rng, dtype, c_in):
     feats, w5, rel, edges, n_out = case(rng, 150, c_in, 16, dtype, "forward")
-    assert selected("wgrad", rel, dtype, c_in, 16) == "metal.wgrad_cout16"
+    assert selected("wgrad", rel, dtype, c_in, 16) == "metal.wgrad_mma"  # wgrad_cout16 before
     run_wgrad("metal.wgrad_cout16", feats, w5, rel, edges, n_out, dtype, rng, "reverse")
 
 
 @pytest.mark.parametrize("c_in,c_out", [(4, 8), (12, 36)])
 def test_wgrad_block4(rng, c_in, c_out):
     feats, w5, rel, edges, n_out = case(rng, 150, c_in, c_out, mx.float32, "target")
-    assert selected("wgrad", rel, mx.float32, c_in, c_out) == "metal.wgrad_block4"
+    assert selected("wgrad", rel, mx.float32, c_in, c_out) == "metal.wgrad_mma"  # wgrad_block4 before
     run_wgrad("metal.wgrad_block4", feats, w5, rel, edges, n_out, mx.float32, rng, "random")
 
 
 @pytest.mark.parametrize("c_in,c_out", [(3, 5), (40, 33)])
 def test_wgrad_fp16(rng, c_in, c_out):
     feats, w5, rel, edges, n_out = case(rng, 150, c_in, c_out, mx.float16)
-    assert selected("wgrad", rel, mx.float16, c_in, c_out) == "metal.wgrad_fp16"
+    assert selected("wgrad", rel, mx.float16, c_in, c_out) == "metal.wgrad_mma"  # wgrad_fp16 before
     run_wgrad("metal.wgrad_fp16", feats, w5, rel, edges, n_out, mx.float16, rng, "random")
 
 

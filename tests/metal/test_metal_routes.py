@@ -54,18 +54,22 @@ def check_route(route, feats, w5, rel, edges, n_out, dtype, schedule="forward", 
         (dict(dtype="float16", c_in=64, c_out=64, map_kind="target"), "metal.sorted_gemm"),
         (dict(dtype="float16", c_in=64, c_out=64, map_kind="transposed", n_out=5000), "metal.dense_channel"),
         (dict(dtype="float16", c_in=32, c_out=64, n_out=4096), "metal.dense_channel"),
-        (dict(dtype="float16", c_in=32, c_out=64, n_out=4095), "metal.fp16_gather"),
+        # below the seed routes' thresholds the matrix-unit route takes the
+        # calls the scalar routes (vec4, fp16_gather, fp32_atomic) took
+        (dict(dtype="float16", c_in=32, c_out=64, n_out=4095), "metal.csr_mma"),
         (dict(c_in=16, c_out=16, n_out=4096), "metal.dense_channel"),
         (dict(c_in=16, c_out=16, n_out=4096, weight_layout="mapped"), "metal.cout16"),
         (dict(c_in=7, c_out=16, n_out=4096), "metal.cout16"),
-        (dict(c_in=7, c_out=16, n_out=4095), "metal.vec4"),
+        (dict(c_in=7, c_out=16, n_out=4095), "metal.csr_mma"),
         (dict(c_in=7, c_out=16, n_out=50000, kernel_size=(2, 2, 2)), "metal.cout16"),
-        (dict(c_in=7, c_out=16, n_out=49999, kernel_size=(2, 2, 2)), "metal.vec4"),
-        (dict(c_in=7, c_out=12), "metal.vec4"),
-        (dict(c_in=7, c_out=13), "metal.fp32_atomic"),
-        (dict(dtype="float16", c_in=7, c_out=13), "metal.fp16_gather"),
-        (dict(dtype="float16", c_in=64, c_out=64, kernel_size=(5, 5, 1)), "metal.fp16_gather"),
-        (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100), "metal.fp16_gather"),
+        (dict(c_in=7, c_out=16, n_out=49999, kernel_size=(2, 2, 2)), "metal.csr_mma"),
+        (dict(c_in=7, c_out=12), "metal.csr_mma"),
+        (dict(c_in=7, c_out=13), "metal.csr_mma"),
+        (dict(dtype="float16", c_in=7, c_out=13), "metal.csr_mma"),
+        (dict(dtype="float16", c_in=64, c_out=64, kernel_size=(5, 5, 1)), "metal.csr_mma"),
+        (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100), "metal.csr_mma"),
+        (dict(dtype="bfloat16", c_in=32, c_out=32), "metal.csr_mma"),
+        (dict(dtype="bfloat16", kernel_size=(1, 1, 1), map_kind="forward"), "metal.csr_mma"),
     ],
 )
 def test_route_selection(kw, route):
@@ -113,28 +117,30 @@ def test_cout16(rng, dtype):
     check_route(route, feats, w5, rel, edges, n_out, dtype, schedule="random")
 
 
+# The scalar routes: what they served is metal.csr_mma's now (selection),
+# their kernels stay registered and checked on the same shapes.
 @pytest.mark.parametrize("c_in,c_out", [(3, 4), (13, 20), (1, 8)])
 def test_vec4(rng, c_in, c_out):
     feats, w5, rel, edges, n_out = case(rng, 150, c_in, c_out, mx.float32, "forward")
     route, _ = select(rel, mx.float32, c_in, c_out)
-    assert route == "metal.vec4"
-    check_route(route, feats, w5, rel, edges, n_out, mx.float32)
+    assert route == "metal.csr_mma"
+    check_route("metal.vec4", feats, w5, rel, edges, n_out, mx.float32)
 
 
 @pytest.mark.parametrize("c_in,c_out", [(3, 5), (33, 7), (16, 130)])
 def test_fp16_gather(rng, c_in, c_out):
     feats, w5, rel, edges, n_out = case(rng, 120, c_in, c_out, mx.float16, "target")
     route, _ = select(rel, mx.float16, c_in, c_out)
-    assert route == "metal.fp16_gather"
-    check_route(route, feats, w5, rel, edges, n_out, mx.float16, schedule="random")
+    assert route == "metal.csr_mma"
+    check_route("metal.fp16_gather", feats, w5, rel, edges, n_out, mx.float16, schedule="random")
 
 
 @pytest.mark.parametrize("c_in,c_out", [(3, 5), (9, 1)])
 def test_fp32_atomic(rng, c_in, c_out):
     feats, w5, rel, edges, n_out = case(rng, 150, c_in, c_out, mx.float32)
     route, _ = select(rel, mx.float32, c_in, c_out)
-    assert route == "metal.fp32_atomic"
-    check_route(route, feats, w5, rel, edges, n_out, mx.float32, schedule="reverse")
+    assert route == "metal.csr_mma"
+    check_route("metal.fp32_atomic", feats, w5, rel, edges, n_out, mx.float32, schedule="reverse")
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
@@ -215,10 +221,10 @@ def test_tensorops_selection_follows_the_capability(tensor_ops, route, kw):
 @pytest.mark.parametrize(
     "kw,route",
     [
-        (dict(dtype="float32", c_in=32, c_out=32), "metal.vec4"),
-        (dict(dtype="float16", c_in=32, c_out=64, n_out=100), "metal.fp16_gather"),
-        (dict(dtype="float16", c_in=48, c_out=48, n_out=100), "metal.fp16_gather"),
-        (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100), "metal.fp16_gather"),
+        (dict(dtype="float32", c_in=32, c_out=32), "metal.csr_mma"),
+        (dict(dtype="float16", c_in=32, c_out=64, n_out=100), "metal.csr_mma"),
+        (dict(dtype="float16", c_in=48, c_out=48, n_out=100), "metal.csr_mma"),
+        (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100), "metal.csr_mma"),
         (dict(dtype="float16", c_in=64, c_out=64, map_kind="transposed", n_out=5000), "metal.dense_channel"),
         (dict(dtype="float16", c_in=32, c_out=32, quantized=True), "metal.quantized_fetch_on_demand"),
     ],

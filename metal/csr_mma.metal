@@ -1,0 +1,182 @@
+// Matrix-unit implicit GEMM over the CSR edges of a relation, either view
+// (the convolution, or its input gradient with W transposed per offset), any
+// channel counts, any kernel volume, float32 / float16 / bfloat16 features.
+//
+// A threadgroup owns 32 consecutive rows and BN output channels (four
+// simdgroups in a 2 x 2 layout, each a 16 x BN/2 block of 8x8 float
+// accumulators). It walks its rows' edge lists together in rounds: each
+// round takes the smallest kernel offset k still pending among the 32 rows
+// (the CSR lists are sorted by offset within a row, so a round is usually
+// one offset, and offsets no row of the tile has are never visited); rows
+// whose next edge has offset k gather that input row, the others a zero row.
+// The gathered rows (32 x 16 input channels) and W[k]'s slice (16 x BN) are
+// staged as float in threadgroup memory, masked past C_in / C_out, and
+// multiplied on simdgroup matrices into the accumulators, which stay in
+// registers until the tile is written (masked) once.
+//
+// Every output element is the sum of its edges' products in offset order,
+// 16 input channels at a time, each slice in a fixed order: the same bits on
+// every run. Programs: src/metal/csr_mma.cpp.
+#include <metal_stdlib>
+
+#include "params.h"
+
+using namespace metal;
+
+constexpr constant int kRows = 32;     // rows per threadgroup (one per lane of simdgroup 0)
+constexpr constant int kSlice = 16;    // input channels staged per step
+constexpr constant int kThreads = 128; // four simdgroups
+constexpr constant int kNone = 0x7fffffff; // no pending edge
+// Row strides of the staged tiles (x: kLdx, W: BN + kPad), padded by 16
+// bytes so that the rows an 8x8 load reads fall on different banks.
+constexpr constant int kPad = 4;
+constexpr constant int kLdx = kSlice + kPad;
+
+template <typename T, int BN>
+[[kernel, max_total_threads_per_threadgroup(128)]] void csr_mma(
+    device const T* x [[buffer(0)]],
+    device const T* w [[buffer(1)]],
+    device const int* offsets [[buffer(2)]],
+    device const int* gather [[buffer(3)]],
+    device const int* kidx [[buffer(4)]],
+    device T* y [[buffer(5)]],
+    constant ConvParams& p [[buffer(6)]],
+    uint3 gid [[threadgroup_position_in_grid]],
+    uint t [[thread_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]) {
+  constexpr int kLdw = BN + kPad;
+  constexpr int kFrags = BN / 16; // 8x8 accumulators per simdgroup along the channels
+  // Staged x (32 x 16) and W (16 x BN); at the end, one 8x8 block per
+  // simdgroup on its way to y.
+  threadgroup float smem[kRows * kLdx + kSlice * (BN + kPad)];
+  // The round's gathered row per tile row, and its offset; double-buffered
+  // by round parity, as simdgroup 0 fills round r + 1's with only round r's
+  // barrier behind it (its slice barriers too, but there are none without
+  // input channels), while the others may still read round r's.
+  threadgroup int round_rows[2 * (kRows + 1)];
+  threadgroup float* xs = smem;
+  threadgroup float* ws = smem + kRows * kLdx;
+
+  const int row0 = int(gid.y) * kRows;
+  const int n0 = int(gid.x) * BN;
+  const int sm = int(sg) / 2; // this simdgroup's rows: sm * 16 + [0, 16)
+  const int sn = int(sg) % 2; // its channels: n0 + sn * BN / 2 + [0, BN / 2)
+
+  // Simdgroup 0, lane l: the cursor into row row0 + l's edges, and the
+  // offset and input row of the edge under it (loaded one round ahead).
+  int e = 0;
+  int e1 = 0;
+  int next_k = kNone;
+  int next_g = -1;
+  if (sg == 0) {
+    const int r = row0 + int(lane);
+    if (r < p.rows) {
+      e = p.pointwise ? r : offsets[r];
+      e1 = p.pointwise ? r + 1 : offsets[r + 1];
+    }
+    if (e < e1) {
+      next_k = p.pointwise ? 0 : kidx[e];
+      next_g = p.pointwise ? r : gather[e];
+    }
+  }
+
+  simdgroup_float8x8 acc[2][kFrags];
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < kFrags; ++j) {
+      acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    }
+  }
+
+  for (int round = 0;; ++round) {
+    threadgroup int* rr = round_rows + (round & 1) * (kRows + 1);
+    if (sg == 0) {
+      const int k = simd_min(next_k);
+      const bool take = next_k == k && k != kNone;
+      rr[lane] = take ? next_g : -1;
+      if (lane == 0) {
+        rr[kRows] = k;
+      }
+      if (take) {
+        ++e;
+        const int r = row0 + int(lane);
+        next_k = e < e1 ? (p.pointwise ? 0 : kidx[e]) : kNone;
+        next_g = e < e1 ? (p.pointwise ? r : gather[e]) : -1;
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    const int k = rr[kRows];
+    if (k == kNone) {
+      break; // every row's edges taken
+    }
+    device const T* wk = w + long(k) * p.a * p.b;
+    for (int a0 = 0; a0 < p.a; a0 += kSlice) {
+      if (a0 > 0) {
+        threadgroup_barrier(mem_flags::mem_threadgroup); // the last slice's products done
+      }
+      // 32 rows x 16 channels: half a simdgroup per row, consecutive channels.
+      for (int i = int(t); i < kRows * kSlice; i += kThreads) {
+        const int r = i / kSlice;
+        const int c = a0 + i % kSlice;
+        const int g = rr[r];
+        xs[r * kLdx + i % kSlice] = g >= 0 && c < p.a ? float(x[long(g) * p.a + c]) : 0.0f;
+      }
+      // W[k] rows a0 + [0, 16), channels n0 + [0, BN).
+      for (int i = int(t); i < kSlice * BN; i += kThreads) {
+        const int a = a0 + i / BN;
+        const int c = n0 + i % BN;
+        ws[(i / BN) * kLdw + i % BN] = a < p.a && c < p.b ? float(wk[long(a) * p.b + c]) : 0.0f;
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      const int valid = min(kSlice, p.a - a0);
+      for (int kk = 0; kk < valid; kk += 8) {
+        simdgroup_float8x8 xa[2];
+        for (int i = 0; i < 2; ++i) {
+          simdgroup_load(xa[i], xs + (sm * 16 + i * 8) * kLdx + kk, kLdx);
+        }
+        for (int j = 0; j < kFrags; ++j) {
+          simdgroup_float8x8 wb;
+          simdgroup_load(wb, ws + kk * kLdw + sn * (BN / 2) + j * 8, kLdw);
+          for (int i = 0; i < 2; ++i) {
+            simdgroup_multiply_accumulate(acc[i][j], xa[i], wb, acc[i][j]);
+          }
+        }
+      }
+    }
+  }
+
+  // Each simdgroup writes its blocks through its own 64 floats of the
+  // staging area, masked to the rows and channels that exist. No barrier:
+  // every thread passed the last round's after its last product.
+  threadgroup float* block = smem + int(sg) * 64;
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < kFrags; ++j) {
+      simdgroup_store(acc[i][j], block, 8);
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+      for (int q = int(lane); q < 64; q += 32) {
+        const int r = row0 + sm * 16 + i * 8 + q / 8;
+        const int c = n0 + sn * (BN / 2) + j * 8 + q % 8;
+        if (r < p.rows && c < p.b) {
+          y[long(r) * p.b + c] = T(block[q]);
+        }
+      }
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+    }
+  }
+}
+
+#define LATTICE_INSTANTIATE(name, T, BN) \
+  template [[host_name(name)]] [[kernel]] decltype(csr_mma<T, BN>) csr_mma<T, BN>;
+
+LATTICE_INSTANTIATE("csr_mma_float32_n16", float, 16)
+LATTICE_INSTANTIATE("csr_mma_float32_n32", float, 32)
+LATTICE_INSTANTIATE("csr_mma_float32_n64", float, 64)
+LATTICE_INSTANTIATE("csr_mma_float32_n128", float, 128)
+LATTICE_INSTANTIATE("csr_mma_float16_n16", half, 16)
+LATTICE_INSTANTIATE("csr_mma_float16_n32", half, 32)
+LATTICE_INSTANTIATE("csr_mma_float16_n64", half, 64)
+LATTICE_INSTANTIATE("csr_mma_float16_n128", half, 128)
+LATTICE_INSTANTIATE("csr_mma_bfloat16_n16", bfloat, 16)
+LATTICE_INSTANTIATE("csr_mma_bfloat16_n32", bfloat, 32)
+LATTICE_INSTANTIATE("csr_mma_bfloat16_n64", bfloat, 64)
+LATTICE_INSTANTIATE("csr_mma_bfloat16_n128", bfloat, 128)

@@ -1,0 +1,148 @@
+// Matrix-unit weight gradient over the kernel-major edges, any channel
+// counts, any kernel volume, float32 / float16 / bfloat16 features:
+// dW[k] = sum over the edges (g, r) of offset k of x[g]^T ct[r].
+//
+// Threadgroup (block, part q, offset k) owns a 32 x BN block of dW[k]
+// (input channels a0 + [0, 32), output channels n0 + [0, BN); four
+// simdgroups in a 2 x 2 layout, each 16 x BN/2 of 8x8 float accumulators)
+// and sums 16-edge chunks q, q + P, q + 2P, ... of offset k's edges: each
+// chunk's x rows (transposed, 32 channels x 16 edges) and ct rows (16 x BN)
+// are staged as float in threadgroup memory, masked past the edges and
+// channels, and multiplied on simdgroup matrices. With one part the block
+// is written to dW; with P > 1 to a float partial, and wgrad_reduce
+// (backward.metal) adds the P partials of each element in order.
+//
+// Every element is summed in one order (chunks in order within a part,
+// parts in order): the same bits on every run. Programs:
+// src/metal/wgrad_mma.cpp.
+#include <metal_stdlib>
+
+#include "params.h"
+
+using namespace metal;
+
+constexpr constant int kBlockA = 32; // input channels (rows of dW) per threadgroup
+constexpr constant int kChunk = 16;  // edges staged per step
+constexpr constant int kThreads = 128;
+// Row strides of the staged tiles (x^T: kLdx, ct: BN + kPad), padded by 16
+// bytes so that the rows an 8x8 load reads fall on different banks.
+constexpr constant int kPad = 4;
+constexpr constant int kLdx = kChunk + kPad;
+
+template <typename T, int BN>
+[[kernel, max_total_threads_per_threadgroup(128)]] void wgrad_mma(
+    device const T* x [[buffer(0)]],
+    device const T* ct [[buffer(1)]],
+    device const int* offsets [[buffer(2)]],
+    device const int* g_idx [[buffer(3)]],
+    device const int* r_idx [[buffer(4)]],
+    device float* partials [[buffer(5)]],
+    device T* dw [[buffer(6)]],
+    constant WeightGradMmaParams& p [[buffer(7)]],
+    uint3 gid [[threadgroup_position_in_grid]],
+    uint t [[thread_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]]) {
+  constexpr int kLdc = BN + kPad;
+  constexpr int kFrags = BN / 16;
+  // Staged x^T (32 x 16) and ct (16 x BN); at the end, one 8x8 block per
+  // simdgroup on its way out.
+  threadgroup float smem[kBlockA * kLdx + kChunk * (BN + kPad)];
+  threadgroup float* xs = smem;
+  threadgroup float* cs = smem + kBlockA * kLdx;
+
+  const int n_blocks = (p.b + BN - 1) / BN;
+  const int a0 = int(gid.x) / n_blocks * kBlockA;
+  const int n0 = int(gid.x) % n_blocks * BN;
+  const int q = int(gid.y);
+  const int k = int(gid.z);
+  const int sm = int(sg) / 2; // this simdgroup's dW rows: a0 + sm * 16 + [0, 16)
+  const int sn = int(sg) % 2; // its columns: n0 + sn * BN / 2 + [0, BN / 2)
+  const bool pointwise = p.pointwise_rows >= 0;
+  const int e0 = pointwise ? 0 : offsets[k];
+  const int e1 = pointwise ? p.pointwise_rows : offsets[k + 1];
+
+  simdgroup_float8x8 acc[2][kFrags];
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < kFrags; ++j) {
+      acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    }
+  }
+
+  for (int c0 = e0 + q * kChunk; c0 < e1; c0 += p.parts * kChunk) {
+    if (c0 > e0 + q * kChunk) {
+      threadgroup_barrier(mem_flags::mem_threadgroup); // the last chunk's products done
+    }
+    // x rows of the chunk, transposed: consecutive threads read consecutive
+    // channels of one edge's row.
+    for (int i = int(t); i < kChunk * kBlockA; i += kThreads) {
+      const int e = c0 + i / kBlockA;
+      const int a = a0 + i % kBlockA;
+      float v = 0.0f;
+      if (e < e1 && a < p.a) {
+        const long g = pointwise ? e : g_idx[e];
+        v = float(x[g * p.a + a]);
+      }
+      xs[(i % kBlockA) * kLdx + i / kBlockA] = v;
+    }
+    for (int i = int(t); i < kChunk * BN; i += kThreads) {
+      const int e = c0 + i / BN;
+      const int n = n0 + i % BN;
+      float v = 0.0f;
+      if (e < e1 && n < p.b) {
+        const long r = pointwise ? e : r_idx[e];
+        v = float(ct[r * p.b + n]);
+      }
+      cs[(i / BN) * kLdc + i % BN] = v;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    const int valid = min(kChunk, e1 - c0);
+    for (int kk = 0; kk < valid; kk += 8) {
+      simdgroup_float8x8 xa[2];
+      for (int i = 0; i < 2; ++i) {
+        simdgroup_load(xa[i], xs + (sm * 16 + i * 8) * kLdx + kk, kLdx);
+      }
+      for (int j = 0; j < kFrags; ++j) {
+        simdgroup_float8x8 cb;
+        simdgroup_load(cb, cs + kk * kLdc + sn * (BN / 2) + j * 8, kLdc);
+        for (int i = 0; i < 2; ++i) {
+          simdgroup_multiply_accumulate(acc[i][j], xa[i], cb, acc[i][j]);
+        }
+      }
+    }
+  }
+
+  // Each simdgroup writes its blocks through its own 64 floats of the
+  // staging area, masked to the channels that exist.
+  threadgroup_barrier(mem_flags::mem_threadgroup); // staged tiles no longer read
+  threadgroup float* block = smem + int(sg) * 64;
+  const long base = p.parts > 1 ? (long(k) * p.parts + q) * p.a * p.b : long(k) * p.a * p.b;
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < kFrags; ++j) {
+      simdgroup_store(acc[i][j], block, 8);
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+      for (int m = int(lane); m < 64; m += 32) {
+        const int a = a0 + sm * 16 + i * 8 + m / 8;
+        const int n = n0 + sn * (BN / 2) + j * 8 + m % 8;
+        if (a < p.a && n < p.b) {
+          if (p.parts > 1) {
+            partials[base + long(a) * p.b + n] = block[m];
+          } else {
+            dw[base + long(a) * p.b + n] = T(block[m]);
+          }
+        }
+      }
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+    }
+  }
+}
+
+#define LATTICE_INSTANTIATE(name, T, BN) \
+  template [[host_name(name)]] [[kernel]] decltype(wgrad_mma<T, BN>) wgrad_mma<T, BN>;
+
+LATTICE_INSTANTIATE("wgrad_mma_float32_n32", float, 32)
+LATTICE_INSTANTIATE("wgrad_mma_float32_n64", float, 64)
+LATTICE_INSTANTIATE("wgrad_mma_float16_n32", half, 32)
+LATTICE_INSTANTIATE("wgrad_mma_float16_n64", half, 64)
+LATTICE_INSTANTIATE("wgrad_mma_bfloat16_n32", bfloat, 32)
+LATTICE_INSTANTIATE("wgrad_mma_bfloat16_n64", bfloat, 64)

@@ -1,0 +1,66 @@
+// Route of metal/wgrad_mma.metal: the matrix-unit weight gradient over the
+// kernel-major edges, any channels; partitioned over each offset's edges and
+// reduced in order by wgrad_reduce (backward.metal) when one threadgroup per
+// block of dW would leave the GPU idle.
+#include <algorithm>
+
+#include "metal/route.h"
+
+namespace mlx_lattice::metal {
+
+namespace {
+
+constexpr int64_t kEdgesPerPart = 512;      // edges a partition sums, at least
+constexpr int64_t kMaxParts = 64;           // partitions per offset, at most
+constexpr int64_t kGroupsEnough = 4096;     // threadgroups that fill any Apple GPU
+constexpr int64_t kPartialBytes = 64 << 20; // float partials, at most
+
+// Step 1: threadgroup (block, q, k) sums 16-edge chunks q, q + P, ... of
+// offset k's edges for a 32 x BN block of dW[k], into dW itself (P == 1)
+// or a float partial. Step 2 (P > 1) adds the partials in order.
+Program wgrad_mma(const Call& c) {
+  const WeightGradParams w = weight_grad_params(c);
+  const bool pointwise = weight_grad_pointwise(c);
+  const int bn = w.b <= 32 ? 32 : 64;
+  const int64_t k = std::max(w.k, 1);
+  const int64_t blocks = int64_t(ceil_div(w.a, 32)) * int64_t(ceil_div(w.b, bn));
+  const int64_t edges = pointwise ? w.pointwise_rows : c.in[3].shape(0);
+  const int64_t per_k = (edges + k - 1) / k;
+  int64_t parts = std::clamp<int64_t>((per_k + kEdgesPerPart - 1) / kEdgesPerPart, 1, kMaxParts);
+  parts = std::min(parts, std::max<int64_t>(1, kGroupsEnough / (k * blocks)));
+  const int64_t elements = k * std::max(w.a, 1) * std::max(w.b, 1);
+  parts = std::min(parts, std::max<int64_t>(1, kPartialBytes / (4 * elements)));
+  WeightGradMmaParams p{w.k, w.a, w.b, static_cast<int32_t>(parts), w.pointwise_rows};
+  Program prog;
+  prog.temps.push_back({mx::float32, parts > 1 ? parts * elements : 1});
+  Step s;
+  s.kernel = c.stem() + "_" + c.dt + "_n" + std::to_string(bn);
+  s.threads = {128, 1, 1};
+  s.groups = {static_cast<uint64_t>(blocks), static_cast<uint64_t>(parts), offsets_grid(w.k)};
+  s.buffers = pair_bindings(pointwise);
+  s.buffers.push_back(temp(0, "partials"));
+  s.buffers.push_back(output("dw"));
+  s.buffers.push_back(bytes(p));
+  prog.steps.push_back(s);
+  if (parts > 1) {
+    WeightGradPartsParams q{p.k, p.a, p.b, p.parts};
+    Step r;
+    r.kernel = "wgrad_reduce_" + c.dt;
+    r.threads = {256, 1, 1};
+    r.groups = {ceil_div(int64_t(p.a) * p.b, 256), offsets_grid(p.k), 1};
+    r.buffers = {temp(0, "partials"), output("dw"), bytes(q)};
+    prog.steps.push_back(r);
+  }
+  return prog;
+}
+
+} // namespace
+
+const std::vector<Route>& wgrad_mma_routes() {
+  static const std::vector<Route> table = {
+      {"metal.wgrad_mma", Op::WeightGrad, nullptr, wgrad_mma},
+  };
+  return table;
+}
+
+} // namespace mlx_lattice::metal
