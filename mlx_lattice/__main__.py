@@ -1,4 +1,4 @@
-"""Command line: ``python -m mlx_lattice {demo,bench,routes,convert,doctor} ...``."""
+"""Command line: ``python -m mlx_lattice {demo,bench,routes,convert,doctor,tune} ...``."""
 
 from __future__ import annotations
 
@@ -43,6 +43,12 @@ def main(argv=None) -> int:
                             "Metal libraries, capability tier, the route a typical layer takes")
     doctor.add_argument("--json", action="store_true")
 
+    tune = sub.add_parser("tune", help="measure the routes of a MinkUNet's convolution shapes on a scan "
+                          "into the route tuning cache and print the choices (docs/tuning.md)")
+    from .tuning_bench import add_arguments as tune_arguments
+
+    tune_arguments(tune)
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
         from .bench import main as bench_main
@@ -53,6 +59,10 @@ def main(argv=None) -> int:
         from .demo import run
 
         return run(args)
+    if args.command == "tune":
+        from .tuning_bench import main as tune_main
+
+        return tune_main(args)
     if args.command == "doctor":
         from .doctor import main as doctor_main
 

@@ -6,7 +6,9 @@ convolution call; ``record(maps=True)`` also the map records (``op ==
 "map"``: a coordinate table, support or relation built, by which route, its
 sizes and host synchronisations; see :func:`map_record`).
 ``MLX_LATTICE_ROUTE_LOG=<path>`` appends every record, of both kinds, as a
-JSON line.
+JSON line. A convolution record's ``choice`` says where its route came from
+(``static`` order, the route ``tuner``, the tuning ``cache``, or ``forced``
+by name), with ``timings_ms``, ``variant`` and ``tune_note`` (docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -72,7 +74,34 @@ class RouteLog(list):
             family = r["route"].split(".")[0] + "."
             out += [f"  not {x['route']}: {x['reason']}" for x in r.get("rejected", [])
                     if x["route"].startswith(family) and not x["reason"].startswith("route serves")]
+            tuned = _tuning_line(r)
+            if tuned:
+                out.append(tuned)
         return "\n".join(out)
+
+
+_CHOICES = {
+    "tuner": "chosen by the route tuner, measured in this process",
+    "cache": "chosen from the route tuning cache",
+    "forced": "named explicitly for this pass (mlx_lattice.tuning.force / MLX_LATTICE_ROUTE_<PASS>)",
+}
+
+
+def _tuning_line(r: dict) -> str | None:
+    """Where a record's route came from, when not (only) the static order:
+    the route tuner's ``choice``, variant and timings (docs/tuning.md)."""
+    choice, note = r.get("choice"), r.get("tune_note")
+    if choice in _CHOICES:
+        text = _CHOICES[choice]
+        if r.get("variant"):
+            text += f"; variant {r['variant']}"
+        if r.get("timings_ms"):
+            times = sorted(r["timings_ms"].items(), key=lambda kv: kv[1])
+            text += ": " + ", ".join(f"{k} {v:.3g} ms" for k, v in times)
+        return "  " + text
+    if note:
+        return f"  static order ({note})"
+    return None
 
 
 @contextlib.contextmanager

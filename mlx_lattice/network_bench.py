@@ -10,7 +10,9 @@ optimizer (``mlx_lattice.optimizers.Adam``, the fused update;
 ``--mlx-optimizer`` steps with ``mlx.optimizers.Adam``). Times are reported
 next to the same run's NumPy sgemm.
 ``--compare`` also profiles the MLX-op normalisation path (no fused
-norm + activation primitive) in the same run.
+norm + activation primitive) in the same run. ``--tuner`` times the step
+with the static route order and with route-tuned choices side by side
+(mlx_lattice.tuning_bench.compare_steps; docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -346,8 +348,18 @@ def main(argv=None) -> int:
     p.add_argument("--compare", action="store_true", help="also profile the MLX-op norm path")
     p.add_argument("--mlx-optimizer", action="store_true",
                    help="step with mlx.optimizers.Adam instead of mlx_lattice.optimizers.Adam")
+    p.add_argument("--tuner", action="store_true",
+                   help="only time the step with the static route order and with tuned routes")
+    p.add_argument("--tune-budget", type=float, default=120.0, help="with --tuner: seconds of measurement")
     args = p.parse_args(argv)
     coords, desc = workload(args.workload, quick=False)
+    if args.tuner:
+        from .tuning_bench import compare_steps, format_comparison
+
+        res = compare_steps(coords, width=args.width, repeats=args.repeats, budget_s=args.tune_budget)
+        print(format_comparison(res, f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels, "
+                                     f"{num_threads()} threads, float32"))
+        return 0
     opt_cls = mlx.optimizers.Adam if args.mlx_optimizer else optim.Adam
     sgemm = sgemm_gflops()
     print(f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels "

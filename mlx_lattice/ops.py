@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import _ext, diagnostics, routes
+from . import _ext, diagnostics, routes, tuning
 from ._args import as_coords, dtype_name, triple
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
@@ -135,7 +135,9 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         edges=stats["edges"],
         groups=groups,
     )
-    sel = routes.choose(ctx, fallback=unusable)
+    # The call's data, should the route tuner measure this shape now.
+    probe = tuning.probe(x.feats, weight, relation, groups) if relation is not None else None
+    sel = routes.choose(ctx, fallback=unusable, probe=probe)
     route = sel.route
     native = None
     if route.uses_relation:
@@ -148,7 +150,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         from . import cuda
 
         view = None if native is None else cuda.view_of(relation)
-        y = cuda.conv(route.name, x.feats, mapped_weight(weight), view, groups)
+        y = cuda.conv(route.name, x.feats, mapped_weight(weight), view, groups, sel.variant)
     elif quantized:
         codes, scales, biases = weight.kernel_major()
         y = _ext.quantized_conv(

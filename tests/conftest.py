@@ -7,6 +7,13 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
+# Tests assert the static route order: neither a tuning cache of this
+# machine's user nor a route named in the environment may change it
+# (tests/test_tuner.py sets its own modes, caches and routes).
+os.environ["MLX_LATTICE_TUNE"] = "off"
+for _pass in ("FORWARD", "DGRAD", "WGRAD"):
+    os.environ.pop(f"MLX_LATTICE_ROUTE_{_pass}", None)
+
 import mlx_lattice as ml
 from mlx_lattice import cuda
 

@@ -126,8 +126,9 @@ def input_chunk(a: int) -> int:
     return next(t for t in (64, 32, 16) if a % t == 0)
 
 
-def sorted_mma_shared_bytes(a: int, b: int) -> int:
-    ak, bn = input_chunk(a), channel_tile(b)
+def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | None = None) -> int:
+    """Dynamic shared memory of the sorted GEMM (default tiles: input_chunk(a), channel_tile(b))."""
+    ak, bn = ak or input_chunk(a), bn or channel_tile(b)
     staged = 64 * (ak + 8) * 2 + ak * (bn + 8) * 2
     return max(staged, 64 * (bn + 4) * 4)
 

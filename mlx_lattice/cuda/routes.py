@@ -54,16 +54,19 @@ def fetch_on_demand(x, w, view: View | None):
     )[0]
 
 
-def sorted_mma(x, w, view: View):
-    """Output-stationary implicit GEMM on tensor cores over the sorted plan."""
+def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None):
+    """Output-stationary implicit GEMM on tensor cores over the sorted plan;
+    `bn` output channels per block and `ak` input channels staged at a time
+    (defaults: channel_tile(B), input_chunk(A); see :func:`variants`)."""
     k, a, b = w.shape
     plan = view.plan()
     rows = view.rows
     tiles = -(-rows // 64)
-    bn = channel_tile(b)
-    return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b))(
+    bn = channel_tile(b) if bn is None else _check_tile("BN", bn, b)
+    ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
+    return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn))(
         inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, _params(rows)],
-        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k), ("AK", input_chunk(a)), ("BN", bn)],
+        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k), ("AK", ak), ("BN", bn)],
         grid=(max(tiles, 1) * (b // bn) * 128, 1, 1), threadgroup=(128, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
     )[0]
@@ -81,8 +84,19 @@ def wgrad_direct(x, ct, view: View | None, k):
     )[0]
 
 
-def wgrad_mma(x, ct, view: View | None, k):
-    """Per-offset x^T ct on tensor cores over 256-edge chunks, reduced in order."""
+def wgrad_chunk(a: int, b: int) -> int:
+    """Edges per chunk of the tensor-core weight gradient: 256, longer for
+    wider channels, so that the float partial sums stay within about as
+    many bytes as 256-edge chunks of 128 x 128 channels."""
+    return 256 * max(1, (a * b) // (128 * 128))
+
+
+def wgrad_mma(x, ct, view: View | None, k, ta: int | None = None, tb: int | None = None,
+              chunk: int | None = None):
+    """Per-offset x^T ct on tensor cores over chunks of edges, reduced in
+    order; `ta` x `tb` of dW per block and `chunk` edges per chunk
+    (defaults: channel_tile(A), channel_tile(B), wgrad_chunk(A, B); see
+    :func:`variants`)."""
     if view is None:
         # A pointwise product has no kernel-major chunks: its single offset
         # is the direct kernel's x^T ct.
@@ -90,11 +104,10 @@ def wgrad_mma(x, ct, view: View | None, k):
     a, b = x.shape[1], ct.shape[1]
     if view.rel.edges == 0:
         return mx.zeros((k, a, b), dtype=x.dtype)
-    # Wider channels take longer chunks, so that the float partial sums stay
-    # within about as many bytes as 256-edge chunks of 128 x 128 channels.
-    chunks, first, km = view.wgrad_chunks(256 * max(1, (a * b) // (128 * 128)))
+    ta = channel_tile(a) if ta is None else _check_tile("TA", ta, a)
+    tb = channel_tile(b) if tb is None else _check_tile("TB", tb, b)
+    chunks, first, km = view.wgrad_chunks(chunk or wgrad_chunk(a, b))
     n_chunks = chunks.shape[0]  # slots; the empty ones past first[K] are not reduced
-    ta, tb = channel_tile(a), channel_tile(b)
     partial = _kernel("wgrad_mma")(
         inputs=[x, ct, km.in_idx, km.out_idx, chunks],
         template=[("T", x.dtype), ("A", a), ("B", b), ("TA", ta), ("TB", tb)],
@@ -135,6 +148,55 @@ def grouped_wgrad(x, ct, view: View | None, k, groups: int):
         grid=(max(k * ag * b, 1), 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(k, ag, b)], output_dtypes=[x.dtype],
     )[0]
+
+
+# ------------------------------------------------------------------ variants
+def _tiles(c: int) -> list[int]:
+    """The tiles a channel count can be cut into: multiples of 16 up to 128
+    that divide it, largest first."""
+    return [t for t in range(128, 15, -16) if c % t == 0]
+
+# The sorted GEMM's variants keep within the larger of this and its default
+# tiles' dynamic shared memory.
+SHARED_LIMIT = 48 << 10
+
+
+def _check_tile(name: str, tile: int, channels: int) -> int:
+    """A tile asked for: a multiple of 16, at most 128, dividing the channels
+    (the defaults, channel_tile and input_chunk, are such tiles)."""
+    if not (isinstance(tile, int) and 16 <= tile <= 128 and tile % 16 == 0 and channels % tile == 0):
+        raise ValueError(f"{name}={tile}: a tile must be a multiple of 16, at most 128, "
+                         f"dividing {channels} channels")
+    return tile
+
+
+def variants(route: str, a: int, b: int) -> list[dict]:
+    """The tile shapes `route` can run a product of A input and B output
+    channels with, as keyword arguments of its function, the default ({})
+    first. Only the tensor-core routes have any: cuda.sorted_mma (``bn``
+    output channels per block, ``ak`` input channels staged at a time) and
+    cuda.wgrad_mma (``ta`` x ``tb`` of dW per block, ``chunk`` edges per
+    chunk); every other route runs one way."""
+    out: list[dict] = [{}]
+    if route == "cuda.sorted_mma" and a % 16 == 0 and b % 16 == 0:
+        default = (channel_tile(b), input_chunk(a))
+        limit = max(SHARED_LIMIT, sorted_mma_shared_bytes(a, b))
+        for bn in _tiles(b):
+            for ak in _tiles(a):
+                if (bn, ak) == default:
+                    continue
+                if sorted_mma_shared_bytes(a, b, ak, bn) <= limit:
+                    out.append({"bn": bn, "ak": ak})
+    elif route == "cuda.wgrad_mma" and a % 16 == 0 and b % 16 == 0:
+        default = (channel_tile(a), channel_tile(b))
+        base = wgrad_chunk(a, b)
+        for ta in _tiles(a):
+            for tb in _tiles(b):
+                if (ta, tb) == default:
+                    continue
+                out.append({"ta": ta, "tb": tb})
+        out += [{"chunk": base // 2}, {"chunk": base * 2}]
+    return out
 
 
 @dataclass(frozen=True)

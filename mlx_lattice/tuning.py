@@ -1,0 +1,870 @@
+"""Per-shape route tuning: where more than one route's predicate holds for a
+convolution product, time each of them (and each variant of a route that
+has some) on the call's own data, take the fastest, and keep the choice in a
+persistent cache. See docs/tuning.md.
+
+Modes (``MLX_LATTICE_TUNE`` at import, :func:`set_mode` or :func:`using`):
+
+- ``off``: the registry's static order (predicates and priorities), as
+  :func:`mlx_lattice.routes.select` answers;
+- ``cached`` (the default): a choice read from the cache where the cache has
+  the product's key, else the static order;
+- ``tune``: as ``cached``, and a key the cache lacks is measured on the
+  first call that has it, then written to the cache.
+
+Routes named explicitly per pass (``MLX_LATTICE_ROUTE_FORWARD``, ``_DGRAD``,
+``_WGRAD``: comma lists of route names; :func:`force`) are taken in every
+mode wherever their predicate holds.
+
+Key: backend, device (CPU model, instruction-set path and thread count /
+GPU name and tier), dtype, pass, K, C_in, C_out, groups, map kind, edges and
+output rows bucketed by powers of two, the candidate set (so a route
+registered or a predicate changed makes a new key) and this package's
+version. Forward, input gradient and weight gradient are tuned apart: a
+convolution call measured in ``tune`` mode measures the input-gradient and
+weight-gradient products it will have in the backward pass too (on its
+relation, its features and a random cotangent), so that autodiff, which
+asks for their routes with no data at hand, finds them decided.
+
+Measurement: every candidate is a registered route whose predicate holds
+for the product (the registry's routes are oracle-tested); non-deterministic
+routes (float atomics) are left out unless the static choice is one. Each
+candidate runs once on the data (its output must equal the static route's
+within the dtype's tolerance, else it is dropped with a warning), then the
+candidates are timed in turns (``mx.eval`` of the product alone) for at least
+``min_rounds`` rounds and until ``per_candidate_s`` of each was timed, at
+most ``max_rounds``; the best time counts. Another route replaces the static
+choice only when faster by ``margin``. A process starts no measurement once
+``budget_s`` seconds have gone to tuning. Products without a relation
+(1x1x1 pointwise) keep the static order: their other routes would need a
+relation built for them.
+
+Determinism: a key is decided once per process (measured, or read from the
+cache) and then fixed; with a given cache file every run takes the same
+routes and gives the same bits. Two machines (or caches) may take different
+routes for the same layer; results then agree within the dtype's tolerance,
+not bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+import mlx.core as mx
+
+from . import _ext, routes
+from .tuning_cache import TuningCache
+
+MODES = ("off", "cached", "tune")
+PASSES = routes.DIRECTIONS
+DEFAULT_MODE = "cached"
+ENV_MODE = "MLX_LATTICE_TUNE"
+ENV_BUDGET = "MLX_LATTICE_TUNE_BUDGET"
+ENV_FORCE = {p: f"MLX_LATTICE_ROUTE_{p.upper()}" for p in PASSES}
+SOURCES = ("static", "tuner", "cache", "forced")
+
+# Output agreement a candidate must show with the static route (max abs
+# difference over max |static output|): routes sum in different orders.
+TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 1e-1}
+
+
+@dataclass
+class Settings:
+    mode: str = DEFAULT_MODE
+    budget_s: float = 10.0  # seconds of measurement per process
+    per_candidate_s: float = 0.01  # timed seconds per candidate, after min_rounds
+    min_rounds: int = 3
+    max_rounds: int = 10
+    max_candidates: int = 8  # routes and variants per key, static order first
+    margin: float = 0.05  # another route must be this much faster than the static one
+    cache_path: str | None = None  # None: tuning_cache.default_path()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    route: str
+    variant: tuple = ()  # sorted (name, value) pairs; () the route's default
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.variant)
+
+    @property
+    def label(self) -> str:
+        if not self.variant:
+            return self.route
+        return self.route + "[" + ",".join(f"{k}={v}" for k, v in self.variant) + "]"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A key's route: where the choice came from (``source``: tuner, cache
+    or static), the static order's route and the timings (ms per candidate
+    label) it was made on."""
+
+    key: str
+    route: str
+    variant: tuple = ()
+    source: str = "static"
+    static: str = ""
+    timings_ms: dict | None = None
+    note: str | None = None
+    shape: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return Candidate(self.route, self.variant).label
+
+
+def _env_settings() -> Settings:
+    s = Settings()
+    m = os.environ.get(ENV_MODE, "").strip().lower()
+    if m:
+        if m in MODES:
+            s.mode = m
+        else:
+            warnings.warn(f"{ENV_MODE}={m!r} is not one of {MODES}; using {DEFAULT_MODE!r}", RuntimeWarning)
+    b = os.environ.get(ENV_BUDGET)
+    if b:
+        try:
+            s.budget_s = float(b)
+        except ValueError:
+            warnings.warn(f"{ENV_BUDGET}={b!r} is not a number of seconds; using {s.budget_s}", RuntimeWarning)
+    return s
+
+
+def _env_forced() -> dict:
+    out = {}
+    for p, var in ENV_FORCE.items():
+        names = [n.strip() for n in os.environ.get(var, "").split(",") if n.strip()]
+        if names:
+            try:
+                out[p] = _check_forced(p, names)
+            except ValueError as e:
+                warnings.warn(f"{var}: {e}; ignored", RuntimeWarning)
+    return out
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.settings = _env_settings()
+        self.forced = _env_forced()
+        self.timer = None  # None: wall_timer
+        self.reset()
+
+    def reset(self):
+        self.decisions: dict[str, Decision] = {}
+        self.misses: dict[str, Decision] = {}  # static for want of a cached or measured choice
+        self.keys: dict = {}
+        self.file: dict | None = None
+        self.spent_s = 0.0
+        self.devices: dict = {}
+
+
+_state = _State()
+_KEYS_MAX = 4096
+
+
+# ------------------------------------------------------------------ settings
+def mode() -> str:
+    return _state.settings.mode
+
+
+def set_mode(m: str) -> None:
+    """``off``, ``cached`` or ``tune`` (see the module doc)."""
+    configure(mode=m)
+
+
+def settings() -> Settings:
+    return replace(_state.settings)
+
+
+def configure(**kw) -> None:
+    """Set fields of :class:`Settings` (mode, budget_s, per_candidate_s,
+    min_rounds, max_rounds, max_candidates, margin, cache_path). A new
+    cache path is read afresh; choices already made stay (see :func:`reset`)."""
+    names = {f.name for f in fields(Settings)}
+    unknown = set(kw) - names
+    if unknown:
+        raise TypeError(f"unknown tuning settings {sorted(unknown)}; known: {sorted(names)}")
+    if "mode" in kw and kw["mode"] not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {kw['mode']!r}")
+    with _state.lock:
+        if "cache_path" in kw and kw["cache_path"] != _state.settings.cache_path:
+            _state.file = None
+        for k, v in kw.items():
+            setattr(_state.settings, k, str(v) if k == "cache_path" and v is not None else v)
+
+
+def _check_forced(direction: str, names) -> tuple:
+    if direction not in PASSES:
+        raise ValueError(f"pass must be one of {PASSES}, got {direction!r}")
+    names = (names,) if isinstance(names, str) else tuple(names)
+    for n in names:
+        try:
+            r = routes.get(n)
+        except KeyError:
+            raise ValueError(f"no route named {n!r}") from None
+        if direction not in r.passes:
+            raise ValueError(f"route {n} serves {'/'.join(r.passes)}, not {direction}")
+    return names
+
+
+def set_forced(**per_pass) -> None:
+    """Name the route(s) to take per pass, e.g. ``set_forced(wgrad="cpu.wgrad_gemm")``;
+    a list names one per backend (the first of the call's backend whose
+    predicate holds is taken); None clears a pass."""
+    with _state.lock:
+        for p, names in per_pass.items():
+            if names is None:
+                if p not in PASSES:
+                    raise ValueError(f"pass must be one of {PASSES}, got {p!r}")
+                _state.forced.pop(p, None)
+            else:
+                _state.forced[p] = _check_forced(p, names)
+
+
+@contextlib.contextmanager
+def force(**per_pass):
+    """Within the block, take the named routes (see :func:`set_forced`)."""
+    before = dict(_state.forced)
+    set_forced(**per_pass)
+    try:
+        yield
+    finally:
+        _state.forced = before
+
+
+@contextlib.contextmanager
+def using(timer=None, **kw):
+    """Within the block, these settings (see :func:`configure`) and, with
+    `timer`, that timer (``timer(label, fn) -> seconds``: runs ``fn`` once)."""
+    with _state.lock:
+        before, before_timer, before_file = replace(_state.settings), _state.timer, _state.file
+    configure(**kw)
+    if timer is not None:
+        _state.timer = timer
+    try:
+        yield
+    finally:
+        with _state.lock:
+            if before.cache_path != _state.settings.cache_path:
+                _state.file = before_file
+            _state.settings, _state.timer = before, before_timer
+
+
+def reset() -> None:
+    """Forget every choice made or read in this process and the time spent
+    measuring (the cache file stays)."""
+    with _state.lock:
+        _state.reset()
+
+
+def cache() -> TuningCache:
+    return TuningCache(_state.settings.cache_path)
+
+
+def decisions() -> list[Decision]:
+    """The choices made or read in this process, by key."""
+    with _state.lock:
+        return [_state.decisions[k] for k in sorted(_state.decisions)]
+
+
+def spent_s() -> float:
+    return _state.spent_s
+
+
+# ------------------------------------------------------------------ keys
+def _cpu_name() -> str:
+    name = ""
+    try:
+        name = str(mx.device_info(mx.cpu).get("device_name", ""))
+    except Exception:
+        pass
+    fam = model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k, v = k.strip(), v.strip()
+                if k == "model name" and not name:
+                    name = v
+                elif k == "cpu family" and not fam:
+                    fam = v
+                elif k == "model" and not model:
+                    model = v
+                if not line.strip() and name:
+                    break
+    except OSError:
+        pass
+    import platform
+
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    return f"{name} (family {fam} model {model})" if fam and model else name
+
+
+def _gpu_name() -> str:
+    try:
+        info = mx.device_info(mx.gpu)
+    except Exception:
+        return "unknown GPU"
+    name = str(info.get("device_name", "unknown GPU"))
+    arch = info.get("architecture")
+    return f"{name} ({arch})" if arch else name
+
+
+def device_id(backend: str, tier: str) -> str:
+    """The machine a timing belongs to: CPU model, instruction-set path and
+    thread count, or GPU name and capability tier."""
+    with _state.lock:
+        base = _state.devices.get(backend)
+        if base is None:
+            base = _state.devices[backend] = _cpu_name() if backend == "cpu" else _gpu_name()
+    if backend == "cpu":
+        return f"{base} [{tier}, {_ext.num_threads()} threads]"
+    return f"{base} [{tier}]"
+
+
+def _bucket(n: int) -> str:
+    return f"<2^{max(int(n), 0).bit_length()}"
+
+
+def _pointwise(ctx: routes.RouteContext) -> bool:
+    """A product without a relation: the 1x1x1, stride-1, unpadded call that
+    keeps its rows (ops) and autodiff's products of one."""
+    return (
+        ctx.kernel_size == (1, 1, 1) and ctx.stride == (1, 1, 1) and ctx.padding == (0, 0, 0)
+        and not ctx.explicit_target and ctx.map_kind in ("forward", "submanifold")
+    )
+
+
+def _variants(route: routes.Route, ctx: routes.RouteContext) -> list[dict]:
+    if route.backend == "cuda":
+        from .cuda import routes as cuda_table
+
+        return cuda_table.variants(route.name, ctx.c_in, ctx.c_out)
+    # The CPU and Metal routes choose their tiles inside the extension: no
+    # variant of theirs can be asked for from here.
+    return [{}]
+
+
+def candidates(ctx: routes.RouteContext, static: routes.Route | None = None) -> list[Candidate]:
+    """The routes (and variants) eligible for ctx, the static choice first:
+    routes of ctx's backend whose predicate holds (deterministic ones only,
+    unless the static choice is not), each route's default before its other
+    variants. The tuner times the first ``max_candidates`` of them."""
+    static = static or routes.select(ctx).route
+    if static.backend != ctx.backend or _pointwise(ctx):
+        return [Candidate(static.name)]
+    eligible = [static] + [
+        r for r in sorted(routes._REGISTRY.values(), key=lambda r: -r.priority)
+        if r is not static and r.backend == ctx.backend and r.failed(ctx) is None
+        and (r.deterministic or not static.deterministic)
+    ]
+    out = [Candidate(r.name) for r in eligible]
+    for r in eligible:
+        for v in _variants(r, ctx)[1:]:
+            out.append(Candidate(r.name, tuple(sorted(v.items()))))
+    return out
+
+
+def shape_of(ctx: routes.RouteContext) -> dict:
+    return {
+        "backend": ctx.backend, "dtype": ctx.dtype, "pass": ctx.direction, "map_kind": ctx.map_kind,
+        "k": ctx.k, "c_in": ctx.c_in, "c_out": ctx.c_out, "groups": ctx.groups,
+        "edges": _bucket(ctx.edges), "rows": _bucket(ctx.n_out), "quantized": ctx.quantized,
+    }
+
+
+def key_of(ctx: routes.RouteContext, cands: list[Candidate], device: str | None = None) -> str:
+    from . import __version__
+
+    from .tuning_cache import FORMAT_VERSION
+
+    device = device or device_id(ctx.backend, ctx.tier)
+    parts = [
+        f"v{FORMAT_VERSION}", f"mlx_lattice {__version__}", ctx.backend, device, ctx.dtype, ctx.direction,
+        ctx.map_kind, f"K={ctx.k}", f"{ctx.c_in}->{ctx.c_out}", f"groups={ctx.groups}",
+        f"edges{_bucket(ctx.edges)}", f"rows{_bucket(ctx.n_out)}",
+    ]
+    if ctx.quantized:
+        parts.append(f"quantized group {ctx.group_size} {ctx.weight_layout}")
+    parts.append(",".join(sorted(c.label for c in cands)))
+    return " | ".join(parts)
+
+
+def _key_info(ctx: routes.RouteContext, static: routes.Route):
+    """(key, candidates) of ctx, or None when there is nothing to choose."""
+    device = device_id(ctx.backend, ctx.tier)
+    memo = (ctx, device)
+    hit = _state.keys.get(memo, False)
+    if hit is not False:
+        return hit
+    cands = candidates(ctx, static)
+    info = (key_of(ctx, cands, device), cands) if len(cands) > 1 else None
+    if len(_state.keys) >= _KEYS_MAX:
+        _state.keys.clear()
+    _state.keys[memo] = info
+    return info
+
+
+# ------------------------------------------------------------------ measuring
+def _eval(out) -> None:
+    if isinstance(out, mx.array):
+        mx.eval(out)
+    elif isinstance(out, (list, tuple)):
+        mx.eval(*[o for o in out if isinstance(o, mx.array)])
+
+
+def wall_timer(label: str, fn) -> float:
+    """Seconds of one evaluation of fn's product (the default timer)."""
+    t0 = time.perf_counter()
+    _eval(fn())
+    return time.perf_counter() - t0
+
+
+def _host(out) -> np.ndarray:
+    if isinstance(out, mx.array):
+        return np.array(out.astype(mx.float32))
+    return np.asarray(out, dtype=np.float32)
+
+
+def _agrees(out: np.ndarray, ref: np.ndarray, dtype: str) -> bool:
+    if out.shape != ref.shape:
+        return False
+    if not np.all(np.isfinite(out)) and not np.array_equal(np.isfinite(out), np.isfinite(ref)):
+        return False
+    scale = max(float(np.max(np.abs(ref), initial=0.0)), 1e-6)
+    diff = float(np.max(np.abs(np.nan_to_num(out) - np.nan_to_num(ref)), initial=0.0))
+    return diff <= TOLERANCE.get(dtype, 1e-1) * scale
+
+
+@dataclass
+class Measurement:
+    times_s: dict  # label -> best seconds
+    dropped: dict  # label -> why
+    winner: Candidate | None
+    note: str | None = None
+
+
+def measure(ctx: routes.RouteContext, run, cands: list[Candidate], timer=None) -> Measurement:
+    """Time each candidate's product (``run(route, variant_kwargs)`` returns
+    it, lazily) as the module doc says; the first candidate is the static
+    choice and the reference output."""
+    s = _state.settings
+    timer = timer or _state.timer or wall_timer
+    ref = None
+    alive: list[Candidate] = []
+    dropped: dict = {}
+    for c in cands:
+        fn = (lambda c=c: run(c.route, c.kwargs))
+        try:
+            out = _host(fn())
+        except Exception as e:  # a candidate that cannot run this product is not one
+            if c is cands[0]:
+                return Measurement({}, {c.label: repr(e)}, None, f"the static route raised {e!r}")
+            dropped[c.label] = f"raised {e.__class__.__name__}: {e}"
+            continue
+        if ref is None:
+            ref = out
+        elif not _agrees(out, ref, ctx.dtype):
+            dropped[c.label] = "output differs from the static route's beyond the dtype's tolerance"
+            warnings.warn(f"route tuner: {c.label} disagrees with {cands[0].label} on a {ctx.direction} "
+                          f"product ({ctx.c_in}->{ctx.c_out}, K={ctx.k}); left out", RuntimeWarning)
+            continue
+        alive.append(c)
+    if len(alive) < 2:
+        return Measurement({}, dropped, alive[0] if alive else None, "one candidate left")
+    best = {c.label: float("inf") for c in alive}
+    timed = {c.label: 0.0 for c in alive}
+    rounds = 0
+    while rounds < s.min_rounds or (
+        rounds < s.max_rounds and min(timed.values()) < s.per_candidate_s
+    ):
+        for c in alive:
+            t = float(timer(c.label, lambda c=c: run(c.route, c.kwargs)))
+            best[c.label] = min(best[c.label], t)
+            timed[c.label] += t
+        rounds += 1
+    static = alive[0]
+    fastest = min(alive, key=lambda c: best[c.label])
+    winner = static
+    if fastest is not static and best[fastest.label] < best[static.label] * (1.0 - s.margin):
+        winner = fastest
+    return Measurement(best, dropped, winner)
+
+
+# ------------------------------------------------------------------ the call's data
+_SEED = 0x7E5ED
+
+
+def _synthetic(shape, dtype, salt=0) -> mx.array:
+    a = np.random.default_rng(_SEED + salt).standard_normal(tuple(shape)).astype(np.float32)
+    return mx.array(a).astype(dtype)
+
+
+def _concrete(a: mx.array, salt: int) -> mx.array:
+    """a itself when it can be evaluated here; inside a function transform
+    that forbids evaluation (mx.compile), random values of its shape."""
+    try:
+        mx.eval(a)
+        return a
+    except Exception:
+        return _synthetic(a.shape, a.dtype, salt)
+
+
+def _transpose(w: mx.array, groups: int) -> mx.array:
+    """(K, A / G, B) -> (K, B / G, A): each group's block transposed."""
+    if groups == 1:
+        return mx.swapaxes(w, 1, 2)
+    k, ag, b = w.shape
+    return w.reshape(k, ag, groups, b // groups).transpose(0, 3, 2, 1).reshape(k, b // groups, ag * groups)
+
+
+def run_primitive(op: str, route: str, a: mx.array, b: mx.array, relation, view, stream, groups: int = 1,
+                  k: int = 0, quantized: tuple = ()) -> mx.array:
+    """A product by the extension's primitives (CPU and Metal routes): ``conv``
+    (a through b, kernel-major) over `view`, ``weight_grad`` (a^T b per
+    offset, K = k) or ``quantized`` (b the codes; ``quantized``: scales,
+    biases, bits, group size)."""
+    if op == "conv":
+        return _ext.gather_conv(a, b, relation, view, route, stream, groups=groups)
+    if op == "weight_grad":
+        return _ext.weight_grad(a, b, relation, view, k, route, stream, groups=groups)
+    scales, biases, bits, gs = quantized
+    return _ext.quantized_conv(a, b, scales, biases, bits, gs, relation, view, route, stream)
+
+
+class CallProbe:
+    """The data of one convolution call, to measure its three products on:
+    its features, weight and relation, and a random cotangent for the
+    backward products (built once the tuner needs them). ``execute`` runs a
+    product of the CPU and Metal routes (default :func:`run_primitive`; the
+    Metal tests pass one running the route's program through the harness)."""
+
+    def __init__(self, feats: mx.array, weight, relation, groups: int = 1, execute=None):
+        self.feats, self.weight, self.relation, self.groups = feats, weight, relation, groups
+        self.execute = execute or run_primitive
+        self.done = False
+        self._data = None
+
+    def passes(self, ctx: routes.RouteContext, from_route: str) -> list:
+        """(context, run) of the call's forward product and, for a float
+        weight, the input-gradient and weight-gradient products autodiff
+        will ask for; run(route, variant) returns a product (lazily). The
+        contexts cost nothing; the data is made on the first run."""
+        from .quantized import QuantizedWeight
+
+        rel, g = self.relation, self.groups
+        if rel is None:
+            return []
+        if isinstance(self.weight, QuantizedWeight):
+            return [] if ctx.backend == "cuda" else [(ctx, lambda route, kw: self._run(ctx, 0, route, kw))]
+        k, a, b = rel.kernel_volume, ctx.c_in, ctx.c_out
+        if ctx.backend == "cuda":
+            from types import SimpleNamespace
+
+            from .cuda import autodiff as cad
+
+            # The input gradient's view (the relation swapped, or the same
+            # one where it is symmetric) as _context reads it, unbuilt.
+            back = SimpleNamespace(rel=SimpleNamespace(kind=rel.kind, edges=rel.edges), rows=rel.n_in)
+            dctx = cad._context("dgrad", back, k, b, a, rel.n_out, ctx.dtype, from_route, g)
+            wctx = cad._context("wgrad", SimpleNamespace(rel=back.rel, rows=rel.n_out), k, a, b, rel.n_in,
+                                ctx.dtype, from_route, g)
+        else:
+            q = dict(kind=rel.kind, k=k, edges=rel.edges, dtype=ctx.dtype, gpu=ctx.backend != "cpu",
+                     from_route=from_route, groups=g)
+            dctx = routes.autodiff_context({**q, "direction": "dgrad", "c_in": b, "c_out": a,
+                                            "n_in": rel.n_out, "n_out": rel.n_in}, ctx.backend)
+            wctx = routes.autodiff_context({**q, "direction": "wgrad", "c_in": a, "c_out": b,
+                                            "n_in": rel.n_in, "n_out": rel.n_out}, ctx.backend)
+        return [(c, lambda route, kw, i=i: self._run(ctx, i, route, kw)) for i, c in enumerate((ctx, dctx, wctx))]
+
+    @staticmethod
+    def _stream(ctx):
+        return mx.default_stream(mx.cpu if ctx.backend == "cpu" else mx.default_device())
+
+    def _prepare(self, ctx) -> dict:
+        """The arrays the products read, evaluated (once per probe)."""
+        from .quantized import QuantizedWeight
+
+        if self._data is not None:
+            return self._data
+        d = {"x": _concrete(self.feats, 1), "stream": self._stream(ctx)}
+        if isinstance(self.weight, QuantizedWeight):
+            codes, scales, biases = self.weight.kernel_major()
+            mx.eval(codes, scales, biases)
+            d["codes"], d["extra"] = codes, (scales, biases, self.weight.bits, self.weight.group_size)
+        else:
+            from .ops import mapped_weight
+
+            w = _concrete(mapped_weight(self.weight), 2)
+            d["w"], d["ct"] = w, _synthetic((self.relation.n_out, w.shape[2]), d["x"].dtype, 3)
+            if ctx.backend == "cuda":
+                from .cuda import autodiff as cad
+                from .cuda import view_of
+
+                view = view_of(self.relation)
+                wt = cad._transpose(w, self.groups)
+                back, wt = (view, wt[::-1]) if view.symmetric else (view.flipped(), wt)
+                d.update(view=view, back=back, wt=wt)
+            else:
+                d["wt"] = _transpose(w, self.groups)
+            mx.eval(d["w"], d["wt"], d["ct"])
+        self._data = d
+        return d
+
+    def _run(self, ctx, i: int, route: str, kw: dict):
+        d, g, rel = self._prepare(ctx), self.groups, self.relation
+        x = d["x"]
+        if ctx.backend == "cuda":
+            from .cuda import autodiff as cad
+
+            if i == 0:
+                return cad._run(route, "conv", g, x, d["w"], d["view"], variant=kw)
+            if i == 1:
+                return cad._run(route, "conv", g, d["ct"], d["wt"], d["back"], variant=kw)
+            return cad._run(route, "weight_grad", g, x, d["ct"], d["view"], rel.kernel_volume, variant=kw)
+        native, stream, ex = rel._native, d["stream"], self.execute
+        out_major, in_major = _ext.View.output_major, _ext.View.input_major
+        if "codes" in d:
+            return ex("quantized", route, x, d["codes"], native, out_major, stream, quantized=d["extra"])
+        if i == 0:
+            return ex("conv", route, x, d["w"], native, out_major, stream, g)
+        if i == 1:
+            return ex("conv", route, d["ct"], d["wt"], native, in_major, stream, g)
+        return ex("weight_grad", route, x, d["ct"], native, out_major, stream, g, k=rel.kernel_volume)
+
+
+def probe(feats, weight, relation, groups: int = 1) -> CallProbe | None:
+    """The call's probe when the tuner may measure (mode ``tune``), else None."""
+    if _state.settings.mode != "tune" or relation is None:
+        return None
+    return CallProbe(feats, weight, relation, groups)
+
+
+# ------------------------------------------------------------------ deciding
+def _file_entries() -> dict:
+    if _state.file is None:
+        _state.file = cache().load()
+    return _state.file
+
+
+def _from_entry(key: str, entry: dict, cands: list[Candidate], static: str, shape: dict, source="cache"):
+    c = Candidate(entry["route"], tuple(sorted(entry.get("variant", {}).items())))
+    if c not in cands:
+        return None
+    return Decision(key, c.route, c.variant, source, static, entry.get("timings_ms"),
+                    entry.get("note"), shape)
+
+
+def _measure_key(key: str, ctx, cands: list[Candidate], run) -> Decision:
+    """Measure one key, write it to the cache, and return the decision the
+    cache holds for it (an earlier writer's wins)."""
+    s = _state.settings
+    static = cands[0].route
+    shape = shape_of(ctx)
+    t0 = time.perf_counter()
+    try:
+        m = measure(ctx, run, cands[: max(2, s.max_candidates)])
+    finally:
+        _state.spent_s += time.perf_counter() - t0
+    if m.winner is None or not m.times_s:
+        return Decision(key, static, (), "static", static, None,
+                        f"not measured: {m.note}" if m.note else None, shape)
+    timings = {k: round(v * 1e3, 4) for k, v in m.times_s.items()}
+    entry = {"route": m.winner.route, "variant": m.winner.kwargs, "static": static,
+             "timings_ms": timings, "shape": shape}
+    if m.dropped:
+        entry["dropped"] = m.dropped
+    mine = Decision(key, m.winner.route, m.winner.variant, "tuner", static, timings, None, shape)
+    try:
+        held = cache().merge({key: entry})[key]
+    except OSError as e:
+        warnings.warn(f"route tuner: cannot write the cache {cache().path} ({e}); "
+                      "the choice holds for this process only", RuntimeWarning)
+        return mine
+    if _state.file is not None:
+        _state.file[key] = held
+    if Candidate(held["route"], tuple(sorted(held.get("variant", {}).items()))) == m.winner:
+        return mine
+    # Another process wrote this key first: take its choice, as every
+    # process sharing the cache does.
+    return _from_entry(key, held, cands, static, shape) or mine
+
+
+def _tune_probe(probe: CallProbe, ctx, from_route: str) -> None:
+    try:
+        passes = probe.passes(ctx, from_route)
+    except Exception as e:
+        warnings.warn(f"route tuner: cannot prepare this call's data ({e!r}); static order", RuntimeWarning)
+        return
+    for pctx, run in passes:
+        try:
+            static = routes.select(pctx)
+        except ValueError:
+            continue
+        if static.fallback:
+            continue
+        info = _key_info(pctx, static.route)
+        if info is None:
+            continue
+        key, cands = info
+        if key in _state.decisions:
+            continue
+        _state.file = None  # another process may have measured it meanwhile
+        entry = _file_entries().get(key)
+        d = _from_entry(key, entry, cands, cands[0].route, shape_of(pctx)) if entry else None
+        if d is None:
+            if _state.spent_s >= _state.settings.budget_s:
+                _state.misses[key] = Decision(
+                    key, cands[0].route, (), "static", cands[0].route, None,
+                    f"not measured: the tuning budget ({_state.settings.budget_s:g} s) is spent",
+                    shape_of(pctx))
+                continue
+            d = _measure_key(key, pctx, cands, run)
+            if d.source == "static":
+                _state.misses[key] = d
+                continue
+        _state.decisions[key] = d
+
+
+def _decide(ctx, static: routes.Route, probe) -> Decision | None:
+    info = _key_info(ctx, static)
+    if info is None:
+        return None
+    key, cands = info
+    d = _state.decisions.get(key)
+    if d is not None:
+        return d
+    miss = _state.misses.get(key)
+    if miss is not None and _state.settings.mode == "cached":
+        return miss
+    entry = _file_entries().get(key)
+    d = _from_entry(key, entry, cands, static.name, shape_of(ctx)) if entry else None
+    if d is not None:
+        _state.decisions[key] = d
+        return d
+    if miss is None:
+        why = ("no entry in the tuning cache" if _state.settings.mode == "cached"
+               else "not measured: no data at hand for this product")
+        miss = _state.misses[key] = Decision(key, static.name, (), "static", static.name, None, why,
+                                             shape_of(ctx))
+    return miss
+
+
+_STATIC = {"choice": "static", "timings_ms": None, "variant": None}
+
+
+def _record(d: Decision, source: str | None = None) -> dict:
+    out = {"choice": source or d.source, "timings_ms": d.timings_ms, "variant": d.variant and dict(d.variant) or None}
+    if d.note:
+        out["tune_note"] = d.note
+    return out
+
+
+def _best_of(timings: dict, route: str) -> float:
+    return min((v for k, v in timings.items() if k.split("[")[0] == route), default=float("nan"))
+
+
+def _reselect(sel: routes.Selection, route: routes.Route, variant: dict | None, timings: dict | None,
+              why: str):
+    """sel with `route` taken: the rejections say why the others lost
+    (`why`: the static route's reason where it has no timing)."""
+    rejected = [dict(r) for r in sel.rejected if r["route"] != route.name]
+    if route is not sel.route:
+        rejected.insert(0, {"route": sel.route.name, "reason": why})
+    if timings:
+        best = _best_of(timings, route.name)
+        for r in rejected:
+            t = _best_of(timings, r["route"])
+            if t == t:  # measured
+                r["reason"] = f"measured slower than {route.name}: {t:.3g} ms vs {best:.3g} ms"
+    return routes.Selection(route, rejected, sel.fallback, variant or None)
+
+
+def _forced(ctx, sel: routes.Selection, names: tuple):
+    notes = []
+    for n in names:
+        r = routes.get(n)
+        if r.backend != ctx.backend:
+            continue
+        why = r.failed(ctx)
+        if why is None and r.uses_relation and _pointwise(ctx) and r is not sel.route:
+            why = "needs a relation, and this product has none"
+        if why is None:
+            return (_reselect(sel, r, None, None, f"{r.name} is named for this pass"),
+                    {"choice": "forced", "timings_ms": None, "variant": None})
+        notes.append(f"named route {n} does not apply: {why}")
+    if notes:
+        return sel, {**_STATIC, "tune_note": "; ".join(notes)}
+    return None
+
+
+def _hook(ctx: routes.RouteContext, sel: routes.Selection, probe):
+    """routes.choose's hook: the selection to run and its record's fields."""
+    st = _state
+    if st.forced:
+        names = st.forced.get(ctx.direction)
+        if names:
+            out = _forced(ctx, sel, names)
+            if out is not None:
+                return out
+    if st.settings.mode == "off" or sel.fallback or sel.route.backend != ctx.backend:
+        return sel, _STATIC
+    with st.lock:
+        if st.settings.mode == "tune" and probe is not None and not probe.done:
+            probe.done = True
+            _tune_probe(probe, ctx, sel.route.name)
+        d = _decide(ctx, sel.route, probe)
+    if d is None:
+        return sel, _STATIC
+    if d.route == sel.route.name and not d.variant and not d.timings_ms:
+        return sel, _record(d)
+    route = routes.get(d.route)
+    if route.failed(ctx) is not None:  # cannot happen: the key holds the candidates
+        return sel, {**_STATIC, "tune_note": f"{d.route} does not apply: {route.failed(ctx)}"}
+    why = f"{d.route} was chosen by the tuner ({d.source})"
+    return _reselect(sel, route, dict(d.variant), d.timings_ms, why), _record(d)
+
+
+routes.set_choice_hook(_hook)
+
+
+# ------------------------------------------------------------------ reports
+def table(items=None) -> str:
+    """A text table of decisions (default: this process's), one row each."""
+    items = decisions() if items is None else list(items)
+    rows = [("pass", "map kind", "K", "C_in->C_out", "dtype", "edges", "rows", "static", "chosen", "from",
+             "timings (ms)")]
+    for d in items:
+        sh = d.shape or {}
+        times = ", ".join(f"{k} {v:.3g}" for k, v in sorted((d.timings_ms or {}).items(), key=lambda kv: kv[1]))
+        rows.append((str(sh.get("pass", "?")), str(sh.get("map_kind", "?")), str(sh.get("k", "?")),
+                     f"{sh.get('c_in', '?')}->{sh.get('c_out', '?')}", str(sh.get("dtype", "?")),
+                     str(sh.get("edges", "?")), str(sh.get("rows", "?")), d.static, d.label, d.source, times))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for j, r in enumerate(rows):
+        out.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def cached_decisions(path=None) -> list[Decision]:
+    """The cache file's entries as decisions (every machine and version)."""
+    entries = TuningCache(path if path is not None else _state.settings.cache_path).load()
+    out = []
+    for key, e in sorted(entries.items()):
+        out.append(Decision(key, e["route"], tuple(sorted(e.get("variant", {}).items())), "cache",
+                            e.get("static", ""), e.get("timings_ms"), e.get("note"), e.get("shape") or {}))
+    return out
