@@ -29,6 +29,12 @@ def main(argv=None) -> int:
     fmt = routes_cmd.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="the docs/routes.md table")
     fmt.add_argument("--json", action="store_true")
+    routes_cmd.add_argument("--mac", choices=["m3", "m4", "m5"],
+                            help="with --log: the Metal route each recorded call would take on this Mac tier, "
+                            "and the share of multiply-adds on matrix units (docs/mac.md)")
+    routes_cmd.add_argument("--log", help="a recorded run: RouteLog.dump JSON or MLX_LATTICE_ROUTE_LOG lines")
+    routes_cmd.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+                            help="with --mac: ask as if the features had this dtype")
 
     conv = sub.add_parser("convert", help="spconv / TorchSparse / MinkowskiEngine checkpoint to safetensors")
     conv.add_argument("--from", dest="source", required=True, choices=["spconv", "torchsparse", "minkowski"])
@@ -70,6 +76,13 @@ def main(argv=None) -> int:
     if args.command == "routes":
         from . import routes
 
+        if args.mac or args.log:
+            if not (args.mac and args.log):
+                parser.error("routes: --mac and --log go together")
+            from . import mac_plan
+
+            print(mac_plan.render(mac_plan.plan(mac_plan.load(args.log), args.mac, args.dtype)))
+            return 0
         if args.markdown:
             sys.stdout.write(routes.markdown())
         elif args.json:

@@ -85,6 +85,7 @@ class Route:
     grouped: bool = False  # serves groups > 1 (and only those)
     kernel_file: str = ""
     summary: str = ""
+    matrix_unit: bool = False  # multiplies on simdgroup matrices or TensorOps (Metal)
 
     @property
     def table_file(self) -> str:
@@ -166,6 +167,7 @@ def list_routes() -> list[dict]:
             "deterministic": r.deterministic,
             "kernel_file": r.kernel_file,
             "table_file": r.table_file,
+            "matrix_unit": r.matrix_unit,
             "summary": r.summary,
         }
         for r in sorted(_REGISTRY.values(), key=lambda r: (BACKENDS.index(r.backend), -r.priority))
@@ -353,7 +355,7 @@ register(Route(
     summary="16x16 tiled GEMM x @ W[0] through threadgroup memory",
 ))
 register(Route(
-    name="metal.sorted_gemm", backend="metal", priority=90,
+    name="metal.sorted_gemm", backend="metal", matrix_unit=True, priority=90,
     conditions=(DENSE, SORTED_KIND, FP16, K27, SQUARE_32_64),
     kernel_file="metal/sorted_gemm.metal",
     summary="direct sorted route: rows in neighbour-mask order, 64-row tiles, offsets skipped "
@@ -361,7 +363,7 @@ register(Route(
 ))
 TENSOR_OPS = _cond("TensorOps available (Metal 4 neural accelerators)", lambda c: c.tensor_ops)
 register(Route(
-    name="metal.tensorops_sorted", backend="metal", priority=95,
+    name="metal.tensorops_sorted", backend="metal", matrix_unit=True, priority=95,
     conditions=(DENSE, SORTED_KIND, FP16, K27, SQUARE_32_64, TENSOR_OPS),
     kernel_file="metal/tensorops_sorted.metal",
     summary="TensorOps sorted contraction on the sorted plan: row-stationary 64-row tiles, "
@@ -389,7 +391,7 @@ METAL_ALL_DTYPES = _cond(
     "features float32, float16 or bfloat16", lambda c: c.dtype in ("float32", "float16", "bfloat16")
 )
 register(Route(
-    name="metal.csr_mma", backend="metal", priority=65,
+    name="metal.csr_mma", backend="metal", matrix_unit=True, priority=65,
     conditions=(DENSE, METAL_ALL_DTYPES), passes=("forward", "dgrad"),
     kernel_file="metal/csr_mma.metal",
     summary="implicit GEMM on simdgroup matrices over the CSR edges of either view, any C_in, "
@@ -456,7 +458,7 @@ COUT_16 = _cond("C_out == 16", lambda c: c.c_out == 16)
 CHANNELS_DIV4 = _cond("C_in and C_out divisible by 4", lambda c: c.c_in % 4 == 0 and c.c_out % 4 == 0)
 
 register(Route(
-    name="metal.tensorops_dgrad", backend="metal", priority=88,
+    name="metal.tensorops_dgrad", backend="metal", matrix_unit=True, priority=88,
     conditions=(DENSE, C16_SQUARE, K_GE_16, MAPPED_LAYOUT, DGRAD_CAP_32768, TENSOR_OPS, FP32),
     passes=("dgrad",), kernel_file="metal/tensorops_backward.metal",
     summary="TensorOps input-gradient contraction: 64 input rows per threadgroup, one "
@@ -479,7 +481,7 @@ register(Route(
     "metal.dense_channel over the input-major neighbour map (N_in, K), W transposed per offset",
 ))
 register(Route(
-    name="metal.tensorops_wgrad", backend="metal", priority=90,
+    name="metal.tensorops_wgrad", backend="metal", matrix_unit=True, priority=90,
     conditions=(DENSE, CHANNELS_16_64, K_GE_16, WGRAD_CAP_32768, TENSOR_OPS, METAL_DTYPES),
     passes=("wgrad",), kernel_file="metal/tensorops_backward.metal",
     summary="partitioned TensorOps contraction: threadgroup (p, k) sums x^T ct over 32-edge "
@@ -490,7 +492,7 @@ register(Route(
 # bfloat16 product on metal.csr_mma has its gradients on the GPU), ahead of
 # the scalar wgrad_* routes below (the order's reason is in its summary).
 register(Route(
-    name="metal.wgrad_mma", backend="metal", priority=50,
+    name="metal.wgrad_mma", backend="metal", matrix_unit=True, priority=50,
     conditions=(DENSE, METAL_ALL_DTYPES), passes=("wgrad",),
     kernel_file="metal/wgrad_mma.metal",
     summary="x^T ct on simdgroup matrices over the kernel-major edges, any C_in, C_out and K: a "
@@ -544,7 +546,7 @@ TIER_KNOWN = _cond(
 )
 
 register(Route(
-    name="metal.tensorops_quantized", backend="metal", priority=95,
+    name="metal.tensorops_quantized", backend="metal", matrix_unit=True, priority=95,
     conditions=(QUANTIZED, SORTED_KIND, FP16, K27, CHANNELS_32_64, GROUP_EQ_CIN, TENSOR_OPS),
     kernel_file="metal/tensorops_quantized.metal",
     summary="TensorOps quantized contraction on the sorted plan: per offset in a 64-row "
@@ -552,7 +554,7 @@ register(Route(
     "simdgroups into a float cooperative tensor, rows written back through reorder_rows",
 ))
 register(Route(
-    name="metal.sorted_quantized", backend="metal", priority=90,
+    name="metal.sorted_quantized", backend="metal", matrix_unit=True, priority=90,
     conditions=(QUANTIZED, SORTED_KIND, FP16, K27, CHANNELS_32_64, GROUP_LE_CIN, TIER_KNOWN),
     kernel_file="metal/quantized.metal",
     summary="sorted quantized implicit GEMM: the tiles and masks of the direct sorted route, "

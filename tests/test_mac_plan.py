@@ -1,0 +1,65 @@
+"""The Mac plan (mlx_lattice/mac_plan.py): a recorded run's calls put to the
+registry as a Mac of a given tier would see them."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+
+import mlx_lattice as ml
+from mlx_lattice import __main__ as cli
+from mlx_lattice import mac_plan, ops, routes
+
+
+def _record_run(tmp_path):
+    rng = np.random.default_rng(0)
+    xyz = np.unique(rng.integers(0, 12, (400, 3)), axis=0)
+    coords = np.concatenate([np.zeros((len(xyz), 1), np.int32), xyz], axis=1).astype(np.int32)
+    x = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), 24)).astype(np.float32)))
+    w3 = mx.array(rng.standard_normal((40, 3, 3, 3, 24)).astype(np.float32))
+    w1 = mx.array(rng.standard_normal((8, 1, 1, 1, 40)).astype(np.float32))
+
+    def loss(w3, w1):
+        return ops.conv3d(ops.subm_conv3d(x, w3), w1).feats.sum()
+
+    with ml.diagnostics.record() as log:
+        mx.eval(mx.grad(loss, argnums=(0, 1))(w3, w1))
+    path = tmp_path / "run.json"
+    log.dump(path)
+    return path, log
+
+
+def test_plan_selects_as_the_registry_would_on_a_mac(tmp_path):
+    path, log = _record_run(tmp_path)
+    records = mac_plan.load(path)
+    assert len(records) == len(log) and {r["direction"] for r in records} == {"forward", "dgrad", "wgrad"}
+    p = mac_plan.plan(records, "m4", "bfloat16")
+    # every call's route is the registry's own answer for the Mac's context
+    expect: dict[str, int] = {}
+    for r in records:
+        name = routes.select(mac_plan.mac_context(r, "m4", "bfloat16")).route.name
+        expect[name] = expect.get(name, 0) + 1
+    assert {k: v["calls"] for k, v in p["routes"].items()} == expect
+    # multiply-adds: edges x C_in x C_out, summed, split by kind of kernel
+    total = sum(mac_plan.multiply_adds(r) for r in records)
+    assert p["multiply_adds"] == total
+    assert abs(sum(p["share"].values()) - 1) < 1e-12
+    kinds = {k: 0 for k in ("matrix", "scalar", "cpu")}
+    for r in records:
+        route = routes.select(mac_plan.mac_context(r, "m4", "bfloat16")).route
+        kind = "cpu" if route.backend != "metal" else "matrix" if route.matrix_unit else "scalar"
+        kinds[kind] += mac_plan.multiply_adds(r)
+    assert p["share"] == {k: v / total for k, v in kinds.items()}
+    assert p["share"]["cpu"] == 0  # bfloat16 stays on the GPU
+    assert routes.get("metal.csr_mma").matrix_unit and not routes.get("metal.vec4").matrix_unit
+
+
+def test_cli_and_route_log_lines(tmp_path, capsys):
+    path, log = _record_run(tmp_path)
+    lines = tmp_path / "run.jsonl"
+    lines.write_text("\n".join(json.dumps(r) for r in log) + "\n")
+    assert mac_plan.load(lines) == mac_plan.load(path)
+    assert cli.main(["routes", "--mac", "m5", "--log", str(lines), "--dtype", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Mac tier m5 (applegpu_g17s, 26.2), features float16:")
+    assert "matrix units" in out and "metal." in out
