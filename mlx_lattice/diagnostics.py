@@ -29,6 +29,17 @@ _active: list[tuple["RouteLog", bool]] = []  # (log, whether it takes map record
 _lock = threading.Lock()
 
 
+def format_table(rows: list[tuple[str, ...]]) -> str:
+    """Rows of strings as aligned columns, the first row a header."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for j, row in enumerate(rows):
+        out.append("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
 class RouteLog(list):
     """A list of route records with JSON and table renderings."""
 
@@ -53,13 +64,7 @@ class RouteLog(list):
                     f"{r['c_in']}->{r['c_out']}", str(r["n_out"]), str(r["edges"]),
                 )
             )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        out = []
-        for j, row in enumerate(rows):
-            out.append("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-            if j == 0:
-                out.append("  ".join("-" * w for w in widths))
-        return "\n".join(out)
+        return format_table(rows)
 
 
     def why(self) -> str:

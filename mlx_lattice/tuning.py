@@ -58,7 +58,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 import mlx.core as mx
 
-from . import _ext, routes
+from . import _ext, diagnostics, routes
 from .tuning_cache import TuningCache
 
 MODES = ("off", "cached", "tune")
@@ -851,13 +851,7 @@ def table(items=None) -> str:
         rows.append((str(sh.get("pass", "?")), str(sh.get("map_kind", "?")), str(sh.get("k", "?")),
                      f"{sh.get('c_in', '?')}->{sh.get('c_out', '?')}", str(sh.get("dtype", "?")),
                      str(sh.get("edges", "?")), str(sh.get("rows", "?")), d.static, d.label, d.source, times))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for j, r in enumerate(rows):
-        out.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
-        if j == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return diagnostics.format_table(rows)
 
 
 def cached_decisions(path=None) -> list[Decision]:

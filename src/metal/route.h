@@ -58,6 +58,10 @@ WeightGradParams weight_grad_params(const Call& c);
 // (x, ct, offsets, g, r), index buffers replaced by x when pointwise.
 std::vector<Binding> pair_bindings(bool pointwise);
 
+// The ordered sum of a weight gradient's float partials (temp 0) into dw
+// (metal/backward.metal's wgrad_reduce), after a partitioned product.
+Step wgrad_reduce_step(const Call& c, const WeightGradPartsParams& q);
+
 // Quantized convolutions: (x, codes, scales, biases[, offsets, gather, k,
 // extra...]); checks the code width and the scale dtype.
 bool quantized_pointwise(const Call& c);

@@ -132,6 +132,15 @@ std::vector<Binding> pair_bindings(bool pointwise) {
   return indexed_bindings("ct", {"offsets", "g", "r"}, pointwise);
 }
 
+Step wgrad_reduce_step(const Call& c, const WeightGradPartsParams& q) {
+  Step r;
+  r.kernel = "wgrad_reduce_" + c.dt;
+  r.threads = {256, 1, 1};
+  r.groups = {ceil_div(int64_t(q.a) * q.b, 256), offsets_grid(q.k), 1};
+  r.buffers = {temp(0, "partials"), output("dw"), bytes(q)};
+  return r;
+}
+
 bool quantized_pointwise(const Call& c) {
   return c.in.size() < 7;
 }

@@ -46,12 +46,7 @@ Program tensorops_wgrad(const Call& c) {
   s.buffers.push_back(temp(0, "partials"));
   s.buffers.push_back(bytes(q));
   prog.steps.push_back(s);
-  Step r;
-  r.kernel = "wgrad_reduce_" + c.dt;
-  r.threads = {256, 1, 1};
-  r.groups = {ceil_div(int64_t(p.a) * p.b, 256), offsets_grid(p.k), 1};
-  r.buffers = {temp(0, "partials"), output("dw"), bytes(q)};
-  prog.steps.push_back(r);
+  prog.steps.push_back(wgrad_reduce_step(c, q));
   return prog;
 }
 

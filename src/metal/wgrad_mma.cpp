@@ -43,13 +43,7 @@ Program wgrad_mma(const Call& c) {
   s.buffers.push_back(bytes(p));
   prog.steps.push_back(s);
   if (parts > 1) {
-    WeightGradPartsParams q{p.k, p.a, p.b, p.parts};
-    Step r;
-    r.kernel = "wgrad_reduce_" + c.dt;
-    r.threads = {256, 1, 1};
-    r.groups = {ceil_div(int64_t(p.a) * p.b, 256), offsets_grid(p.k), 1};
-    r.buffers = {temp(0, "partials"), output("dw"), bytes(q)};
-    prog.steps.push_back(r);
+    prog.steps.push_back(wgrad_reduce_step(c, WeightGradPartsParams{p.k, p.a, p.b, p.parts}));
   }
   return prog;
 }
