@@ -15,12 +15,14 @@ Kernels that ran are recorded for the coverage report (see plugin.py).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import platform
 import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +120,37 @@ def _params_array(params) -> np.ndarray:
             raise TypeError("a params sequence packs int32 fields only; use a NumPy record for other types")
         return np.asarray(params, dtype=np.int32)
     raise TypeError(f"params must be bytes, a NumPy array/record or a sequence of ints, not {type(params)}")
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """What one dispatch used: its kernel, threadgroups, threads per
+    threadgroup, the most threadgroup memory a group used, and the
+    multiply-adds its threads did through simdgroup_multiply_accumulate."""
+
+    kernel: str
+    threadgroups: int
+    threads: int
+    threadgroup_bytes: int
+    matrix_macs: int
+
+
+_dispatch_logs: list[list[Dispatch]] = []
+
+
+def prod_dims(d) -> int:
+    return int(d[0]) * int(d[1]) * int(d[2])
+
+
+@contextlib.contextmanager
+def dispatches():
+    """Collect a Dispatch record for every kernel run in the block."""
+    log: list[Dispatch] = []
+    _dispatch_logs.append(log)
+    try:
+        yield log
+    finally:
+        _dispatch_logs.remove(log)
 
 
 def run_kernel(
@@ -224,6 +257,10 @@ def run_kernel(
 
     status = prog.launch(L)
     record_ran(kernel)
+    if status == 0:
+        for log in _dispatch_logs:
+            log.append(Dispatch(kernel, prod_dims(_dims(groups)), prod_dims(t), int(L.tg_bytes),
+                                int(L.matrix_macs)))
     if status != 0:
         msg = L.error.decode(errors="replace")
         where = prog.source_location(list(L.pcs[: L.n_pcs])) if status == 2 else []

@@ -166,6 +166,8 @@ class LaunchDesc(ctypes.Structure):
         ("n_pcs", ctypes.c_int32),
         ("pcs", ctypes.c_uint64 * 24),
         ("error", ctypes.c_char * 4096),
+        ("matrix_macs", ctypes.c_uint64),
+        ("tg_bytes", ctypes.c_uint64),
     ]
 
 

@@ -60,6 +60,9 @@ struct LaunchDesc {
   int32_t n_pcs;
   uint64_t pcs[24];  // fault pc, then return addresses (offsets in this .so)
   char error[4096];
+  // accounting
+  uint64_t matrix_macs;  // multiply-adds done by simdgroup_multiply_accumulate
+  uint64_t tg_bytes;     // the most threadgroup memory one group used
 };
 
 // ---------------------------------------------------------------- registry
@@ -795,7 +798,9 @@ int run(LaunchDesc* L) {
     return L->status = 1;
   }
   g_launch = L;
+  L->matrix_macs = 0;
   bool ok = prepare_buffers(L) && prepare_fibers(static_cast<uint32_t>(tpg));
+  L->tg_bytes = g_tg_fixed;
   if (ok && g_tg_fixed > L->tg_limit) {
     set_message("threadgroup buffers take %zu bytes, over the %u-byte limit", g_tg_fixed, L->tg_limit);
     ok = false;
@@ -904,6 +909,10 @@ const unsigned char* rt_simd_result(uint64_t* active_mask) {
   return g_fiber->result;
 }
 
+void rt_count_matrix_macs(uint64_t n) {
+  g_launch->matrix_macs += n;  // fibers share one OS thread: no race
+}
+
 void* rt_tg_var(int id, size_t bytes, size_t align, const char* name) {
   RtScope scope;
   TgVar* v = nullptr;
@@ -923,6 +932,7 @@ void* rt_tg_var(int id, size_t bytes, size_t align, const char* name) {
     v->generation = g_group_generation;
     std::memset(v->mem.data, 0xFF, bytes);
     g_tg_used += round_up(bytes, 16);
+    g_launch->tg_bytes = std::max<uint64_t>(g_launch->tg_bytes, g_tg_used);
     if (g_tg_used > g_launch->tg_limit) {
       rt_fail("threadgroup memory of %zu bytes (reached at '%s', %zu bytes) exceeds the %u-byte limit",
               g_tg_used, name, bytes, g_launch->tg_limit);

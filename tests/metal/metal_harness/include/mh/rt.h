@@ -75,6 +75,8 @@ const unsigned char* rt_simd_result(uint64_t* active_mask);
 // threads of the running threadgroup and filled with 0xFF when the group
 // starts.
 void* rt_tg_var(int id, size_t bytes, size_t align, const char* name);
+// Multiply-adds a thread did on the matrix units (counted per dispatch).
+void rt_count_matrix_macs(uint64_t n);
 
 // Buffer bound at `index` (fails the launch if none is bound or it is smaller
 // than `min_bytes`); threadgroup buffers through rt_tg_buffer.

@@ -376,6 +376,7 @@ inline void mma(
   }
   uint r, col;
   mat_coord(g.lane, r, col);
+  ::mh::rt_count_matrix_macs(2 * 8);  // this lane's share of the 8x8x8 product
   vec<T, 2> out;
   for (uint j = 0; j < 2; ++j) {
     float acc = 0.0f;

@@ -1,0 +1,87 @@
+"""Harness accounting: the multiply-adds each dispatch does on the matrix
+units (simdgroup_multiply_accumulate, counted by the shim per lane), and the
+threadgroup memory and threads it uses. A route the registry marks as a
+matrix-unit route must do at least 95% of its call's useful multiply-adds
+(edges x C_in x C_out) there, and every dispatch of it stays within Apple
+GPUs' 32 KiB of threadgroup memory and 1024 threads. The counts exist only
+in the harness; on a Mac's GPU this module skips."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_lattice import routes
+
+import metal_harness as mh
+import metal_programs
+from metal_programs import relation
+
+pytestmark = [*metal_programs.MARKS, pytest.mark.skipif(
+    metal_programs.BACKEND != "metal-harness", reason="the counts are the harness's (CPU emulation)")]
+
+TG_LIMIT = 32 * 1024
+THREADS_LIMIT = 1024
+
+
+def _within_limits(log):
+    assert log, "no dispatch ran"
+    for d in log:
+        assert d.threadgroup_bytes <= TG_LIMIT, d
+        assert d.threads <= THREADS_LIMIT, d
+
+
+def _operands(rng, rows, c_in, c_out, k, dtype):
+    x = mx.array(rng.standard_normal((rows, c_in)).astype(np.float32)).astype(dtype)
+    w = mx.array(rng.standard_normal((k, c_in, c_out)).astype(np.float32)).astype(dtype)
+    return x, w
+
+
+@pytest.mark.parametrize("route,direction,c_in,c_out,dtype", [
+    ("metal.csr_mma", "forward", 24, 40, mx.float32),
+    ("metal.csr_mma", "forward", 96, 128, mx.bfloat16),
+    ("metal.csr_mma", "dgrad", 40, 24, mx.float16),
+    ("metal.sorted_gemm", "forward", 32, 32, mx.float16),
+])
+def test_convolution_routes_multiply_on_matrix_units(rng, route, direction, c_in, c_out, dtype):
+    assert routes.get(route).matrix_unit
+    rel, rows_in, n_out, edges = relation(rng, "submanifold", 300, 3)
+    k = rel.kernel_volume
+    if direction == "forward":
+        x, w = _operands(rng, rows_in, c_in, c_out, k, dtype)
+        view = metal_programs.OUTPUT_MAJOR
+    else:  # the input gradient: the same product over the input-major view
+        x, w = _operands(rng, n_out, c_in, c_out, k, dtype)
+        view = metal_programs.INPUT_MAJOR
+    with mh.dispatches() as log:
+        metal_programs.conv(route, x, w, rel._native, view)
+    useful = len(edges) * c_in * c_out
+    counted = sum(d.matrix_macs for d in log)
+    assert counted >= 0.95 * useful, (counted, useful)
+    _within_limits(log)
+
+
+@pytest.mark.parametrize("c_in,c_out,dtype", [(24, 40, mx.float32), (64, 96, mx.bfloat16)])
+def test_weight_gradient_multiplies_on_matrix_units(rng, c_in, c_out, dtype):
+    assert routes.get("metal.wgrad_mma").matrix_unit
+    rel, rows_in, n_out, edges = relation(rng, "submanifold", 300, 3)
+    k = rel.kernel_volume
+    x = mx.array(rng.standard_normal((rows_in, c_in)).astype(np.float32)).astype(dtype)
+    ct = mx.array(rng.standard_normal((n_out, c_out)).astype(np.float32)).astype(dtype)
+    with mh.dispatches() as log:
+        metal_programs.weight_grad("metal.wgrad_mma", x, ct, rel._native, k)
+    useful = len(edges) * c_in * c_out
+    assert sum(d.matrix_macs for d in log) >= 0.95 * useful
+    _within_limits(log)
+
+
+def test_scalar_routes_count_no_matrix_work(rng):
+    # the counter is the matrix units': a scalar route's product counts none
+    assert not routes.get("metal.fetch_on_demand").matrix_unit
+    rel, rows_in, n_out, edges = relation(rng, "submanifold", 200, 3)
+    x, w = _operands(rng, rows_in, 8, 8, rel.kernel_volume, mx.float32)
+    with mh.dispatches() as log:
+        metal_programs.conv("metal.fetch_on_demand", x, w, rel._native)
+    assert sum(d.matrix_macs for d in log) == 0
+    _within_limits(log)
