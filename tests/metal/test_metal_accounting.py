@@ -1,6 +1,6 @@
 """Harness accounting: the multiply-adds each dispatch does on the matrix
-units (simdgroup_multiply_accumulate, counted by the shim per lane), and the
-threadgroup memory and threads it uses. A route the registry marks as a
+units (simdgroup_multiply_accumulate and TensorOps matmul2d, counted by the
+shim per thread), and the threadgroup memory and threads it uses. A route the registry marks as a
 matrix-unit route must do at least 95% of its call's useful multiply-adds
 (edges x C_in x C_out) there, and every dispatch of it stays within Apple
 GPUs' 32 KiB of threadgroup memory and 1024 threads. The counts exist only
@@ -43,6 +43,8 @@ def _operands(rng, rows, c_in, c_out, k, dtype):
     ("metal.csr_mma", "forward", 96, 128, mx.bfloat16),
     ("metal.csr_mma", "dgrad", 40, 24, mx.float16),
     ("metal.sorted_gemm", "forward", 32, 32, mx.float16),
+    ("metal.tensorops_sorted", "forward", 64, 64, mx.float16),
+    ("metal.tensorops_dgrad", "dgrad", 16, 16, mx.float32),
 ])
 def test_convolution_routes_multiply_on_matrix_units(rng, route, direction, c_in, c_out, dtype):
     assert routes.get(route).matrix_unit
@@ -62,15 +64,19 @@ def test_convolution_routes_multiply_on_matrix_units(rng, route, direction, c_in
     _within_limits(log)
 
 
-@pytest.mark.parametrize("c_in,c_out,dtype", [(24, 40, mx.float32), (64, 96, mx.bfloat16)])
-def test_weight_gradient_multiplies_on_matrix_units(rng, c_in, c_out, dtype):
-    assert routes.get("metal.wgrad_mma").matrix_unit
+@pytest.mark.parametrize("route,c_in,c_out,dtype", [
+    ("metal.wgrad_mma", 24, 40, mx.float32),
+    ("metal.wgrad_mma", 64, 96, mx.bfloat16),
+    ("metal.tensorops_wgrad", 32, 64, mx.float16),
+])
+def test_weight_gradient_multiplies_on_matrix_units(rng, route, c_in, c_out, dtype):
+    assert routes.get(route).matrix_unit
     rel, rows_in, n_out, edges = relation(rng, "submanifold", 300, 3)
     k = rel.kernel_volume
     x = mx.array(rng.standard_normal((rows_in, c_in)).astype(np.float32)).astype(dtype)
     ct = mx.array(rng.standard_normal((n_out, c_out)).astype(np.float32)).astype(dtype)
     with mh.dispatches() as log:
-        metal_programs.weight_grad("metal.wgrad_mma", x, ct, rel._native, k)
+        metal_programs.weight_grad(route, x, ct, rel._native, k)
     useful = len(edges) * c_in * c_out
     assert sum(d.matrix_macs for d in log) >= 0.95 * useful
     _within_limits(log)

@@ -429,6 +429,7 @@ class matmul2d {
       }
       const int m = e / Descriptor.n;
       const int n = e % Descriptor.n;
+      ::mh::rt_count_matrix_macs(kk);  // this element's multiply-adds, on the matrix units
       if constexpr (mh::IsCooperative<D>::value) {
         static_assert(std::is_same_v<D, mh_destination<typename mh::IsCooperative<D>::element>>,
                       "the destination cooperative tensor comes from this op");
