@@ -12,10 +12,10 @@ from __future__ import annotations
 import mlx.core as mx
 
 from . import _ext, diagnostics, routes, tuning
-from ._args import as_coords, dtype_name, triple
+from ._args import dtype_name, triple
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
-from .tensor import SparseTensor
+from .tensor import SparseTensor, target_set
 
 __all__ = ["conv3d", "subm_conv3d", "conv_transpose3d", "generative_conv_transpose3d"]
 
@@ -87,19 +87,6 @@ def mapped_weight(weight: mx.array) -> mx.array:
     """(C_out, Kx, Ky, Kz, C_in) -> kernel-major (K, C_in, C_out)."""
     c_out, kx, ky, kz, c_in = weight.shape
     return weight.reshape(c_out, kx * ky * kz, c_in).transpose(1, 2, 0)
-
-
-def _target_set(x: SparseTensor, coordinates, stride):
-    if isinstance(coordinates, SparseTensor):
-        if coordinates.manager is not x.manager:
-            raise ValueError(
-                "coordinates must belong to the same CoordinateManager as x; pass the target's "
-                "coordinate array instead, coordinates=t.coords (hashed into x's manager), or build "
-                "both tensors on one manager (t.replace(feats) or SparseTensor(t.coords, feats) "
-                "keep t's manager; SparseTensor(..., manager=x.manager) joins x's)"
-            )
-        return coordinates.coordinate_set
-    return x.manager.register(as_coords(coordinates, "coordinates"), stride)
 
 
 def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False, groups=1):
@@ -187,7 +174,7 @@ def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates
     src = x.coordinate_set
     out_stride = tuple(a * b for a, b in zip(x.stride, geom.stride))
     if coordinates is not None:
-        dst = _target_set(x, coordinates, out_stride)
+        dst = target_set(x, coordinates, out_stride)
         return _execute(
             "conv3d", x, weight, bias, geom, "target", dst,
             lambda: x.manager.target_kernel_relation(src, dst, geom), explicit_target=True,
@@ -242,7 +229,7 @@ def conv_transpose3d(
     dst = None
     if coordinates is not None:
         out_stride = tuple(a // b if a % b == 0 else 1 for a, b in zip(x.stride, geom.stride))
-        dst = _target_set(x, coordinates, out_stride)
+        dst = target_set(x, coordinates, out_stride)
     rel, dst = x.manager.transposed_kernel_relation(src, geom, dst)
     return _execute(
         "conv_transpose3d", x, weight, bias, geom, "transposed", dst, lambda: rel,

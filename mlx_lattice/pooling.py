@@ -42,7 +42,7 @@ import mlx.core as mx
 from ._args import triple
 from ._segment import segment_max, segment_sum
 from .relation import KernelGeometry
-from .tensor import SparseTensor
+from .tensor import SparseTensor, target_set
 
 __all__ = [
     "max_pool3d",
@@ -153,10 +153,8 @@ def pool_transpose3d(
     geom = _geometry(kernel_size, stride, padding, dilation)
     dst = None
     if coordinates is not None:
-        from .ops import _target_set
-
         out_stride = tuple(a // b if a % b == 0 else 1 for a, b in zip(x.stride, geom.stride))
-        dst = _target_set(x, coordinates, out_stride)
+        dst = target_set(x, coordinates, out_stride)
     rel, dst = x.manager.transposed_kernel_relation(x.coordinate_set, geom, dst)
     y = segment_sum(x.feats[rel.in_idx], rel.out_idx, rel.n_out)
     return SparseTensor._from_set(dst, y.astype(x.dtype), x.manager)

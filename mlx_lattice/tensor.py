@@ -177,3 +177,19 @@ def _as_counts(batch_counts) -> np.ndarray:
     if (c < 0).any():
         raise ValueError(f"batch_counts must be non-negative, got {c.tolist()}")
     return c.astype(np.int64)
+
+
+def target_set(x: "SparseTensor", coordinates, stride) -> CoordinateSet:
+    """The coordinate set an op on ``x`` writes to when the caller names its
+    outputs (``coordinates=``): another tensor's set on x's manager, or an
+    array hashed into x's manager at ``stride``."""
+    if isinstance(coordinates, SparseTensor):
+        if coordinates.manager is not x.manager:
+            raise ValueError(
+                "coordinates must belong to the same CoordinateManager as x; pass the target's "
+                "coordinate array instead, coordinates=t.coords (hashed into x's manager), or build "
+                "both tensors on one manager (t.replace(feats) or SparseTensor(t.coords, feats) "
+                "keep t's manager; SparseTensor(..., manager=x.manager) joins x's)"
+            )
+        return coordinates.coordinate_set
+    return x.manager.register(as_coords(coordinates, "coordinates"), stride)
