@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import mlx.core as mx
 
+from . import backends
+
 
 def accumulation_dtype(dtype):
     """Sums of half-precision features are accumulated in float32."""
@@ -17,7 +19,7 @@ def accumulation_dtype(dtype):
 
 
 def _on_gpu() -> bool:
-    return mx.default_device().type == mx.gpu
+    return backends.current().name != "cpu"
 
 
 def _host_ids(segments: mx.array):

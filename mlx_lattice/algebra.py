@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import mlx.core as mx
 
-from . import _ext, routes
+from . import _ext, backends
 from ._args import as_coords, as_feats, triple
 from .manager import CoordinateManager
 from .tensor import SparseTensor
@@ -197,7 +197,7 @@ _CPU_FEATURE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 
 def _on_cpu(*arrays) -> bool:
-    return routes.current_backend() == "cpu" and all(
+    return backends.current().name == "cpu" and all(
         a.ndim == 2 and a.dtype in _CPU_FEATURE_DTYPES for a in arrays
     )
 

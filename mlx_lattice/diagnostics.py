@@ -14,16 +14,10 @@ by name), with ``timings_ms``, ``variant`` and ``tune_note`` (docs/tuning.md).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
-import platform
 import threading
-from pathlib import Path
 
-import mlx.core as mx
-
-from . import _ext
 
 _active: list[tuple["RouteLog", bool]] = []  # (log, whether it takes map records)
 _lock = threading.Lock()
@@ -165,147 +159,13 @@ def map_record(product: str, route: str, *, map_kind: str | None, n_in: int, n_o
     return entry
 
 
-# TensorOps need an Apple10-family GPU (architecture generation 17 and later)
-# and macOS 26.2: MLX gates its own neural-accelerator kernels there, since
-# matmuls built for earlier releases return wrong results.
-TENSOR_OPS_GENERATION = 17
-TENSOR_OPS_MACOS = (26, 2)
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for p in text.split("."):
-        if not p.isdigit():
-            break
-        parts.append(int(p))
-    return tuple(parts)
-
-
-def _gpu_architecture() -> str:
-    if not mx.metal.is_available():
-        return "unknown"
-    try:
-        return str(mx.device_info(mx.gpu).get("architecture", "unknown"))
-    except Exception:  # an MLX whose device_info does not know the GPU
-        return "unknown"
-
-
-def metal_capabilities(architecture: str | None = None, macos: str | None = None) -> dict:
-    """GPU generation, macOS version and TensorOps availability of a Mac.
-
-    TensorOps (Metal 4 inline tensor operations on the GPU's neural
-    accelerators) need an Apple10-family GPU (architecture generation 17 and
-    later) and macOS 26.2. Arguments override detection, for tests and for
-    asking what another machine would do. ``tensor_ops_reason`` says why not.
-    """
-    if architecture is None:
-        architecture = _gpu_architecture()
-    if macos is None:
-        macos = platform.mac_ver()[0] or "unknown"
-    digits = "".join(ch for ch in architecture.split("_g")[-1] if ch.isdigit()) if "_g" in architecture else ""
-    generation = int(digits) if digits else 0
-    version = _version_tuple(macos)
-    need = ".".join(map(str, TENSOR_OPS_MACOS))
-    if architecture == "unknown":
-        why = "no Metal GPU detected"
-    elif generation < TENSOR_OPS_GENERATION:
-        why = f"GPU {architecture} is before Apple10 (generation {TENSOR_OPS_GENERATION})"
-    elif not version or version < TENSOR_OPS_MACOS:
-        why = f"macOS {macos} is before {need}"
-    else:
-        why = None
-    tensor_ops = why is None
-    tier = f"metal:{architecture}:macos-{macos}:tensorops={'yes' if tensor_ops else 'no'}"
-    return {"architecture": architecture, "generation": generation, "macos": macos,
-            "tensor_ops": tensor_ops, "tensor_ops_reason": why, "tier": tier}
-
-
-# ------------------------------------------------------------ this build
-def _package_dir() -> Path:
-    from . import _ext
-
-    return Path(_ext.__file__).resolve().parent
-
-
-@functools.lru_cache(maxsize=None)
-def build_info() -> dict:
-    """What CMake built (``build_info.json`` next to the extension): whether
-    each Metal library was built and, if not, why."""
-    path = _package_dir() / "build_info.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {"system": "unknown", "metal_built": False, "tensorops_built": False,
-                "metal_reason": f"{path} is missing (an install from an older build)",
-                "tensorops_reason": f"{path} is missing (an install from an older build)"}
-
-
-def metal_libraries() -> dict:
-    """Each Metal library of this install: its path, whether it is there,
-    and why not. Keys ``metal`` (mlx_lattice.metallib) and ``tensorops``."""
-    from . import _ext
-
-    info = build_info()
-    out = {}
-    for key, name, compiled_in in (
-        ("metal", "mlx_lattice.metallib", _ext.metal_available()),
-        ("tensorops", "mlx_lattice_tensorops.metallib", _ext.metal_tensor_ops_kernels()),
-    ):
-        path = _package_dir() / name
-        if not info.get(f"{key}_built"):
-            reason = info.get(f"{key}_reason") or "not built"
-        elif not path.is_file():
-            reason = f"{name} is missing from {path.parent}"
-        elif not compiled_in:
-            reason = f"the extension was compiled without {name}"
-        else:
-            reason = None
-        out[key] = {"path": str(path), "found": path.is_file(), "usable": reason is None, "reason": reason}
-    return out
-
-
-def metal_unavailable_reason() -> str | None:
-    """None when this install can run its Metal kernels, else why not."""
-    lib = metal_libraries()["metal"]
-    return None if lib["usable"] else f"mlx_lattice.metallib unavailable: {lib['reason']}"
-
-
-def backend_fallback(backend: str) -> str | None:
-    """Why a call on ``backend`` must run on the CPU instead (None: it need not).
-
-    The GPU is MLX's default device but this install has no Metal kernels
-    (for example, built without the Metal toolchain): the call runs on the
-    CPU and its route record says so in ``fallback``.
-    """
-    if backend != "metal":
-        return None
-    reason = metal_unavailable_reason()
-    return None if reason is None else f"{reason}; running on the CPU"
-
-
-def tensor_ops_available() -> tuple[bool, str | None]:
-    """Whether the TensorOps routes can run here, and why not."""
-    caps = metal_capabilities()
-    if not caps["tensor_ops"]:
-        return False, caps["tensor_ops_reason"]
-    lib = metal_libraries()["tensorops"]
-    if not lib["usable"]:
-        return False, f"mlx_lattice_tensorops.metallib unavailable: {lib['reason']}"
-    return True, None
-
-
-def capability_tier(backend: str) -> str:
-    """A short description of the executing device's capabilities.
-
-    On Metal, a GPU that could run TensorOps under an install without the
-    TensorOps library reads ``tensorops=no (not in this build)``, so that
-    the route log says why those routes were not taken.
-    """
-    if backend == "metal":
-        caps = metal_capabilities()
-        if caps["tensor_ops"] and not metal_libraries()["tensorops"]["usable"]:
-            return caps["tier"].replace("tensorops=yes", "tensorops=no (not in this build)")
-        return caps["tier"]
-    if backend == "cuda":
-        return "cuda"
-    return f"cpu:{_ext.cpu_isa()}"
+# What the device can do and what this build holds: asked of the backends
+# (mlx_lattice/backends/), which compute each once per process.
+from .backends import build_info, capability_tier, metal_libraries  # noqa: E402,F401
+from .backends.metal import (  # noqa: E402,F401
+    TENSOR_OPS_GENERATION,
+    TENSOR_OPS_MACOS,
+    metal_capabilities,
+    metal_unavailable_reason,
+    tensor_ops_available,
+)

@@ -18,7 +18,7 @@ import sys
 
 import mlx.core as mx
 
-from . import __version__, _ext, diagnostics, routes
+from . import __version__, _ext, backends, diagnostics, routes
 
 # The layer the route line describes: a submanifold 3x3x3 convolution,
 # 64 -> 64 channels, float32, on 100k voxels of a surface-like scene (about 9
@@ -41,11 +41,7 @@ def _package_version(name: str) -> str | None:
 def machine_backends() -> dict:
     """The accelerators MLX sees here (what the machine has, as far as the
     installed MLX can tell)."""
-    cuda = getattr(mx, "cuda", None)
-    return {
-        "metal": bool(mx.metal.is_available()),
-        "cuda": bool(cuda is not None and cuda.is_available()),
-    }
+    return {name: backends.get(name).available() for name in ("metal", "cuda")}
 
 
 def nvidia_driver_present() -> bool:
@@ -62,7 +58,7 @@ def cpu_isa() -> str:
 def typical_route(backend: str) -> dict:
     """Route selection for TYPICAL_LAYER on ``backend`` as the ops would do it
     (without recording it in the route log)."""
-    fallback = diagnostics.backend_fallback(backend)
+    fallback = backends.get(backend).unusable_reason()
     effective = "cpu" if fallback else backend
     fields = dict(TYPICAL_LAYER)
     ctx = routes.context(fields.pop("op"), effective, **fields)
@@ -80,9 +76,9 @@ def collect() -> dict:
     metal_reason = diagnostics.metal_unavailable_reason()
     tensor_ops, tensor_ops_reason = diagnostics.tensor_ops_available()
     caps = diagnostics.metal_capabilities()
-    default = routes.current_backend()
+    default = backends.current().name
 
-    backends = {
+    usable = {
         "cpu": {"machine": True, "usable": True, "reason": None},
         "metal": {"machine": has["metal"], "usable": has["metal"] and metal_reason is None,
                   "reason": metal_reason if has["metal"] else "no Metal GPU visible to MLX"},
@@ -116,7 +112,7 @@ def collect() -> dict:
             "nanobind_abi": info.get("nanobind_abi", "unknown"),
         },
         "build": {k: info.get(k) for k in ("system", "deployment_target") if info.get(k)},
-        "backends": backends,
+        "backends": usable,
         "default_backend": default,
         "metallibs": libs,
         "tensor_ops": {"available": tensor_ops, "reason": tensor_ops_reason},

@@ -15,65 +15,26 @@ import weakref
 import numpy as np
 import mlx.core as mx
 
-from . import _ext, diagnostics
+from . import _ext, backends, diagnostics
 from .relation import KernelGeometry, Relation
 
 
-# Map-building routes of the registry (mlx_lattice/routes.py), by where the
-# coordinates are hashed; "cuda.hash_map" is in mlx_lattice/cuda/routes.py.
-# "metal.hash_map": mlx_lattice/metal_maps.py, when _metal_maps() holds.
-MAP_ROUTES = {"cpu.hash_map": "map", "metal.hash_map": "map"}
-
-
-def _cuda_maps() -> bool:
-    """Whether map building runs on CUDA: the default device is a CUDA GPU."""
-    if mx.default_device().type != mx.gpu:
-        return False
-    from .cuda import available
-
-    return available()
-
-
-def _metal_maps() -> bool:
-    """Whether map building runs on Metal: the default device is a Metal GPU
-    and this build has the Metal kernels."""
-    from . import metal_maps
-
-    return metal_maps.available()
+def map_backend():
+    """The backend that builds maps for sets registered now (the one that
+    runs calls on the default device; the CPU where that GPU is unusable)."""
+    return backends.executing()[0]
 
 
 def map_route() -> str:
     """The registry route that builds maps for sets registered now."""
-    if _cuda_maps():
-        return "cuda.hash_map"
-    return "metal.hash_map" if _metal_maps() else "cpu.hash_map"
+    return map_backend().map_route
 
 
-def _sync_count(route: str):
-    """The host synchronisations a map route has made so far (None: its
-    builder does not count them); the CPU builder makes none."""
-    if route == "metal.hash_map":
-        from . import metal_maps
-
-        return metal_maps.SYNCS
-    if route == "cuda.hash_map":
-        from .cuda import maps
-
-        return getattr(maps, "SYNCS", None)
-    return 0
-
-
-def _record_map(product: str, route: str, before, **fields) -> None:
+def _record_map(product: str, backend, before, **fields) -> None:
     """The map record of a build that started at sync count ``before``."""
-    after = _sync_count(route)
+    after = backend.syncs()
     syncs = None if before is None or after is None else after - before
-    diagnostics.map_record(product, route, syncs=syncs, **fields)
-
-
-def _route_of(s: "CoordinateSet") -> str:
-    if s.metal_table is not None:
-        return "metal.hash_map"
-    return "cuda.hash_map" if s.gpu_table is not None else "cpu.hash_map"
+    diagnostics.map_record(product, backend.map_route, syncs=syncs, **fields)
 
 
 class CoordinateSet:
@@ -86,27 +47,16 @@ class CoordinateSet:
         self.coords = coords
         self.source = source  # the array the user registered, if copied
         self.stride = stride
-        # Hashing validates range and uniqueness up front: on the GPU when the
-        # default device is a CUDA GPU (relations are then built there too).
-        # An output support (``trusted``) is valid by construction: on CUDA
-        # its table skips reading the error flags back (a synchronisation).
-        self.gpu_table = None
-        self.metal_table = None
-        self._table = None
-        route = map_route()
-        before = _sync_count(route)
-        if route == "cuda.hash_map":
-            from .cuda import maps
-
-            self.gpu_table = maps.CudaTable(coords, trusted=trusted)
-        elif route == "metal.hash_map":
-            from . import metal_maps
-
-            self.metal_table = metal_maps.MetalTable(coords)
-        else:
-            self._table = _ext.CoordTable(coords)
+        # Hashing validates range and uniqueness up front, by the backend
+        # that builds maps now (its relations are then built there too). An
+        # output support (``trusted``) is valid by construction: a GPU table
+        # skips reading the error flags back (a synchronisation).
+        self.backend = backend = map_backend()
+        before = backend.syncs()
+        self.native_table = backend.table(coords, trusted=trusted)
+        self._table = self.native_table if backend is backends.CPU else None
         n = coords.shape[0]
-        _record_map("table", route, before, map_kind=None, n_in=n, n_out=n, k=1, edges=0)
+        _record_map("table", backend, before, map_kind=None, n_in=n, n_out=n, k=1, edges=0)
         self._batch_counts = None
         # Batch items declared beyond the last one holding a voxel (empty
         # trailing items): at least ``_declared_batches`` items, and at least
@@ -259,49 +209,25 @@ class CoordinateManager:
             return value
 
     def _build(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind, out_set=None):
-        route = _route_of(src)
-        before = _sync_count(route)
-        rel = self._build_on(src, out_coords, geom, transposed, kind, out_set)
-        _record_map("relation", route, before, map_kind=kind, n_in=rel.n_in, n_out=rel.n_out,
+        backend = src.backend
+        before = backend.syncs()
+        out_table = out_set.native_table if out_set is not None and out_set.backend is backend else None
+        native, views, max_out, max_in, symmetric = backend.relation(
+            src.native_table, out_coords, geom.args(), transposed, kind, out_table)
+        rel = Relation(native, geom, backend.name, views, max_neighbors=max_out, max_in_neighbors=max_in,
+                       symmetric=symmetric)
+        _record_map("relation", backend, before, map_kind=kind, n_in=rel.n_in, n_out=rel.n_out,
                     k=rel.kernel_volume, edges=rel.edges, geometry=geom.args())
         return rel
 
-    def _build_on(self, src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind, out_set=None):
-        if src.metal_table is not None:
-            return Relation(_metal_build(src, out_coords, geom, transposed, kind), geom, metal=True)
-        if src.gpu_table is not None:
-            from . import cuda
-
-            build = cuda.find("cuda.hash_map", "map").run
-            native, max_out, max_in, symmetric = build(src.gpu_table, out_coords, geom.args(), transposed, kind)
-            return Relation(native, geom, gpu=True, max_neighbors=max_out, max_in_neighbors=max_in,
-                            symmetric=symmetric)
-        # The output set's own table, when it was hashed on the CPU, spares
-        # the tiled (size = stride) build hashing the outputs again.
-        out_table = out_set._table if out_set is not None else None
-        native = _ext.build_relation(src.table, out_coords, *geom.args(), transposed, kind, out_table)
-        return Relation(native, geom)
-
     @staticmethod
     def _support(src: CoordinateSet, geom: KernelGeometry, generative: bool):
-        route = _route_of(src)
-        before = _sync_count(route)
-        out = CoordinateManager._support_on(src, geom, generative)
-        _record_map("support", route, before, map_kind="generative" if generative else "forward",
+        backend = src.backend
+        before = backend.syncs()
+        out = backend.support(src.native_table, geom.args(), generative)
+        _record_map("support", backend, before, map_kind="generative" if generative else "forward",
                     n_in=src.size, n_out=out.shape[0], k=geom.volume, edges=0, geometry=geom.args())
         return out
-
-    @staticmethod
-    def _support_on(src: CoordinateSet, geom: KernelGeometry, generative: bool):
-        if src.metal_table is not None:
-            return _metal_support(src, geom, generative)
-        if src.gpu_table is not None:
-            from .cuda import maps
-
-            fn = maps.generative_support if generative else maps.forward_support
-            return fn(src.gpu_table, geom.args())
-        fn = _ext.generative_support if generative else _ext.forward_support
-        return fn(src.table, *geom.args())
 
     def kernel_relation(self, src: CoordinateSet, geom: KernelGeometry):
         """Strided/padded convolution; output = every reachable grid point."""
@@ -361,10 +287,10 @@ class CoordinateManager:
 
     @staticmethod
     def _swapped(fwd: Relation, geom: KernelGeometry) -> Relation:
-        route = "metal.hash_map" if fwd.metal else "cuda.hash_map" if fwd.gpu else "cpu.hash_map"
-        before = _sync_count(route)
+        backend = backends.get(fwd.backend)
+        before = backend.syncs()
         rel = fwd.swapped("transposed", geom)
-        _record_map("relation", route, before, map_kind="transposed", n_in=rel.n_in, n_out=rel.n_out,
+        _record_map("relation", backend, before, map_kind="transposed", n_in=rel.n_in, n_out=rel.n_out,
                     k=rel.kernel_volume, edges=rel.edges, geometry=geom.args(), swapped=True)
         return rel
 
@@ -388,18 +314,3 @@ class CoordinateManager:
             "hits": self.hits,
             "build_seconds": self.build_seconds,
         }
-
-
-# ------------------------------------------------------------ Metal maps
-def _metal_build(src: CoordinateSet, out_coords, geom: KernelGeometry, transposed, kind):
-    """A native relation built by route metal.hash_map."""
-    from . import metal_maps
-
-    return metal_maps.build_relation(src.metal_table, out_coords, geom.args(), transposed, kind)
-
-
-def _metal_support(src: CoordinateSet, geom: KernelGeometry, generative: bool):
-    from . import metal_maps
-
-    fn = metal_maps.generative_support if generative else metal_maps.forward_support
-    return fn(src.metal_table, geom.args())

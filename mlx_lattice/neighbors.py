@@ -15,7 +15,7 @@ z)`` coordinate array, or a :class:`SparseTensor` (its voxel coordinates, in
 its own grid units).
 
 Backends: the C++ CPU search (src/neighbors.cpp) by default; with a CUDA
-GPU as the default device, the kernels of :mod:`mlx_lattice.cuda.neighbors`
+GPU as the default device, the kernels of :mod:`mlx_lattice.backends.cuda.neighbors`
 (the same arrays). The Metal programs (metal/neighbors.metal) are verified
 through the test harness; no runtime primitive dispatches them yet.
 """
@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import mlx.core as mx
 
-from . import _ext
+from . import _ext, backends
 from ._args import FLOAT_DTYPES, INT_DTYPES
 from ._segment import accumulation_dtype, segment_max, segment_sum
 from .tensor import SparseTensor
@@ -116,16 +116,9 @@ def _relation(out) -> NeighborRelation:
 
 
 def _cuda():
-    """mlx_lattice.cuda.neighbors when the default device is a CUDA GPU, else None."""
-    if mx.default_device().type != mx.gpu:
-        return None
-    from . import cuda
-
-    if not cuda.available():
-        return None
-    from .cuda import neighbors
-
-    return neighbors
+    """The CUDA backend's queries when it runs this call, else None (the
+    extension's, which run on the CPU or, on a Mac, as Metal programs)."""
+    return backends.current().neighbor_queries()
 
 
 def knn(queries, points, k: int, *, query_batch=None, point_batch=None) -> NeighborRelation:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import _ext, diagnostics, routes, tuning
+from . import backends, routes, tuning
 from ._args import dtype_name, triple
+from .layout import mapped_weight
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
 from .tensor import SparseTensor, target_set
@@ -83,19 +84,10 @@ def _check(op: str, x, weight, bias, groups=1):
     return tuple(int(k) for k in weight.shape[1:4])
 
 
-def mapped_weight(weight: mx.array) -> mx.array:
-    """(C_out, Kx, Ky, Kz, C_in) -> kernel-major (K, C_in, C_out)."""
-    c_out, kx, ky, kz, c_in = weight.shape
-    return weight.reshape(c_out, kx * ky * kz, c_in).transpose(1, 2, 0)
-
-
 def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False, groups=1):
     """Select (and record) a route, run it and wrap the output."""
-    backend = routes.current_backend()
     # A GPU this install has no kernels for runs the call on the CPU, on record.
-    unusable = diagnostics.backend_fallback(backend)
-    if unusable:
-        backend = "cpu"
+    backend, unusable = backends.executing()
     pointwise = relation_fn is None
     relation: Relation | None = None if pointwise else relation_fn()
     stats = (
@@ -104,7 +96,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
     quantized = isinstance(weight, QuantizedWeight)
     ctx = routes.context(
         op,
-        backend,
+        backend.name,
         map_kind=kind,
         dtype=dtype_name(x.feats.dtype),
         kernel_size=geom.kernel_size,
@@ -126,29 +118,16 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
     probe = tuning.probe(x.feats, weight, relation, groups) if relation is not None else None
     sel = routes.choose(ctx, fallback=unusable, probe=probe)
     route = sel.route
-    native = None
-    if route.uses_relation:
-        if relation is None:
-            # Identity geometry on a route that wants edges: the 1x1x1 relation.
-            relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
-        native = relation._native
-    stream = mx.default_stream(mx.cpu if route.backend == "cpu" else mx.default_device())
-    if route.backend == "cuda":
-        from . import cuda
-
-        view = None if native is None else cuda.view_of(relation)
-        y = cuda.conv(route.name, x.feats, mapped_weight(weight), view, groups, sel.variant)
-    elif quantized:
-        codes, scales, biases = weight.kernel_major()
-        y = _ext.quantized_conv(
-            x.feats, codes, scales, biases, weight.bits, weight.group_size, native,
-            _ext.View.output_major, route.name, stream,
-        )
+    if not route.uses_relation:
+        relation = None
+    elif relation is None:
+        # Identity geometry on a route that wants edges: the 1x1x1 relation.
+        relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
+    runner = backends.get(route.backend)
+    if quantized:
+        y = runner.quantized_conv(route.name, x.feats, weight, relation)
     else:
-        y = _ext.gather_conv(
-            x.feats, mapped_weight(weight), native, _ext.View.output_major, route.name, stream,
-            groups=groups,
-        )
+        y = runner.conv(route.name, x.feats, mapped_weight(weight), relation, groups, sel.variant)
     if bias is not None:
         y = y + bias
     return SparseTensor._from_set(out_set, y, x.manager)

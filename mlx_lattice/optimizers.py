@@ -33,12 +33,12 @@ import mlx.core as mx
 import mlx.optimizers as mopt
 from mlx.utils import tree_map
 
-from . import _ext, routes
+from . import _ext, backends
 
 
 def _fusable(gradient: mx.array, parameter: mx.array, state: dict) -> bool:
     return (
-        routes.current_backend() == "cpu"
+        backends.current().name == "cpu"
         and gradient.dtype == mx.float32
         and parameter.dtype == mx.float32
         and state["m"].dtype == mx.float32

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from . import _ext
+from .backends.base import Views
 
 MAP_KINDS = ("forward", "target", "submanifold", "transposed", "generative")
 
@@ -69,40 +70,27 @@ class Relation:
 
     ``out_offsets`` (N_out + 1) delimits each output row's edges in
     ``in_idx``/``k_idx``. The input-major and kernel-major views, ``out_idx``
-    and the dense ``neighbor_map`` (N_out, K) are built on first use and kept.
-    A relation built on CUDA (``gpu``) builds them there too, from its
-    neighbour map (mlx_lattice/cuda/plans.py), with the same arrays; its
-    largest row counts (``max_neighbors``: output rows, ``max_in_neighbors``:
-    input rows) come with it, read in the synchronisation of its size, so
-    that nothing reads its arrays on the host. ``symmetric`` (set by the CUDA
-    builder): edge (q, p, k) exists exactly when (p, q, K - 1 - k) does (a
-    centred odd kernel at stride 1 onto the same rows), so input gradients
-    can run on this relation with the kernel offsets mirrored. One built on
-    Metal (``metal``) carries its views in its native relation, made by the
-    Metal map programs (mlx_lattice/metal_maps.py), and so does its swapped
-    relation.
+    and the sorted plan are built on first use and kept, by the backend that
+    built the relation (``backend``), and read through its views object
+    (mlx_lattice/backends/base.py ``Views``) the same way on every backend.
+    A relation whose builder read its largest row counts (``max_neighbors``:
+    output rows, ``max_in_neighbors``: input rows) in the synchronisation of
+    its size carries them, so that nothing reads its arrays on the host.
+    ``symmetric``: edge (q, p, k) exists exactly when (p, q, K - 1 - k) does
+    (a centred odd kernel at stride 1 onto the same rows), so input
+    gradients can run on this relation with the kernel offsets mirrored.
     """
 
-    def __init__(self, native, geometry: KernelGeometry, gpu: bool = False, metal: bool = False,
-                 max_neighbors: int | None = None, max_in_neighbors: int | None = None, plans=None,
+    def __init__(self, native, geometry: KernelGeometry, backend: str = "cpu", views=None,
+                 max_neighbors: int | None = None, max_in_neighbors: int | None = None,
                  symmetric: bool = False):
         self._native = native
         self.geometry = geometry
-        self.metal = metal
+        self.backend = backend
         self.symmetric = symmetric
         self._stats = None
-        self._plans = None
+        self._views = Views(native) if views is None else views
         self._max = (max_neighbors, max_in_neighbors)
-        if gpu:
-            from .cuda.plans import Plans
-
-            if max_neighbors is None or max_in_neighbors is None:
-                raise ValueError("a relation built on CUDA needs its max_neighbors and max_in_neighbors")
-            self._plans = Plans(native) if plans is None else plans
-
-    @property
-    def gpu(self) -> bool:
-        return self._plans is not None
 
     kind = property(lambda self: self._native.kind)
     n_in = property(lambda self: self._native.n_in)
@@ -116,21 +104,21 @@ class Relation:
 
     @property
     def out_idx(self) -> mx.array:
-        return self._plans.out_idx() if self.gpu else self._native.out_idx
+        return self._views.out_idx()
 
     def input_major(self) -> InputMajorView:
-        return InputMajorView(*(self._plans.input_major() if self.gpu else self._native.input_major()))
+        return InputMajorView(*self._views.input_major())
 
     def kernel_major(self) -> KernelMajorView:
-        return KernelMajorView(*(self._plans.kernel_major() if self.gpu else self._native.kernel_major()))
+        return KernelMajorView(*self._views.kernel_major())
 
     def sorted_plan(self) -> SortedPlan:
-        arrays = self._plans.sorted_plan() if self.gpu else self._native.sorted_plan()
-        return SortedPlan(*arrays, tile=_ext.Relation.plan_tile)
+        return SortedPlan(*self._views.sorted_plan(), tile=_ext.Relation.plan_tile)
 
     def stats(self) -> dict:
         if self._stats is None:
             n_out = self.n_out
+            known = self._max[0]
             self._stats = {
                 "kind": self.kind,
                 "edges": self.edges,
@@ -138,20 +126,15 @@ class Relation:
                 "n_out": n_out,
                 "k": self.kernel_volume,
                 "mean_neighbors": self.edges / n_out if n_out else 0.0,
-                "max_neighbors": self._max[0] if self.gpu else self._native.max_neighbors,
+                "max_neighbors": known if known is not None else self._native.max_neighbors,
             }
         return dict(self._stats)
 
     def swapped(self, kind: str, geometry: KernelGeometry) -> "Relation":
-        if self.gpu:
-            native, plans = self._plans.swapped(kind)
-            return Relation(native, geometry, gpu=True, plans=plans,
-                            max_neighbors=self._max[1], max_in_neighbors=self._max[0])
-        if self.metal:
-            from . import metal_maps
-
-            return Relation(metal_maps.swapped(self._native, kind, geometry.args()), geometry, metal=True)
-        return Relation(self._native.swapped(kind), geometry)
+        """The relation with input and output roles exchanged, labelled ``kind``."""
+        native, views = self._views.swapped(kind, geometry)
+        return Relation(native, geometry, self.backend, views,
+                        max_neighbors=self._max[1], max_in_neighbors=self._max[0])
 
     def __repr__(self) -> str:
         s = self.stats()

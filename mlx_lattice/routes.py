@@ -6,7 +6,7 @@ which route another would take.
 
 Each route name is a key of its backend's table: ``src/cpu/routes.cpp``,
 ``src/metal/<family>.cpp`` (beside ``metal/<family>.metal``) and
-``mlx_lattice/cuda/routes.py``; a test keeps the tables and this registry
+``mlx_lattice/backends/cuda/routes.py``; a test keeps the tables and this registry
 naming the same routes.
 
 ``python -m mlx_lattice routes --markdown`` prints docs/routes.md.
@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
-import mlx.core as mx
 
-from . import _ext, diagnostics
+from . import _ext, backends, diagnostics
 
 BACKENDS = ("cpu", "metal", "cuda")
 DIRECTIONS = ("forward", "dgrad", "wgrad")
@@ -93,10 +92,10 @@ class Route:
         if self.backend == "metal":
             return "src/metal/" + self.kernel_file.split("/")[-1].replace(".metal", ".cpp")
         if self.passes == ("map",) and self.backend == "cpu":
-            return "mlx_lattice/manager.py"
+            return "mlx_lattice/backends/cpu.py"
         if self.backend == "cpu":
             return "src/cpu/routes.cpp"
-        return "mlx_lattice/cuda/routes.py"
+        return "mlx_lattice/backends/cuda/routes.py"
 
     @property
     def predicate(self) -> str:
@@ -220,15 +219,9 @@ def context(op: str, backend: str, **fields) -> RouteContext:
     """The RouteContext of a call on `backend`: the one place that derives the
     capability tier and whether TensorOps kernels can run (the GPU's tier and
     this build's Metal 4 library)."""
-    tensor_ops = (
-        backend == "metal"
-        and diagnostics.metal_capabilities()["tensor_ops"]
-        and _ext.metal_tensor_ops_kernels()
-    )
-    return RouteContext(
-        op=op, backend=backend, tier=diagnostics.capability_tier(backend),
-        tensor_ops=bool(tensor_ops), **fields,
-    )
+    device = backends.get(backend)
+    tensor_ops = backend == "metal" and device.tensor_ops()
+    return RouteContext(op=op, backend=backend, tier=device.tier(), tensor_ops=bool(tensor_ops), **fields)
 
 
 # The route tuner (mlx_lattice/tuning.py) installs itself here: given the
@@ -246,7 +239,7 @@ def set_choice_hook(hook: Callable | None) -> None:
 def choose(ctx: RouteContext, fallback: str | None = None, probe=None) -> Selection:
     """Select ctx's route and record the choice (with the rejected routes and
     any fallback) in the diagnostics log. ``fallback``: why the call already
-    left its device (diagnostics.backend_fallback: a GPU without this build's
+    left its device (backends.executing: a GPU without this build's
     kernels). The static selection goes through the route tuner, which may
     take another eligible route (a cached or measured choice, or one named
     explicitly); ``probe``: the call's data, for the tuner to measure on."""
@@ -604,13 +597,13 @@ register(Route(
 
 register(Route(
     name="cuda.grouped_fetch_on_demand", backend="cuda", priority=0, conditions=(DENSE,),
-    grouped=True, passes=("forward", "dgrad"), kernel_file="mlx_lattice/cuda/kernels.py",
+    grouped=True, passes=("forward", "dgrad"), kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="one thread per (row, output channel) over the CSR edges, reading the C_in / groups "
     "input channels of its group",
 ))
 register(Route(
     name="cuda.grouped_wgrad", backend="cuda", priority=0, conditions=(DENSE,),
-    grouped=True, passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
+    grouped=True, passes=("wgrad",), kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over the "
     "kernel-major edges",
 ))
@@ -627,32 +620,32 @@ K_LE_64 = _cond("K <= 64", lambda c: c.k <= 64)
 register(Route(
     name="cuda.pointwise", backend="cuda", priority=100,
     conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, HALF),
-    passes=("forward", "dgrad"), uses_relation=False, kernel_file="mlx_lattice/cuda/routes.py",
+    passes=("forward", "dgrad"), uses_relation=False, kernel_file="mlx_lattice/backends/cuda/routes.py",
     summary="x @ W[0] with mx.matmul (cuBLAS); half precision only, since float32 matmul "
     "may run in TF32",
 ))
 register(Route(
     name="cuda.sorted_mma", backend="cuda", priority=80,
     conditions=(DENSE, HALF, MMA_CHANNELS, K_LE_64), passes=("forward", "dgrad"),
-    kernel_file="mlx_lattice/cuda/kernels.py",
+    kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="output-stationary implicit GEMM on tensor cores (WMMA 16x16x16, fp32 accumulation) "
     "over the sorted plan, 64 rows by up to 128 output channels per block; offsets absent from "
     "a 64-row tile's mask are skipped",
 ))
 register(Route(
     name="cuda.fetch_on_demand", backend="cuda", priority=0, conditions=(DENSE,),
-    passes=("forward", "dgrad"), kernel_file="mlx_lattice/cuda/kernels.py",
+    passes=("forward", "dgrad"), kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="one thread per (row, output channel) over the CSR edges",
 ))
 register(Route(
     name="cuda.wgrad_mma", backend="cuda", priority=80,
-    conditions=(DENSE, HALF, MMA_CHANNELS), passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
+    conditions=(DENSE, HALF, MMA_CHANNELS), passes=("wgrad",), kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="per-offset X^T G on tensor cores over edge chunks (256 edges at 128 x 128 channels, "
     "longer for wider), up to 128 x 128 of dW per block, partial sums reduced in order",
 ))
 register(Route(
     name="cuda.wgrad_direct", backend="cuda", priority=0, conditions=(DENSE,),
-    passes=("wgrad",), kernel_file="mlx_lattice/cuda/kernels.py",
+    passes=("wgrad",), kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="one thread per weight element over the kernel-major edges",
 ))
 
@@ -668,7 +661,7 @@ register(Route(
 ))
 register(Route(
     name="cuda.hash_map", backend="cuda", priority=0, conditions=(), passes=("map",),
-    kernel_file="mlx_lattice/cuda/maps.py",
+    kernel_file="mlx_lattice/backends/cuda/maps.py",
     summary="atomicCAS table on packed keys; one thread per (row, offset), symmetric half lookup; "
     "count then fill with one host sync per map; arrays equal to cpu.hash_map's",
 ))
@@ -689,7 +682,7 @@ def autodiff_context(q: dict, backend: str | None = None) -> RouteContext:
     pointwise = q["kind"] == "pointwise"
     return context(
         f"{q['direction']} of {q['from_route']}",
-        (backend or current_backend()) if q["gpu"] else "cpu",
+        (backend or backends.current().name) if q["gpu"] else "cpu",
         map_kind="forward" if pointwise else q["kind"],
         dtype=q["dtype"],
         kernel_size=(1, 1, 1) if pointwise else None,
@@ -704,18 +697,6 @@ def _autodiff_route(q: dict) -> str:
 
 
 _ext.set_route_hook(_autodiff_route)
-
-
-def current_backend(stream=None) -> str:
-    device = stream.device if stream is not None else mx.default_device()
-    if device.type == mx.cpu:
-        return "cpu"
-    if mx.metal.is_available():
-        return "metal"
-    cuda = getattr(mx, "cuda", None)
-    if cuda is not None and cuda.is_available():
-        return "cuda"
-    return "cpu"
 
 
 def markdown() -> str:

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 import mlx.core as mx
 
-from . import _ext, diagnostics, routes
+from . import _ext, backends, diagnostics, routes
 from .tuning_cache import TuningCache
 
 MODES = ("off", "cached", "tune")
@@ -346,13 +346,7 @@ def _pointwise(ctx: routes.RouteContext) -> bool:
 
 
 def _variants(route: routes.Route, ctx: routes.RouteContext) -> list[dict]:
-    if route.backend == "cuda":
-        from .cuda import routes as cuda_table
-
-        return cuda_table.variants(route.name, ctx.c_in, ctx.c_out)
-    # The CPU and Metal routes choose their tiles inside the extension: no
-    # variant of theirs can be asked for from here.
-    return [{}]
+    return backends.get(route.backend).variants(route.name, ctx.c_in, ctx.c_out)
 
 
 def candidates(ctx: routes.RouteContext, static: routes.Route | None = None) -> list[Candidate]:
@@ -571,7 +565,7 @@ class CallProbe:
         if ctx.backend == "cuda":
             from types import SimpleNamespace
 
-            from .cuda import autodiff as cad
+            from .backends.cuda import autodiff as cad
 
             # The input gradient's view (the relation swapped, or the same
             # one where it is symmetric) as _context reads it, unbuilt.
@@ -604,13 +598,13 @@ class CallProbe:
             mx.eval(codes, scales, biases)
             d["codes"], d["extra"] = codes, (scales, biases, self.weight.bits, self.weight.group_size)
         else:
-            from .ops import mapped_weight
+            from .layout import mapped_weight
 
             w = _concrete(mapped_weight(self.weight), 2)
             d["w"], d["ct"] = w, _synthetic((self.relation.n_out, w.shape[2]), d["x"].dtype, 3)
             if ctx.backend == "cuda":
-                from .cuda import autodiff as cad
-                from .cuda import view_of
+                from .backends.cuda import autodiff as cad
+                from .backends.cuda import view_of
 
                 view = view_of(self.relation)
                 wt = cad._transpose(w, self.groups)
@@ -626,7 +620,7 @@ class CallProbe:
         d, g, rel = self._prepare(ctx), self.groups, self.relation
         x = d["x"]
         if ctx.backend == "cuda":
-            from .cuda import autodiff as cad
+            from .backends.cuda import autodiff as cad
 
             if i == 0:
                 return cad._run(route, "conv", g, x, d["w"], d["view"], variant=kw)

@@ -15,7 +15,7 @@ for _pass in ("FORWARD", "DGRAD", "WGRAD"):
     os.environ.pop(f"MLX_LATTICE_ROUTE_{_pass}", None)
 
 import mlx_lattice as ml
-from mlx_lattice import cuda
+from mlx_lattice.backends import cuda
 
 
 @pytest.fixture

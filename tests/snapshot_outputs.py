@@ -81,12 +81,21 @@ def _maps(out: dict) -> None:
         out[f"map/{name}/stats"] = np.array([r.stats()[k] for k in ("edges", "n_in", "n_out", "max_neighbors")])
 
 
+def _backend() -> str:
+    try:
+        from mlx_lattice import backends
+
+        return backends.current().name
+    except ImportError:  # a tree from before the backends package
+        return routes.current_backend()
+
+
 def _forward_routes(backend: str) -> list[str]:
     return [r["name"] for r in routes.list_routes() if r["backend"] == backend and "forward" in r["passes"]]
 
 
 def _conv_calls(out: dict) -> None:
-    backend = routes.current_backend()
+    backend = _backend()
     coords = _scene(1, 900, 9)
     rng = np.random.default_rng(2)
     cases = [
@@ -183,7 +192,7 @@ def record(path: str) -> None:
         pathlib.Path(path).write_text(json.dumps(digests, indent=0, sort_keys=True))
     else:
         np.savez(path, **out)
-    print(f"{len(out)} arrays on {routes.current_backend()} -> {path}")
+    print(f"{len(out)} arrays on {_backend()} -> {path}")
 
 
 def _load(path: str) -> dict:

@@ -309,8 +309,11 @@ def test_gpu_call_without_metallib_runs_on_the_cpu_on_record(monkeypatch):
     with mx.stream(mx.cpu):  # the fallback's result: the CPU route's, bit for bit
         expected = np.array(ops.subm_conv3d(x, w).feats)
 
-    monkeypatch.setattr(routes, "current_backend", lambda stream=None: "metal")
-    monkeypatch.setattr(diagnostics, "build_info", lambda: {
+    from mlx_lattice import backends
+    from mlx_lattice.backends import build, metal
+
+    monkeypatch.setattr(backends, "current", lambda stream=None: backends.get("metal"))
+    monkeypatch.setattr(build, "build_info", lambda: {
         "metal_built": False, "metal_reason": "no Metal toolchain here", "tensorops_built": False})
     with diagnostics.record() as log:
         y = ops.subm_conv3d(x, w)
@@ -321,9 +324,9 @@ def test_gpu_call_without_metallib_runs_on_the_cpu_on_record(monkeypatch):
         "mlx_lattice.metallib unavailable: no Metal toolchain here; running on the CPU")
 
     # with a usable library the same call would stay on the GPU
-    monkeypatch.setattr(diagnostics, "metal_unavailable_reason", lambda: None)
-    assert diagnostics.backend_fallback("metal") is None
-    assert diagnostics.backend_fallback("cpu") is None and diagnostics.backend_fallback("cuda") is None
+    monkeypatch.setattr(metal, "metal_unavailable_reason", lambda: None)
+    assert backends.get("metal").unusable_reason() is None
+    assert backends.CPU.unusable_reason() is None and backends.get("cuda").unusable_reason() is None
 
 
 def test_import_without_an_mlx_backend_says_what_to_install():

@@ -117,7 +117,7 @@ def test_float32_routes_accumulate_in_float32(rng):
 def test_symmetric_input_gradient_needs_no_flipped_view(rng):
     # A centred odd submanifold relation: the input gradient runs on the same
     # view with mirrored offsets (its correctness: the test above).
-    from mlx_lattice import cuda
+    from mlx_lattice.backends import cuda
 
     x, w, fn, edges, sup = case(rng, "subm", 32, 32, mx.float16)
     mx.eval(mx.grad(lambda f: fn(x.replace(f), w).feats.astype(mx.float32).sum())(x.feats))

@@ -1,10 +1,10 @@
-"""The CUDA kernels' on-disk cache (mlx_lattice/cuda/jit.py): what it
+"""The CUDA kernels' on-disk cache (mlx_lattice/backends/cuda/jit.py): what it
 compiles, and where it keeps it. Compiling and launching need a GPU
 (tests/test_cuda*.py run them there); these check the parts that do not."""
 
 import mlx.core as mx
 
-from mlx_lattice.cuda import jit
+from mlx_lattice.backends.cuda import jit
 
 
 def test_specialised_source_matches_mlx_signature_order():

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
-from mlx_lattice import _ext, cuda
+from mlx_lattice import _ext
+from mlx_lattice.backends import cuda
 from mlx_lattice.manager import CoordinateManager
 
 from conftest import assert_same, needs_cuda, voxel_cloud
@@ -13,7 +14,7 @@ from conftest import assert_same, needs_cuda, voxel_cloud
 pytestmark = needs_cuda
 
 if cuda.available():
-    from mlx_lattice.cuda import maps
+    from mlx_lattice.backends.cuda import maps
 
 
 def same_relation(g, c):
@@ -193,7 +194,7 @@ def test_manager_synchronisations(rng, on_gpu):
     strided map: two (support size, relation size), its output set none; a
     submanifold map: one; a transposed map onto the encoder set, the swapped
     relation and every plan of a layer: none."""
-    from mlx_lattice import cuda as cuda_routes
+    from mlx_lattice.backends import cuda as cuda_routes
     from mlx_lattice.relation import KernelGeometry
 
     m = CoordinateManager()

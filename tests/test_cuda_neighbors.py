@@ -1,4 +1,4 @@
-"""Neighbour queries on CUDA (mlx_lattice/cuda/neighbors.py) against the
+"""Neighbour queries on CUDA (mlx_lattice/backends/cuda/neighbors.py) against the
 CPU search and brute force.
 
 On a CUDA GPU (the default device set to it) ``neighbors.knn`` and

@@ -1,5 +1,5 @@
 """Batch / instance norm + activation (+ residual) as CUDA kernels
-(mlx_lattice/cuda/norm.py) against a float64 NumPy oracle written here and
+(mlx_lattice/backends/cuda/norm.py) against a float64 NumPy oracle written here and
 against the MLX-op path of the same layers. Skipped without a CUDA device,
 but for the argument checks, which run before any kernel.
 
@@ -15,7 +15,7 @@ import mlx.nn as mnn
 from mlx.utils import tree_flatten
 
 from mlx_lattice import SparseTensor, nn
-from mlx_lattice.cuda import norm as cuda_norm
+from mlx_lattice.backends.cuda import norm as cuda_norm
 from mlx_lattice.cuda.step_profile import graph_nodes
 from mlx_lattice.models import MinkUNet
 from mlx_lattice.network_bench import fused_norms

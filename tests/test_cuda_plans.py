@@ -1,4 +1,4 @@
-"""What a layer needs beyond the relation, built on CUDA (mlx_lattice/cuda/
+"""What a layer needs beyond the relation, built on CUDA (mlx_lattice/backends/cuda/
 plans.py), against the CPU relation's arrays: expanded rows, kernel-major and
 input-major views, the swapped relation, the sorted plan; the weight-gradient
 chunks against a NumPy walk over the kernel-major offsets."""
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
-from mlx_lattice import _ext, cuda
+from mlx_lattice import _ext
+from mlx_lattice.backends import cuda
 from mlx_lattice.relation import KernelGeometry, Relation
 
 from conftest import assert_same, needs_cuda, voxel_cloud
@@ -15,7 +16,7 @@ from conftest import assert_same, needs_cuda, voxel_cloud
 pytestmark = needs_cuda
 
 if cuda.available():
-    from mlx_lattice.cuda import maps, plans
+    from mlx_lattice.backends.cuda import maps, plans
 
 
 def same_views(g: Relation, c: Relation):

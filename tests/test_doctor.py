@@ -10,7 +10,9 @@ import pytest
 
 import mlx_lattice as ml
 from mlx_lattice import __main__ as cli
-from mlx_lattice import _ext, diagnostics, doctor, routes
+from mlx_lattice import _ext, backends, diagnostics, doctor, routes
+from mlx_lattice.backends import build as build_record
+from mlx_lattice.backends import metal as metal_backend
 
 NO_TOOLCHAIN = (
     "the Metal compiler does not run (error: cannot execute tool 'metal' due to missing Metal "
@@ -61,7 +63,7 @@ def test_cpu_isa_names_the_active_path_and_the_built_ones():
 
 
 @pytest.fixture
-def mac(monkeypatch, tmp_path):
+def mac(monkeypatch, tmp_path, request):
     """A simulated Apple10 Mac on macOS 26.2 whose GPU is MLX's default device;
     ``mac(files=..., **build_info)`` sets what the install holds."""
 
@@ -71,14 +73,17 @@ def mac(monkeypatch, tmp_path):
         build = {"system": "Darwin", "nanobind_version": "3.1.0", "nanobind_abi": "x",
                  "metal_built": True, "metal_reason": "", "tensorops_built": True, "tensorops_reason": ""}
         build.update(info)
-        monkeypatch.setattr(diagnostics, "build_info", lambda: build)
-        monkeypatch.setattr(diagnostics, "_package_dir", lambda: tmp_path)
-        monkeypatch.setattr(diagnostics, "_gpu_architecture", lambda: "applegpu_g17s")
-        monkeypatch.setattr(diagnostics.platform, "mac_ver", lambda: ("26.2", ("", "", ""), "arm64"))
+        metal = backends.get("metal")
+        monkeypatch.setattr(build_record, "build_info", lambda: build)
+        monkeypatch.setattr(build_record, "package_dir", lambda: tmp_path)
+        monkeypatch.setattr(metal_backend, "gpu_architecture", lambda: "applegpu_g17s")
+        monkeypatch.setattr(metal_backend.platform, "mac_ver", lambda: ("26.2", ("", "", ""), "arm64"))
+        metal.refresh()  # the device facts are asked once per process: ask again
+        request.addfinalizer(metal.refresh)
         monkeypatch.setattr(_ext, "metal_available", lambda: build["metal_built"])
         monkeypatch.setattr(_ext, "metal_tensor_ops_kernels", lambda: build["tensorops_built"])
         monkeypatch.setattr(doctor, "machine_backends", lambda: {"metal": True, "cuda": False})
-        monkeypatch.setattr(routes, "current_backend", lambda stream=None: "metal")
+        monkeypatch.setattr(backends, "current", lambda stream=None: metal)
         return tmp_path
 
     return setup

@@ -49,13 +49,15 @@ def test_route_tables_name_exactly_the_registry_routes():
     # Each route is defined once per backend: the C++ tables (CPU, Metal) and
     # the CUDA table hold one entry per registry route and nothing else, under
     # the primitive the registry implies, in the file the registry names.
-    from mlx_lattice import _ext, cuda
+    from mlx_lattice import _ext
+    from mlx_lattice.backends import cuda
 
     native = dict(_ext.native_routes())
     assert len(native) == len(_ext.native_routes()), "a route is defined twice"
-    from mlx_lattice.manager import MAP_ROUTES
+    from mlx_lattice import backends
 
-    tables = {**native, **MAP_ROUTES, **{name: r.op for name, r in cuda.ROUTES.items()}}
+    map_routes = {backends.get(b).map_route: "map" for b in ("cpu", "metal")}
+    tables = {**native, **map_routes, **{name: r.op for name, r in cuda.ROUTES.items()}}
     registry = {r.name: r for r in routes._REGISTRY.values()}
     assert set(tables) == set(registry)
     for name, route in registry.items():
@@ -66,7 +68,8 @@ def test_route_tables_name_exactly_the_registry_routes():
 
 
 def test_route_tables_refuse_unknown_routes_and_wrong_primitives():
-    from mlx_lattice import _ext, cuda
+    from mlx_lattice import _ext
+    from mlx_lattice.backends import cuda
 
     with pytest.raises(ValueError, match="no CUDA route named 'cuda.nonexistent'"):
         cuda.find("cuda.nonexistent", "conv")

@@ -216,8 +216,8 @@ def test_candidates_are_eligible_routes_static_first(ctx):
 
 
 def test_cuda_candidates_enumerate_tile_shapes():
-    from mlx_lattice.cuda import routes as table
-    from mlx_lattice.cuda.kernels import sorted_mma_shared_bytes
+    from mlx_lattice.backends.cuda import routes as table
+    from mlx_lattice.backends.cuda.kernels import sorted_mma_shared_bytes
 
     fwd = tuning.candidates(cuda_ctx(c_in=64, c_out=128))
     assert fwd[:2] == [tuning.Candidate("cuda.sorted_mma"), tuning.Candidate("cuda.fetch_on_demand")]
@@ -558,8 +558,8 @@ class _Plan:
 
 
 def test_cuda_variants_reach_the_kernels(monkeypatch):
-    from mlx_lattice.cuda import autodiff, kernels
-    from mlx_lattice.cuda import routes as table
+    from mlx_lattice.backends.cuda import autodiff, kernels
+    from mlx_lattice.backends.cuda import routes as table
 
     launched = []
 
@@ -608,15 +608,16 @@ def test_cuda_variants_reach_the_kernels(monkeypatch):
 
 
 def test_ops_pass_a_cached_variant_to_the_cuda_route(rng, monkeypatch, cache_file):
-    from mlx_lattice import cuda
+    from mlx_lattice.backends import cuda
 
     coords = oracle.random_coords(rng, 200, 7, 1)
     x = ml.SparseTensor(coords, mx.zeros((len(coords), 64), mx.float16))
     w = mx.zeros((64, 3, 3, 3, 64), mx.float16)
     calls = []
-    monkeypatch.setattr(routes, "current_backend", lambda stream=None: "cuda")
-    monkeypatch.setattr(cuda, "view_of", lambda rel: rel)
-    monkeypatch.setattr(cuda, "conv", lambda route, f, wm, view, groups, variant=None:
+    from mlx_lattice import backends
+
+    monkeypatch.setattr(backends, "current", lambda stream=None: cuda.BACKEND)
+    monkeypatch.setattr(cuda.BACKEND, "conv", lambda route, f, wm, rel, groups, variant=None:
                         calls.append((route, variant)) or mx.zeros((len(coords), 64), mx.float16))
     with tuning.using(mode="off"), diagnostics.record() as log:
         ops.subm_conv3d(x, w)

@@ -9,7 +9,7 @@ On the CPU and on a Metal GPU, ``BatchNorm`` and ``InstanceNorm`` run as one
 fused primitive (statistics, normalisation, an optional residual add and a
 ReLU / LeakyReLU: see :func:`norm_act`), with its own backward pass. On MLX's
 CUDA backend the same contract runs as a few CUDA kernels
-(``mlx_lattice.cuda.norm``: three forward, one in eval mode, and three
+(``mlx_lattice.backends.cuda.norm``: three forward, one in eval mode, and three
 backward, with a closed-form backward pass). With other activations they are
 MLX ops.
 """
@@ -20,7 +20,7 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as mnn
 
-from .. import _ext, routes
+from .. import _ext, backends
 from .._segment import accumulation_dtype, segment_sum
 from ..tensor import SparseTensor
 from ._feature import on_features
@@ -47,7 +47,7 @@ def _fused_activation(act):
 
 
 def _fusable(f: mx.array, act) -> bool:
-    backend = routes.current_backend()
+    backend = backends.current().name
     return (
         (
             (backend == "cpu" and FUSED_ON_CPU)
@@ -62,11 +62,7 @@ def _fusable(f: mx.array, act) -> bool:
 def _fused_op():
     """The fused norm_act of the current backend (``_ext.norm_act``'s
     arguments and results)."""
-    if routes.current_backend() == "cuda":
-        from ..cuda import norm
-
-        return norm.norm_act
-    return _ext.norm_act
+    return backends.current().fused_norm()
 
 
 def _affine(norm, c):
@@ -176,7 +172,7 @@ class BatchNorm(mnn.Module):
         single-threaded nodes per norm into the step's graph)."""
         mu = self.momentum
         rm, rv = self.running_mean, self.running_var
-        if routes.current_backend() == "cpu" and rm.dtype == mx.float32 and rv.dtype == mx.float32:
+        if backends.current().name == "cpu" and rm.dtype == mx.float32 and rv.dtype == mx.float32:
             self.running_mean, self.running_var = _ext.running_stats(rm, rv, mean, var, 1 - mu, mu, n / (n - 1))
             return
         mean, var = mx.stop_gradient(mean[0]), mx.stop_gradient(var[0])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as mnn
 
-from .. import ops
+from .. import backends, ops
 from ..quantized import QuantizedWeight
 from ..tensor import SparseTensor
 from .convolution import Conv3d, ConvTranspose3d, GenerativeConvTranspose3d, Linear, SubmConv3d, _ConvBase
@@ -143,8 +143,7 @@ class QuantizedLinear(mnn.Module):
 
 
 def _cuda_default() -> bool:
-    cuda = getattr(mx, "cuda", None)
-    return mx.default_device().type == mx.gpu and cuda is not None and cuda.is_available()
+    return backends.current().name == "cuda"
 
 
 # Most specific classes first (SubmConv3d etc. are not subclasses of Conv3d,

@@ -1,4 +1,4 @@
-"""Route metal.hash_map: the run-time path of mlx_lattice/metal_maps.py.
+"""Route metal.hash_map: the run-time path of mlx_lattice/backends/metal/maps.py.
 
 On a Metal GPU each step is an array of the MetalMapStep primitive, whose
 eval_gpu encodes _ext.metal_map_program(step, ...) into an output of
@@ -16,13 +16,15 @@ too. The selection predicate is checked on its own.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
 import mlx_lattice as ml
-from mlx_lattice import _ext, manager, metal_maps
+from mlx_lattice import _ext, backends, manager
+from mlx_lattice.backends.metal import maps as metal_maps
 from mlx_lattice.relation import KernelGeometry
 
 import metal_programs
@@ -32,11 +34,11 @@ from test_metal_maps import garbage, run_step, t3
 pytestmark = metal_programs.MARKS
 
 
-@pytest.fixture(autouse=True)
-def no_cuda_maps(monkeypatch):
-    """The Metal path is a Mac's: where MLX also sees a CUDA GPU, its map
-    route would come first."""
-    monkeypatch.setattr(manager, "_cuda_maps", lambda: False)
+def use_metal_maps(monkeypatch, metal: bool = True) -> None:
+    """Maps built by the Metal backend (as on a Mac whose GPU is the default
+    device), or by the CPU backend."""
+    backend = backends.get("metal") if metal else backends.CPU
+    monkeypatch.setattr(manager, "map_backend", lambda: backend)
 if metal_programs.BACKEND == "metal":
     pytestmark = pytestmark + [pytest.mark.skip(reason="map programs run through the CPU harness only")]
 
@@ -232,14 +234,14 @@ def test_manager_uses_the_metal_path(monkeypatch, steps):
     gen = KernelGeometry((2, 2, 2), stride=(2, 2, 2))
 
     def build(metal):
-        monkeypatch.setattr(metal_maps, "available", lambda: metal)
+        use_metal_maps(monkeypatch, metal)
         assert manager.map_route() == ("metal.hash_map" if metal else "cpu.hash_map")
         m = ml.CoordinateManager()
         s = m.register(coords)
-        assert (s.metal_table is not None) == metal and (s._table is None) == metal
+        assert (s.backend.name == "metal") == metal and (s._table is None) == metal
         rels, sets = [m.submanifold_kernel_relation(s, sub)], []
         rel, out = m.kernel_relation(s, down)
-        assert (out.metal_table is not None) == metal
+        assert (out.backend.name == "metal") == metal
         rels.append(rel)
         sets.append(out)
         rels.append(m.transposed_kernel_relation(out, sub)[0])
@@ -258,7 +260,7 @@ def test_manager_uses_the_metal_path(monkeypatch, steps):
     for g, c in zip(gpu_sets, cpu_sets, strict=True):
         np.testing.assert_array_equal(np.array(g.coords), np.array(c.coords))
     for g, c in zip(gpu_rels, cpu_rels, strict=True):
-        assert g.metal and not c.metal and not g.gpu
+        assert g.backend == "metal" and c.backend == "cpu"
         assert_same_relation(g._native, c._native, g.kind)
         for view in ("input_major", "kernel_major", "sorted_plan"):  # through the Python views too
             a, b = dataclasses.asdict(getattr(g, view)()), dataclasses.asdict(getattr(c, view)())
@@ -272,20 +274,25 @@ def test_manager_uses_the_metal_path(monkeypatch, steps):
 def test_selection_predicate(monkeypatch):
     """metal.hash_map only when the default device is a GPU, MLX runs Metal
     and the build has the Metal kernels; never on this Linux build."""
-    import mlx_lattice.metal_maps as mm
+    from mlx_lattice.backends import build
 
+    metal = backends.get("metal")
     if not mx.metal.is_available():
-        assert not mm.available()
         assert manager.map_route() in ("cpu.hash_map", "cuda.hash_map")
         s = ml.CoordinateManager().register(mx.array(np.zeros((1, 4), np.int32)))
-        assert s.metal_table is None
+        assert s.backend.name != "metal"
+    monkeypatch.setattr(backends.get("cuda"), "available", lambda: False)
     for gpu_device in (False, True):
-        for metal in (False, True):
+        for on_metal in (False, True):
             for built in (False, True):
                 monkeypatch.setattr(mx, "default_device", lambda g=gpu_device: mx.Device(mx.gpu if g else mx.cpu))
-                monkeypatch.setattr(mx.metal, "is_available", lambda m=metal: m)
+                monkeypatch.setattr(metal, "available", lambda m=on_metal: m)
+                monkeypatch.setattr(build, "build_info", lambda b=built: {"metal_built": b, "metal_reason": "x"})
+                monkeypatch.setattr(build, "package_dir", lambda: pathlib.Path(_ext.__file__).parent)
                 monkeypatch.setattr(_ext, "metal_available", lambda b=built: b)
-                assert mm.available() == (gpu_device and metal and built)
+                monkeypatch.setattr(pathlib.Path, "is_file", lambda self: True)
+                expect = "metal.hash_map" if gpu_device and on_metal and built else "cpu.hash_map"
+                assert manager.map_route() == expect
 
 
 def test_step_primitive_needs_a_metal_stream():
@@ -438,7 +445,7 @@ def test_layers_on_metal_maps_match_cpu_maps(monkeypatch, steps):
 
     results = []
     for metal in (False, True):
-        monkeypatch.setattr(metal_maps, "available", lambda m=metal: m)
+        use_metal_maps(monkeypatch, metal)
         mgr = ml.CoordinateManager()
         steps.steps.clear()
         loss, grads = mx.value_and_grad(net, argnums=tuple(range(6)))(feats, *w)
@@ -455,7 +462,7 @@ def test_map_records(monkeypatch, steps):
     the views), one per swapped relation, none for an empty set."""
     from mlx_lattice import diagnostics
 
-    monkeypatch.setattr(metal_maps, "available", lambda: True)
+    use_metal_maps(monkeypatch)
     rng = np.random.default_rng(70)
     coords = mx.array(oracle.random_coords(rng, 150, 7, batches=2))
     down = KernelGeometry((2, 2, 2), stride=(2, 2, 2))
@@ -476,7 +483,7 @@ def test_map_records(monkeypatch, steps):
     assert all(r["route"] == "metal.hash_map" and r["backend"] == "metal" for r in log)
     fwd, tr = log[4], log[5]
     assert (fwd["n_in"], fwd["n_out"], fwd["k"], fwd["edges"]) == (s.size, out.size, 8, rel.edges)
-    assert (tr["n_in"], tr["n_out"], tr["edges"]) == (out.size, s.size, back.edges) and back.metal
+    assert (tr["n_in"], tr["n_out"], tr["edges"]) == (out.size, s.size, back.edges) and back.backend == "metal"
 
 
 def test_path_with_unevaluated_steps(monkeypatch):
@@ -487,7 +494,7 @@ def test_path_with_unevaluated_steps(monkeypatch):
     swapped relation's own evaluation of its offsets is needed.)"""
     run = HarnessSteps()
     monkeypatch.setattr(metal_maps, "_run", lambda *a: run(*a) + 0)
-    monkeypatch.setattr(metal_maps, "available", lambda: True)
+    use_metal_maps(monkeypatch)
     rng = np.random.default_rng(71)
     coords = mx.array(oracle.random_coords(rng, 200, 8, batches=2))
     down = KernelGeometry((3, 3, 3), stride=(2, 2, 2), padding=(1, 1, 1))
@@ -495,10 +502,10 @@ def test_path_with_unevaluated_steps(monkeypatch):
     gs = m.register(coords)
     rel, out = m.kernel_relation(gs, down)
     back, _ = m.transposed_kernel_relation(out, down)
-    monkeypatch.setattr(metal_maps, "available", lambda: False)
+    use_metal_maps(monkeypatch, False)
     cs = c.register(coords)
     crel, cout = c.kernel_relation(cs, down)
     cback, _ = c.transposed_kernel_relation(cout, down)
     for g, w in ((rel, crel), (back, cback)):
-        assert g.metal and g.stats() == w.stats()
+        assert g.backend == "metal" and g.stats() == w.stats()
         assert_same_relation(g._native, w._native, g.kind)

@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lattice import _ext, routes
+from mlx_lattice import _ext, backends, routes
 from mlx_lattice.network_bench import fused_norms
 from mlx_lattice.nn import normalization
 
@@ -463,11 +463,11 @@ def test_layers_choose_the_fused_path_per_backend(monkeypatch):
     f = mx.zeros((4, 3))
     monkeypatch.setattr(_ext, "metal_available", lambda: True)
     for backend in ("cpu", "metal", "cuda"):
-        monkeypatch.setattr(routes, "current_backend", lambda stream=None, b=backend: b)
+        monkeypatch.setattr(backends, "current", lambda stream=None, b=backend: backends.get(b))
         assert normalization._fusable(f, None), backend
-        # CUDA runs its own kernels (mlx_lattice/cuda/norm.py), not the primitive
+        # CUDA runs its own kernels (mlx_lattice/backends/cuda/norm.py), not the primitive
         assert (normalization._fused_op() is _ext.norm_act) == (backend != "cuda"), backend
-    monkeypatch.setattr(routes, "current_backend", lambda stream=None: "metal")
+    monkeypatch.setattr(backends, "current", lambda stream=None: backends.get("metal"))
     with fused_norms(False):  # the MLX-op path, for comparisons
         assert not normalization._fusable(f, None)
     monkeypatch.setattr(_ext, "metal_available", lambda: False)  # a build without Metal kernels

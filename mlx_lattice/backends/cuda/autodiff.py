@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .. import routes as registry
+from ... import routes as registry
 from . import routes as table
 from .view import View
 

@@ -1,13 +1,12 @@
 """CUDA kernel sources, written for ``mx.fast.cuda_kernel`` (MLX compiles
 them at run time: no private MLX C++ ABI is needed). Each kernel is named
-for the route that launches it (mlx_lattice/cuda/routes.py).
+for the route that launches it (mlx_lattice/backends/cuda/routes.py).
 """
 
 from __future__ import annotations
 
 import functools
 
-import mlx.core as mx
 
 from . import jit
 
@@ -287,8 +286,3 @@ def _kernel(name: str, shared_memory: int = 0):
         name=f"mlx_lattice_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],
         header=HEADER, shared_memory=shared_memory,
     )
-
-
-def available() -> bool:
-    cuda = getattr(mx, "cuda", None)
-    return cuda is not None and cuda.is_available()

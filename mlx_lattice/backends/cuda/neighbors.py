@@ -21,7 +21,7 @@ import functools
 import numpy as np
 import mlx.core as mx
 
-from .. import _ext
+from ... import _ext
 from . import jit
 
 # ip: n_query, n_points, n_batch, dims[3], n_cells, k, radius bits (lo, hi)
@@ -260,11 +260,7 @@ def _kernel(name: str):
 
 
 def _launch(name, n, inputs, shapes, dtypes, init_value=None):
-    kw = {} if init_value is None else {"init_value": init_value}
-    return _kernel(name)(
-        inputs=inputs, grid=(max(n, 1), 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=shapes, output_dtypes=dtypes, **kw,
-    )
+    return jit.launch(_kernel(name), n, inputs, shapes, dtypes, init_value=init_value)
 
 
 def _query(q, qb, p, pb, k: int, radius: float):

@@ -44,7 +44,7 @@ import functools
 import numpy as np
 import mlx.core as mx
 
-from .._segment import segment_sum
+from ..._segment import segment_sum
 from . import jit
 
 # Rows per reduction chunk; threads per merge block.

@@ -24,7 +24,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from . import _ext
+from ... import _ext
+from ..base import Views
 
 NONE = np.iinfo(np.int32).max  # an error word with nothing to report
 _NO_GEOMETRY = ((1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
@@ -36,12 +37,6 @@ def _read(a: mx.array) -> np.ndarray:
     global SYNCS
     SYNCS += 1
     return np.array(a)
-
-
-def available() -> bool:
-    """Whether maps are built on Metal: the default device is a GPU, MLX runs
-    Metal and this build has the Metal kernels."""
-    return mx.default_device().type == mx.gpu and mx.metal.is_available() and _ext.metal_available()
 
 
 def _run(step: str, inputs: list, n_in: int, n_out: int, geometry, transposed: bool, edges: int) -> mx.array:
@@ -102,6 +97,11 @@ def generative_support(table: MetalTable, geometry) -> mx.array:
 def build_relation(table: MetalTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
     """The native relation of ``_ext.build_relation``, built on the GPU with
     its neighbour map and views attached (``Plans.attach``)."""
+    return build(table, out_coords, geometry, transposed, kind)[0]
+
+
+def build(table: MetalTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
+    """(the native relation of ``build_relation``, its Plans)."""
     for k in geometry[0]:
         if k > 64:
             raise ValueError("kernel sizes above 64 are not supported")
@@ -137,13 +137,13 @@ def swapped(native, kind: str, geometry):
     plans = Plans(native, geometry)
     plans._cache["input_major"] = native.input_major()
     plans._cache["input_map"] = native.input_neighbor_map
-    return plans.swapped(kind)
+    return plans.swapped(kind, geometry)[0]
 
 
-class Plans:
+class Plans(Views):
     """The derived arrays of one relation built on Metal, each an
-    unevaluated array of the map programs made on first use and kept; the
-    Metal counterpart of mlx_lattice/cuda/plans.py's ``Plans``.
+    unevaluated array of the map programs made on first use and kept (the
+    views of backends/base.py).
     ``attach()`` hands them all to the native relation, whose getters the
     routes read, so nothing is derived on the CPU. A view of a relation with
     no edges is made without a launch. The input-major program takes each
@@ -151,18 +151,13 @@ class Plans:
     output coordinates are unique (every set the manager registers is)."""
 
     def __init__(self, native, geometry):
-        self.native, self.geometry = native, tuple(tuple(int(v) for v in g) for g in geometry)
+        super().__init__(native)
+        self.geometry = tuple(tuple(int(v) for v in g) for g in geometry)
         self.n_in, self.n_out = native.n_in, native.n_out
         self.k, self.edges = native.kernel_volume, native.edges
         if int(np.prod(self.geometry[0])) != self.k:
             raise ValueError(
                 f"geometry kernel size {self.geometry[0]} does not match the relation's kernel volume {self.k}")
-        self._cache = {}
-
-    def _once(self, name, build):
-        if name not in self._cache:
-            self._cache[name] = build()
-        return self._cache[name]
 
     def _run(self, step, inputs, n_in, n_out):
         return _run(step, inputs, n_in, n_out, self.geometry, False, self.edges)
@@ -226,7 +221,8 @@ class Plans:
         return self._once("sorted_plan", build)
 
     def attach(self):
-        """Hands every view to the native relation (unevaluated); returns it."""
+        """Hands every view to the native relation (unevaluated); returns
+        (the native relation, these Plans)."""
         rel = self.native
         rel.set_out_idx(self.out_idx())
         rel.set_kernel_major(*self.kernel_major())
@@ -234,10 +230,10 @@ class Plans:
         rel.set_input_neighbor_map(self.input_map())
         if self.k <= 64:  # otherwise the CPU's sorted_plan raises, as this one does
             rel.set_sorted_plan(*self.sorted_plan())
-        return rel
+        return rel, self
 
-    def swapped(self, kind: str):
-        """The native relation with roles exchanged, views attached: its CSR
+    def swapped(self, kind: str, geometry=None):
+        """(The native relation with roles exchanged, its Plans), views attached: its CSR
         arrays are this one's input-major view, its neighbour map this one's
         input map and its input map this one's neighbour map. Its row offsets
         are evaluated (one synchronisation): the native relation reads them."""

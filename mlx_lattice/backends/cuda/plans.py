@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import mlx.core as mx
 
-from .. import _ext
+from ... import _ext
+from ..base import Views
 from . import jit
 
 # One thread per output row: the row of each of its edges.
@@ -168,22 +168,15 @@ def _kernel(name: str):
     )
 
 
-def _params(*vals):
-    return mx.array(np.array(vals, dtype=np.int32))
-
-
 def _launch(name, n, inputs, shapes, dtypes, init_value=None):
     # On the GPU stream whatever the default (see maps._launch).
-    kw = {"stream": mx.gpu} if init_value is None else {"init_value": init_value, "stream": mx.gpu}
-    return _kernel(name)(
-        inputs=inputs, grid=(max(n, 1), 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=shapes, output_dtypes=dtypes, **kw,
-    )
+    return jit.launch(_kernel(name), n, inputs, shapes, dtypes, init_value=init_value, stream=mx.gpu)
 
 
-class Plans:
+class Plans(Views):
     """The derived arrays of one relation built on CUDA, each made on first
-    use from the dense neighbour map and kept.
+    use from the dense neighbour map and kept (the views of
+    backends/base.py).
 
     The relation with roles exchanged has its own Plans, made once and
     linked both ways: a decoder's transposed relation (the encoder's,
@@ -192,16 +185,10 @@ class Plans:
     is labelled with."""
 
     def __init__(self, native, swapped_of: "Plans | None" = None):
-        self.native = native
+        super().__init__(native)
         self.n_in, self.n_out = native.n_in, native.n_out
         self.k, self.edges = native.kernel_volume, native.edges
-        self._cache = {}
         self._swapped = swapped_of
-
-    def _once(self, name, build):
-        if name not in self._cache:
-            self._cache[name] = build()
-        return self._cache[name]
 
     @property
     def nmap(self):
@@ -216,7 +203,7 @@ class Plans:
         def build():
             if self.edges == 0:
                 return mx.zeros((0,), mx.int32)
-            return _launch("out_idx", self.n_out, [self.native.out_offsets, _params(self.n_out)],
+            return _launch("out_idx", self.n_out, [self.native.out_offsets, jit.params(self.n_out)],
                            [(self.edges,)], [mx.int32])[0]
         return self._once("out_idx", build)
 
@@ -232,7 +219,7 @@ class Plans:
             col_rank = mx.cumsum(hit, axis=0, inclusive=False)
             perm, in_idx, out_idx = _launch(
                 "kernel_major", m * kv,
-                [self.nmap, self.native.out_offsets, koffsets, col_rank, self._row_rank(), _params(m, kv)],
+                [self.nmap, self.native.out_offsets, koffsets, col_rank, self._row_rank(), jit.params(m, kv)],
                 [(e,), (e,), (e,)], [mx.int32] * 3,
             )
             return koffsets, perm, in_idx, out_idx
@@ -244,7 +231,7 @@ class Plans:
             m, kv = self.n_out, self.k
             if self.edges == 0:
                 return mx.full((self.n_in, kv), -1, mx.int32)
-            return _launch("input_map", m * kv, [self.nmap, _params(m, kv)],
+            return _launch("input_map", m * kv, [self.nmap, jit.params(m, kv)],
                            [(self.n_in, kv)], [mx.int32], init_value=-1)[0]
         return self._once("input_map", build)
 
@@ -261,13 +248,13 @@ class Plans:
             in_rank = mx.cumsum(in_hit, axis=1, inclusive=False)
             perm, out_idx, k_idx = _launch(
                 "input_major", n * kv,
-                [in_map, self.native.out_offsets, in_offsets, in_rank, self._row_rank(), _params(n, kv)],
+                [in_map, self.native.out_offsets, in_offsets, in_rank, self._row_rank(), jit.params(n, kv)],
                 [(e,), (e,), (e,)], [mx.int32] * 3,
             )
             return in_offsets, perm, out_idx, k_idx
         return self._once("input_major", build)
 
-    def swapped(self, kind: str):
+    def swapped(self, kind: str, geometry=None):
         """(the native relation with roles exchanged, labelled `kind`, and its
         Plans). Its neighbour map is this one's input map; its arrays stay
         lazy (no synchronisation): a host read through the native relation
@@ -295,15 +282,15 @@ class Plans:
             if m == 0:
                 return (mx.zeros((0,), mx.int32), mx.zeros((0, kv), mx.int32),
                         mx.zeros((kv, 0), mx.int32), mx.zeros((0,), mx.uint64))
-            masks, key = _launch("mask", m, [self.nmap, _params(m, kv)], [(m,), (m,)], [mx.uint64] * 2)
+            masks, key = _launch("mask", m, [self.nmap, jit.params(m, kv)], [(m,), (m,)], [mx.uint64] * 2)
             order = mx.argsort(key).astype(mx.int32)  # unique keys: a stable sort by the low bits
             if kv > 32:
-                key = _launch("high_key", m, [masks, order, _params(m)], [(m,)], [mx.uint64])[0]
+                key = _launch("high_key", m, [masks, order, jit.params(m)], [(m,)], [mx.uint64])[0]
                 order = order[mx.argsort(key).astype(mx.int32)]
             sorted_map, kv_map = _launch(
-                "plan_gather", m * kv, [self.nmap, order, _params(m, kv)], [(m, kv), (kv, m)], [mx.int32] * 2)
+                "plan_gather", m * kv, [self.nmap, order, jit.params(m, kv)], [(m, kv), (kv, m)], [mx.int32] * 2)
             n_tiles = -(-m // tile)
-            tiles = _launch("tiles", n_tiles, [masks, order, _params(m, tile)], [(n_tiles,)], [mx.uint64])[0]
+            tiles = _launch("tiles", n_tiles, [masks, order, jit.params(m, tile)], [(n_tiles,)], [mx.uint64])[0]
             return order, sorted_map, kv_map, tiles
         return self._once("sorted_plan", build)
 
@@ -316,6 +303,6 @@ def wgrad_chunks(koffsets: mx.array, edges: int, k: int, size: int = 256):
     counts = koffsets[1:] - koffsets[:-1]
     first = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum((counts + size - 1) // size)])
     slots = edges // size + k
-    chunks = _launch("chunks", slots, [first, koffsets, _params(slots, k, size)],
+    chunks = _launch("chunks", slots, [first, koffsets, jit.params(slots, k, size)],
                      [(slots, 3)], [mx.int32])[0]
     return chunks, first

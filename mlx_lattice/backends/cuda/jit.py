@@ -29,6 +29,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import mlx.core as mx
 
 # What a kernel body may use: the half and bfloat16 types, fixed-width
@@ -282,3 +283,18 @@ class Kernel:
 def kernel(name, input_names, output_names, source, header="", shared_memory=0) -> Kernel:
     """``mx.fast.cuda_kernel`` with its compiled code kept on disk."""
     return Kernel(name, input_names, output_names, source, header, shared_memory)
+
+
+def params(*vals) -> mx.array:
+    """Scalar kernel parameters as one int32 array."""
+    return mx.array(np.array(vals, dtype=np.int32))
+
+
+def launch(kern: Kernel, n: int, inputs, shapes, dtypes, template=(), init_value=None, stream=None):
+    """``kern`` with one thread per element of ``n`` (blocks of 256);
+    ``stream``: where it runs (the map builders pin the GPU, so that a set
+    hashed there keeps building its maps there under ``mx.stream(mx.cpu)``)."""
+    return kern(
+        inputs=inputs, template=list(template), grid=(max(n, 1), 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=shapes, output_dtypes=dtypes, init_value=init_value, stream=stream,
+    )

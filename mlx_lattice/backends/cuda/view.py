@@ -49,8 +49,8 @@ class View:
                 return chunks, first, km
             # A relation built on CUDA keeps them with its derived arrays
             # (shared by the relations with the same arrays under other labels).
-            gpu = self.rel._plans
-            self._chunks[size] = gpu._once(("wgrad_chunks", size), build) if gpu is not None else build()
+            views = self.rel._views
+            self._chunks[size] = views._once(("wgrad_chunks", size), build)
         return self._chunks[size]
 
 

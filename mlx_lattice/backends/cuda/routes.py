@@ -6,16 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import mlx.core as mx
 
-from . import maps
+from . import jit, maps
 from .kernels import _kernel, channel_tile, input_chunk, sorted_mma_shared_bytes
 from .view import View
-
-
-def _params(*vals):
-    return mx.array(np.array(vals, dtype=np.int32))
 
 
 # A pointwise product (view None) has no edges: the kernels then read row i
@@ -47,7 +42,7 @@ def fetch_on_demand(x, w, view: View | None):
     k, a, b = w.shape
     rows, offsets, gather, kidx = _csr_edges(x, view)
     return _kernel("fetch_on_demand")(
-        inputs=[x, w, offsets, gather, kidx, _params(rows)],
+        inputs=[x, w, offsets, gather, kidx, jit.params(rows)],
         template=[("T", x.dtype), ("A", a), ("B", b), ("POINTWISE", view is None)],
         grid=(max(rows * b, 1), 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
@@ -65,7 +60,7 @@ def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None):
     bn = channel_tile(b) if bn is None else _check_tile("BN", bn, b)
     ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
     return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn))(
-        inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, _params(rows)],
+        inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows)],
         template=[("T", x.dtype), ("A", a), ("B", b), ("K", k), ("AK", ak), ("BN", bn)],
         grid=(max(tiles, 1) * (b // bn) * 128, 1, 1), threadgroup=(128, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
@@ -77,7 +72,7 @@ def wgrad_direct(x, ct, view: View | None, k):
     a, b = x.shape[1], ct.shape[1]
     ko, gi, ri, n = _kernel_major_edges(x, view)
     return _kernel("wgrad_direct")(
-        inputs=[x, ct, ko, gi, ri, _params(n)],
+        inputs=[x, ct, ko, gi, ri, jit.params(n)],
         template=[("T", x.dtype), ("A", a), ("B", b), ("K", k), ("POINTWISE", view is None)],
         grid=(max(k * a * b, 1), 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(k, a, b)], output_dtypes=[x.dtype],
@@ -128,7 +123,7 @@ def grouped_fetch_on_demand(x, w, view: View | None, groups: int):
     k, ag, b = w.shape
     rows, offsets, gather, kidx = _csr_edges(x, view)
     return _kernel("grouped_fetch_on_demand")(
-        inputs=[x, w, offsets, gather, kidx, _params(rows)],
+        inputs=[x, w, offsets, gather, kidx, jit.params(rows)],
         template=[("T", x.dtype), ("A", x.shape[1]), ("AG", ag), ("B", b), ("G", groups),
                   ("POINTWISE", view is None)],
         grid=(max(rows * b, 1), 1, 1), threadgroup=(256, 1, 1),
@@ -142,7 +137,7 @@ def grouped_wgrad(x, ct, view: View | None, k, groups: int):
     ag = a // groups
     ko, gi, ri, n = _kernel_major_edges(x, view)
     return _kernel("grouped_wgrad")(
-        inputs=[x, ct, ko, gi, ri, _params(n)],
+        inputs=[x, ct, ko, gi, ri, jit.params(n)],
         template=[("T", x.dtype), ("A", a), ("AG", ag), ("B", b), ("G", groups), ("K", k),
                   ("POINTWISE", view is None)],
         grid=(max(k * ag * b, 1), 1, 1), threadgroup=(256, 1, 1),

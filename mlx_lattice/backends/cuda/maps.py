@@ -22,7 +22,7 @@ from collections import Counter
 import numpy as np
 import mlx.core as mx
 
-from .. import _ext
+from ... import _ext
 from . import jit
 
 # The packing of src/relation.h: batch << 51 | (x - MIN) << 34 | (y - MIN) << 17 | (z - MIN).
@@ -322,10 +322,6 @@ def _read(what: str, *arrays) -> list[int]:
     return np.array(flat).tolist()
 
 
-def _params(*vals):
-    return mx.array(np.array(vals, dtype=np.int32))
-
-
 def _geometry_params(kernel_size, stride, padding, dilation):
     return [*kernel_size, *stride, *padding, *dilation]
 
@@ -333,11 +329,7 @@ def _geometry_params(kernel_size, stride, padding, dilation):
 def _launch(name, n, inputs, shapes, dtypes, template=(), init_value=None):
     # On the GPU stream whatever the default: a set hashed on the GPU keeps
     # building its maps there when a later call runs under mx.stream(mx.cpu).
-    kw = {"stream": mx.gpu} if init_value is None else {"init_value": init_value, "stream": mx.gpu}
-    return _kernel(name)(
-        inputs=inputs, template=list(template), grid=(max(n, 1), 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=shapes, output_dtypes=dtypes, **kw,
-    )
+    return jit.launch(_kernel(name), n, inputs, shapes, dtypes, template, init_value, stream=mx.gpu)
 
 
 class CudaTable:
@@ -359,7 +351,7 @@ class CudaTable:
             raise ValueError(f"coords has {n} rows; the GPU table holds at most 2**30")
         self.mask = cap - 1
         keys, vals, flags = _launch(
-            "insert", n, [coords, _params(n, self.mask)],
+            "insert", n, [coords, jit.params(n, self.mask)],
             [(cap,), (cap,), (2,)], [mx.uint64, mx.int32, mx.int32], init_value=0,
         )
         if n and not trusted and any(_read("table flags", flags)):  # a set's one synchronisation
@@ -388,21 +380,21 @@ def _support(table: CudaTable, geometry, generative: bool) -> mx.array:
         return mx.zeros((0, 4), mx.int32)
     if SUPPORT_DEDUP == "hash":
         return _support_by_hash(table, geometry, generative)
-    params = _params(n, kv, 0, *_geometry_params(*geometry))
+    params = jit.params(n, kv, 0, *_geometry_params(*geometry))
     cand, flags = _launch(
         "candidates", n * kv, [table.coords, params], [(n * kv,), (1,)], [mx.uint64, mx.int32],
         template=[("TRANSPOSED", not generative)], init_value=0,
     )
     srt = mx.sort(cand)
     total = n * kv
-    first = _launch("first", total, [srt, _params(total)], [(total,)], [mx.int32])[0]
+    first = _launch("first", total, [srt, jit.params(total)], [(total,)], [mx.int32])[0]
     rank = mx.cumsum(first)
     m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
     if bad:
         _support_error(table, geometry, generative)
     if m == 0:
         return mx.zeros((0, 4), mx.int32)
-    return _launch("unpack", total, [srt, rank, _params(total)], [(m, 4)], [mx.int32])[0]
+    return _launch("unpack", total, [srt, rank, jit.params(total)], [(m, 4)], [mx.int32])[0]
 
 
 def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
@@ -415,7 +407,7 @@ def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
         cap *= 2
     if cap > 2**31:
         raise ValueError(f"{n} rows times a kernel volume of {kv} is more than 2**30 candidate outputs")
-    params = _params(n, kv, cap - 1, *_geometry_params(*geometry))
+    params = jit.params(n, kv, cap - 1, *_geometry_params(*geometry))
     tmpl = [("TRANSPOSED", not generative)]
     _, winner, flags = _launch(
         "support_insert", total, [table.coords, params], [(cap,), (total,), (1,)],
@@ -429,7 +421,7 @@ def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
         return mx.zeros((0, 4), mx.int32)
     uniq = _launch("support_compact", total, [table.coords, winner, rank, params], [(m,)], [mx.uint64],
                    template=tmpl)[0]
-    return _launch("unpack_unique", m, [mx.sort(uniq), _params(m)], [(m, 4)], [mx.int32])[0]
+    return _launch("unpack_unique", m, [mx.sort(uniq), jit.params(m)], [(m, 4)], [mx.int32])[0]
 
 
 def forward_support(table: CudaTable, geometry) -> mx.array:
@@ -476,13 +468,13 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
     elif symmetric:
         nmap = _launch(
             "symmetric", m * (kv // 2 + 1),
-            [table.keys, table.vals, table.coords, _params(m, kv, table.mask, *gp)],
+            [table.keys, table.vals, table.coords, jit.params(m, kv, table.mask, *gp)],
             [(m, kv)], [mx.int32], init_value=-1,
         )[0]
     else:
         nmap = _launch(
             "lookup", m * kv,
-            [table.keys, table.vals, mx.contiguous(out_coords), _params(m, kv, table.mask, *gp)],
+            [table.keys, table.vals, mx.contiguous(out_coords), jit.params(m, kv, table.mask, *gp)],
             [(m, kv)], [mx.int32], template=[("TRANSPOSED", transposed)],
         )[0]
     counts = (nmap >= 0).astype(mx.int32).sum(axis=1)
@@ -492,7 +484,7 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
         # Edges per input row (the swapped relation's rows): integer atomics,
         # so the counts do not depend on scheduling.
         largest_in = _launch(
-            "in_degree", m * kv, [nmap, _params(m, kv)], [(table.size,)], [mx.int32], init_value=0,
+            "in_degree", m * kv, [nmap, jit.params(m, kv)], [(table.size,)], [mx.int32], init_value=0,
         )[0].max()
     else:
         largest_in = largest  # symmetric: as many edges per input row as per output row
@@ -500,7 +492,7 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
     edges, max_out, max_in = _read("relation size", offsets[-1], largest, largest_in)
     if edges:
         in_idx, k_idx = _launch(
-            "compact", m, [nmap, offsets, _params(m, kv)], [(edges,), (edges,)], [mx.int32, mx.int32]
+            "compact", m, [nmap, offsets, jit.params(m, kv)], [(edges,), (edges,)], [mx.int32, mx.int32]
         )
     else:
         in_idx = k_idx = mx.zeros((0,), mx.int32)

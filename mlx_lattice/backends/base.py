@@ -1,0 +1,144 @@
+"""The interface every backend implements, and the derived-array cache its
+relations share.
+
+A backend is one object (``mlx_lattice.backends.get(name)``): whether it can
+run here and what its device can do (each computed once per process), how it
+builds maps (coordinate tables, output supports, relations and everything a
+layer reads from a relation), and how it runs the products of its route
+table. Modules outside ``backends/`` ask :func:`mlx_lattice.backends.current`
+which backend runs a call and talk to that object; none of them names a
+backend's modules.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+
+from .. import _ext
+
+
+class Backend:
+    """One backend: ``cpu``, ``metal`` or ``cuda``."""
+
+    name = ""
+    map_route = ""  # the registry route that builds maps here
+
+    # ------------------------------------------------------------ the device
+    @functools.cached_property
+    def _available(self) -> bool:
+        return self._probe()
+
+    def available(self) -> bool:
+        """Whether this backend can run here (asked once per process)."""
+        return self._available
+
+    def _probe(self) -> bool:
+        raise NotImplementedError
+
+    def unusable_reason(self) -> str | None:
+        """Why a call on this backend must run on the CPU instead: the device
+        is there but this install cannot drive it (None: it can)."""
+        return None
+
+    def capabilities(self) -> dict:
+        """What the device can do (computed once per process)."""
+        return {}
+
+    def tier(self) -> str:
+        """A short description of the device's capabilities, for route
+        records and tuning-cache keys."""
+        return self.name
+
+    def stream(self):
+        """The stream this backend's products run on."""
+        return mx.default_stream(mx.default_device())
+
+    # ------------------------------------------------------------ maps
+    def table(self, coords: mx.array, trusted: bool = False):
+        """The coordinate table of one set (validates range and uniqueness;
+        ``trusted``: an output support, valid by construction)."""
+        raise NotImplementedError
+
+    def support(self, table, geometry, generative: bool) -> mx.array:
+        """Every output a strided (or generative transposed) convolution
+        reaches, sorted by packed key."""
+        raise NotImplementedError
+
+    def relation(self, table, out_coords, geometry, transposed: bool, kind: str, out_table=None):
+        """(native relation, views, max output-row edges or None, max
+        input-row edges or None, symmetric): one relation and the object
+        its views are read from (:class:`Views`)."""
+        raise NotImplementedError
+
+    def syncs(self) -> int | None:
+        """Host synchronisations of map building so far (None: not counted)."""
+        return 0
+
+    def neighbor_queries(self):
+        """A module of k-nearest and radius queries of this backend's own
+        (None: the extension's serve it)."""
+        return None
+
+    def fused_norm(self):
+        """The fused norm + activation (+ residual) of this backend
+        (``_ext.norm_act``'s arguments and results)."""
+        return _ext.norm_act
+
+    # ------------------------------------------------------------ products
+    def variants(self, route: str, c_in: int, c_out: int) -> list[dict]:
+        """The tile shapes of ``route`` the tuner may ask for; the CPU and
+        Metal routes choose their tiles inside the extension: none."""
+        return [{}]
+
+    # The CPU and Metal products are primitives of the extension (GatherConv,
+    # QuantizedConv, src/primitives.h) that run the route's table entry.
+    def conv(self, route: str, x, w, relation, groups: int = 1, variant: dict | None = None):
+        """y = sum over the edges of x[g] @ w[k] on ``relation`` (None:
+        pointwise) by ``route``, differentiable; ``w`` kernel-major
+        (K, A / groups, B); ``variant``: the route's tile shapes."""
+        native = None if relation is None else relation._native
+        return _ext.gather_conv(x, w, native, _ext.View.output_major, route, self.stream(), groups=groups)
+
+    def quantized_conv(self, route: str, x, weight, relation):
+        """The product of a QuantizedWeight (inference: input gradients only)."""
+        codes, scales, biases = weight.kernel_major()
+        native = None if relation is None else relation._native
+        return _ext.quantized_conv(x, codes, scales, biases, weight.bits, weight.group_size, native,
+                                   _ext.View.output_major, route, self.stream())
+
+
+class Views:
+    """The derived arrays of one relation (``out_idx``, the kernel-major and
+    input-major views, the sorted plan, the relation with roles exchanged),
+    each made on first use and kept. Every backend's relations read their
+    views through an object with these methods; a backend whose native
+    relation derives them itself (CPU) or carries them attached (Metal)
+    answers from it."""
+
+    def __init__(self, native):
+        self.native = native
+        self._cache = {}
+
+    def _once(self, name, build):
+        if name not in self._cache:
+            self._cache[name] = build()
+        return self._cache[name]
+
+    def out_idx(self) -> mx.array:
+        return self.native.out_idx
+
+    def kernel_major(self) -> tuple:
+        return self.native.kernel_major()
+
+    def input_major(self) -> tuple:
+        return self.native.input_major()
+
+    def sorted_plan(self) -> tuple:
+        return self.native.sorted_plan()
+
+    def swapped(self, kind: str, geometry):
+        """(native relation with roles exchanged, labelled ``kind``, its Views)."""
+        native = self.native.swapped(kind)
+        return native, type(self)(native)

@@ -1,0 +1,36 @@
+"""The CPU backend: maps and products in the extension (src/cpu/), on any
+machine MLX runs on."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .. import _ext
+from .base import Backend, Views
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    map_route = "cpu.hash_map"
+
+    def _probe(self) -> bool:
+        return True
+
+    def tier(self) -> str:
+        return f"cpu:{_ext.cpu_isa()}"
+
+    def stream(self):
+        return mx.default_stream(mx.cpu)
+
+    def table(self, coords, trusted=False):
+        return _ext.CoordTable(coords)
+
+    def support(self, table, geometry, generative):
+        fn = _ext.generative_support if generative else _ext.forward_support
+        return fn(table, *geometry)
+
+    def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
+        # The output set's own table spares the tiled (size = stride) build
+        # hashing the outputs again.
+        native = _ext.build_relation(table, out_coords, *geometry, transposed, kind, out_table)
+        return native, Views(native), None, None, False

@@ -1,0 +1,85 @@
+"""The CUDA backend (MLX on NVIDIA GPUs): maps and products written as CUDA
+sources that MLX launches (NVRTC-compiled cubins, ``jit``): no private MLX
+C++ ABI is needed.
+
+Every route computes the same product as the C++ primitives,
+``y[r] = sum over the edges of row r of x[g] @ W[k]`` over a CSR view of a
+relation, and gets its autodiff from ``mx.custom_function``: the input
+gradient is the same product over the relation with roles swapped and W
+transposed, the weight gradient a per-offset contraction.
+
+- ``kernels``: the product kernel sources;
+- ``maps``: coordinate tables, supports and relations (route ``cuda.hash_map``);
+- ``plans``: the views of a relation built here (``Plans``);
+- ``view``: CSR views of a relation for the products;
+- ``routes``: the route table (route name -> the function computing it);
+- ``autodiff``: ``conv`` and ``weight_grad`` with their VJP/JVP;
+- ``neighbors``: k-nearest and radius queries; ``norm``: fused norms.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..base import Backend
+from . import maps, routes
+from .autodiff import conv, weight_grad
+from .kernels import sorted_mma_shared_bytes
+from .plans import Plans
+from .routes import ROUTES, find
+from .view import View, view_of
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    map_route = "cuda.hash_map"
+
+    def _probe(self) -> bool:
+        cuda = getattr(mx, "cuda", None)
+        return bool(cuda is not None and cuda.is_available())
+
+    def table(self, coords, trusted=False):
+        return maps.CudaTable(coords, trusted=trusted)
+
+    def support(self, table, geometry, generative):
+        fn = maps.generative_support if generative else maps.forward_support
+        return fn(table, geometry)
+
+    def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
+        native, max_out, max_in, symmetric = find("cuda.hash_map", "map").run(
+            table, out_coords, geometry, transposed, kind)
+        return native, Plans(native), max_out, max_in, symmetric
+
+    def syncs(self):
+        return maps.SYNCS
+
+    def neighbor_queries(self):
+        from . import neighbors  # loaded on the first query only
+
+        return neighbors
+
+    def fused_norm(self):
+        from . import norm  # loaded on the first fused norm only
+
+        return norm.norm_act
+
+    def variants(self, route, c_in, c_out):
+        return routes.variants(route, c_in, c_out)
+
+    def conv(self, route, x, w, relation, groups=1, variant=None):
+        view = None if relation is None else view_of(relation)
+        return conv(route, x, w, view, groups, variant)
+
+    def quantized_conv(self, route, x, weight, relation):
+        raise ValueError(f"no CUDA route runs a QuantizedWeight (route {route})")
+
+
+BACKEND = CudaBackend()
+
+
+def available() -> bool:
+    return BACKEND.available()
+
+
+__all__ = ["BACKEND", "ROUTES", "View", "available", "conv", "find", "sorted_mma_shared_bytes", "view_of",
+           "weight_grad"]
