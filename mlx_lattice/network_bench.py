@@ -27,27 +27,12 @@ import mlx.core as mx
 import mlx.nn as mnn
 import mlx.optimizers
 
-from . import _ext, algebra, num_threads
+from . import _ext, algebra, num_threads, ops
 from . import optimizers as optim
 from . import bench
 from .bench import best_time
 from .nn import normalization
 from .tensor import SparseTensor
-
-
-@contextmanager
-def fused_norms(enabled: bool):
-    """Run BatchNorm / InstanceNorm fused (the default on the CPU, on Metal
-    and on CUDA) or as MLX ops."""
-    names = ("FUSED_ON_CPU", "FUSED_ON_METAL", "FUSED_ON_CUDA")
-    old = [getattr(normalization, k) for k in names]
-    for k in names:
-        setattr(normalization, k, enabled)
-    try:
-        yield
-    finally:
-        for k, v in zip(names, old):
-            setattr(normalization, k, v)
 
 
 def loss_fn(model, x):
@@ -88,42 +73,20 @@ class TrainingStep:
 
 @contextmanager
 def _recording():
-    """Record the convolution products, batch norms, concatenations and shared
-    tensors (forks) of a forward pass."""
+    """Record the convolution products (those of ``_ext.gather_conv``: CPU
+    and Metal routes, float weights), batch norms, concatenations and shared
+    tensors (forks) of a forward pass, through the library's own records
+    (``ops.record_products``, ``normalization.record_norms``,
+    ``algebra.record_calls``); the lists fill when the block ends."""
     rec = {"conv": [], "norm": [], "cat": [], "fork": []}
-    orig_conv = _ext.gather_conv
-    orig_cat = algebra.cat
-    orig_fork = algebra.fork
-    orig_bn = normalization.BatchNorm.__call__
-
-    def conv(x, w, native, view, route, stream=None, groups=1):
-        rec["conv"].append((x, w, native, view, route, stream))
-        return orig_conv(x, w, native, view, route, stream, groups=groups)
-
-    def cat(tensors):
-        tensors = list(tensors)
-        rec["cat"].append([t.feats for t in tensors])
-        return orig_cat(tensors)
-
-    def fork(x):
-        rec["fork"].append(x.feats if isinstance(x, SparseTensor) else x)
-        return orig_fork(x)
-
-    def norm(self, x, act=None, residual=None):
-        rec["norm"].append((self, x.feats if isinstance(x, SparseTensor) else x, act, residual))
-        return orig_bn(self, x, act=act, residual=residual)
-
-    _ext.gather_conv = conv
-    algebra.cat = cat
-    algebra.fork = fork
-    normalization.BatchNorm.__call__ = norm
-    try:
+    with ops.record_products() as products, normalization.record_norms() as norms, \
+            algebra.record_calls() as calls:
         yield rec
-    finally:
-        _ext.gather_conv = orig_conv
-        algebra.cat = orig_cat
-        algebra.fork = orig_fork
-        normalization.BatchNorm.__call__ = orig_bn
+    rec["conv"] += [(p.x, p.weight, p.native, p.view, p.route, p.stream)
+                    for p in products if p.backend != "cuda" and not p.quantized]
+    rec["norm"] += [(n.norm, n.x, n.act, n.residual) for n in norms if isinstance(n.norm, normalization.BatchNorm)]
+    rec["cat"] += [arrays for op, arrays in calls if op == "cat"]
+    rec["fork"] += [arrays[0] for op, arrays in calls if op == "fork"]
 
 
 def conv_flops(rec, input_feats) -> tuple[float, float, float]:
@@ -372,7 +335,7 @@ def main(argv=None) -> int:
         best = {True: float("inf"), False: float("inf")}
         for _ in range(args.repeats + 1):
             for fused in (True, False):
-                with fused_norms(fused):
+                with normalization.fused_norms(fused):
                     t0 = time.perf_counter()
                     step()
                     best[fused] = min(best[fused], time.perf_counter() - t0)
@@ -385,7 +348,7 @@ def main(argv=None) -> int:
         print(f"speed-up of the step from the fused norms: {best[False] / best[True]:.2f}x\n", flush=True)
     modes = [True, False] if args.compare else [True]
     for fused in modes:
-        with fused_norms(fused):
+        with normalization.fused_norms(fused):
             step = TrainingStep(coords, width=args.width, optimizer=opt_cls)
             prof = profile(step, args.repeats)
         sgemm = max(sgemm, sgemm_gflops())

@@ -5,19 +5,60 @@ voxel is active) read out at the op's output support; see docs/semantics.md.
 Weights are dense 5D ``(C_out, Kx, Ky, Kz, C_in // groups)`` as in
 ``mlx.nn.Conv3d``; ``groups`` splits the channels into groups convolved
 separately (``groups == C_in``: depthwise).
+
+:func:`record_products` collects every convolution product the ops run in a
+block (its route, arrays, relation and host time), for profilers that
+replay or time them.
 """
 
 from __future__ import annotations
+
+import time
+from typing import NamedTuple
 
 import mlx.core as mx
 
 from . import _ext, diagnostics, routes, tuning
 from ._args import dtype_name, triple
+from ._recorder import CallRecorder
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
 from .tensor import SparseTensor, target_set
 
 __all__ = ["conv3d", "subm_conv3d", "conv_transpose3d", "generative_conv_transpose3d"]
+
+
+class Product(NamedTuple):
+    """One convolution product an op ran (see :func:`record_products`)."""
+
+    op: str  # conv3d, subm_conv3d, conv_transpose3d, ...
+    kind: str  # the map kind: submanifold, forward, transposed, generative, target
+    geometry: KernelGeometry
+    route: str  # the route's name
+    backend: str  # the route's backend: cpu, metal or cuda
+    x: mx.array  # the input features, as the kernel read them
+    weight: object  # kernel-major (K, C_in // groups, C_out) weight; the QuantizedWeight when quantized
+    quantized: bool
+    native: object  # the relation's native maps (None: pointwise)
+    view: object  # _ext.View.output_major; on CUDA the relation's view (None: pointwise)
+    stream: mx.Stream
+    groups: int
+    variant: dict | None  # the route's tile shapes, where it has some (CUDA)
+    host_s: float  # host seconds of the call, building its relation included
+
+
+_products = CallRecorder()
+
+
+def record_products():
+    """``with record_products() as products: ...`` collects a :class:`Product`
+    for every convolution product the ops run in the block, in call order
+    (in every open block, when they nest). With a product's ``x``,
+    ``weight``, ``native``, ``view``, ``route`` and ``stream`` the same
+    kernel call can be run again (``_ext.gather_conv`` for the CPU and Metal
+    routes, ``cuda.conv`` for CUDA); ``host_s`` is the host time the op
+    spent on it (MLX runs the kernel later, at evaluation)."""
+    return _products.record()
 
 
 def _check_groups(op: str, groups, c_in: int, c_out: int) -> int:
@@ -91,6 +132,7 @@ def mapped_weight(weight: mx.array) -> mx.array:
 
 def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False, groups=1):
     """Select (and record) a route, run it and wrap the output."""
+    t0 = time.perf_counter()
     backend = routes.current_backend()
     # A GPU this install has no kernels for runs the call on the CPU, on record.
     unusable = diagnostics.backend_fallback(backend)
@@ -133,25 +175,30 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
             relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
         native = relation._native
     stream = mx.default_stream(mx.cpu if route.backend == "cpu" else mx.default_device())
+    w = weight if quantized else mapped_weight(weight)
+    view = _ext.View.output_major
     if route.backend == "cuda":
         from . import cuda
 
         view = None if native is None else cuda.view_of(relation)
-        y = cuda.conv(route.name, x.feats, mapped_weight(weight), view, groups, sel.variant)
+        y = cuda.conv(route.name, x.feats, w, view, groups, sel.variant)
     elif quantized:
         codes, scales, biases = weight.kernel_major()
         y = _ext.quantized_conv(
             x.feats, codes, scales, biases, weight.bits, weight.group_size, native,
-            _ext.View.output_major, route.name, stream,
+            view, route.name, stream,
         )
     else:
-        y = _ext.gather_conv(
-            x.feats, mapped_weight(weight), native, _ext.View.output_major, route.name, stream,
-            groups=groups,
-        )
+        y = _ext.gather_conv(x.feats, w, native, view, route.name, stream, groups=groups)
     if bias is not None:
         y = y + bias
-    return SparseTensor._from_set(out_set, y, x.manager)
+    out = SparseTensor._from_set(out_set, y, x.manager)
+    if _products:
+        _products.add(Product(
+            op, kind, geom, route.name, route.backend, x.feats, w, quantized, native, view, stream,
+            groups, sel.variant, time.perf_counter() - t0,
+        ))
+    return out
 
 
 def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates=None, groups=1):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from mlx_lattice import bench, scenes
+from mlx_lattice.nn import normalization
 
 KEYS = {"workload", "layer", "pass", "c_in", "c_out", "dtype", "n", "edges", "ms", "gflops", "sgemm_fraction", "route"}
 
@@ -80,7 +81,7 @@ def test_network_profile_stages(on_cpu, monkeypatch):  # the stage profile repla
     monkeypatch.setattr(bench, "NETWORK_MIN_TIME_S", 0.0)
     coords = scenes.uniform_random(1500, 20)
     for fused in (True, False):
-        with network_bench.fused_norms(fused):
+        with normalization.fused_norms(fused):
             step = network_bench.TrainingStep(coords, width=0.25)
             prof = network_bench.profile(step, repeats=1)
         stages = prof["stages"]
