@@ -15,8 +15,8 @@ import mlx.nn as mnn
 from mlx.utils import tree_flatten
 
 from mlx_lattice import SparseTensor, nn
+from mlx_lattice.bench.cuda_profile import graph_nodes
 from mlx_lattice.cuda import norm as cuda_norm
-from mlx_lattice.cuda.step_profile import graph_nodes
 from mlx_lattice.models import MinkUNet
 from mlx_lattice.nn.normalization import fused_norms
 
