@@ -16,8 +16,8 @@ from ..relation import KernelGeometry, Relation
 from ..tensor import SparseTensor
 from . import cuda_profile, spconv_side
 from .cuda_profile import cuda_backend
-from .training_step import TrainingStep, compiled_update_step
 from .timing import best_time
+from .training_step import TrainingStep, compiled_update_step
 from .workloads import DTYPES, Layer, workload
 
 

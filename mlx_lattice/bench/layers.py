@@ -16,8 +16,8 @@ from ..ops import mapped_weight
 from ..relation import KernelGeometry
 from ..tensor import SparseTensor
 from . import timing
-from .training_step import TrainingStep, useful_flops
 from .timing import best_time, sgemm_gflops
+from .training_step import TrainingStep, useful_flops
 from .workloads import DTYPES, workload
 
 

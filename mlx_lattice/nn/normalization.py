@@ -48,10 +48,11 @@ FUSED_ON_CUDA = True
 
 @contextlib.contextmanager
 def fused_norms(enabled: bool):
-    """Within the block, run ``BatchNorm`` / ``InstanceNorm`` fused (True:
-    the default on the CPU, on Metal and on CUDA) or as MLX ops (False, on
-    every backend), whatever the activation; the previous setting returns
-    when the block ends. Not thread-local: it holds for the whole process."""
+    """Within the block, run ``BatchNorm`` / ``InstanceNorm`` fused where
+    the activation allows (True: the default on the CPU, on Metal and on
+    CUDA) or as MLX ops whatever the activation (False, on every backend);
+    the previous setting returns when the block ends. Not thread-local: it
+    holds for the whole process."""
     global FUSED_ON_CPU, FUSED_ON_METAL, FUSED_ON_CUDA
     old = FUSED_ON_CPU, FUSED_ON_METAL, FUSED_ON_CUDA
     FUSED_ON_CPU = FUSED_ON_METAL = FUSED_ON_CUDA = enabled
