@@ -51,13 +51,13 @@ def main(argv=None) -> int:
 
     tune = sub.add_parser("tune", help="measure the routes of a MinkUNet's convolution shapes on a scan "
                           "into the route tuning cache and print the choices (docs/tuning.md)")
-    from .tuning_bench import add_arguments as tune_arguments
+    from .bench.tuner import add_arguments as tune_arguments
 
     tune_arguments(tune)
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
-        from .bench import main as bench_main
+        from .bench.__main__ import main as bench_main
 
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
 
         return run(args)
     if args.command == "tune":
-        from .tuning_bench import main as tune_main
+        from .bench.tuner import main as tune_main
 
         return tune_main(args)
     if args.command == "doctor":

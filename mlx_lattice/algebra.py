@@ -11,6 +11,8 @@
 - :func:`prune`, :func:`crop`, :func:`top_k`: keep a subset of rows (by a
   mask, a box, or the largest scores per batch item).
 - :func:`sparse_collate`: several scenes as the batch items of one tensor.
+- :func:`record_calls`: the feature arrays of every ``cat`` and ``fork`` call
+  in a block (for profilers).
 
 Coordinates are bookkeeping (NumPy and the coordinate hash table); features
 flow through MLX gathers and scatters, so gradients reach every input.
@@ -23,6 +25,7 @@ import mlx.core as mx
 
 from . import _ext, backends
 from ._args import as_coords, as_feats, triple
+from ._recorder import CallRecorder
 from .manager import CoordinateManager
 from .tensor import SparseTensor
 
@@ -160,6 +163,17 @@ def from_dense(
 
 
 # ---------------------------------------------------------------- algebra
+_calls = CallRecorder()
+
+
+def record_calls():
+    """``with record_calls() as calls: ...`` collects ``(op, arrays)`` for
+    every :func:`cat` (``"cat"``, the feature arrays of its tensors) and
+    :func:`fork` (``"fork"``, ``[x's features]``) call in the block, in call
+    order. Open blocks nest, each collecting every call."""
+    return _calls.record()
+
+
 def cat(tensors) -> SparseTensor:
     """Concatenate features (along channels) of tensors on identical coordinates.
 
@@ -171,6 +185,8 @@ def cat(tensors) -> SparseTensor:
     if not tensors:
         raise ValueError("cat needs at least one tensor")
     _check("cat", *tensors)
+    if _calls:
+        _calls.add(("cat", [t.feats for t in tensors]))
     first = tensors[0]
     parts = [first.feats]
     for t in tensors[1:]:
@@ -224,6 +240,8 @@ def fork(x):
     f = x.feats if isinstance(x, SparseTensor) else x
     if not isinstance(f, mx.array):
         raise TypeError(f"fork: x must be a SparseTensor or an mx.array, got {type(x).__name__}")
+    if _calls:
+        _calls.add(("fork", [f]))
     if not _on_cpu(f):
         return x, x
     a, b = _ext.fork(f)

@@ -5,20 +5,61 @@ voxel is active) read out at the op's output support; see docs/semantics.md.
 Weights are dense 5D ``(C_out, Kx, Ky, Kz, C_in // groups)`` as in
 ``mlx.nn.Conv3d``; ``groups`` splits the channels into groups convolved
 separately (``groups == C_in``: depthwise).
+
+:func:`record_products` collects every convolution product the ops run in a
+block (its route, arrays, relation and host time), for profilers that
+replay or time them.
 """
 
 from __future__ import annotations
+
+import time
+from typing import NamedTuple
 
 import mlx.core as mx
 
 from . import backends, routes, tuning
 from ._args import dtype_name, triple
+from ._recorder import CallRecorder
 from .layout import mapped_weight
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
 from .tensor import SparseTensor, target_set
 
 __all__ = ["conv3d", "subm_conv3d", "conv_transpose3d", "generative_conv_transpose3d"]
+
+
+class Product(NamedTuple):
+    """One convolution product an op ran (see :func:`record_products`)."""
+
+    op: str  # conv3d, subm_conv3d, conv_transpose3d, ...
+    kind: str  # the map kind: submanifold, forward, transposed, generative, target
+    geometry: KernelGeometry
+    route: str  # the route's name
+    backend: str  # the route's backend: cpu, metal or cuda
+    x: mx.array  # the input features, as the kernel read them
+    weight: object  # kernel-major (K, C_in // groups, C_out) weight; the QuantizedWeight when quantized
+    quantized: bool
+    native: object  # the relation's native maps (None: pointwise)
+    view: object  # _ext.View.output_major; on CUDA the relation's view (None: pointwise)
+    stream: mx.Stream
+    groups: int
+    variant: dict | None  # the route's tile shapes, where it has some (CUDA)
+    host_s: float  # host seconds of the call, building its relation included
+
+
+_products = CallRecorder()
+
+
+def record_products():
+    """``with record_products() as products: ...`` collects a :class:`Product`
+    for every convolution product the ops run in the block, in call order
+    (in every open block, when they nest). With a product's ``x``,
+    ``weight``, ``native``, ``view``, ``route`` and ``stream`` the same
+    kernel call can be run again (``_ext.gather_conv`` for the CPU and Metal
+    routes, ``cuda.conv`` for CUDA); ``host_s`` is the host time the op
+    spent on it (MLX runs the kernel later, at evaluation)."""
+    return _products.record()
 
 
 def _check_groups(op: str, groups, c_in: int, c_out: int) -> int:
@@ -86,6 +127,7 @@ def _check(op: str, x, weight, bias, groups=1):
 
 def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False, groups=1):
     """Select (and record) a route, run it and wrap the output."""
+    t0 = time.perf_counter()
     # A GPU this install has no kernels for runs the call on the CPU, on record.
     backend, unusable = backends.executing()
     pointwise = relation_fn is None
@@ -124,13 +166,21 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         # Identity geometry on a route that wants edges: the 1x1x1 relation.
         relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
     runner = backends.get(route.backend)
+    w = weight if quantized else mapped_weight(weight)
     if quantized:
-        y = runner.quantized_conv(route.name, x.feats, weight, relation)
+        y = runner.quantized_conv(route.name, x.feats, w, relation)
     else:
-        y = runner.conv(route.name, x.feats, mapped_weight(weight), relation, groups, sel.variant)
+        y = runner.conv(route.name, x.feats, w, relation, groups, sel.variant)
     if bias is not None:
         y = y + bias
-    return SparseTensor._from_set(out_set, y, x.manager)
+    out = SparseTensor._from_set(out_set, y, x.manager)
+    if _products:
+        native = None if relation is None else relation._native
+        _products.add(Product(
+            op, kind, geom, route.name, route.backend, x.feats, w, quantized, native,
+            runner.product_view(relation), runner.stream(), groups, sel.variant, time.perf_counter() - t0,
+        ))
+    return out
 
 
 def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates=None, groups=1):

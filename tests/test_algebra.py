@@ -167,3 +167,15 @@ def test_sparse_collate(rng):
 
 def test_reexports():
     assert ml.to_dense is algebra.to_dense and ml.sparse_collate is algebra.sparse_collate
+
+
+def test_record_calls_collects_cat_and_fork_features(rng):
+    x, _, _ = make(rng)
+    with algebra.record_calls() as calls:
+        a, b = algebra.fork(x)
+        algebra.cat([a, b])
+        algebra.fork(x.feats)
+    algebra.cat([x, x])  # after the block: recorded nowhere
+    assert [op for op, _ in calls] == ["fork", "cat", "fork"]
+    assert calls[0][1][0] is x.feats and calls[2][1][0] is x.feats
+    assert calls[1][1][0] is a.feats and calls[1][1][1] is b.feats

@@ -16,9 +16,9 @@ from mlx.utils import tree_flatten
 
 from mlx_lattice import SparseTensor, nn
 from mlx_lattice.backends.cuda import norm as cuda_norm
-from mlx_lattice.cuda.step_profile import graph_nodes
+from mlx_lattice.bench.cuda_profile import graph_nodes
 from mlx_lattice.models import MinkUNet
-from mlx_lattice.network_bench import fused_norms
+from mlx_lattice.nn.normalization import fused_norms
 
 from conftest import TOLERANCES, check_statistics_gradients, needs_cuda, to_np
 

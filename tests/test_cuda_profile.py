@@ -1,4 +1,4 @@
-"""The GPU step profile (mlx_lattice/cuda/step_profile.py): its counters on
+"""The GPU step profile (mlx_lattice/bench/cuda_profile.py): its counters on
 any device, and a whole profile of a small MinkUNet step on CUDA, whose map
 building must cost one host synchronisation per map."""
 
@@ -8,7 +8,7 @@ import mlx.core as mx
 
 import mlx_lattice as ml
 from mlx_lattice import ops
-from mlx_lattice.cuda import step_profile
+from mlx_lattice.bench import cuda_profile
 
 from conftest import needs_cuda, voxel_cloud
 
@@ -16,9 +16,9 @@ from conftest import needs_cuda, voxel_cloud
 def test_graph_nodes_counts_primitives():
     a = mx.ones((3,))
     mx.eval(a)
-    nodes = step_profile.graph_nodes((a * 2 + 1).sum())
+    nodes = cuda_profile.graph_nodes((a * 2 + 1).sum())
     assert nodes["Multiply"] == 1 and nodes["Add"] == 1 and nodes["Sum"] == 1
-    assert sum(step_profile.graph_nodes(a).values()) == 0  # evaluated: no graph
+    assert sum(cuda_profile.graph_nodes(a).values()) == 0  # evaluated: no graph
 
 
 def test_host_timers_count_layers_and_evaluations(rng):
@@ -26,7 +26,7 @@ def test_host_timers_count_layers_and_evaluations(rng):
     x = ml.SparseTensor(coords, mx.array(rng.standard_normal((coords.shape[0], 8)).astype(np.float32)))
     w = mx.array(rng.standard_normal((8, 3, 3, 3, 8)).astype(np.float32))
     original = mx.eval
-    with step_profile.host_timers() as (acc, calls):
+    with cuda_profile.host_timers() as (acc, calls):
         y = ops.subm_conv3d(x, w)
         mx.eval(y.feats)
     assert calls["conv submanifold k3 s1"] == 1 and calls["mx.eval"] == 1
@@ -37,10 +37,10 @@ def test_host_timers_count_layers_and_evaluations(rng):
 @pytest.mark.slow
 @needs_cuda
 def test_profile_of_a_step_on_cuda(rng, on_gpu):
-    from mlx_lattice.network_bench import TrainingStep
+    from mlx_lattice.bench.training_step import TrainingStep
 
     coords = np.array(voxel_cloud(rng, 3000, batches=2, extent=24))
-    p = step_profile.profile(TrainingStep(coords, width=0.25, dtype=mx.float16), repeats=1)
+    p = cuda_profile.profile(TrainingStep(coords, width=0.25, dtype=mx.float16), repeats=1)
     built, cached = p["phases"]["maps built"], p["phases"]["maps cached"]
     # The user's set, four output supports, nine relations (five submanifold,
     # four strided); the decoder's relations are the encoder's, swapped.
@@ -48,3 +48,31 @@ def test_profile_of_a_step_on_cuda(rng, on_gpu):
     assert cached[4] == {}
     assert p["conv_forward_s"] > 0 and p["adam_compiled_s"] > 0
     assert all(t > 0 for t in p["map_stages_s"].values())
+
+
+def test_conv_calls_replay_what_the_ops_pass_to_cuda(rng, monkeypatch):
+    """The products recorded for the replay carry every argument the ops
+    gave the CUDA route (its tile variant too); simulated on any device."""
+    from types import SimpleNamespace
+
+    from mlx_lattice import backends
+    from mlx_lattice.backends import cuda
+
+    coords = voxel_cloud(rng, 200)
+    x = ml.SparseTensor(coords, mx.ones((coords.shape[0], 8), mx.float16))
+    w = mx.ones((8, 3, 3, 3, 8), mx.float16)
+    calls = []
+
+    def conv(route, f, wm, view, groups, variant=None):
+        calls.append((route, f, wm, view, groups, variant))
+        return f @ wm[0]
+
+    monkeypatch.setattr(backends, "current", lambda stream=None: cuda.BACKEND)
+    monkeypatch.setattr(cuda, "view_of", lambda rel: rel)
+    monkeypatch.setattr(cuda, "conv", conv)
+    step = SimpleNamespace(model=lambda t: ops.subm_conv3d(t, w))
+    rec = cuda_profile._conv_calls(step, x)
+    assert len(rec) == len(calls) == 1
+    assert all(a is b for a, b in zip(rec[0], calls[0])) and rec[0][1] is x.feats
+    cuda_profile.conv_device_times(step, x, repeats=1)
+    assert len(calls) > 1 and all(c[0] == calls[0][0] and c[3] is calls[0][3] and c[5] == calls[0][5] for c in calls[1:])

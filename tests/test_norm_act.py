@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 import mlx_lattice
 from mlx_lattice import SparseTensor, nn
 from mlx_lattice.models import MinkUNet
-from mlx_lattice.network_bench import fused_norms
+from mlx_lattice.nn.normalization import fused_norms
 
 from conftest import TOLERANCES, check_statistics_gradients, to_np
 from oracle import numeric_grad
@@ -311,6 +311,36 @@ def test_minkunet_step_fused_matches_op_path(rng):
         scale = max(1e-3, np.abs(to_np(b)).max())
         np.testing.assert_allclose(to_np(a) / scale, to_np(b) / scale, rtol=1e-3, atol=1e-3, err_msg=k)
     assert len(state1) > 20
+
+
+
+def test_fused_norms_sets_every_backend_for_the_block():
+    from mlx_lattice.nn import normalization as norm_mod
+
+    names = ("FUSED_ON_CPU", "FUSED_ON_METAL", "FUSED_ON_CUDA")
+    with fused_norms(False):
+        assert not any(getattr(norm_mod, k) for k in names)
+        with fused_norms(True):
+            assert all(getattr(norm_mod, k) for k in names)
+        assert not any(getattr(norm_mod, k) for k in names)
+    assert all(getattr(norm_mod, k) for k in names)
+
+
+def test_record_norms_collects_batch_and_instance_norm_calls(rng):
+    from mlx_lattice.nn.normalization import record_norms
+
+    x = tensor(rng, 50, 3)
+    bn, inorm, relu = nn.BatchNorm(3), nn.InstanceNorm(3), nn.ReLU()
+    with record_norms() as calls:
+        y = nn.norm_act(bn, x, relu, residual=x)
+        bn(x.feats)
+        inorm(x)
+    bn(x)  # after the block: recorded nowhere
+    assert len(calls) == 3 and all(c.norm is m for c, m in zip(calls, (bn, bn, inorm)))
+    assert all(c.x is x.feats and c.host_s > 0 for c in calls)
+    assert calls[0].act is relu and calls[0].residual is x.feats
+    assert calls[1].act is None and calls[1].residual is None
+    assert y.feats.shape == (50, 3)
 
 
 def _running(model):

@@ -268,3 +268,24 @@ def test_nan_passes_through(rng):
     touched = {o for o, i, k in edges if i == 0}
     assert all(np.isnan(y[o]).all() for o in touched)
     assert not np.isnan(np.delete(y, list(touched), axis=0)).any()
+
+
+
+def test_record_products_replays_each_kernel_call(rng, on_cpu):
+    x, _, _ = make(rng, c_in=4)
+    w3, w2 = weight(rng, 5, 3, 4), weight(rng, 6, 2, 4)
+    with ml.diagnostics.record() as log, ops.record_products() as outer:
+        with ops.record_products() as inner:
+            y = ops.subm_conv3d(x, w3)
+        z = ops.conv3d(x, w2, stride=2)
+    ops.subm_conv3d(x, w3)  # after the blocks: recorded nowhere
+    assert [p.op for p in inner] == ["subm_conv3d"]
+    assert [p.op for p in outer] == ["subm_conv3d", "conv3d"] and outer[0] is inner[0]
+    assert [p.kind for p in outer] == ["submanifold", "forward"]
+    assert outer[1].geometry.kernel_size == (2, 2, 2) and outer[1].geometry.stride == (2, 2, 2)
+    assert [p.route for p in outer] == [e["route"] for e in log]
+    for p, out in zip(outer, (y, z)):
+        assert p.x is x.feats and p.backend == "cpu" and not p.quantized and p.groups == 1
+        assert p.host_s > 0 and p.variant is None
+        again = ml._ext.gather_conv(p.x, p.weight, p.native, p.view, p.route, p.stream, groups=p.groups)
+        np.testing.assert_array_equal(np.array(again), np.array(out.feats))

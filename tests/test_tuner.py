@@ -631,11 +631,12 @@ def test_ops_pass_a_cached_variant_to_the_cuda_route(rng, monkeypatch, cache_fil
 
 # ------------------------------------------------------------------ the tune command and the bench
 def test_tune_command_and_step_comparison(rng, on_cpu, cache_file, capsys):
-    from mlx_lattice import scenes, tuning_bench
+    from mlx_lattice import scenes
     from mlx_lattice.__main__ import main
+    from mlx_lattice.bench import tuner
 
     coords = scenes.uniform_random(3000, 20)
-    decisions, spent, total = tuning_bench.tune_model(coords, width=0.25, budget_s=30)
+    decisions, spent, total = tuner.tune_model(coords, width=0.25, budget_s=30)
     assert decisions and 0 < spent <= total
     assert all(d.source == "tuner" and d.timings_ms for d in decisions if d.source != "static")
     entries = TuningCache(cache_file).load()
@@ -643,9 +644,9 @@ def test_tune_command_and_step_comparison(rng, on_cpu, cache_file, capsys):
     assert main(["tune", "--show"]) == 0
     out = capsys.readouterr().out
     assert f"{cache_file}: {len(entries)} entries" in out and "cpu.row_gather" in out
-    res = tuning_bench.compare_steps(coords, width=0.25, repeats=1, budget_s=30)
+    res = tuner.compare_steps(coords, width=0.25, repeats=1, budget_s=30)
     assert res["static_ms"] > 0 and res["tuned_ms"] > 0 and res["decisions"]
-    text = tuning_bench.format_comparison(res, "tiny step")
+    text = tuner.format_comparison(res, "tiny step")
     assert "static order best" in text and "tuned best" in text and res["paired_ratio_median"] > 0
     # the comparison tuned into a temporary cache, not the user's
     assert len(TuningCache(cache_file).load()) == len(entries)

@@ -101,6 +101,11 @@ class Backend:
         native = None if relation is None else relation._native
         return _ext.gather_conv(x, w, native, _ext.View.output_major, route, self.stream(), groups=groups)
 
+    def product_view(self, relation):
+        """What a product reads of ``relation`` besides its native maps:
+        the CSR view (``_ext.View``) of the primitives."""
+        return _ext.View.output_major
+
     def quantized_conv(self, route: str, x, weight, relation):
         """The product of a QuantizedWeight (inference: input gradients only)."""
         codes, scales, biases = weight.kernel_major()

@@ -12,15 +12,26 @@ CUDA backend the same contract runs as a few CUDA kernels
 (``mlx_lattice.backends.cuda.norm``: three forward, one in eval mode, and three
 backward, with a closed-form backward pass). With other activations they are
 MLX ops.
+
+``with fused_norms(False): ...`` runs them as MLX ops on every backend for
+the block (benchmarks and tests compare the two paths); ``with
+record_norms() as calls: ...`` collects each ``BatchNorm`` / ``InstanceNorm``
+call of the block (module, input features, activation, residual, host time)
+for profilers.
 """
 
 from __future__ import annotations
+
+import contextlib
+import time
+from typing import NamedTuple
 
 import numpy as np
 import mlx.core as mx
 import mlx.nn as mnn
 
 from .. import _ext, backends
+from .._recorder import CallRecorder
 from .._segment import accumulation_dtype, segment_sum
 from ..tensor import SparseTensor
 from ._feature import on_features
@@ -29,10 +40,51 @@ from .activations import LeakyReLU, ReLU
 _FUSED_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 # False runs the MLX-op path on the CPU / on Metal / on CUDA too (benchmarks
-# and tests compare the two: network_bench.fused_norms sets all three).
+# and tests compare the two: fused_norms sets all three for a block).
 FUSED_ON_CPU = True
 FUSED_ON_METAL = True
 FUSED_ON_CUDA = True
+
+
+@contextlib.contextmanager
+def fused_norms(enabled: bool):
+    """Within the block, run ``BatchNorm`` / ``InstanceNorm`` fused where
+    the activation allows (True: the default on the CPU, on Metal and on
+    CUDA) or as MLX ops whatever the activation (False, on every backend);
+    the previous setting returns when the block ends. Not thread-local: it
+    holds for the whole process."""
+    global FUSED_ON_CPU, FUSED_ON_METAL, FUSED_ON_CUDA
+    old = FUSED_ON_CPU, FUSED_ON_METAL, FUSED_ON_CUDA
+    FUSED_ON_CPU = FUSED_ON_METAL = FUSED_ON_CUDA = enabled
+    try:
+        yield
+    finally:
+        FUSED_ON_CPU, FUSED_ON_METAL, FUSED_ON_CUDA = old
+
+
+class NormCall(NamedTuple):
+    """One ``BatchNorm`` / ``InstanceNorm`` call (see :func:`record_norms`)."""
+
+    norm: mnn.Module  # the module called
+    x: mx.array  # its input features
+    act: object  # the activation module passed (None: none)
+    residual: mx.array | None  # the residual features passed
+    host_s: float  # host seconds of the call (MLX runs the kernels later, at evaluation)
+
+
+_norm_calls = CallRecorder()
+
+
+def record_norms():
+    """``with record_norms() as calls: ...`` collects a :class:`NormCall` for
+    every ``BatchNorm`` and ``InstanceNorm`` call in the block (through
+    :func:`norm_act` or directly), in call order; ``SyncBatchNorm`` is not
+    recorded. Open blocks nest, each collecting every call."""
+    return _norm_calls.record()
+
+
+def _features(x):
+    return x.feats if isinstance(x, SparseTensor) else x
 
 
 def _fused_activation(act):
@@ -207,7 +259,11 @@ class BatchNorm(mnn.Module):
 
     def __call__(self, x, act=None, residual=None):
         """Normalise x; ``act`` and ``residual`` as in :func:`norm_act`."""
-        return on_features(x, lambda f: self._normalise(f, act, residual))
+        t0 = time.perf_counter()
+        y = on_features(x, lambda f: self._normalise(f, act, residual))
+        if _norm_calls:
+            _norm_calls.add(NormCall(self, _features(x), act, residual, time.perf_counter() - t0))
+        return y
 
 
 class InstanceNorm(mnn.Module):
@@ -231,6 +287,13 @@ class InstanceNorm(mnn.Module):
 
     def __call__(self, x: SparseTensor, act=None, residual=None) -> SparseTensor:
         """Normalise x; ``act`` and ``residual`` as in :func:`norm_act`."""
+        t0 = time.perf_counter()
+        y = self._normalise(x, act, residual)
+        if _norm_calls:
+            _norm_calls.add(NormCall(self, x.feats, act, residual, time.perf_counter() - t0))
+        return y
+
+    def _normalise(self, x, act, residual):
         if not isinstance(x, SparseTensor):
             raise TypeError("InstanceNorm needs a SparseTensor (its batch column groups the voxels)")
         f = x.feats

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from mlx_lattice import _ext, backends, routes
-from mlx_lattice.network_bench import fused_norms
+from mlx_lattice.nn.normalization import fused_norms
 from mlx_lattice.nn import normalization
 
 import metal_harness

@@ -66,9 +66,11 @@ class CudaBackend(Backend):
     def variants(self, route, c_in, c_out):
         return routes.variants(route, c_in, c_out)
 
+    def product_view(self, relation):
+        return None if relation is None else view_of(relation)
+
     def conv(self, route, x, w, relation, groups=1, variant=None):
-        view = None if relation is None else view_of(relation)
-        return conv(route, x, w, view, groups, variant)
+        return conv(route, x, w, self.product_view(relation), groups, variant)
 
     def quantized_conv(self, route, x, weight, relation):
         raise ValueError(f"no CUDA route runs a QuantizedWeight (route {route})")

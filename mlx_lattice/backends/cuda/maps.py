@@ -360,9 +360,10 @@ class CudaTable:
         self.keys, self.vals = keys, vals
 
 
-# How output supports deduplicate their N * K candidate keys: "hash" (insert
-# them into a table, compact the winners, sort the M unique keys) or "sort"
-# (sort all N * K, keep the first of each run).
+# How output supports deduplicate their N * K candidate keys by default (a
+# support's ``dedup=`` chooses per call): "hash" (insert them into a table,
+# compact the winners, sort the M unique keys) or "sort" (sort all N * K,
+# keep the first of each run).
 SUPPORT_DEDUP = "hash"
 
 
@@ -372,13 +373,14 @@ def _support_error(table: CudaTable, geometry, generative: bool):
     raise AssertionError("GPU support flagged a range error the CPU builder accepts")
 
 
-def _support(table: CudaTable, geometry, generative: bool) -> mx.array:
-    if SUPPORT_DEDUP not in ("hash", "sort"):
-        raise ValueError(f"SUPPORT_DEDUP must be 'hash' or 'sort', got {SUPPORT_DEDUP!r}")
+def _support(table: CudaTable, geometry, generative: bool, dedup: str | None = None) -> mx.array:
+    dedup = SUPPORT_DEDUP if dedup is None else dedup
+    if dedup not in ("hash", "sort"):
+        raise ValueError(f"dedup must be 'hash' or 'sort', got {dedup!r}")
     n, kv = table.size, int(np.prod(geometry[0]))
     if n == 0:
         return mx.zeros((0, 4), mx.int32)
-    if SUPPORT_DEDUP == "hash":
+    if dedup == "hash":
         return _support_by_hash(table, geometry, generative)
     params = jit.params(n, kv, 0, *_geometry_params(*geometry))
     cand, flags = _launch(
@@ -424,14 +426,16 @@ def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
     return _launch("unpack_unique", m, [mx.sort(uniq), jit.params(m)], [(m, 4)], [mx.int32])[0]
 
 
-def forward_support(table: CudaTable, geometry) -> mx.array:
-    """Every output a strided convolution reaches, sorted by packed key."""
-    return _support(table, geometry, generative=False)
+def forward_support(table: CudaTable, geometry, dedup: str | None = None) -> mx.array:
+    """Every output a strided convolution reaches, sorted by packed key;
+    ``dedup``: how the candidates are deduplicated (default SUPPORT_DEDUP)."""
+    return _support(table, geometry, False, dedup)
 
 
-def generative_support(table: CudaTable, geometry) -> mx.array:
-    """Every output a generative transposed convolution reaches, sorted."""
-    return _support(table, geometry, generative=True)
+def generative_support(table: CudaTable, geometry, dedup: str | None = None) -> mx.array:
+    """Every output a generative transposed convolution reaches, sorted;
+    ``dedup`` as for :func:`forward_support`."""
+    return _support(table, geometry, True, dedup)
 
 
 def _symmetric(table: CudaTable, out_coords, geometry, transposed: bool) -> bool:

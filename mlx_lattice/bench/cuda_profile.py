@@ -17,52 +17,61 @@ import re
 import time
 from collections import Counter, defaultdict
 
+import numpy as np
 import mlx.core as mx
 
-from . import maps
+from .. import ops
+from ..nn import normalization
+from ..relation import KernelGeometry, Relation
+from .timing import best_time
 
 
-@contextlib.contextmanager
-def _patched(obj, name, make):
-    old = getattr(obj, name)
-    setattr(obj, name, make(old))
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
+def cuda_backend():
+    """mlx_lattice's CUDA backend package, its map builders loaded as
+    ``.maps``: the benches' one import of it, made on first use (a GPU
+    backend that the CPU benches never load)."""
+    from ..backends import cuda
+    from ..backends.cuda import maps  # noqa: F401  (reached as cuda.maps)
+
+    return cuda
 
 
 @contextlib.contextmanager
 def host_timers():
     """Accumulate host seconds and calls per category while a graph is built:
-    convolution layers (map building inside them), normalisations, and every
-    ``mx.eval`` (a host synchronisation)."""
-    from .. import nn, ops
-
+    convolution layers (map building inside them, from the ops' product
+    records), normalisations with an activation or a residual (norm_act's
+    calls, from the norm records), and every ``mx.eval`` (a host
+    synchronisation). The totals fill when the block ends."""
     acc = defaultdict(float)
     calls = defaultdict(int)
 
-    def timed(label_of):
-        def wrap(fn):
-            def inner(*a, **k):
-                t0 = time.perf_counter()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    label = label_of(*a, **k)
-                    acc[label] += time.perf_counter() - t0
-                    calls[label] += 1
-            return inner
-        return wrap
+    def add(label, seconds):
+        acc[label] += seconds
+        calls[label] += 1
 
-    def conv_label(op, x, weight, bias, geom, kind, *rest, **kw):
-        return f"conv {kind} k{geom.kernel_size[0]} s{geom.stride[0]}"
+    # mx.eval is MLX's (the library owns no hook for it): timed by wrapping
+    # it for the block.
+    orig_eval = mx.eval
 
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_patched(ops, "_execute", timed(conv_label)))
-        stack.enter_context(_patched(nn, "norm_act", timed(lambda *a, **k: "norm + act")))
-        stack.enter_context(_patched(mx, "eval", timed(lambda *a, **k: "mx.eval")))
-        yield acc, calls
+    def timed_eval(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return orig_eval(*a, **k)
+        finally:
+            add("mx.eval", time.perf_counter() - t0)
+
+    with ops.record_products() as products, normalization.record_norms() as norms:
+        mx.eval = timed_eval
+        try:
+            yield acc, calls
+        finally:
+            mx.eval = orig_eval
+    for p in products:
+        add(f"conv {p.kind} k{p.geometry.kernel_size[0]} s{p.geometry.stride[0]}", p.host_s)
+    for n in norms:
+        if n.act is not None or n.residual is not None:
+            add("norm + act", n.host_s)
 
 
 def graph_nodes(*arrays) -> Counter:
@@ -73,44 +82,28 @@ def graph_nodes(*arrays) -> Counter:
 
 
 def _conv_calls(step, tensor):
-    """(route, x, mapped w, view, groups) of every CUDA product of a forward pass."""
-    from .. import cuda
-
-    rec = []
-    orig = cuda.conv
-
-    def conv(route, x, w, view, groups=1):
-        rec.append((route, x, w, view, groups))
-        return orig(route, x, w, view, groups)
-
-    cuda.conv = conv
-    try:
+    """(route, x, mapped w, view, groups, variant) of every CUDA product of a
+    forward pass."""
+    with ops.record_products() as products:
         out = step.model(tensor)
-    finally:
-        cuda.conv = orig
+    rec = [(p.route, p.x, p.weight, p.view, p.groups, p.variant) for p in products if p.backend == "cuda"]
     mx.eval(out.feats, [(r[1], r[2]) for r in rec])
     return rec
-
-
-def _best(fn, repeats):
-    from ..bench import best_time  # the bench's timer (bench imports this module lazily)
-
-    return best_time(fn, repeats)
 
 
 def conv_device_times(step, tensor, repeats):
     """Isolated seconds of every product of the step: forward, and both
     gradients (input and weight) together, each evaluated on its own."""
-    from .. import cuda
-
+    cuda = cuda_backend()
     fwd = bwd = 0.0
-    for route, x, w, view, groups in _conv_calls(step, tensor):
-        f = lambda a, b, route=route, view=view, groups=groups: cuda.conv(route, a, b, view, groups)  # noqa: E731
+    for route, x, w, view, groups, variant in _conv_calls(step, tensor):
+        f = lambda a, b, route=route, view=view, groups=groups, variant=variant: cuda.conv(  # noqa: E731
+            route, a, b, view, groups, variant)
         y = f(x, w)
         ct = mx.random.normal(y.shape).astype(y.dtype)
         mx.eval(y, ct)
-        fwd += _best(lambda: mx.eval(f(x, w)), repeats)
-        bwd += _best(lambda: mx.eval(mx.vjp(f, [x, w], [ct])[1]), repeats)
+        fwd += best_time(lambda: mx.eval(f(x, w)), repeats)
+        bwd += best_time(lambda: mx.eval(mx.vjp(f, [x, w], [ct])[1]), repeats)
     return fwd, bwd
 
 
@@ -120,33 +113,25 @@ def map_stages(coords, repeats: int) -> dict:
     flags), the output support, the relation (its one synchronisation
     included), the sorted plans of both directions and the weight-gradient
     chunks; and the round trip of one host synchronisation."""
-    import numpy as np
-
-    from ..relation import KernelGeometry, Relation
-    from .view import view_of
-
+    cuda = cuda_backend()
+    maps = cuda.maps
     c = mx.array(np.ascontiguousarray(coords, dtype=np.int32))
     mx.eval(c)
     out = {}
     one = mx.array([1], mx.int32)
     mx.eval(one)
-    out["host synchronisation round trip"] = _best(lambda: np.array(one + 1), repeats)
-    out["table (error flags read)"] = _best(lambda: maps.CudaTable(c), repeats)
-    out["table (trusted)"] = _best(lambda: mx.eval(maps.CudaTable(c, trusted=True).keys), repeats)
+    out["host synchronisation round trip"] = best_time(lambda: np.array(one + 1), repeats)
+    out["table (error flags read)"] = best_time(lambda: maps.CudaTable(c), repeats)
+    out["table (trusted)"] = best_time(lambda: mx.eval(maps.CudaTable(c, trusted=True).keys), repeats)
     table = maps.CudaTable(c)
     for name, geom in (("subm k3", ((3,) * 3, (1,) * 3, (1,) * 3, (1,) * 3)),
                        ("down k2s2", ((2,) * 3, (2,) * 3, (0,) * 3, (1,) * 3))):
         if geom[1] == (1, 1, 1):
             dst = c
         else:
-            chosen = maps.SUPPORT_DEDUP
             for dedup in ("hash", "sort"):
-                maps.SUPPORT_DEDUP = dedup
-                try:
-                    out[f"{name}: output support ({dedup})"] = _best(
-                        lambda: mx.eval(maps.forward_support(table, geom)), repeats)
-                finally:
-                    maps.SUPPORT_DEDUP = chosen
+                out[f"{name}: output support ({dedup})"] = best_time(
+                    lambda: mx.eval(maps.forward_support(table, geom, dedup=dedup)), repeats)
             dst = maps.forward_support(table, geom)
             mx.eval(dst)
         kind = "submanifold" if dst is c else "forward"
@@ -156,11 +141,11 @@ def map_stages(coords, repeats: int) -> dict:
             mx.eval(native.in_idx, native.k_idx, native.neighbor_map)
             return Relation(native, KernelGeometry(*geom), gpu=True, max_neighbors=a, max_in_neighbors=b)
 
-        out[f"{name}: relation"] = _best(build, repeats)
+        out[f"{name}: relation"] = best_time(build, repeats)
 
         def stage(fn):
             def run():
-                view = view_of(build())
+                view = cuda.view_of(build())
                 mx.eval(view.rel.neighbor_map)
                 t0 = time.perf_counter()
                 mx.eval(fn(view))
@@ -175,14 +160,15 @@ def map_stages(coords, repeats: int) -> dict:
 
 
 def profile(step, repeats: int = 5) -> dict:
-    """Profile of a TrainingStep (mlx_lattice/network_bench.py) on CUDA."""
+    """Profile of a TrainingStep (mlx_lattice/bench/training_step.py) on CUDA."""
+    maps = cuda_backend().maps
     step()  # kernels compiled, optimizer state made
     cached_x = step.tensor()
     step.loss_grad(step.model, cached_x)  # every map of cached_x built
 
     def phases(tensor_fn):
         """(host s, eval s, host seconds by category, calls, syncs in maps, nodes)."""
-        maps.READS.clear()
+        reads = Counter(maps.READS)
         with host_timers() as (acc, calls):
             t0 = time.perf_counter()
             x = tensor_fn()
@@ -193,7 +179,7 @@ def profile(step, repeats: int = 5) -> dict:
         t2 = time.perf_counter()
         mx.eval(loss, step.model.state, step.optimizer.state)
         t3 = time.perf_counter()
-        return t1 - t0, t3 - t2, dict(acc), dict(calls), dict(maps.READS), nodes
+        return t1 - t0, t3 - t2, dict(acc), dict(calls), dict(maps.READS - reads), nodes
 
     out = {}
     for name, fn in (("maps built", step.tensor), ("maps cached", lambda: cached_x)):
@@ -203,23 +189,23 @@ def profile(step, repeats: int = 5) -> dict:
             if best is None or r[0] + r[1] < best[0] + best[1]:
                 best = r
         out[name] = best
-    step_built = _best(step, repeats)
+    step_built = best_time(step, repeats)
 
     def cached_step():
         loss, grads = step.loss_grad(step.model, cached_x)
         step.optimizer.update(step.model, grads)
         mx.eval(loss, step.model.state, step.optimizer.state)
 
-    step_cached = _best(cached_step, repeats)
+    step_cached = best_time(cached_step, repeats)
     fwd, bwd = conv_device_times(step, cached_x, repeats)
     # Adam alone on fixed gradients, as MLX ops and compiled into fused kernels.
     _, grads = step.loss_grad(step.model, cached_x)
     mx.eval(grads)
-    t_adam = _best(lambda: (step.optimizer.update(step.model, grads),
+    t_adam = best_time(lambda: (step.optimizer.update(step.model, grads),
                             mx.eval(step.model.state, step.optimizer.state)), repeats)
     state = [step.model.state, step.optimizer.state]
     update = mx.compile(lambda g: step.optimizer.update(step.model, g), inputs=state, outputs=state)
-    t_adam_compiled = _best(lambda: (update(grads), mx.eval(state)), repeats)
+    t_adam_compiled = best_time(lambda: (update(grads), mx.eval(state)), repeats)
     # What one small primitive costs: a chain of 1000 dependent adds.
     z = mx.zeros((1024,), mx.float32)
     mx.eval(z)
@@ -230,7 +216,7 @@ def profile(step, repeats: int = 5) -> dict:
             a = a + 1.0
         mx.eval(a)
 
-    t_chain = _best(chain, repeats)
+    t_chain = best_time(chain, repeats)
     return {
         "step_built_s": step_built, "step_cached_s": step_cached,
         "phases": out, "conv_forward_s": fwd, "conv_backward_s": bwd, "adam_s": t_adam,

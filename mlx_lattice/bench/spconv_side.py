@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+# torch and spconv are optional dependencies: each function imports them on use.
+
 
 def available() -> bool:
     try:

@@ -7,7 +7,7 @@ sweep) in ``tune`` mode, so that every convolution shape of the model (its
 forward, input-gradient and weight-gradient products) is measured once and
 written to the tuning cache, and prints what was chosen.
 
-:func:`compare_steps` (``python -m mlx_lattice.network_bench --tuner``)
+:func:`compare_steps` (``python -m mlx_lattice.bench.network --tuner``)
 times the same training step with the static order and with the tuned
 choices in one process, steps of the two interleaved.
 """
@@ -24,19 +24,19 @@ import time
 
 import mlx.core as mx
 
-from . import tuning
+from .. import backends, scenes, tuning
+from .training_step import TrainingStep
+from .workloads import workload
 
 
 def _coords(args):
-    from . import bench, scenes
-
     if getattr(args, "path", None):
-        from .demo import _auto_voxel_size
+        from ..demo import _auto_voxel_size
 
         points = scenes.load_points(args.path, seed=0)
         size = args.voxel_size or _auto_voxel_size(points)
         return scenes.voxelize_points(points, size), f"{os.path.basename(args.path)}, {size:g} voxels"
-    return bench.workload(args.workload, quick=False)
+    return workload(args.workload, quick=False)
 
 
 def _dtype(name: str):
@@ -56,8 +56,6 @@ def tune_model(coords, width=0.5, dtype=mx.float32, steps=1, inference=False, bu
     """Measure every convolution shape of a MinkUNet step on `coords` into
     the cache; returns (decisions of this process, seconds spent measuring,
     seconds of the whole run)."""
-    from .network_bench import TrainingStep
-
     step = TrainingStep(coords, width=width, dtype=dtype)
     if inference:
         step.model.eval()
@@ -79,8 +77,6 @@ def compare_steps(coords, width=0.5, dtype=mx.float32, repeats=3, budget_s=120.0
     both alike, and the median of each pair's static / tuned ratio. Without
     `cache_path` the choices go to a fresh temporary cache, so that no
     earlier cache takes part."""
-    from .network_bench import TrainingStep
-
     tmp = None
     if cache_path is None:
         tmp = tempfile.TemporaryDirectory(prefix="mlx_lattice_tune_")
@@ -119,10 +115,8 @@ def compare_steps(coords, width=0.5, dtype=mx.float32, repeats=3, budget_s=120.0
 
 
 def _device() -> str:
-    from . import diagnostics, routes
-
-    backend = routes.current_backend()
-    return tuning.device_id(backend, diagnostics.capability_tier(backend))
+    backend = backends.current()
+    return tuning.device_id(backend.name, backend.tier())
 
 
 def format_comparison(res: dict, title: str) -> str:
@@ -196,6 +190,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m mlx_lattice.tuning_bench")
+    parser = argparse.ArgumentParser(prog="python -m mlx_lattice.bench.tuner")
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

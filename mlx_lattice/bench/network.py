@@ -1,6 +1,6 @@
 """Whole-network training step on the CPU: useful FLOPs and a per-stage profile.
 
-``python -m mlx_lattice.network_bench [--workload lidar] [--width 0.5]`` times a
+``python -m mlx_lattice.bench.network [--workload lidar] [--width 0.5]`` times a
 MinkUNet training step (maps built inside, forward, loss, backward, Adam
 update) and replays each of its stages in isolation on the same arrays:
 map building, tracing the backward graph, convolutions by pass (forward /
@@ -12,7 +12,9 @@ next to the same run's NumPy sgemm.
 ``--compare`` also profiles the MLX-op normalisation path (no fused
 norm + activation primitive) in the same run. ``--tuner`` times the step
 with the static route order and with route-tuned choices side by side
-(mlx_lattice.tuning_bench.compare_steps; docs/tuning.md).
+(mlx_lattice.bench.tuner.compare_steps; docs/tuning.md).
+:func:`network_layer_rows` (``python -m mlx_lattice.bench --network-layers``)
+times every convolution product of the step by layer shape and pass.
 """
 
 from __future__ import annotations
@@ -24,106 +26,34 @@ from contextlib import contextmanager
 
 import numpy as np
 import mlx.core as mx
-import mlx.nn as mnn
 import mlx.optimizers
 
-from . import _ext, algebra, num_threads
-from . import optimizers as optim
-from . import bench
-from .bench import best_time
-from .nn import normalization
-from .tensor import SparseTensor
-
-
-@contextmanager
-def fused_norms(enabled: bool):
-    """Run BatchNorm / InstanceNorm fused (the default on the CPU, on Metal
-    and on CUDA) or as MLX ops."""
-    names = ("FUSED_ON_CPU", "FUSED_ON_METAL", "FUSED_ON_CUDA")
-    old = [getattr(normalization, k) for k in names]
-    for k in names:
-        setattr(normalization, k, enabled)
-    try:
-        yield
-    finally:
-        for k, v in zip(names, old):
-            setattr(normalization, k, v)
-
-
-def loss_fn(model, x):
-    # mx.square, not ** 2: the same bits, and MLX's Power calls powf per
-    # element in both passes (3 ms a step at 97k rows).
-    return mx.square(model(x).feats.astype(mx.float32)).mean()
-
-
-class TrainingStep:
-    """One MinkUNet training step on fixed coordinates; every call builds the
-    coordinate manager and all maps afresh (as a data loader's new sample)."""
-
-    def __init__(self, coords, width=0.5, dtype=mx.float32, in_channels=4, num_classes=4, seed=2,
-                 optimizer=optim.Adam):
-        from .models import MinkUNet
-
-        mx.random.seed(seed)
-        self.coords = np.asarray(coords)
-        self.model = MinkUNet(in_channels, num_classes, width=width)
-        if dtype != mx.float32:
-            self.model.set_dtype(dtype)
-        feats = np.random.default_rng(seed).standard_normal((len(coords), in_channels))
-        self.feats = mx.array(feats.astype(np.float32)).astype(dtype)
-        self.optimizer_cls = optimizer
-        self.optimizer = optimizer(learning_rate=1e-3)
-        self.loss_grad = mnn.value_and_grad(self.model, loss_fn)
-        mx.eval(self.model.parameters(), self.feats)
-
-    def tensor(self) -> SparseTensor:
-        return SparseTensor(self.coords, self.feats)
-
-    def __call__(self):
-        loss, grads = self.loss_grad(self.model, self.tensor())
-        self.optimizer.update(self.model, grads)
-        mx.eval(loss, self.model.state, self.optimizer.state)
-        return loss
+from .. import _ext, algebra, num_threads, ops, scenes
+from .. import optimizers as optim
+from ..nn import normalization
+from . import timing
+from .timing import best_time, cpu_time, sgemm_gflops
+from .training_step import TrainingStep, useful_flops
+from .tuner import compare_steps, format_comparison
+from .workloads import workload
 
 
 @contextmanager
 def _recording():
-    """Record the convolution products, batch norms, concatenations and shared
-    tensors (forks) of a forward pass."""
+    """Record the convolution products (those of ``_ext.gather_conv``: CPU
+    and Metal routes, float weights), batch norms, concatenations and shared
+    tensors (forks) of a forward pass, through the library's own records
+    (``ops.record_products``, ``normalization.record_norms``,
+    ``algebra.record_calls``); the lists fill when the block ends."""
     rec = {"conv": [], "norm": [], "cat": [], "fork": []}
-    orig_conv = _ext.gather_conv
-    orig_cat = algebra.cat
-    orig_fork = algebra.fork
-    orig_bn = normalization.BatchNorm.__call__
-
-    def conv(x, w, native, view, route, stream=None, groups=1):
-        rec["conv"].append((x, w, native, view, route, stream))
-        return orig_conv(x, w, native, view, route, stream, groups=groups)
-
-    def cat(tensors):
-        tensors = list(tensors)
-        rec["cat"].append([t.feats for t in tensors])
-        return orig_cat(tensors)
-
-    def fork(x):
-        rec["fork"].append(x.feats if isinstance(x, SparseTensor) else x)
-        return orig_fork(x)
-
-    def norm(self, x, act=None, residual=None):
-        rec["norm"].append((self, x.feats if isinstance(x, SparseTensor) else x, act, residual))
-        return orig_bn(self, x, act=act, residual=residual)
-
-    _ext.gather_conv = conv
-    algebra.cat = cat
-    algebra.fork = fork
-    normalization.BatchNorm.__call__ = norm
-    try:
+    with ops.record_products() as products, normalization.record_norms() as norms, \
+            algebra.record_calls() as calls:
         yield rec
-    finally:
-        _ext.gather_conv = orig_conv
-        algebra.cat = orig_cat
-        algebra.fork = orig_fork
-        normalization.BatchNorm.__call__ = orig_bn
+    rec["conv"] += [(p.x, p.weight, p.native, p.view, p.route, p.stream)
+                    for p in products if p.backend != "cuda" and not p.quantized]
+    rec["norm"] += [(n.norm, n.x, n.act, n.residual) for n in norms if isinstance(n.norm, normalization.BatchNorm)]
+    rec["cat"] += [arrays for op, arrays in calls if op == "cat"]
+    rec["fork"] += [arrays[0] for op, arrays in calls if op == "fork"]
 
 
 def conv_flops(rec, input_feats) -> tuple[float, float, float]:
@@ -139,25 +69,6 @@ def conv_flops(rec, input_feats) -> tuple[float, float, float]:
         if x is not input_feats:
             d += fl
     return f, d, w
-
-
-def useful_flops(step: TrainingStep) -> float:
-    """Useful FLOPs of one training step (all convolution passes), counted
-    from the route records of a forward pass, so on every backend: 2 * edges
-    * C_in * C_out / groups per pass, and no input gradient for the first
-    convolution (it reads the network's input features)."""
-    from . import diagnostics
-
-    with diagnostics.record() as log:
-        step.model(step.tensor())
-    total, first = 0.0, True
-    for e in log:
-        if e.get("direction") != "forward":
-            continue
-        fl = 2.0 * e["edges"] * e["c_in"] * e["c_out"] / max(e.get("groups") or 1, 1)
-        total += fl * (2 if first else 3)
-        first = False
-    return total
 
 
 def _vjp_time(fn, primals, argnums, repeats):
@@ -186,7 +97,7 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
     stages = {}
     # The whole step as the bench's network row times it (one slow step from
     # the host's other work would otherwise land in "other").
-    total = best_time(step, repeats, min_time_s=bench.NETWORK_MIN_TIME_S, max_calls=16)
+    total = best_time(step, repeats, min_time_s=timing.NETWORK_MIN_TIME_S, max_calls=16)
 
     # Map building: the graph of a forward pass on a fresh manager, minus the
     # same graph on a manager that already holds every map.
@@ -337,11 +248,85 @@ def format_profile(prof: dict, sgemm: float, title: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    from . import scenes
-    from .bench import sgemm_gflops, workload
+def network_layer_rows(coords, width: float = 0.5, repeats: int = 3):
+    """Every convolution product of a MinkUNet training step on `coords`,
+    grouped by layer shape: (sgemm GFLOP/s of CPU time, rows), each row with
+    the shape, its count, useful FLOPs per call and per-call CPU seconds of
+    forward, input gradient and weight gradient (none for the input layer)."""
+    step = TrainingStep(coords, width=width)
+    with _recording() as rec:
+        y = step.model(step.tensor())
+    mx.eval(y.feats, [r[:2] for r in rec["conv"]])
+    rows = {}
+    for x, w, native, view, route, stream in rec["conv"]:
+        def conv(a, b, native=native, view=view, route=route, stream=stream):
+            return _ext.gather_conv(a, b, native, view, route, stream)
 
-    p = argparse.ArgumentParser(prog="python -m mlx_lattice.network_bench", description=__doc__.splitlines()[0])
+        y = conv(x, w)
+        ct = mx.random.normal(y.shape)
+        mx.eval(y, ct)
+
+        def grad(argnum, conv=conv, x=x, w=w, ct=ct):
+            def part(p):
+                return conv(p, w) if argnum == 0 else conv(x, p)
+            mx.eval(mx.vjp(part, [(x, w)[argnum]], [ct])[1])
+
+        times = [cpu_time(lambda: mx.eval(conv(x, w)), repeats),
+                 cpu_time(lambda: grad(0), repeats) if x is not step.feats else None,
+                 cpu_time(lambda: grad(1), repeats)]
+        edges = native.edges if native is not None else x.shape[0]
+        key = (w.shape[0], w.shape[1], w.shape[2], x.shape[0], y.shape[0], edges, route)
+        row = rows.setdefault(key, {
+            "K": key[0], "c_in": key[1], "c_out": key[2], "rows_in": key[3], "rows_out": key[4],
+            "edges": edges, "route": route, "layers": 0, "flop": 2.0 * edges * key[1] * key[2],
+            "seconds": [0.0, None, 0.0]})
+        row["layers"] += 1
+        for i, t in enumerate(times):
+            if t is not None:
+                row["seconds"][i] = (row["seconds"][i] or 0.0) + t
+    out = list(rows.values())
+    for row in out:
+        row["seconds"] = [t / row["layers"] if t is not None else None for t in row["seconds"]]
+    # The reference last: OpenBLAS's threads spin for a while after a
+    # product, and their CPU time landed on the first layers timed after it
+    # (the stem's 16 -> 16 forward read 5.8-7.4 ms against 3.0-3.5).
+    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    sgemm = 2 * 2048**3 / cpu_time(lambda: a @ a, 5) / 1e9
+    return sgemm, out
+
+
+def run_network_layers(args) -> int:
+    """Prints network_layer_rows as a table, largest share first."""
+    wl = (args.workloads or "lidar").split(",")[0]
+    coords, desc = workload(wl, quick=False)
+    repeats = args.repeats or 3
+    sgemm, rows = network_layer_rows(coords, args.width, repeats)
+    print(f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels, {num_threads()} threads, "
+          f"CPU path {_ext.cpu_isa()}, float32")
+    print(f"CPU time (all threads) per call, best of {repeats}; NumPy sgemm {sgemm:.1f} GFLOP/s of CPU time "
+          f"(2048^3, same run); % = useful GFLOP/s / sgemm")
+    totals = [sum((r["seconds"][i] or 0.0) * r["layers"] for r in rows) for i in range(3)]
+    print(f"all products: forward {totals[0] * 1e3:.0f} ms, input gradient {totals[1] * 1e3:.0f} ms, "
+          f"weight gradient {totals[2] * 1e3:.0f} ms of CPU time")
+    print("| K | C_in -> C_out | rows in -> out | edges per out row | route | layers | forward ms (% sgemm) "
+          "| input grad ms | weight grad ms | share |")
+    print("|---:|---|---|---:|---|---:|---|---|---|---:|")
+
+    def total(r):
+        return sum(t or 0.0 for t in r["seconds"]) * r["layers"]
+
+    for r in sorted(rows, key=total, reverse=True):
+        def cell(t, r=r):
+            return f"{t * 1e3:.2f} ({r['flop'] / t / 1e9 / sgemm:.0%})" if t else "-"
+
+        print(f"| {r['K']} | {r['c_in']} -> {r['c_out']} | {r['rows_in']:,} -> {r['rows_out']:,} "
+              f"| {r['edges'] / r['rows_out']:.2f} | {r['route']} | {r['layers']} "
+              f"| {' | '.join(cell(t) for t in r['seconds'])} | {total(r) / sum(totals):.1%} |")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mlx_lattice.bench.network", description=__doc__.splitlines()[0])
     p.add_argument("--workload", default="lidar", help="lidar, mesh or random (as the bench)")
     p.add_argument("--width", type=float, default=0.5)
     p.add_argument("--repeats", type=int, default=3)
@@ -354,8 +339,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     coords, desc = workload(args.workload, quick=False)
     if args.tuner:
-        from .tuning_bench import compare_steps, format_comparison
-
         res = compare_steps(coords, width=args.width, repeats=args.repeats, budget_s=args.tune_budget)
         print(format_comparison(res, f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels, "
                                      f"{num_threads()} threads, float32"))
@@ -372,7 +355,7 @@ def main(argv=None) -> int:
         best = {True: float("inf"), False: float("inf")}
         for _ in range(args.repeats + 1):
             for fused in (True, False):
-                with fused_norms(fused):
+                with normalization.fused_norms(fused):
                     t0 = time.perf_counter()
                     step()
                     best[fused] = min(best[fused], time.perf_counter() - t0)
@@ -385,7 +368,7 @@ def main(argv=None) -> int:
         print(f"speed-up of the step from the fused norms: {best[False] / best[True]:.2f}x\n", flush=True)
     modes = [True, False] if args.compare else [True]
     for fused in modes:
-        with fused_norms(fused):
+        with normalization.fused_norms(fused):
             step = TrainingStep(coords, width=args.width, optimizer=opt_cls)
             prof = profile(step, args.repeats)
         sgemm = max(sgemm, sgemm_gflops())
