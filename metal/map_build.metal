@@ -1,6 +1,6 @@
 // Map building on the GPU: the coordinate hash table and the output-major
 // relation (CSR in offset order), equal element for element to the CPU
-// builder (src/kernel_map.cpp). Buffer bindings and dispatch shapes: the
+// builder (src/core/kernel_map.cpp). Buffer bindings and dispatch shapes: the
 // programs in src/metal/map_build.cpp.
 //
 // The table holds row indices, not keys: a slot is claimed with a 32-bit
@@ -17,7 +17,7 @@ using namespace metal;
 
 constant int kNone = 0x7fffffff;
 
-// The CPU table's hash (src/relation.h): z-runs of 4 share neighbouring
+// The CPU table's hash (src/core/relation.h): z-runs of 4 share neighbouring
 // slots, the rest of the key is mixed.
 inline ulong map_hash(ulong key) {
   ulong x = key >> 2;
@@ -245,7 +245,7 @@ inline int map_neighbor(
 }
 
 // ------------------------------------------------------------------ views
-// The views follow src/relation.cpp: the neighbour map (n_out, K) of input
+// The views follow src/core/relation.cpp: the neighbour map (n_out, K) of input
 // rows, and the kernel-major view (edges stably sorted by offset), built
 // column by column from the edge map (n_out, K) of CSR edge indices.
 
@@ -550,7 +550,7 @@ inline void map_order(thread MapElem& a, thread MapElem& b, long i, long k) {
 }
 
 // --------------------------------------------------------- output supports
-// Forward and generative supports (src/kernel_map.cpp): every coordinate
+// Forward and generative supports (src/core/kernel_map.cpp): every coordinate
 // reached from the inputs, sorted by packed key and unique. One int32
 // buffer holds the steps' state: scan offsets (count + 1), the error word,
 // then the candidates from word count + 2 as sort elements (key, candidate
@@ -644,7 +644,7 @@ constant ulong kEmptyKey = ~0UL;
 }
 
 // ------------------------------------------------------------ sorted plan
-// The sorted plan (src/relation.cpp): output rows stably sorted by their
+// The sorted plan (src/core/relation.cpp): output rows stably sorted by their
 // neighbour bitmask (bit k: an input through offset k; K <= 64), as sort
 // elements (mask, row) in a temporary; padding (~0, n_out + i) sorts last.
 // The plan buffer: the OR of each tile's masks first (MAP_PLAN_TILE rows;

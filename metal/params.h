@@ -70,7 +70,7 @@ struct QuantParams {
 };
 
 // Map building (metal/map_build.metal): the coordinate range of
-// src/relation.h and the scan step's threadgroup size.
+// src/core/relation.h and the scan step's threadgroup size.
 enum MapLimits : int {
   MAP_BATCH_LIMIT = 4096,
   MAP_COORD_MIN = -65536,

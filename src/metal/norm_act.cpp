@@ -3,7 +3,7 @@
 // a threadgroup; merges one threadgroup of NORM_MERGE_THREADS per channel
 // (per (channel, segment) in the forward pass); elementwise passes the same
 // tiles over rows, striding past NORM_MAX_ROW_GROUPS threadgroups.
-// NormAct::eval_gpu / NormActGrad::eval_gpu (src/norm.cpp) encode them.
+// NormAct::eval_gpu / NormActGrad::eval_gpu (src/core/norm.cpp) encode them.
 #include "metal/norm_act.h"
 
 #include <limits>
@@ -85,7 +85,7 @@ NormParams norm_params(const NormSpec& spec, int64_t rows, int64_t channels) {
   return p;
 }
 
-// Inputs (src/norm.h): x, weight, bias, [residual], [segments] (training)
+// Inputs (src/core/norm.h): x, weight, bias, [residual], [segments] (training)
 // or x, weight, bias, mean, var, [residual] (eval). Bindings a kernel never
 // reads (no residual, no segment ids) get x.
 Program norm_forward_program(const NormSpec& spec, int64_t rows, int64_t channels, mx::Dtype dtype) {
@@ -124,7 +124,7 @@ Program norm_forward_program(const NormSpec& spec, int64_t rows, int64_t channel
   return prog;
 }
 
-// Inputs (src/norm.h): x, y, ct, weight, bias, mean, var, [segments], and in
+// Inputs (src/core/norm.h): x, y, ct, weight, bias, mean, var, [segments], and in
 // training ct_mean, ct_var. Outputs dx, dweight, dbias[, g].
 Program norm_backward_program(const NormSpec& spec, int64_t rows, int64_t channels, mx::Dtype dtype) {
   const NormParams p = norm_params(spec, rows, channels);

@@ -2,10 +2,10 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "coords.h"
+#include "core/coords.h"
+#include "core/relation.h"
+#include "core/threadpool.h"
 #include "mlx/allocator.h"
-#include "relation.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 

@@ -1,19 +1,19 @@
 // Fused normalisation + activation: the primitives. Their CPU kernels are
 // compiled per instruction-set path (src/cpu/norm_act.cpp); on a Metal GPU
 // they run the programs of src/metal/norm_act.cpp.
-#include "norm.h"
+#include "core/norm.h"
 
 #include <array>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
 
+#include "core/threadpool.h"
 #include "cpu/kernels.h"
 #include "metal/norm_act.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 

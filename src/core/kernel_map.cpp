@@ -6,11 +6,11 @@
 #include <optional>
 #include <stdexcept>
 
-#include "coords.h"
+#include "core/coords.h"
+#include "core/relation.h"
+#include "core/sort.h"
+#include "core/threadpool.h"
 #include "mlx/allocator.h"
-#include "relation.h"
-#include "sort.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 

@@ -1,16 +1,16 @@
 // The primitives of feature_ops.h and their CPU tasks (plain loops: both are
 // bound by memory bandwidth, so one build serves every instruction set).
-#include "feature_ops.h"
+#include "core/feature_ops.h"
 
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "core/threadpool.h"
 #include "cpu/kernels.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 

@@ -1,17 +1,17 @@
 // The fused Adam / AdamW update: the primitive. Its CPU kernel is compiled
 // per instruction-set path (src/cpu/adam.cpp).
-#include "optim.h"
+#include "core/optim.h"
 
 #include <algorithm>
 #include <array>
 #include <stdexcept>
 #include <string>
 
+#include "core/threadpool.h"
 #include "cpu/kernels.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 

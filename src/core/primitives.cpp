@@ -1,4 +1,4 @@
-#include "primitives.h"
+#include "core/primitives.h"
 
 #include <stdexcept>
 

@@ -7,22 +7,22 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "attention.h"
+#include "core/attention.h"
+#include "core/feature_ops.h"
+#include "core/norm.h"
+#include "core/optim.h"
+#include "core/primitives.h"
+#include "core/relation.h"
+#include "core/threadpool.h"
 #include "cpu/allocator.h"
 #include "cpu/isa.h"
+#include "cpu/neighbors.h"
 #include "cpu/routes.h"
-#include "feature_ops.h"
 #include "metal/map_build.h"
 #include "metal/map_primitive.h"
 #include "metal/neighbors.h"
 #include "metal/norm_act.h"
 #include "metal/route.h"
-#include "neighbors.h"
-#include "norm.h"
-#include "optim.h"
-#include "primitives.h"
-#include "relation.h"
-#include "threadpool.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -1,4 +1,4 @@
-#include "attention.h"
+#include "core/attention.h"
 
 #include <stdexcept>
 #include <string>
