@@ -1,123 +1,15 @@
-// The fused Adam / AdamW update: the primitive. Its CPU kernel is compiled
-// per instruction-set path (src/cpu/adam.cpp).
+// The fused Adam / AdamW update: the primitive apart from its evaluation
+// (the op's checks). eval_cpu is in src/cpu/optim.cpp, over the kernel
+// compiled per instruction-set path in src/cpu/adam.cpp.
 #include "core/optim.h"
 
-#include <algorithm>
-#include <array>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
-#include "core/threadpool.h"
-#include "cpu/kernels.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 
 namespace mlx_lattice {
-
-namespace {
-
-// A float32 input; shape and strides are set only when it is not dense
-// (weight gradients usually arrive as transposed views of the convolution's
-// kernel-major layout).
-struct Strided {
-  const float* data = nullptr;
-  std::vector<int64_t> shape, strides;
-
-  // Row-major copy into buf: rows of the last dimension in parallel, the
-  // dimensions that are contiguous in the source merged first.
-  const float* gather(std::vector<float>& buf) const {
-    std::vector<int64_t> sh, st;
-    for (size_t d = 0; d < shape.size(); ++d) {
-      if (shape[d] == 1) {
-        continue;
-      }
-      if (!sh.empty() && st.back() == strides[d] * shape[d]) {
-        sh.back() *= shape[d];
-        st.back() = strides[d];
-      } else {
-        sh.push_back(shape[d]);
-        st.push_back(strides[d]);
-      }
-    }
-    int64_t n = 1;
-    for (auto d : shape) {
-      n *= d;
-    }
-    buf.resize(n);
-    if (n == 0) {
-      return buf.data();
-    }
-    if (sh.empty()) {
-      std::fill(buf.begin(), buf.end(), data[0]);
-      return buf.data();
-    }
-    const int64_t inner = sh.back(), step = st.back();
-    const int64_t rows = n / inner;
-    float* out = buf.data();
-    const float* src = data;
-    parallel_for(rows, std::max<int64_t>(1, 16384 / inner), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        int64_t off = 0, rem = r;
-        for (int d = static_cast<int>(sh.size()) - 2; d >= 0; --d) {
-          off += (rem % sh[d]) * st[d];
-          rem /= sh[d];
-        }
-        const float* a = src + off;
-        float* o = out + r * inner;
-        for (int64_t j = 0; j < inner; ++j) {
-          o[j] = a[j * step];
-        }
-      }
-    });
-    return buf.data();
-  }
-};
-
-} // namespace
-
-void AdamUpdate::eval_cpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
-  // Fresh outputs: the inputs of a primitive with several outputs are held
-  // by every output, so MLX never reports them donatable here.
-  auto& enc = cpu::encode_all(in, out, stream());
-  auto dense = [](const mx::array& a) {
-    return a.flags().row_contiguous && a.data_size() == a.size();
-  };
-  // Inputs are taken as they come (no contiguity nodes in the graph: one
-  // update per parameter per step); a strided one is gathered into a dense
-  // copy when the task runs (its data is ready then).
-  std::array<Strided, 5> src;
-  for (int i = 0; i < 5; ++i) {
-    src[i].data = in[i].data<float>();
-    if (!dense(in[i])) {
-      src[i].shape.assign(in[i].shape().begin(), in[i].shape().end());
-      src[i].strides.assign(in[i].strides().begin(), in[i].strides().end());
-    }
-  }
-  enc.dispatch([fn = cpu::active_kernels().adam_update,
-                n = static_cast<int64_t>(out[0].size()),
-                k = k_,
-                src = std::move(src),
-                po = out[0].data<float>(),
-                mo = out[1].data<float>(),
-                vo = out[2].data<float>()]() {
-    std::vector<float> copies[5];
-    const float* p[5];
-    for (int i = 0; i < 5; ++i) {
-      p[i] = src[i].shape.empty() ? src[i].data : src[i].gather(copies[i]);
-    }
-    fn(n, k, p[4], p[0], p[1], p[2], p[3], po, mo, vo);
-  });
-}
-
-void AdamUpdate::eval_gpu(
-    const std::vector<mx::array>&,
-    std::vector<mx::array>&) {
-  throw std::runtime_error(
-      "adam_update runs on the CPU only (on a GPU the optimizer uses MLX ops)");
-}
 
 std::vector<mx::Shape> AdamUpdate::output_shapes(
     const std::vector<mx::array>& in) {

@@ -3,7 +3,7 @@
 // a threadgroup; merges one threadgroup of NORM_MERGE_THREADS per channel
 // (per (channel, segment) in the forward pass); elementwise passes the same
 // tiles over rows, striding past NORM_MAX_ROW_GROUPS threadgroups.
-// NormAct::eval_gpu / NormActGrad::eval_gpu (src/core/norm.cpp) encode them.
+// NormAct::eval_gpu and NormActGrad::eval_gpu (below) encode them.
 #include "metal/norm_act.h"
 
 #include <limits>
@@ -167,3 +167,40 @@ Program norm_backward_program(const NormSpec& spec, int64_t rows, int64_t channe
 }
 
 } // namespace mlx_lattice::metal
+
+namespace mlx_lattice {
+
+namespace {
+
+// Metal only: on other GPUs the layers do not build this primitive
+// (mlx_lattice/nn/normalization.py).
+// Both passes' GPU programs exist only in builds with the Metal kernels.
+void require_metal_kernels() {
+  if (!metal::available()) {
+    throw std::runtime_error(
+        "norm_act: this build has no Metal kernels; on other GPUs the norms "
+        "run as MLX ops");
+  }
+}
+
+} // namespace
+
+void NormAct::eval_gpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  require_metal_kernels();
+  const auto& x = in[0];
+  metal::run(
+      metal::norm_forward_program(spec_, x.shape(0), x.shape(1), x.dtype()), in, out, stream());
+}
+
+void NormActGrad::eval_gpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  require_metal_kernels();
+  const auto& x = in[0];
+  metal::run(
+      metal::norm_backward_program(spec_, x.shape(0), x.shape(1), x.dtype()), in, out, stream());
+}
+
+} // namespace mlx_lattice
