@@ -31,6 +31,9 @@ void init_attention(nb::module_& m);
 void init_neighbors(nb::module_& m);
 void init_metal(nb::module_& m);
 
+// The text of metal/lattice_keys.h, embedded at build time (CMakeLists.txt).
+const char* lattice_keys_source();
+
 // An op's `stream` argument: MLX's default stream when None.
 inline mx::Stream stream_or_default(std::optional<mx::Stream> s) {
   return s ? *s : mx::to_stream(mx::StreamOrDevice{});

@@ -1,5 +1,6 @@
-// Coordinates and relations: the coordinate range, CoordTable, Relation
-// (with the views a GPU builder provides) and the CPU map builders.
+// Coordinates and relations: the coordinate range and key packing,
+// CoordTable, Relation (with the views a GPU builder provides) and the CPU
+// map builders.
 #include "bindings/bindings.h"
 #include "core/relation.h"
 
@@ -59,6 +60,9 @@ void init_maps(nb::module_& m) {
   m.attr("BATCH_LIMIT") = kBatchLimit;
   m.attr("COORD_MIN") = kCoordMin;
   m.attr("COORD_MAX") = kCoordMax;
+  // The key packing and table hash every backend shares, as source text
+  // for the CUDA backend's kernels.
+  m.def("lattice_keys_source", &lattice_keys_source);
 
   nb::enum_<View>(m, "View")
       .value("output_major", View::OutputMajor)
