@@ -172,15 +172,23 @@ namespace mlx_lattice {
 
 namespace {
 
-// Metal only: on other GPUs the layers do not build this primitive
-// (mlx_lattice/nn/normalization.py).
-// Both passes' GPU programs exist only in builds with the Metal kernels.
-void require_metal_kernels() {
+// Encodes a norm's program over in[0]'s rows and channels. Metal only: on
+// other GPUs the layers do not build these primitives
+// (mlx_lattice/nn/normalization.py), and the programs exist only in builds
+// with the Metal kernels.
+void run_norm_program(
+    metal::Program (*program)(const NormSpec&, int64_t, int64_t, mx::Dtype),
+    const NormSpec& spec,
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out,
+    mx::Stream s) {
   if (!metal::available()) {
     throw std::runtime_error(
         "norm_act: this build has no Metal kernels; on other GPUs the norms "
         "run as MLX ops");
   }
+  const auto& x = in[0];
+  metal::run(program(spec, x.shape(0), x.shape(1), x.dtype()), in, out, s);
 }
 
 } // namespace
@@ -188,19 +196,13 @@ void require_metal_kernels() {
 void NormAct::eval_gpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  require_metal_kernels();
-  const auto& x = in[0];
-  metal::run(
-      metal::norm_forward_program(spec_, x.shape(0), x.shape(1), x.dtype()), in, out, stream());
+  run_norm_program(metal::norm_forward_program, spec_, in, out, stream());
 }
 
 void NormActGrad::eval_gpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  require_metal_kernels();
-  const auto& x = in[0];
-  metal::run(
-      metal::norm_backward_program(spec_, x.shape(0), x.shape(1), x.dtype()), in, out, stream());
+  run_norm_program(metal::norm_backward_program, spec_, in, out, stream());
 }
 
 } // namespace mlx_lattice
