@@ -1,6 +1,6 @@
 // Map building on the GPU: the coordinate hash table and the output-major
 // relation (CSR in offset order), equal element for element to the CPU
-// builder (src/kernel_map.cpp). Buffer bindings and dispatch shapes: the
+// builder (src/core/kernel_map.cpp). Buffer bindings and dispatch shapes: the
 // programs in src/metal/map_build.cpp.
 //
 // The table holds row indices, not keys: a slot is claimed with a 32-bit
@@ -11,32 +11,15 @@
 // the coordinate range (INT_MAX: none), read back at the map's one sync.
 #include <metal_stdlib>
 
+// The coordinate range, key packing and the CPU table's hash (z-runs of 4
+// share neighbouring slots, the rest of the key is mixed).
+#include "lattice_keys.h"
 #include "params.h"
 
 using namespace metal;
+using namespace mlx_lattice;
 
 constant int kNone = 0x7fffffff;
-
-// The CPU table's hash (src/relation.h): z-runs of 4 share neighbouring
-// slots, the rest of the key is mixed.
-inline ulong map_hash(ulong key) {
-  ulong x = key >> 2;
-  x ^= x >> 31;
-  x *= 0x7fb5d329728ea185UL;
-  x ^= x >> 27;
-  x *= 0x81dadef4bc2dd44dUL;
-  x ^= x >> 33;
-  return (x << 2) | (key & 3UL);
-}
-
-inline ulong map_key(int b, long x, long y, long z) {
-  return (ulong(b) << 51) | (ulong(x - MAP_COORD_MIN) << 34) |
-      (ulong(y - MAP_COORD_MIN) << 17) | ulong(z - MAP_COORD_MIN);
-}
-
-inline bool map_in_range(long v) {
-  return v >= MAP_COORD_MIN && v <= MAP_COORD_MAX;
-}
 
 // Slots to -1, the two flag words to kNone.
 [[kernel]] void map_table_clear(
@@ -63,12 +46,11 @@ inline bool map_in_range(long v) {
   }
   device atomic_int* flags = table + long(p.mask) + 1;
   device const int* c = coords + 4 * long(i);
-  if (c[0] < 0 || c[0] >= MAP_BATCH_LIMIT || !map_in_range(c[1]) || !map_in_range(c[2]) ||
-      !map_in_range(c[3])) {
+  if (!in_range(c[0], c[1], c[2], c[3])) {
     atomic_fetch_min_explicit(flags + 1, i, memory_order_relaxed);
     return;
   }
-  ulong h = map_hash(map_key(c[0], c[1], c[2], c[3])) & ulong(p.mask);
+  ulong h = key_hash(pack_key(c[0], c[1], c[2], c[3])) & ulong(p.mask);
   // At most n_in of the >= 2 n_in slots are ever taken: a free one is
   // reached. Only advancing counts as a probe: a spurious failure of the
   // weak exchange (expected still -1) retries the same slot.
@@ -99,7 +81,7 @@ inline int map_find(
     long x,
     long y,
     long z) {
-  ulong h = map_hash(map_key(b, x, y, z)) & ulong(mask);
+  ulong h = key_hash(pack_key(b, x, y, z)) & ulong(mask);
   for (int probe = 0; probe <= mask; ++probe) {
     const int r = table[h];
     if (r < 0) {
@@ -127,7 +109,7 @@ inline int map_axis_value(constant MapParams& p, int a, long q, int d, thread lo
   } else {
     v = long(p.stride[a]) * q - p.padding[a] + long(p.dilation[a]) * d;
   }
-  return map_in_range(v) ? 1 : 2;
+  return coord_in_range(v) ? 1 : 2;
 }
 
 // Candidate coordinate of output coordinate q along axis a for kernel index
@@ -153,7 +135,7 @@ inline int map_neighbor(
     int r,
     int k) {
   device const int* q = out_coords + 4 * long(r);
-  if (q[0] < 0 || q[0] >= MAP_BATCH_LIMIT) {
+  if (!batch_in_range(q[0])) {
     return -1;
   }
   int d[3];
@@ -245,7 +227,7 @@ inline int map_neighbor(
 }
 
 // ------------------------------------------------------------------ views
-// The views follow src/relation.cpp: the neighbour map (n_out, K) of input
+// The views follow src/core/relation.cpp: the neighbour map (n_out, K) of input
 // rows, and the kernel-major view (edges stably sorted by offset), built
 // column by column from the edge map (n_out, K) of CSR edge indices.
 
@@ -550,7 +532,7 @@ inline void map_order(thread MapElem& a, thread MapElem& b, long i, long k) {
 }
 
 // --------------------------------------------------------- output supports
-// Forward and generative supports (src/kernel_map.cpp): every coordinate
+// Forward and generative supports (src/core/kernel_map.cpp): every coordinate
 // reached from the inputs, sorted by packed key and unique. One int32
 // buffer holds the steps' state: scan offsets (count + 1), the error word,
 // then the candidates from word count + 2 as sort elements (key, candidate
@@ -560,7 +542,6 @@ inline void map_order(thread MapElem& a, thread MapElem& b, long i, long k) {
 // missing one or the padding kEmptyKey.
 
 constant ulong kBadKey = 0x8000000000000000UL;
-constant ulong kEmptyKey = ~0UL;
 
 // One thread per padded candidate: its key (p.transposed: the forward form
 // (c + p - dil*d) / s; otherwise the generative form s*c - p + dil*d).
@@ -580,8 +561,7 @@ constant ulong kEmptyKey = ~0UL;
     device const int* c = coords + 4 * long(row);
     int d[3];
     map_taps(p, int(idx % p.kv), d);
-    key = ulong(c[0]) << 51;
-    const int shift[3] = {34, 17, 0};
+    key = key_batch(c[0]);
     bool valid = true;
     bool bad = false;
     for (int a = 0; a < 3; ++a) {
@@ -590,7 +570,7 @@ constant ulong kEmptyKey = ~0UL;
       valid = valid && state == 1;
       bad = bad || state == 2;
       if (state == 1) {
-        key += ulong(v - MAP_COORD_MIN) << shift[a];
+        key += key_axis(a, v);
       }
     }
     key = bad ? (kBadKey | ulong(row)) : (valid ? key : kEmptyKey);
@@ -637,14 +617,14 @@ constant ulong kEmptyKey = ~0UL;
   }
   const ulong key = map_load(words, s, i).key;
   device int* q = out + 4 * long(words[i]);
-  q[0] = int(key >> 51);
-  q[1] = int((key >> 34) & 0x1ffffUL) + MAP_COORD_MIN;
-  q[2] = int((key >> 17) & 0x1ffffUL) + MAP_COORD_MIN;
-  q[3] = int(key & 0x1ffffUL) + MAP_COORD_MIN;
+  q[0] = unpack_batch(key);
+  for (int a = 0; a < 3; ++a) {
+    q[a + 1] = unpack_axis(key, a);
+  }
 }
 
 // ------------------------------------------------------------ sorted plan
-// The sorted plan (src/relation.cpp): output rows stably sorted by their
+// The sorted plan (src/core/relation.cpp): output rows stably sorted by their
 // neighbour bitmask (bit k: an input through offset k; K <= 64), as sort
 // elements (mask, row) in a temporary; padding (~0, n_out + i) sorts last.
 // The plan buffer: the OR of each tile's masks first (MAP_PLAN_TILE rows;

@@ -1,5 +1,5 @@
 // Neighbour queries on the GPU: k nearest and fixed radius, with the CPU's
-// results (src/neighbors.cpp): each query's neighbours of its own batch
+// results (src/cpu/neighbors.cpp): each query's neighbours of its own batch
 // item sorted by (squared distance, index). Buffer bindings and dispatch
 // shapes: the programs in src/metal/neighbors.cpp.
 //

@@ -1,5 +1,5 @@
 // Batch / instance normalisation + residual + activation (the NormAct and
-// NormActGrad primitives of src/norm.h on a Metal GPU). Programs:
+// NormActGrad primitives of src/core/norm.h on a Metal GPU). Programs:
 // src/metal/norm_act.cpp.
 //
 // Forward (training): norm_act_stats gives each (row block, channel) one

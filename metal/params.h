@@ -69,12 +69,9 @@ struct QuantParams {
   int group;     // input channels per scale/bias
 };
 
-// Map building (metal/map_build.metal): the coordinate range of
-// src/relation.h and the scan step's threadgroup size.
+// Map building (metal/map_build.metal): the sizes its steps work in (the
+// coordinate range is metal/lattice_keys.h's).
 enum MapLimits : int {
-  MAP_BATCH_LIMIT = 4096,
-  MAP_COORD_MIN = -65536,
-  MAP_COORD_MAX = 65535,
   MAP_SCAN_THREADS = 1024, // threads of the scan step
   MAP_SORT_BLOCK = 1024,   // keys a threadgroup sorts in shared memory
   MAP_PLAN_TILE = 64,      // rows per tile mask of the sorted plan

@@ -14,7 +14,7 @@ batch index (default: all in item 0), an ``(N, 4)`` integer ``(batch, x, y,
 z)`` coordinate array, or a :class:`SparseTensor` (its voxel coordinates, in
 its own grid units).
 
-Backends: the C++ CPU search (src/neighbors.cpp) by default; with a CUDA
+Backends: the C++ CPU search (src/cpu/neighbors.cpp) by default; with a CUDA
 GPU as the default device, the kernels of :mod:`mlx_lattice.backends.cuda.neighbors`
 (the same arrays). The Metal programs (metal/neighbors.metal) are verified
 through the test harness; no runtime primitive dispatches them yet.

@@ -31,8 +31,8 @@ from mlx_lattice import _ext
 from conftest import cpu_kernel_sources
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = cpu_kernel_sources() + [ROOT / "src/threadpool.cpp", ROOT / "tests/compilers/kernel_bits.cpp"]
-HEADERS = sorted((ROOT / "src/cpu").glob("*.h")) + [ROOT / "src/threadpool.h"]
+SOURCES = cpu_kernel_sources() + [ROOT / "src/core/threadpool.cpp", ROOT / "tests/compilers/kernel_bits.cpp"]
+HEADERS = sorted((ROOT / "src/cpu").glob("*.h")) + [ROOT / "src/core/threadpool.h"]
 CACHE = ROOT / "build" / "compiler-bits"
 # The kernels' own flags (CMakeLists.txt) at -O2: without contraction no
 # optimisation level changes a result.

@@ -49,12 +49,12 @@ def test_reads_the_build():
     assert check.nanobind_definitions() == ["NB_DOMAIN=mlx"]
     assert "-D_METAL_" in check.mlx_mac_flags()
     assert all(u.exists() for u in UNITS)
-    assert {"src/metal/program.cpp", "src/metal/map_primitive.cpp", "src/bindings.cpp"} <= {
+    assert {"src/metal/program.cpp", "src/metal/map_primitive.cpp", "src/bindings/module.cpp"} <= {
         str(u.relative_to(check.ROOT)) for u in UNITS
     }
     # MLX's Metal headers, included through the stand-in.
     assert (check.mlx_include() / "mlx" / "backend" / "metal" / "device.h").exists()
-    assert check.nanobind_include() is not None, "nanobind (the test extra) is needed for src/bindings.cpp"
+    assert check.nanobind_include() is not None, "nanobind (the test extra) is needed for src/bindings/"
     # The test extra's nanobind is the one the build compiled with.
     project = tomllib.loads((check.ROOT / "pyproject.toml").read_text())
     extras = project["tool"]["scikit-build"]["metadata"]["optional-dependencies"]["value"]

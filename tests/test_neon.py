@@ -23,8 +23,8 @@ from conftest import cpu_kernel_sources
 ROOT = Path(__file__).resolve().parent.parent
 # Every per-ISA kernel file; the norms and Adam are compiled only here (their
 # own tests run them on arm64 hosts).
-SOURCES = cpu_kernel_sources() + [ROOT / "src/threadpool.cpp", ROOT / "tests/neon/kernel_test.cpp"]
-HEADERS = sorted((ROOT / "src/cpu").glob("*.h")) + [ROOT / "src/threadpool.h"]
+SOURCES = cpu_kernel_sources() + [ROOT / "src/core/threadpool.cpp", ROOT / "tests/neon/kernel_test.cpp"]
+HEADERS = sorted((ROOT / "src/cpu").glob("*.h")) + [ROOT / "src/core/threadpool.h"]
 CACHE = ROOT / "build" / "neon-kernel-test"
 
 

@@ -1,4 +1,4 @@
-// The fused Adam / AdamW update (the AdamUpdate primitive of src/optim.cpp),
+// The fused Adam / AdamW update (the AdamUpdate primitive of src/core/optim.cpp),
 // compiled per instruction-set path: one pass over the parameter, its
 // gradient and both moments, where MLX's optimizer runs a dozen elementwise
 // ops with a temporary each.

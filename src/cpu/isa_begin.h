@@ -37,11 +37,11 @@
 #include <immintrin.h>
 #endif
 
+#include "core/threadpool.h"
 #include "cpu/convert_base.h"
 #include "cpu/isa.h"
 #include "mlx/types/bf16.h"
 #include "mlx/types/half_types.h"
-#include "threadpool.h"
 #if defined(__ARM_NEON)
 #include <arm_neon.h>
 #endif

@@ -1,5 +1,5 @@
 // Fused normalisation + activation kernels (the NormAct / NormActGrad
-// primitives of src/norm.cpp), compiled per instruction-set path: the row
+// primitives of src/core/norm.cpp), compiled per instruction-set path: the row
 // loops vectorize for the path, and half rows convert with F16C on AVX2 /
 // AVX-512 (cpu/convert.h).
 //

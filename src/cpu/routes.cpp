@@ -1,9 +1,10 @@
 // The CPU routes: which kernel of src/cpu/ each route name runs, over which
-// arrays of the primitive's inputs.
+// arrays of the primitive's inputs; the routed primitives' eval_cpu.
 #include "cpu/routes.h"
 
 #include <stdexcept>
 
+#include "core/primitives.h"
 #include "cpu/kernels.h"
 
 namespace mlx_lattice::cpu {
@@ -146,3 +147,16 @@ std::vector<mx::array> extra_inputs(
 }
 
 } // namespace mlx_lattice::cpu
+
+namespace mlx_lattice {
+
+// GatherConv, WeightGrad and QuantizedConv on the CPU: the task of their
+// route's entry above.
+void RoutedPrimitive::eval_cpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  cpu::Call call{route_, in, out[0], stream(), rel_ != nullptr, bits_, group_, groups_};
+  cpu::find(route_, op_).run(call);
+}
+
+} // namespace mlx_lattice

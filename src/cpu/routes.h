@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "core/relation.h"
+#include "core/route_op.h"
 #include "mlx/array.h"
 #include "mlx/stream.h"
-#include "relation.h"
-#include "route_op.h"
 
 namespace mlx_lattice::cpu {
 

@@ -8,15 +8,8 @@
 #include <limits>
 #include <stdexcept>
 
-#include "relation.h"
-
 static_assert(sizeof(MapParams) == 18 * 4, "MapParams: 32-bit fields");
 static_assert(sizeof(MapSortParams) == 23 * 4, "MapSortParams: 32-bit fields");
-static_assert(
-    MAP_BATCH_LIMIT == mlx_lattice::kBatchLimit &&
-        MAP_COORD_MIN == mlx_lattice::kCoordMin &&
-        MAP_COORD_MAX == mlx_lattice::kCoordMax,
-    "metal/params.h MapLimits must match src/relation.h");
 
 namespace mlx_lattice::metal {
 

@@ -47,12 +47,12 @@ Program map_neighbor_map_program(const MapParams& p);
 Program map_out_idx_program(const MapParams& p);
 // -> the kernel-major view as one int32 buffer (K + 1 + 3E): offsets per
 // kernel offset, then perm (CSR edge), in and out rows, edges stably
-// sorted by offset (src/relation.cpp).
+// sorted by offset (src/core/relation.cpp).
 Program map_kernel_major_program(const MapParams& p);
 
 // -> the input-major view as one int32 buffer (n_in + 1 + 3E): offsets per
 // input row, then perm, out rows and kernel offsets, edges ordered by
-// (in, k) (src/relation.cpp); output coordinates must be unique.
+// (in, k) (src/core/relation.cpp); output coordinates must be unique.
 Program map_input_major_program(const MapParams& p);
 
 // Output supports: the candidate keys of n_in rows (n_in * K of them),

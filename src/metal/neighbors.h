@@ -16,7 +16,7 @@ namespace mlx_lattice::metal {
 // The grid and distance mode for one query, from the points themselves
 // (bounding box, batch items, integrality): radius > 0 for a radius query
 // (k = max_neighbors, 0: all), else a k-nearest query. Points and batches
-// as src/neighbors.h takes them; edges: the count read back before the fill.
+// as src/cpu/neighbors.h takes them; edges: the count read back before the fill.
 NeighborParams neighbor_params(
     const mx::array& queries,
     const mx::array& query_batch,

@@ -3,7 +3,7 @@
 // a threadgroup; merges one threadgroup of NORM_MERGE_THREADS per channel
 // (per (channel, segment) in the forward pass); elementwise passes the same
 // tiles over rows, striding past NORM_MAX_ROW_GROUPS threadgroups.
-// NormAct::eval_gpu / NormActGrad::eval_gpu (src/norm.cpp) encode them.
+// NormAct::eval_gpu and NormActGrad::eval_gpu (below) encode them.
 #include "metal/norm_act.h"
 
 #include <limits>
@@ -85,7 +85,7 @@ NormParams norm_params(const NormSpec& spec, int64_t rows, int64_t channels) {
   return p;
 }
 
-// Inputs (src/norm.h): x, weight, bias, [residual], [segments] (training)
+// Inputs (src/core/norm.h): x, weight, bias, [residual], [segments] (training)
 // or x, weight, bias, mean, var, [residual] (eval). Bindings a kernel never
 // reads (no residual, no segment ids) get x.
 Program norm_forward_program(const NormSpec& spec, int64_t rows, int64_t channels, mx::Dtype dtype) {
@@ -124,7 +124,7 @@ Program norm_forward_program(const NormSpec& spec, int64_t rows, int64_t channel
   return prog;
 }
 
-// Inputs (src/norm.h): x, y, ct, weight, bias, mean, var, [segments], and in
+// Inputs (src/core/norm.h): x, y, ct, weight, bias, mean, var, [segments], and in
 // training ct_mean, ct_var. Outputs dx, dweight, dbias[, g].
 Program norm_backward_program(const NormSpec& spec, int64_t rows, int64_t channels, mx::Dtype dtype) {
   const NormParams p = norm_params(spec, rows, channels);
@@ -167,3 +167,42 @@ Program norm_backward_program(const NormSpec& spec, int64_t rows, int64_t channe
 }
 
 } // namespace mlx_lattice::metal
+
+namespace mlx_lattice {
+
+namespace {
+
+// Encodes a norm's program over in[0]'s rows and channels. Metal only: on
+// other GPUs the layers do not build these primitives
+// (mlx_lattice/nn/normalization.py), and the programs exist only in builds
+// with the Metal kernels.
+void run_norm_program(
+    metal::Program (*program)(const NormSpec&, int64_t, int64_t, mx::Dtype),
+    const NormSpec& spec,
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out,
+    mx::Stream s) {
+  if (!metal::available()) {
+    throw std::runtime_error(
+        "norm_act: this build has no Metal kernels; on other GPUs the norms "
+        "run as MLX ops");
+  }
+  const auto& x = in[0];
+  metal::run(program(spec, x.shape(0), x.shape(1), x.dtype()), in, out, s);
+}
+
+} // namespace
+
+void NormAct::eval_gpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  run_norm_program(metal::norm_forward_program, spec_, in, out, stream());
+}
+
+void NormActGrad::eval_gpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  run_norm_program(metal::norm_backward_program, spec_, in, out, stream());
+}
+
+} // namespace mlx_lattice

@@ -1,11 +1,11 @@
 // Fused normalisation + activation on a Metal GPU (metal/norm_act.metal):
 // the programs NormAct::eval_gpu and NormActGrad::eval_gpu encode over the
-// primitives' own inputs and outputs (src/norm.h lists them). The test
+// primitives' own inputs and outputs (src/core/norm.h lists them). The test
 // harness reads the same programs through _ext.metal_norm_program.
 #pragma once
 
+#include "core/norm.h"
 #include "metal/program.h"
-#include "norm.h"
 
 #include "../../metal/norm_params.h"
 

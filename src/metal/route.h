@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/relation.h"
+#include "core/route_op.h"
 #include "metal/program.h"
-#include "relation.h"
-#include "route_op.h"
 
 namespace mlx_lattice::metal {
 

@@ -1,7 +1,9 @@
-// The Metal route tables joined, and what their entries share.
+// The Metal route tables joined, and what their entries share; the routed
+// primitives' eval_gpu.
 #include <array>
 #include <stdexcept>
 
+#include "core/primitives.h"
 #include "metal/route.h"
 
 namespace mlx_lattice::metal {
@@ -173,3 +175,16 @@ std::vector<mx::array> input_neighbor_map_inputs(Relation& rel, View view) {
 }
 
 } // namespace mlx_lattice::metal
+
+namespace mlx_lattice {
+
+// GatherConv, WeightGrad and QuantizedConv on a Metal GPU: the program of
+// their route's entry.
+void RoutedPrimitive::eval_gpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  auto program = metal::program(route_, op_, in, out[0].shape(), out[0].dtype());
+  metal::run(program, in, out[0], stream());
+}
+
+} // namespace mlx_lattice

@@ -11,10 +11,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/threadpool.h"
 #include "cpu/isa.h"
 #include "mlx/types/bf16.h"
 #include "mlx/types/half_types.h"
-#include "threadpool.h"
 
 #if !defined(LATTICE_ISA_NAME)
 #error "compile with -DLATTICE_ISA_NAME=<path namespace>"

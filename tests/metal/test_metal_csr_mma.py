@@ -218,7 +218,7 @@ def test_kernel_volumes(rng, ks, kind, dt):
 )
 def test_input_gradient(rng, kind, ks, c_in, c_out, dt):
     """The input gradient is the same product over the input-major view with
-    W transposed per offset, as autodiff builds it (src/primitives.cpp)."""
+    W transposed per offset, as autodiff builds it (src/core/primitives.cpp)."""
     dtype = DTYPES[dt]
     rel, rows_in, n_out, edges = relation(rng, kind, 150, ks)
     _, w = operands(rng, rows_in, c_in, c_out, rel.kernel_volume, dtype)

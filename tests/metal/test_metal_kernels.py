@@ -85,7 +85,7 @@ def ref_weight_grad(x, ct, src, dst, k, kvol):
 
 
 def csr_arrays(rel, view):
-    """The index buffers of a CSR view (see src/primitives.cpp)."""
+    """The index buffers of a CSR view (see src/core/primitives.cpp)."""
     if view == metal_programs.OUTPUT_MAJOR:
         return rel.n_out, np.array(rel.out_offsets), np.array(rel.in_idx), np.array(rel.k_idx)
     off, _, out_idx, k = rel.input_major()

@@ -324,7 +324,7 @@ def test_shapes_match_the_programs():
 
 def test_routes_read_the_attached_views(monkeypatch):
     """The Metal routes take their index arrays from the native relation
-    (src/metal/routes.cpp, src/primitives.cpp): those must be the arrays of
+    (src/metal/routes.cpp, src/core/primitives.cpp): those must be the arrays of
     the map programs, not a CPU derivation. A harness whose view outputs
     are marked (+1000) shows which ones the primitives' inputs are."""
     marked = ("out_idx", "kernel_major", "sorted_plan")

@@ -15,8 +15,8 @@
 
 #include <optional>
 
+#include "core/primitive_decl.h"
 #include "mlx/primitives.h"
-#include "primitive_decl.h"
 #include "mlx/utils.h"
 
 namespace mlx_lattice {

@@ -5,10 +5,10 @@
 
 #include <vector>
 
+#include "core/primitive_decl.h"
 #include "cpu/isa.h"
 #include "mlx/array.h"
 #include "mlx/primitives.h"
-#include "primitive_decl.h"
 #include "mlx/utils.h"
 
 namespace mlx_lattice {

@@ -14,10 +14,10 @@
 #include <optional>
 #include <string>
 
+#include "core/relation.h"
+#include "core/route_op.h"
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
-#include "relation.h"
-#include "route_op.h"
 
 namespace mlx_lattice {
 

@@ -1,10 +1,10 @@
-#include "sort.h"
+#include "core/sort.h"
 
 #include <algorithm>
 #include <numeric>
 
-#include "relation.h"
-#include "threadpool.h"
+#include "core/relation.h"
+#include "core/threadpool.h"
 
 namespace mlx_lattice {
 

@@ -7,8 +7,8 @@
 
 #include <vector>
 
+#include "core/primitive_decl.h"
 #include "mlx/primitives.h"
-#include "primitive_decl.h"
 
 namespace mlx_lattice {
 

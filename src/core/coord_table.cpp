@@ -2,10 +2,10 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "coords.h"
+#include "core/coords.h"
+#include "core/relation.h"
+#include "core/threadpool.h"
 #include "mlx/allocator.h"
-#include "relation.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 
@@ -46,7 +46,11 @@ mx::array coords_from_keys(const std::vector<uint64_t>& keys) {
   int32_t* p = out.data<int32_t>();
   parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      unpack_key(keys[i], p + 4 * i);
+      int32_t* c = p + 4 * i;
+      c[0] = unpack_batch(keys[i]);
+      for (int a = 0; a < 3; ++a) {
+        c[a + 1] = unpack_axis(keys[i], a);
+      }
     }
   });
   return out;
@@ -91,7 +95,7 @@ CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {
       range_error(r, "input");
     }
     uint64_t key = pack_key(r[0], r[1], r[2], r[3]);
-    uint64_t h = hash(key) & mask_;
+    uint64_t h = key_hash(key) & mask_;
     while (slots_[h].key != kEmptyKey) {
       if (slots_[h].key == key) {
         throw std::invalid_argument(
@@ -102,7 +106,7 @@ CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {
       h = (h + 1) & mask_;
     }
     slots_[h] = Slot{key, static_cast<int32_t>(i), 0};
-    const uint64_t f = filter_bit(mix(key), key);
+    const uint64_t f = filter_bit(key_mix(key), key);
     filter_[f >> 6] |= uint64_t(1) << (f & 63);
   }
 }

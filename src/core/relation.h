@@ -18,20 +18,13 @@
 
 #include "mlx/array.h"
 
+// The coordinate range, key packing and the table hash, shared with the
+// Metal and CUDA kernels.
+#include "../../metal/lattice_keys.h"
+
 namespace mlx_lattice {
 
 namespace mx = mlx::core;
-
-// Coordinate range: batch in [0, 4096), x/y/z in [-65536, 65535].
-constexpr int64_t kBatchLimit = 4096;
-constexpr int64_t kCoordMin = -65536;
-constexpr int64_t kCoordMax = 65535;
-constexpr uint64_t kEmptyKey = ~uint64_t(0);
-
-inline bool in_range(int64_t b, int64_t x, int64_t y, int64_t z) {
-  return b >= 0 && b < kBatchLimit && x >= kCoordMin && x <= kCoordMax &&
-      y >= kCoordMin && y <= kCoordMax && z >= kCoordMin && z <= kCoordMax;
-}
 
 // The two CSR views of a relation: rows are its outputs (the convolution)
 // or its inputs (the input gradient, with W transposed per offset).
@@ -39,20 +32,6 @@ enum class View : int { OutputMajor = 0, InputMajor = 1 };
 
 inline View flip(View v) {
   return v == View::OutputMajor ? View::InputMajor : View::OutputMajor;
-}
-
-// Packs (b, x, y, z) so that key order equals lexicographic coordinate order.
-inline uint64_t pack_key(int64_t b, int64_t x, int64_t y, int64_t z) {
-  return (uint64_t(b) << 51) | (uint64_t(x - kCoordMin) << 34) |
-      (uint64_t(y - kCoordMin) << 17) | uint64_t(z - kCoordMin);
-}
-
-inline void unpack_key(uint64_t k, int32_t* out) {
-  constexpr uint64_t m = (uint64_t(1) << 17) - 1;
-  out[0] = int32_t(k >> 51);
-  out[1] = int32_t(int64_t((k >> 34) & m) + kCoordMin);
-  out[2] = int32_t(int64_t((k >> 17) & m) + kCoordMin);
-  out[3] = int32_t(int64_t(k & m) + kCoordMin);
 }
 
 // Open-addressing hash map from packed coordinate to row index.
@@ -72,7 +51,7 @@ class CoordTable {
     return coords_.data<int32_t>();
   }
   int32_t find(uint64_t key) const {
-    const uint64_t x = mix(key);
+    const uint64_t x = key_mix(key);
     if (!may_contain(x, key)) {
       return -1;
     }
@@ -91,7 +70,7 @@ class CoordTable {
       int cnt = 0;
       for (int i = 0; i < m; ++i) {
         const uint64_t key = keys[b + i];
-        const uint64_t x = mix(key);
+        const uint64_t x = key_mix(key);
         out[b + i] = -1;
         home[cnt] = slot_of(x, key);
         idx[cnt] = i;
@@ -108,23 +87,8 @@ class CoordTable {
   // Row index of each query row (-1 where absent); queries (M, 4) int32.
   mx::array lookup(const mx::array& queries) const;
 
-  // Runs of 4 voxels along z hash to 4 consecutive slots (one cache line of
-  // 16-byte slots), so a row's z-neighbours usually share a line; the rest of
-  // the key is mixed so that runs spread evenly over the table.
-  static uint64_t hash(uint64_t key) {
-    return (mix(key) << 2) | (key & 3);
-  }
-
  private:
-  static uint64_t mix(uint64_t key) {
-    uint64_t x = key >> 2;
-    x ^= x >> 31;
-    x *= 0x7fb5d329728ea185ULL;
-    x ^= x >> 27;
-    x *= 0x81dadef4bc2dd44dULL;
-    x ^= x >> 33;
-    return x;
-  }
+  // key_hash(key) & mask_, from the key's mix x (the filter reads x too).
   uint64_t slot_of(uint64_t x, uint64_t key) const {
     return ((x << 2) | (key & 3)) & mask_;
   }

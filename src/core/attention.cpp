@@ -1,4 +1,7 @@
-#include "attention.h"
+// Patch attention: the primitives apart from their evaluation (the op's
+// checks, the autodiff rules). eval_cpu is in src/cpu/patch_attention.cpp,
+// over the kernels of src/cpu/attention.cpp.
+#include "core/attention.h"
 
 #include <stdexcept>
 #include <string>
@@ -48,21 +51,6 @@ std::vector<mx::array> patch_attention(
       {q, k, v, contiguous(mx::astype(lengths, mx::int32, stream), stream)});
 }
 
-void PatchAttention::eval_cpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
-  cpu::patch_attention_forward(
-      in[0], in[1], in[2], in[3], scale_, out[0], out[1], stream());
-}
-
-void PatchAttention::eval_gpu(
-    const std::vector<mx::array>&,
-    std::vector<mx::array>&) {
-  throw std::runtime_error(
-      "PatchAttention runs on the CPU only; use "
-      "mx.fast.scaled_dot_product_attention on the GPU");
-}
-
 std::vector<mx::array> PatchAttention::jvp(
     const std::vector<mx::array>&,
     const std::vector<mx::array>&,
@@ -110,18 +98,6 @@ std::vector<mx::Shape> PatchAttention::output_shapes(
 
 bool PatchAttention::is_equivalent(const mx::Primitive& other) const {
   return scale_ == static_cast<const PatchAttention&>(other).scale_;
-}
-
-void PatchAttentionGrad::eval_cpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
-  cpu::patch_attention_backward(in, scale_, out, stream());
-}
-
-void PatchAttentionGrad::eval_gpu(
-    const std::vector<mx::array>&,
-    std::vector<mx::array>&) {
-  throw std::runtime_error("PatchAttentionGrad runs on the CPU only");
 }
 
 std::vector<mx::array> PatchAttentionGrad::jvp(

@@ -1,4 +1,4 @@
-#include "threadpool.h"
+#include "core/threadpool.h"
 
 #include <algorithm>
 #include <atomic>

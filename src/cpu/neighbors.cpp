@@ -1,4 +1,4 @@
-#include "neighbors.h"
+#include "cpu/neighbors.h"
 
 #include <algorithm>
 #include <array>
@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/relation.h"
+#include "core/threadpool.h"
 #include "mlx/allocator.h"
-#include "relation.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 

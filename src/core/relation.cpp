@@ -1,16 +1,16 @@
 // A relation and the views derived from it (kernel-major, input-major,
 // neighbour maps, the sorted plan), each built once on first use.
-#include "relation.h"
+#include "core/relation.h"
 
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
 
-#include "coords.h"
+#include "core/coords.h"
+#include "core/sort.h"
+#include "core/threadpool.h"
 #include "mlx/allocator.h"
 #include "mlx/transforms.h"
-#include "sort.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 

@@ -1,4 +1,7 @@
-#include "primitives.h"
+// The routed primitives apart from their evaluation: input checks, the
+// arrays each route reads and the autodiff rules. eval_cpu runs the route's
+// entry in src/cpu/routes.cpp, eval_gpu in src/metal/routes.cpp.
+#include "core/primitives.h"
 
 #include <stdexcept>
 
@@ -241,20 +244,6 @@ mx::array weight_grad(
 }
 
 // ----------------------------------------------------------- RoutedPrimitive
-
-void RoutedPrimitive::eval_cpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
-  cpu::Call call{route_, in, out[0], stream(), rel_ != nullptr, bits_, group_, groups_};
-  cpu::find(route_, op_).run(call);
-}
-
-void RoutedPrimitive::eval_gpu(
-    const std::vector<mx::array>& in,
-    std::vector<mx::array>& out) {
-  auto program = metal::program(route_, op_, in, out[0].shape(), out[0].dtype());
-  metal::run(program, in, out[0], stream());
-}
 
 bool RoutedPrimitive::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const RoutedPrimitive&>(other);

@@ -6,11 +6,11 @@
 #include <optional>
 #include <stdexcept>
 
-#include "coords.h"
+#include "core/coords.h"
+#include "core/relation.h"
+#include "core/sort.h"
+#include "core/threadpool.h"
 #include "mlx/allocator.h"
-#include "relation.h"
-#include "sort.h"
-#include "threadpool.h"
 
 namespace mlx_lattice {
 
@@ -29,8 +29,6 @@ struct AxisCandidates {
   bool overflow[64]; // an integer coordinate outside the range
   uint64_t part[64];
 };
-
-constexpr int kShift[3] = {34, 17, 0};
 
 // conv form: v = s*c - p + dil*d; transposed form: v = (c + p - dil*d) / s
 // when divisible; generative form: v = s*c - p + dil*d (inputs to outputs).
@@ -54,10 +52,10 @@ inline void axis_candidates(
       ok = floor_mod(t, spec.stride[a]) == 0;
       v = ok ? t / spec.stride[a] : 0;
     }
-    const bool inside = v >= kCoordMin && v <= kCoordMax;
+    const bool inside = coord_in_range(v);
     out.valid[d] = ok && inside;
     out.overflow[d] = ok && !inside;
-    out.part[d] = out.valid[d] ? uint64_t(v - kCoordMin) << kShift[a] : 0;
+    out.part[d] = out.valid[d] ? key_axis(a, v) : 0;
   }
 }
 
@@ -85,7 +83,7 @@ inline bool row_keys(
       overflow |= ax[a].overflow[d];
     }
   }
-  const uint64_t bpart = uint64_t(row[0]) << 51;
+  const uint64_t bpart = key_batch(row[0]);
   int k = 0;
   for (int dx = 0; dx < ax[0].n; ++dx) {
     for (int dy = 0; dy < ax[1].n; ++dy) {
@@ -406,7 +404,7 @@ std::shared_ptr<Relation> build_relation(
       for (int i = 0; i < rows; ++i) {
         const int32_t* q = oc + 4 * (r0 + i);
         uint64_t* kr = keys.data() + int64_t(i) * kv;
-        if (q[0] >= 0 && q[0] < kBatchLimit) {
+        if (batch_in_range(q[0])) {
           row_keys(q, spec, form, kr, ax);
         } else {
           std::fill(kr, kr + kv, kEmptyKey);

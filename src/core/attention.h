@@ -12,8 +12,8 @@
 
 #include <vector>
 
+#include "core/primitive_decl.h"
 #include "mlx/primitives.h"
-#include "primitive_decl.h"
 #include "mlx/utils.h"
 
 namespace mlx_lattice {

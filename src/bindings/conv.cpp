@@ -1,0 +1,141 @@
+// The convolution primitives: the products, their inputs as the primitives
+// take them, the route tables and the autodiff route hook.
+#include "bindings/bindings.h"
+#include "core/primitives.h"
+#include "cpu/routes.h"
+#include "metal/route.h"
+
+using namespace nanobind::literals;
+
+namespace mlx_lattice {
+
+void init_conv(nb::module_& m) {
+  m.def(
+      "gather_conv",
+      [](const mx::array& x,
+         const mx::array& w,
+         std::shared_ptr<Relation> rel,
+         View view,
+         const std::string& route,
+         std::optional<mx::Stream> s,
+         int groups) {
+        return gather_conv(
+            x, w, rel, view, route, stream_or_default(s), groups);
+      },
+      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a,
+      "stream"_a = nb::none(), "groups"_a = 1);
+  m.def(
+      "weight_grad",
+      [](const mx::array& x,
+         const mx::array& ct,
+         std::shared_ptr<Relation> rel,
+         View view,
+         int64_t k,
+         const std::string& route,
+         std::optional<mx::Stream> s,
+         int groups) {
+        return weight_grad(
+            x, ct, rel, view, k, route,
+            stream_or_default(s), groups);
+      },
+      "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
+      "stream"_a = nb::none(), "groups"_a = 1);
+  m.def(
+      "quantized_conv",
+      [](const mx::array& x,
+         const mx::array& codes,
+         const mx::array& scales,
+         const mx::array& biases,
+         int bits,
+         int group,
+         std::shared_ptr<Relation> rel,
+         View view,
+         const std::string& route,
+         std::optional<mx::Stream> s) {
+        return quantized_conv(
+            x, codes, scales, biases, bits, group, rel,
+            view, route, stream_or_default(s));
+      },
+      "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
+      "relation"_a.none(), "view"_a, "route"_a, "stream"_a = nb::none());
+  m.def(
+      "set_route_hook",
+      [](nb::object fn) {
+        if (fn.is_none()) {
+          set_route_hook(nullptr);
+          return;
+        }
+        // Kept for the life of the process: no destructor runs without the GIL.
+        auto* held = new nb::object(fn);
+        set_route_hook([held](const RouteQuery& q) {
+          nb::gil_scoped_acquire gil;
+          nb::dict d;
+          d["direction"] = q.direction;
+          d["kind"] = q.kind;
+          d["k"] = q.k;
+          d["c_in"] = q.c_in;
+          d["c_out"] = q.c_out;
+          d["n_in"] = q.n_in;
+          d["n_out"] = q.n_out;
+          d["edges"] = q.edges;
+          d["dtype"] = q.dtype;
+          d["gpu"] = q.gpu;
+          d["from_route"] = q.from_route;
+          d["groups"] = q.groups;
+          return nb::cast<std::string>((*held)(d));
+        });
+      },
+      "hook"_a.none());
+  m.def(
+      "native_routes",
+      []() {
+        // Every entry of the C++ route tables: (name, primitive).
+        nb::list out;
+        for (const auto& r : cpu::routes()) {
+          out.append(nb::make_tuple(r.name, op_name(r.op)));
+        }
+        for (const auto* r : metal::routes()) {
+          out.append(nb::make_tuple(r->name, op_name(r->op)));
+        }
+        return out;
+      });
+  m.def(
+      "conv_inputs",
+      [](const mx::array& x,
+         const mx::array& w,
+         std::shared_ptr<Relation> rel,
+         View view,
+         const std::string& route,
+         int groups) {
+        return conv_inputs(x, w, rel, view, route, {}, groups);
+      },
+      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a, "groups"_a = 1);
+  m.def(
+      "quantized_conv_inputs",
+      [](const mx::array& x,
+         const mx::array& codes,
+         const mx::array& scales,
+         const mx::array& biases,
+         int bits,
+         int group,
+         std::shared_ptr<Relation> rel,
+         View view,
+         const std::string& route) {
+        return quantized_conv_inputs(
+            x, codes, scales, biases, bits, group, rel, view,
+            route);
+      },
+      "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
+      "relation"_a.none(), "view"_a, "route"_a);
+  m.def(
+      "weight_grad_inputs",
+      [](const mx::array& x,
+         const mx::array& ct,
+         std::shared_ptr<Relation> rel,
+         View view) {
+        return weight_grad_inputs(x, ct, rel, view);
+      },
+      "x"_a, "ct"_a, "relation"_a.none(), "view"_a);
+}
+
+} // namespace mlx_lattice

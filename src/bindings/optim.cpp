@@ -1,0 +1,26 @@
+// The fused Adam / AdamW update.
+#include "bindings/bindings.h"
+#include "core/optim.h"
+
+using namespace nanobind::literals;
+
+namespace mlx_lattice {
+
+void init_optim(nb::module_& m) {
+  m.def(
+      "adam_update",
+      [](const mx::array& g, const mx::array& p, const mx::array& m,
+         const mx::array& v, const mx::array& scalars, float b1,
+         float one_minus_b1, float b2, float one_minus_b2, float eps,
+         bool bias_correction, bool decoupled_decay,
+         std::optional<mx::Stream> s) {
+        cpu::AdamCoefficients k{b1, one_minus_b1, b2, one_minus_b2, eps,
+                                bias_correction, decoupled_decay};
+        return adam_update(g, p, m, v, scalars, k, stream_or_default(s));
+      },
+      "gradient"_a, "parameter"_a, "m"_a, "v"_a, "scalars"_a, "b1"_a,
+      "one_minus_b1"_a, "b2"_a, "one_minus_b2"_a, "eps"_a,
+      "bias_correction"_a, "decoupled_decay"_a, "stream"_a = nb::none());
+}
+
+} // namespace mlx_lattice
