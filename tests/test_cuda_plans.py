@@ -43,7 +43,7 @@ def pair(coords, out, geometry, transposed, kind):
     geom = KernelGeometry(*geometry)
     g, max_out, max_in, _ = maps.build(maps.CudaTable(coords), out, geometry, transposed, kind)
     c = _ext.build_relation(_ext.CoordTable(coords), out, *geometry, transposed, kind)
-    return Relation(g, geom, gpu=True, max_neighbors=max_out, max_in_neighbors=max_in), Relation(c, geom)
+    return Relation(g, geom, "cuda", cuda.Plans(g), max_neighbors=max_out, max_in_neighbors=max_in), Relation(c, geom)
 
 
 GEOMETRIES = [
