@@ -673,32 +673,6 @@ register(Route(
 ))
 
 
-def autodiff_context(q: dict, backend: str | None = None) -> RouteContext:
-    """The context of a product created by autodiff, from the primitives'
-    query (direction, kind, k, c_in, c_out, n_in, n_out, edges, dtype, gpu,
-    from_route, groups); the route tuner builds the same ones ahead of the
-    backward pass (``backend``: the GPU backend of a ``gpu`` query, default
-    the current one)."""
-    pointwise = q["kind"] == "pointwise"
-    return context(
-        f"{q['direction']} of {q['from_route']}",
-        (backend or backends.current().name) if q["gpu"] else "cpu",
-        map_kind="forward" if pointwise else q["kind"],
-        dtype=q["dtype"],
-        kernel_size=(1, 1, 1) if pointwise else None,
-        k=q["k"], c_in=q["c_in"], c_out=q["c_out"], n_in=q["n_in"], n_out=q["n_out"],
-        edges=q["edges"], direction=q["direction"], groups=q["groups"],
-    )
-
-
-def _autodiff_route(q: dict) -> str:
-    """Route of a product created by autodiff (called from the primitives)."""
-    return choose(autodiff_context(q)).route.name
-
-
-_ext.set_route_hook(_autodiff_route)
-
-
 def markdown() -> str:
     lines = [
         "# Convolution routes",
