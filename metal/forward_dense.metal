@@ -36,6 +36,12 @@ constexpr int dense_slice() {
   return (R * (CI + kMmaPad) + CI * (CO + kMmaPad)) * 4 <= 28 * 1024 ? CI : CI / 2;
 }
 
+// Floats staged: R rows and W[k], dense_slice() input channels each.
+template <int CI, int CO, int R>
+constexpr int dense_staged() {
+  return R * (dense_slice<CI, CO, R>() + kMmaPad) + dense_slice<CI, CO, R>() * (CO + kMmaPad);
+}
+
 template <typename T, int CI, int CO, int R>
 [[kernel, max_total_threads_per_threadgroup(128)]] void dense_mma(
     device const T* x [[buffer(0)]],
@@ -52,7 +58,7 @@ template <typename T, int CI, int CO, int R>
   constexpr int kLdw = CO + kMmaPad;
   // Staged rows (R x kS) and W[k] (kS x C_out); at the end, one 8x8 block
   // per simdgroup on its way to y.
-  threadgroup float smem[R * kLdx + kS * kLdw];
+  threadgroup float smem[dense_staged<CI, CO, R>()];
   threadgroup int rows[R];    // the offset's input row per tile row, -1: none
   threadgroup int present[1]; // 1: a row of the tile has the offset
   threadgroup float* xs = smem;
@@ -116,7 +122,7 @@ template <typename T, int BN>
     uint sg [[simdgroup_index_in_threadgroup]]) {
   constexpr int kLdx = kPointSlice + kMmaPad;
   constexpr int kLdw = BN + kMmaPad;
-  threadgroup float smem[kPointRows * kLdx + kPointSlice * kLdw];
+  threadgroup float smem[kPointRows * (kPointSlice + kMmaPad) + kPointSlice * (BN + kMmaPad)];
   threadgroup int rows[kPointRows]; // row r reads row r; -1 past the rows
   threadgroup float* xs = smem;
   threadgroup float* ws = smem + kPointRows * kLdx;
