@@ -17,6 +17,7 @@
 // src/metal/wgrad_mma.cpp.
 #include <metal_stdlib>
 
+#include "mma_tile.h"
 #include "params.h"
 
 using namespace metal;
@@ -24,10 +25,8 @@ using namespace metal;
 constexpr constant int kBlockA = 32; // input channels (rows of dW) per threadgroup
 constexpr constant int kChunk = 16;  // edges staged per step
 constexpr constant int kThreads = 128;
-// Row strides of the staged tiles (x^T: kLdx, ct: BN + kPad), padded by 16
-// bytes so that the rows an 8x8 load reads fall on different banks.
-constexpr constant int kPad = 4;
-constexpr constant int kLdx = kChunk + kPad;
+// Row strides of the staged tiles (x^T: kLdx, ct: BN + kMmaPad).
+constexpr constant int kLdx = kChunk + kMmaPad;
 
 template <typename T, int BN>
 [[kernel, max_total_threads_per_threadgroup(128)]] void wgrad_mma(
@@ -43,11 +42,10 @@ template <typename T, int BN>
     uint t [[thread_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]) {
-  constexpr int kLdc = BN + kPad;
-  constexpr int kFrags = BN / 16;
+  constexpr int kLdc = BN + kMmaPad;
   // Staged x^T (32 x 16) and ct (16 x BN); at the end, one 8x8 block per
   // simdgroup on its way out.
-  threadgroup float smem[kBlockA * kLdx + kChunk * (BN + kPad)];
+  threadgroup float smem[kBlockA * kLdx + kChunk * (BN + kMmaPad)];
   threadgroup float* xs = smem;
   threadgroup float* cs = smem + kBlockA * kLdx;
 
@@ -62,12 +60,8 @@ template <typename T, int BN>
   const int e0 = pointwise ? 0 : offsets[k];
   const int e1 = pointwise ? p.pointwise_rows : offsets[k + 1];
 
-  simdgroup_float8x8 acc[2][kFrags];
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < kFrags; ++j) {
-      acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-    }
-  }
+  MmaBlock<2, BN / 16> block; // dW rows sm * 16 + [0, 16), columns sn * BN / 2 + [0, BN / 2)
+  block.clear();
 
   for (int c0 = e0 + q * kChunk; c0 < e1; c0 += p.parts * kChunk) {
     if (c0 > e0 + q * kChunk) {
@@ -96,44 +90,19 @@ template <typename T, int BN>
       cs[(i / BN) * kLdc + i % BN] = v;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    const int valid = min(kChunk, e1 - c0);
-    for (int kk = 0; kk < valid; kk += 8) {
-      simdgroup_float8x8 xa[2];
-      for (int i = 0; i < 2; ++i) {
-        simdgroup_load(xa[i], xs + (sm * 16 + i * 8) * kLdx + kk, kLdx);
-      }
-      for (int j = 0; j < kFrags; ++j) {
-        simdgroup_float8x8 cb;
-        simdgroup_load(cb, cs + kk * kLdc + sn * (BN / 2) + j * 8, kLdc);
-        for (int i = 0; i < 2; ++i) {
-          simdgroup_multiply_accumulate(acc[i][j], xa[i], cb, acc[i][j]);
-        }
-      }
-    }
+    block.accumulate(xs + sm * 16 * kLdx, kLdx, cs + sn * (BN / 2), kLdc, min(kChunk, e1 - c0));
   }
 
   // Each simdgroup writes its blocks through its own 64 floats of the
   // staging area, masked to the channels that exist.
   threadgroup_barrier(mem_flags::mem_threadgroup); // staged tiles no longer read
-  threadgroup float* block = smem + int(sg) * 64;
-  const long base = p.parts > 1 ? (long(k) * p.parts + q) * p.a * p.b : long(k) * p.a * p.b;
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < kFrags; ++j) {
-      simdgroup_store(acc[i][j], block, 8);
-      simdgroup_barrier(mem_flags::mem_threadgroup);
-      for (int m = int(lane); m < 64; m += 32) {
-        const int a = a0 + sm * 16 + i * 8 + m / 8;
-        const int n = n0 + sn * (BN / 2) + j * 8 + m % 8;
-        if (a < p.a && n < p.b) {
-          if (p.parts > 1) {
-            partials[base + long(a) * p.b + n] = block[m];
-          } else {
-            dw[base + long(a) * p.b + n] = T(block[m]);
-          }
-        }
-      }
-      simdgroup_barrier(mem_flags::mem_threadgroup);
-    }
+  threadgroup float* stage = smem + int(sg) * 64;
+  const int r0 = a0 + sm * 16;
+  const int c0 = n0 + sn * (BN / 2);
+  if (p.parts > 1) {
+    block.store(stage, lane, partials + (long(k) * p.parts + q) * p.a * p.b, p.b, r0, p.a, c0, p.b);
+  } else {
+    block.store(stage, lane, dw + long(k) * p.a * p.b, p.b, r0, p.a, c0, p.b);
   }
 }
 

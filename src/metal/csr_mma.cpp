@@ -1,5 +1,6 @@
-// Route of metal/csr_mma.metal: the matrix-unit implicit GEMM over the CSR
-// edges of either view (forward and input gradient alike), any channels.
+// Routes of metal/csr_mma.metal: the matrix-unit implicit GEMM over the CSR
+// edges of either view (forward and input gradient alike), any channels;
+// and metal.cout16, the seed route for C_out == 16, on the same kernels.
 #include "metal/route.h"
 
 namespace mlx_lattice::metal {
@@ -24,7 +25,7 @@ Program csr_mma(const Call& c) {
   ConvParams p = conv_params(c);
   const int bn = column_block(p.b);
   Step s;
-  s.kernel = c.stem() + "_" + c.dt + "_n" + std::to_string(bn);
+  s.kernel = "csr_mma_" + c.dt + "_n" + std::to_string(bn);
   s.threads = {128, 1, 1};
   s.groups = {ceil_div(p.b, bn), ceil_div(p.rows, 32), 1};
   s.buffers = csr_bindings(p.pointwise);
@@ -32,11 +33,18 @@ Program csr_mma(const Call& c) {
   return {{}, {s}};
 }
 
+// C_out == 16: the kernels' 16-channel column block, one per 32 rows.
+Program cout16(const Call& c) {
+  c.require(conv_params(c).b == 16, "C_out == 16");
+  return csr_mma(c);
+}
+
 } // namespace
 
 const std::vector<Route>& csr_mma_routes() {
   static const std::vector<Route> table = {
       {"metal.csr_mma", Op::Conv, nullptr, csr_mma},
+      {"metal.cout16", Op::Conv, nullptr, cout16},
   };
   return table;
 }
