@@ -18,7 +18,7 @@ Each derived product asks the route registry for its own route (recorded
 like any call, through the route tuner) and runs that route's kernels on the
 backend that ran the product (``Backend.launch``), which carry no autodiff of
 their own. The views a backend hands out (``Backend.product_view``) answer
-``rows``, ``kind``, ``edges``, ``symmetric`` and ``flipped()``.
+``rows``, ``kind``, ``edges``, ``symmetric`` and ``flipped()`` (``backends.base.ProductView``).
 """
 
 from __future__ import annotations

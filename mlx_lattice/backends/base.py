@@ -120,7 +120,36 @@ class Backend:
                                    _ext.View.output_major, route, self.stream())
 
 
-class NativeView:
+class ProductView:
+    """What autodiff reads of the view a product runs over (every backend's
+    views are these): its rows, its relation's kind, edges and symmetry,
+    and the view with roles exchanged (``flipped``)."""
+
+    relation = None  # the mlx_lattice.relation.Relation viewed
+
+    @property
+    def kind(self) -> str:
+        return self.relation.kind
+
+    @property
+    def edges(self) -> int:
+        return self.relation.edges
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether an input gradient may run on this view with the offsets
+        mirrored (``Relation.symmetric``) rather than on the flipped view."""
+        return self.relation.symmetric
+
+    @property
+    def rows(self) -> int:
+        raise NotImplementedError
+
+    def flipped(self) -> "ProductView":
+        raise NotImplementedError
+
+
+class NativeView(ProductView):
     """A CSR view of a relation for the extension's products: the relation's
     native maps read output-major (rows are its outputs) or input-major."""
 
@@ -135,18 +164,6 @@ class NativeView:
     def rows(self) -> int:
         out = self.major == _ext.View.output_major
         return self.relation.n_out if out else self.relation.n_in
-
-    @property
-    def kind(self) -> str:
-        return self.relation.kind
-
-    @property
-    def edges(self) -> int:
-        return self.relation.edges
-
-    @property
-    def symmetric(self) -> bool:
-        return self.relation.symmetric
 
     def flipped(self) -> "NativeView":
         out = self.major == _ext.View.output_major

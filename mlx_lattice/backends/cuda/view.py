@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from ..base import ProductView
 from . import plans
 
 
-class View:
+class View(ProductView):
     """A CSR view of a relation for CUDA products: rows, gathered rows and the
     sorted plan, plus the view with roles exchanged (for input gradients).
     For a relation built on CUDA all of them are built there too."""
@@ -16,22 +17,12 @@ class View:
         self._chunks = {}
 
     @property
+    def relation(self):
+        return self.rel
+
+    @property
     def rows(self) -> int:
         return self.rel.n_out
-
-    @property
-    def kind(self) -> str:
-        return self.rel.kind
-
-    @property
-    def edges(self) -> int:
-        return self.rel.edges
-
-    @property
-    def symmetric(self) -> bool:
-        """Input gradients may run on this view with mirrored offsets
-        (``Relation.symmetric``) rather than on the flipped view."""
-        return self.rel.symmetric
 
     def flipped(self) -> "View":
         if self._flipped is None:
