@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 import warnings
@@ -60,7 +61,9 @@ import numpy as np
 import mlx.core as mx
 
 from . import _ext, autodiff, backends, diagnostics, routes
-from .tuning_cache import TuningCache
+from .layout import mapped_weight
+from .quantized import QuantizedWeight
+from .tuning_cache import FORMAT_VERSION, TuningCache
 
 MODES = ("off", "cached", "tune")
 PASSES = routes.DIRECTIONS
@@ -379,13 +382,11 @@ def shape_of(ctx: routes.RouteContext) -> dict:
 
 
 def key_of(ctx: routes.RouteContext, cands: list[Candidate], device: str | None = None) -> str:
-    from . import __version__
-
-    from .tuning_cache import FORMAT_VERSION
-
     device = device or device_id(ctx.backend, ctx.tier)
     parts = [
-        f"v{FORMAT_VERSION}", f"mlx_lattice {__version__}", ctx.backend, device, ctx.dtype, ctx.direction,
+        # the package's release, read when asked (each release starts afresh)
+        f"v{FORMAT_VERSION}", f"mlx_lattice {sys.modules[__package__].__version__}", ctx.backend, device,
+        ctx.dtype, ctx.direction,
         ctx.map_kind, f"K={ctx.k}", f"{ctx.c_in}->{ctx.c_out}", f"groups={ctx.groups}",
         f"edges{_bucket(ctx.edges)}", f"rows{_bucket(ctx.n_out)}",
     ]
@@ -538,8 +539,6 @@ class CallProbe:
         weight, the input-gradient and weight-gradient products autodiff
         will ask for; run(route, variant) returns a product (lazily). The
         contexts cost nothing; the data is made on the first run."""
-        from .quantized import QuantizedWeight
-
         rel, g = self.relation, self.groups
         if rel is None:
             return []
@@ -556,8 +555,6 @@ class CallProbe:
 
     def _prepare(self, ctx) -> dict:
         """The arrays the products read, evaluated (once per probe)."""
-        from .quantized import QuantizedWeight
-
         if self._data is not None:
             return self._data
         backend = backends.get(ctx.backend)
@@ -566,8 +563,6 @@ class CallProbe:
             codes, scales, biases = self.weight.kernel_major()
             mx.eval(codes, scales, biases)
         else:
-            from .layout import mapped_weight
-
             w = _concrete(mapped_weight(self.weight), 2)
             view = backend.product_view(self.relation)
             back, wt = autodiff.input_gradient_view(view, autodiff.transpose(w, self.groups))
