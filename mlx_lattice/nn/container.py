@@ -14,7 +14,7 @@ def array_layer_hint(layer) -> str | None:
     cls = type(layer)
     if not cls.__module__.startswith("mlx.nn") or isinstance(layer, (mnn.Sequential, mnn.Identity)):
         return None
-    from .. import nn
+    from .. import nn  # the package imports this module first: its layers exist only by now
 
     ours = getattr(nn, cls.__name__, None)
     if isinstance(ours, type) and issubclass(ours, mnn.Module) and not ours.__module__.startswith("mlx.nn"):
