@@ -1,9 +1,13 @@
 // Matrix-unit weight gradient over the kernel-major edges, any channel
 // counts, any kernel volume, float32 / float16 / bfloat16 features:
-// dW[k] = sum over the edges (g, r) of offset k of x[g]^T ct[r].
+// dW[k] = sum over the edges (g, r) of offset k of x[g]^T ct[r]; grouped
+// products too (WeightGradMmaParams::groups: dW is (K, A / groups, B), and
+// group j's block is x's channels of group j against ct's of group j).
 //
-// Threadgroup (block, part q, offset k) owns a 32 x BN block of dW[k]
-// (input channels a0 + [0, 32), output channels n0 + [0, BN); four
+// Threadgroup (block, part q, offset k) owns a 32 x BN block of one group's
+// dW[k] (blocks enumerate (group, input block, output block), output blocks
+// fastest; input channels a0 + [0, 32) of the group, output channels
+// n0 + [0, BN) of the group; four
 // simdgroups in a 2 x 2 layout, each 16 x BN/2 of 8x8 float accumulators)
 // and sums 16-edge chunks q, q + P, q + 2P, ... of offset k's edges: each
 // chunk's x rows (transposed, 32 channels x 16 edges) and ct rows (16 x BN)
@@ -51,13 +55,19 @@ template <typename T, int BN>
   threadgroup float* xs = smem;
   threadgroup float* cs = smem + kBlockA * kLdx;
 
-  const int n_blocks = (p.b + BN - 1) / BN;
-  const int a0 = int(gid.x) / n_blocks * kBlockA;
+  const int bg = p.b / p.groups;         // output channels per group
+  const int x_cols = p.a * p.groups;     // x's channels (and its row stride)
+  const int n_blocks = max((bg + BN - 1) / BN, 1);
+  const int a_blocks = max((p.a + kBlockA - 1) / kBlockA, 1);
+  const int a0 = int(gid.x) / n_blocks % a_blocks * kBlockA;
   const int n0 = int(gid.x) % n_blocks * BN;
+  const int group = int(gid.x) / (n_blocks * a_blocks);
+  const int xa = group * p.a; // the group's first channel of x
+  const int yb = group * bg;  // its first output channel (of ct's and dW's b)
   const int q = int(gid.y);
   const int k = int(gid.z);
   const int sm = int(sg) / 2; // this simdgroup's dW rows: a0 + sm * 16 + [0, 16)
-  const int sn = int(sg) % 2; // its columns: n0 + sn * BN / 2 + [0, BN / 2)
+  const int sn = int(sg) % 2; // its columns: yb + n0 + sn * BN / 2 + [0, BN / 2)
   const bool pointwise = p.pointwise_rows >= 0;
   const int e0 = pointwise ? 0 : offsets[k];
   const int e1 = pointwise ? p.pointwise_rows : offsets[k + 1];
@@ -81,7 +91,7 @@ template <typename T, int BN>
       float v = 0.0f;
       if (e < e1 && a < p.a) {
         const long g = pointwise ? e : g_idx[e];
-        v = float(x[g * p.a + a]);
+        v = float(x[g * x_cols + xa + a]);
       }
       xs[(i % kBlockA) * kLdx + i / kBlockA] = v;
     }
@@ -89,9 +99,9 @@ template <typename T, int BN>
       const int e = c0 + i / BN;
       const int n = n0 + i % BN;
       float v = 0.0f;
-      if (e < e1 && n < p.b) {
+      if (e < e1 && n < bg) {
         const long r = pointwise ? e : r_idx[e];
-        v = float(ct[r * p.b + n]);
+        v = float(ct[r * p.b + yb + n]);
       }
       cs[(i / BN) * kLdc + i % BN] = v;
     }
@@ -124,11 +134,11 @@ template <typename T, int BN>
       for (int m = int(lane); m < 64; m += 32) {
         const int a = a0 + sm * 16 + i * 8 + m / 8;
         const int n = n0 + sn * (BN / 2) + j * 8 + m % 8;
-        if (a < p.a && n < p.b) {
+        if (a < p.a && n < bg) {
           if (p.parts > 1) {
-            partials[base + long(a) * p.b + n] = block[m];
+            partials[base + long(a) * p.b + yb + n] = block[m];
           } else {
-            dw[base + long(a) * p.b + n] = T(block[m]);
+            dw[base + long(a) * p.b + yb + n] = T(block[m]);
           }
         }
       }
