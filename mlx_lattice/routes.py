@@ -556,9 +556,9 @@ register(Route(
 ))
 register(Route(
     name="metal.quantized_fetch_on_demand", backend="metal", priority=0,
-    conditions=(QUANTIZED, METAL_DTYPES),
+    conditions=(QUANTIZED, METAL_ALL_DTYPES),
     kernel_file="metal/quantized.metal",
-    summary="direct packed convolution, float32/float16 features x int4/int8 codes: one "
+    summary="direct packed convolution, float32/float16/bfloat16 features x int4/int8 codes: one "
     "thread per (row, output channel) over the CSR edges, codes read in place and the "
     "affine reconstruction applied per group (s * sum x q + b * sum x)",
 ))
