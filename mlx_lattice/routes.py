@@ -597,7 +597,7 @@ register(Route(
     "and fixed order. Per output row of E edges it reads E x C_in input values once per column "
     "block of a group (once for groups of <= 128 outputs), W[k]'s group slices once per 32 rows, "
     "and writes C_out values once; its E x C_in / G x C_out MACs run on 8x8 matrices with "
-    "C_in / G padded to a multiple of 8 and C_out / G to the column block (at most 2x at 8 "
+    "C_in / G padded to a multiple of 8 and C_out / G to the column block (2x at 8 "
     "channels a group). Priority: above metal.grouped_fetch_on_demand, which per row reads each "
     "gathered input value once per output channel of its group (C_out / G times) and each W "
     "element once per edge, and runs the same MACs one lane at a time",
@@ -612,7 +612,7 @@ register(Route(
     "memory, P partitions of each offset's chunks reduced in order. Per edge it reads the "
     "group's C_in / G x values once per output block and C_out / G ct values once per input "
     "block; its E x C_in / G x C_out MACs run on 8x8 matrices, C_in / G padded to 32 and "
-    "C_out / G to 32 or 64 (up to 16x at 8 channels a group). Priority: above "
+    "C_out / G to 32 or 64 (16x at 8 channels a group). Priority: above "
     "metal.grouped_wgrad, whose one thread per weight element reads both values of every edge "
     "of its offset (2 x E x C_in / G x C_out reads) and runs the MACs one lane at a time, with "
     "only K x C_in / G x C_out threads",
