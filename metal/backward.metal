@@ -1,73 +1,12 @@
-// Backward routes: the grouped dense-channel input gradient and the classic
-// weight-gradient kernels. Programs (buffer bindings, dispatch shapes):
-// src/metal/backward.cpp.
-//
-// The input gradient is GatherConv over the input-major view with W
-// transposed per offset, so its kernels read x = the output cotangent,
-// w = (K, C_out, C_in) and the input-major neighbour map (N_in, K).
+// Backward routes: the classic weight-gradient kernels, and the ordered
+// reduction of the partitioned ones. Programs (buffer bindings, dispatch
+// shapes): src/metal/backward.cpp. (The input-gradient kernels of the
+// dense-channel family are forward_dense.metal's.)
 #include <metal_stdlib>
 
 #include "params.h"
 
 using namespace metal;
-
-constexpr constant int kGroupRows = 4; // rows per thread, grouped kernel
-
-// Grouped dense-channel input gradient: like dense_channel
-// (forward_dense.metal), but every thread owns 4 output channels of
-// kGroupRows rows spaced by the group height, so each W[k] staged in
-// threadgroup memory serves 4x the rows (large input capacities).
-template <typename T, int CI, int CO>
-[[kernel]] void dense_channel_grouped(
-    device const T* x [[buffer(0)]],
-    device const T* w [[buffer(1)]],
-    device const int* nmap [[buffer(2)]],
-    device T* y [[buffer(3)]],
-    constant ConvParams& p [[buffer(4)]],
-    uint3 gid [[threadgroup_position_in_grid]],
-    uint3 lid [[thread_position_in_threadgroup]],
-    uint3 tpg [[threads_per_threadgroup]]) {
-  threadgroup float ws[CI * CO];
-  const int c4 = int(lid.x);
-  const int h = int(tpg.y);
-  const int r0 = int(gid.y) * h * kGroupRows + int(lid.y);
-  const int t = int(lid.y * tpg.x + lid.x);
-  const int nt = int(tpg.x * tpg.y);
-  float4 acc[kGroupRows];
-  for (int j = 0; j < kGroupRows; ++j) {
-    acc[j] = float4(0.0f);
-  }
-  for (int k = 0; k < p.k; ++k) {
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    device const T* wk = w + long(k) * CI * CO;
-    for (int i = t; i < CI * CO; i += nt) {
-      ws[i] = float(wk[i]);
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    for (int j = 0; j < kGroupRows; ++j) {
-      const int r = r0 + j * h;
-      const int src = r < p.rows ? nmap[long(r) * p.k + k] : -1;
-      if (src < 0) {
-        continue;
-      }
-      device const T* xr = x + long(src) * CI;
-      for (int a = 0; a < CI; ++a) {
-        threadgroup const float* wa = ws + a * CO + 4 * c4;
-        acc[j] += float(xr[a]) * float4(wa[0], wa[1], wa[2], wa[3]);
-      }
-    }
-  }
-  for (int j = 0; j < kGroupRows; ++j) {
-    const int r = r0 + j * h;
-    if (r < p.rows) {
-      device T* yr = y + long(r) * CO + 4 * c4;
-      yr[0] = T(acc[j].x);
-      yr[1] = T(acc[j].y);
-      yr[2] = T(acc[j].z);
-      yr[3] = T(acc[j].w);
-    }
-  }
-}
 
 // Edge range and (gather, result) rows of edge e, relation or pointwise.
 struct EdgeRange {
@@ -278,24 +217,6 @@ template [[host_name("wgrad_reduce_float16")]] [[kernel]] decltype(wgrad_reduce<
 // bfloat16: the second step of metal.wgrad_mma (wgrad_mma.metal).
 template [[host_name("wgrad_reduce_bfloat16")]] [[kernel]] decltype(wgrad_reduce<bfloat>) wgrad_reduce<bfloat>;
 
-template [[host_name("dgrad_dense_grouped_float32_16x16")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 16>) dense_channel_grouped<float, 16, 16>;
-template [[host_name("dgrad_dense_grouped_float32_16x32")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 32>) dense_channel_grouped<float, 16, 32>;
-template [[host_name("dgrad_dense_grouped_float32_16x64")]] [[kernel]] decltype(dense_channel_grouped<float, 16, 64>) dense_channel_grouped<float, 16, 64>;
-template [[host_name("dgrad_dense_grouped_float32_32x16")]] [[kernel]] decltype(dense_channel_grouped<float, 32, 16>) dense_channel_grouped<float, 32, 16>;
-template [[host_name("dgrad_dense_grouped_float32_32x32")]] [[kernel]] decltype(dense_channel_grouped<float, 32, 32>) dense_channel_grouped<float, 32, 32>;
-template [[host_name("dgrad_dense_grouped_float32_32x64")]] [[kernel]] decltype(dense_channel_grouped<float, 32, 64>) dense_channel_grouped<float, 32, 64>;
-template [[host_name("dgrad_dense_grouped_float32_64x16")]] [[kernel]] decltype(dense_channel_grouped<float, 64, 16>) dense_channel_grouped<float, 64, 16>;
-template [[host_name("dgrad_dense_grouped_float32_64x32")]] [[kernel]] decltype(dense_channel_grouped<float, 64, 32>) dense_channel_grouped<float, 64, 32>;
-template [[host_name("dgrad_dense_grouped_float32_64x64")]] [[kernel]] decltype(dense_channel_grouped<float, 64, 64>) dense_channel_grouped<float, 64, 64>;
-template [[host_name("dgrad_dense_grouped_float16_16x16")]] [[kernel]] decltype(dense_channel_grouped<half, 16, 16>) dense_channel_grouped<half, 16, 16>;
-template [[host_name("dgrad_dense_grouped_float16_16x32")]] [[kernel]] decltype(dense_channel_grouped<half, 16, 32>) dense_channel_grouped<half, 16, 32>;
-template [[host_name("dgrad_dense_grouped_float16_16x64")]] [[kernel]] decltype(dense_channel_grouped<half, 16, 64>) dense_channel_grouped<half, 16, 64>;
-template [[host_name("dgrad_dense_grouped_float16_32x16")]] [[kernel]] decltype(dense_channel_grouped<half, 32, 16>) dense_channel_grouped<half, 32, 16>;
-template [[host_name("dgrad_dense_grouped_float16_32x32")]] [[kernel]] decltype(dense_channel_grouped<half, 32, 32>) dense_channel_grouped<half, 32, 32>;
-template [[host_name("dgrad_dense_grouped_float16_32x64")]] [[kernel]] decltype(dense_channel_grouped<half, 32, 64>) dense_channel_grouped<half, 32, 64>;
-template [[host_name("dgrad_dense_grouped_float16_64x16")]] [[kernel]] decltype(dense_channel_grouped<half, 64, 16>) dense_channel_grouped<half, 64, 16>;
-template [[host_name("dgrad_dense_grouped_float16_64x32")]] [[kernel]] decltype(dense_channel_grouped<half, 64, 32>) dense_channel_grouped<half, 64, 32>;
-template [[host_name("dgrad_dense_grouped_float16_64x64")]] [[kernel]] decltype(dense_channel_grouped<half, 64, 64>) dense_channel_grouped<half, 64, 64>;
 
 template [[host_name("wgrad_cout16_float32")]] [[kernel]] decltype(wgrad_cout16<float>) wgrad_cout16<float>;
 template [[host_name("wgrad_cout16_float16")]] [[kernel]] decltype(wgrad_cout16<half>) wgrad_cout16<half>;

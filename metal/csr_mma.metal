@@ -25,6 +25,7 @@
 // every run. Programs: src/metal/csr_mma.cpp.
 #include <metal_stdlib>
 
+#include "mma_tile.h"
 #include "params.h"
 
 using namespace metal;
@@ -33,10 +34,8 @@ constexpr constant int kRows = 32;     // rows per threadgroup (one per lane of 
 constexpr constant int kSlice = 16;    // input channels staged per step
 constexpr constant int kThreads = 128; // four simdgroups
 constexpr constant int kNone = 0x7fffffff; // no pending edge
-// Row strides of the staged tiles (x: kLdx, W: BN + kPad), padded by 16
-// bytes so that the rows an 8x8 load reads fall on different banks.
-constexpr constant int kPad = 4;
-constexpr constant int kLdx = kSlice + kPad;
+// Row strides of the staged tiles (x: kLdx, W: BN + kMmaPad).
+constexpr constant int kLdx = kSlice + kMmaPad;
 
 template <typename T, int BN>
 [[kernel, max_total_threads_per_threadgroup(128)]] void csr_mma(
@@ -51,11 +50,10 @@ template <typename T, int BN>
     uint t [[thread_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]) {
-  constexpr int kLdw = BN + kPad;
-  constexpr int kFrags = BN / 16; // 8x8 accumulators per simdgroup along the channels
+  constexpr int kLdw = BN + kMmaPad;
   // Staged x (32 x 16) and W (16 x BN); at the end, one 8x8 block per
   // simdgroup on its way to y.
-  threadgroup float smem[kRows * kLdx + kSlice * (BN + kPad)];
+  threadgroup float smem[kRows * kLdx + kSlice * (BN + kMmaPad)];
   // The round's gathered row per tile row, and its offset; double-buffered
   // by round parity, as simdgroup 0 fills round r + 1's with only round r's
   // barrier behind it (its slice barriers too, but there are none without
@@ -68,8 +66,8 @@ template <typename T, int BN>
   const int col_blocks = max((p.bg + BN - 1) / BN, 1);
   const int n0 = int(gid.x) % col_blocks * BN; // within the group's output channels
   const int group = int(gid.x) / col_blocks;
-  const int xa = group * p.ag; // the group's first channel of x
-  const int yb = group * p.bg; // its first output channel (of W's and y's b)
+  device const T* xg = x + group * p.ag; // the group's first channel of x
+  const int yb = group * p.bg;            // its first output channel (of W's and y's b)
   const bool pointwise = p.pointwise_rows >= 0;
   const int sm = int(sg) / 2; // this simdgroup's rows: sm * 16 + [0, 16)
   const int sn = int(sg) % 2; // its channels: yb + n0 + sn * BN / 2 + [0, BN / 2)
@@ -92,12 +90,8 @@ template <typename T, int BN>
     }
   }
 
-  simdgroup_float8x8 acc[2][kFrags];
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < kFrags; ++j) {
-      acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-    }
-  }
+  MmaBlock<2, BN / 16> block; // rows sm * 16 + [0, 16), channels sn * BN / 2 + [0, BN / 2)
+  block.clear();
 
   for (int round = 0;; ++round) {
     threadgroup int* rr = round_rows + (round & 1) * (kRows + 1);
@@ -125,56 +119,19 @@ template <typename T, int BN>
       if (a0 > 0) {
         threadgroup_barrier(mem_flags::mem_threadgroup); // the last slice's products done
       }
-      // 32 rows x 16 channels of the group: half a simdgroup per row,
-      // consecutive channels.
-      for (int i = int(t); i < kRows * kSlice; i += kThreads) {
-        const int r = i / kSlice;
-        const int c = a0 + i % kSlice;
-        const int g = rr[r];
-        xs[r * kLdx + i % kSlice] = g >= 0 && c < p.ag ? float(x[long(g) * p.a + xa + c]) : 0.0f;
-      }
+      // 32 rows x 16 channels of the group (half a simdgroup per row), and
       // W[k] rows a0 + [0, 16), the group's channels n0 + [0, BN).
-      for (int i = int(t); i < kSlice * BN; i += kThreads) {
-        const int a = a0 + i / BN;
-        const int c = n0 + i % BN;
-        ws[(i / BN) * kLdw + i % BN] = a < p.ag && c < p.bg ? float(wk[long(a) * p.b + c]) : 0.0f;
-      }
+      mma_stage_rows(xs, kLdx, rr, kRows, kSlice, xg, p.a, p.ag, a0, int(t), kThreads);
+      mma_stage_weight(ws, kLdw, kSlice, BN, wk, p.b, p.ag, p.bg, a0, n0, int(t), kThreads);
       threadgroup_barrier(mem_flags::mem_threadgroup);
-      const int valid = min(kSlice, p.ag - a0);
-      for (int kk = 0; kk < valid; kk += 8) {
-        simdgroup_float8x8 xa[2];
-        for (int i = 0; i < 2; ++i) {
-          simdgroup_load(xa[i], xs + (sm * 16 + i * 8) * kLdx + kk, kLdx);
-        }
-        for (int j = 0; j < kFrags; ++j) {
-          simdgroup_float8x8 wb;
-          simdgroup_load(wb, ws + kk * kLdw + sn * (BN / 2) + j * 8, kLdw);
-          for (int i = 0; i < 2; ++i) {
-            simdgroup_multiply_accumulate(acc[i][j], xa[i], wb, acc[i][j]);
-          }
-        }
-      }
+      block.accumulate(xs + sm * 16 * kLdx, kLdx, ws + sn * (BN / 2), kLdw, min(kSlice, p.ag - a0));
     }
   }
 
   // Each simdgroup writes its blocks through its own 64 floats of the
   // staging area, masked to the rows and channels that exist. No barrier:
   // every thread passed the last round's after its last product.
-  threadgroup float* block = smem + int(sg) * 64;
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < kFrags; ++j) {
-      simdgroup_store(acc[i][j], block, 8);
-      simdgroup_barrier(mem_flags::mem_threadgroup);
-      for (int q = int(lane); q < 64; q += 32) {
-        const int r = row0 + sm * 16 + i * 8 + q / 8;
-        const int c = n0 + sn * (BN / 2) + j * 8 + q % 8;
-        if (r < p.rows && c < p.bg) {
-          y[long(r) * p.b + yb + c] = T(block[q]);
-        }
-      }
-      simdgroup_barrier(mem_flags::mem_threadgroup);
-    }
-  }
+  block.store(smem + int(sg) * 64, lane, y + yb, p.b, row0 + sm * 16, p.rows, n0 + sn * (BN / 2), p.bg);
 }
 
 #define LATTICE_INSTANTIATE(name, T, BN) \

@@ -1,5 +1,5 @@
 // Forward routes over the CSR edges of a relation (any view): vec4, fp16
-// gather, cout16, and the fp32 atomic route. Programs: src/metal/forward_vector.cpp.
+// gather, and the fp32 atomic route. Programs: src/metal/forward_vector.cpp.
 #include <metal_stdlib>
 
 #include "params.h"
@@ -108,46 +108,6 @@ template <typename T>
   }
 }
 
-// cout16: one thread per row computes all 16 output channels.
-template <typename T>
-[[kernel]] void cout16_conv(
-    device const T* x [[buffer(0)]],
-    device const T* w [[buffer(1)]],
-    device const int* offsets [[buffer(2)]],
-    device const int* gather [[buffer(3)]],
-    device const int* kidx [[buffer(4)]],
-    device T* y [[buffer(5)]],
-    constant ConvParams& p [[buffer(6)]],
-    uint3 tid [[thread_position_in_grid]]) {
-  const int r = int(tid.x);
-  if (r >= p.rows) {
-    return;
-  }
-  const int2 er = edge_range(p, offsets, r);
-  float4 acc[4] = {float4(0.0f), float4(0.0f), float4(0.0f), float4(0.0f)};
-  for (int e = er.x; e < er.y; ++e) {
-    const long g = p.pointwise ? r : gather[e];
-    const long k = p.pointwise ? 0 : kidx[e];
-    device const T* xr = x + g * p.a;
-    device const T* wk = w + k * long(p.a) * 16;
-    for (int a = 0; a < p.a; ++a) {
-      const float xv = float(xr[a]);
-      device const T* wa = wk + a * 16;
-      for (int q = 0; q < 4; ++q) {
-        acc[q] += xv * float4(float(wa[4 * q]), float(wa[4 * q + 1]),
-                              float(wa[4 * q + 2]), float(wa[4 * q + 3]));
-      }
-    }
-  }
-  device T* yr = y + long(r) * 16;
-  for (int q = 0; q < 4; ++q) {
-    yr[4 * q] = T(acc[q].x);
-    yr[4 * q + 1] = T(acc[q].y);
-    yr[4 * q + 2] = T(acc[q].z);
-    yr[4 * q + 3] = T(acc[q].w);
-  }
-}
-
 // fp32 atomic route, step 1: zero the output.
 [[kernel]] void fill_zero_float32(
     device float* y [[buffer(0)]],
@@ -189,6 +149,4 @@ template <typename T>
 
 LATTICE_INSTANTIATE("vec4_float32", vec4_conv, float)
 LATTICE_INSTANTIATE("fp16_gather_float16", fp16_gather_conv, half)
-LATTICE_INSTANTIATE("cout16_float32", cout16_conv, float)
-LATTICE_INSTANTIATE("cout16_float16", cout16_conv, half)
 LATTICE_INSTANTIATE("fp32_atomic_float32", atomic_conv, float)

@@ -21,6 +21,7 @@
 // src/metal/wgrad_mma.cpp.
 #include <metal_stdlib>
 
+#include "mma_tile.h"
 #include "params.h"
 
 using namespace metal;
@@ -28,10 +29,8 @@ using namespace metal;
 constexpr constant int kBlockA = 32; // input channels (rows of dW) per threadgroup
 constexpr constant int kChunk = 16;  // edges staged per step
 constexpr constant int kThreads = 128;
-// Row strides of the staged tiles (x^T: kLdx, ct: BN + kPad), padded by 16
-// bytes so that the rows an 8x8 load reads fall on different banks.
-constexpr constant int kPad = 4;
-constexpr constant int kLdx = kChunk + kPad;
+// Row strides of the staged tiles (x^T: kLdx, ct: BN + kMmaPad).
+constexpr constant int kLdx = kChunk + kMmaPad;
 
 template <typename T, int BN>
 [[kernel, max_total_threads_per_threadgroup(128)]] void wgrad_mma(
@@ -47,11 +46,10 @@ template <typename T, int BN>
     uint t [[thread_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]) {
-  constexpr int kLdc = BN + kPad;
-  constexpr int kFrags = BN / 16;
+  constexpr int kLdc = BN + kMmaPad;
   // Staged x^T (32 x 16) and ct (16 x BN); at the end, one 8x8 block per
   // simdgroup on its way out.
-  threadgroup float smem[kBlockA * kLdx + kChunk * (BN + kPad)];
+  threadgroup float smem[kBlockA * kLdx + kChunk * (BN + kMmaPad)];
   threadgroup float* xs = smem;
   threadgroup float* cs = smem + kBlockA * kLdx;
 
@@ -62,8 +60,9 @@ template <typename T, int BN>
   const int a0 = int(gid.x) / n_blocks % a_blocks * kBlockA;
   const int n0 = int(gid.x) % n_blocks * BN;
   const int group = int(gid.x) / (n_blocks * a_blocks);
-  const int xa = group * p.a; // the group's first channel of x
-  const int yb = group * bg;  // its first output channel (of ct's and dW's b)
+  device const T* xg = x + group * p.a; // the group's first channel of x
+  const int yb = group * bg;             // its first output channel (of ct's and dW's b)
+  device const T* ctg = ct + yb;
   const int q = int(gid.y);
   const int k = int(gid.z);
   const int sm = int(sg) / 2; // this simdgroup's dW rows: a0 + sm * 16 + [0, 16)
@@ -72,12 +71,8 @@ template <typename T, int BN>
   const int e0 = pointwise ? 0 : offsets[k];
   const int e1 = pointwise ? p.pointwise_rows : offsets[k + 1];
 
-  simdgroup_float8x8 acc[2][kFrags];
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < kFrags; ++j) {
-      acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-    }
-  }
+  MmaBlock<2, BN / 16> block; // dW rows sm * 16 + [0, 16), columns sn * BN / 2 + [0, BN / 2)
+  block.clear();
 
   for (int c0 = e0 + q * kChunk; c0 < e1; c0 += p.parts * kChunk) {
     if (c0 > e0 + q * kChunk) {
@@ -91,7 +86,7 @@ template <typename T, int BN>
       float v = 0.0f;
       if (e < e1 && a < p.a) {
         const long g = pointwise ? e : g_idx[e];
-        v = float(x[g * x_cols + xa + a]);
+        v = float(xg[g * x_cols + a]);
       }
       xs[(i % kBlockA) * kLdx + i / kBlockA] = v;
     }
@@ -101,49 +96,24 @@ template <typename T, int BN>
       float v = 0.0f;
       if (e < e1 && n < bg) {
         const long r = pointwise ? e : r_idx[e];
-        v = float(ct[r * p.b + yb + n]);
+        v = float(ctg[r * p.b + n]);
       }
       cs[(i / BN) * kLdc + i % BN] = v;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    const int valid = min(kChunk, e1 - c0);
-    for (int kk = 0; kk < valid; kk += 8) {
-      simdgroup_float8x8 xa[2];
-      for (int i = 0; i < 2; ++i) {
-        simdgroup_load(xa[i], xs + (sm * 16 + i * 8) * kLdx + kk, kLdx);
-      }
-      for (int j = 0; j < kFrags; ++j) {
-        simdgroup_float8x8 cb;
-        simdgroup_load(cb, cs + kk * kLdc + sn * (BN / 2) + j * 8, kLdc);
-        for (int i = 0; i < 2; ++i) {
-          simdgroup_multiply_accumulate(acc[i][j], xa[i], cb, acc[i][j]);
-        }
-      }
-    }
+    block.accumulate(xs + sm * 16 * kLdx, kLdx, cs + sn * (BN / 2), kLdc, min(kChunk, e1 - c0));
   }
 
   // Each simdgroup writes its blocks through its own 64 floats of the
-  // staging area, masked to the channels that exist.
+  // staging area, masked to the group's channels.
   threadgroup_barrier(mem_flags::mem_threadgroup); // staged tiles no longer read
-  threadgroup float* block = smem + int(sg) * 64;
-  const long base = p.parts > 1 ? (long(k) * p.parts + q) * p.a * p.b : long(k) * p.a * p.b;
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < kFrags; ++j) {
-      simdgroup_store(acc[i][j], block, 8);
-      simdgroup_barrier(mem_flags::mem_threadgroup);
-      for (int m = int(lane); m < 64; m += 32) {
-        const int a = a0 + sm * 16 + i * 8 + m / 8;
-        const int n = n0 + sn * (BN / 2) + j * 8 + m % 8;
-        if (a < p.a && n < bg) {
-          if (p.parts > 1) {
-            partials[base + long(a) * p.b + yb + n] = block[m];
-          } else {
-            dw[base + long(a) * p.b + yb + n] = T(block[m]);
-          }
-        }
-      }
-      simdgroup_barrier(mem_flags::mem_threadgroup);
-    }
+  threadgroup float* stage = smem + int(sg) * 64;
+  const int r0 = a0 + sm * 16;
+  const int c0 = n0 + sn * (BN / 2);
+  if (p.parts > 1) {
+    block.store(stage, lane, partials + (long(k) * p.parts + q) * p.a * p.b + yb, p.b, r0, p.a, c0, bg);
+  } else {
+    block.store(stage, lane, dw + long(k) * p.a * p.b + yb, p.b, r0, p.a, c0, bg);
   }
 }
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from . import backends, routes, tuning
+from . import autodiff, backends, routes, tuning
 from ._args import dtype_name, triple
 from ._recorder import CallRecorder
 from .layout import mapped_weight
@@ -41,7 +41,7 @@ class Product(NamedTuple):
     weight: object  # kernel-major (K, C_in // groups, C_out) weight; the QuantizedWeight when quantized
     quantized: bool
     native: object  # the relation's native maps (None: pointwise)
-    view: object  # _ext.View.output_major; on CUDA the relation's view (None: pointwise)
+    view: object  # the backend's product view of the relation (None: pointwise)
     stream: mx.Stream
     groups: int
     variant: dict | None  # the route's tile shapes, where it has some (CUDA)
@@ -55,9 +55,9 @@ def record_products():
     """``with record_products() as products: ...`` collects a :class:`Product`
     for every convolution product the ops run in the block, in call order
     (in every open block, when they nest). With a product's ``x``,
-    ``weight``, ``native``, ``view``, ``route`` and ``stream`` the same
-    kernel call can be run again (``_ext.gather_conv`` for the CPU and Metal
-    routes, ``cuda.conv`` for CUDA); ``host_s`` is the host time the op
+    ``weight``, ``view``, ``route`` and ``groups`` the same product can be
+    run again, with its autodiff (``autodiff.conv`` on
+    ``backends.get(backend)``); ``host_s`` is the host time the op
     spent on it (MLX runs the kernel later, at evaluation)."""
     return _products.record()
 
@@ -167,10 +167,11 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
     runner = backends.get(route.backend)
     w = weight if quantized else mapped_weight(weight)
+    view = runner.product_view(relation)
     if quantized:
         y = runner.quantized_conv(route.name, x.feats, w, relation)
     else:
-        y = runner.conv(route.name, x.feats, w, relation, groups, sel.variant)
+        y = autodiff.conv(runner, route.name, x.feats, w, view, groups, sel.variant)
     if bias is not None:
         y = y + bias
     out = SparseTensor._from_set(out_set, y, x.manager)
@@ -178,7 +179,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         native = None if relation is None else relation._native
         _products.add(Product(
             op, kind, geom, route.name, route.backend, x.feats, w, quantized, native,
-            runner.product_view(relation), runner.stream(), groups, sel.variant, time.perf_counter() - t0,
+            view, runner.stream(), groups, sel.variant, time.perf_counter() - t0,
         ))
     return out
 

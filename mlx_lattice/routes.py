@@ -342,10 +342,13 @@ register(Route(
 
 # ------------------------------------------------------------------ Metal routes
 register(Route(
-    name="metal.pointwise", backend="metal", priority=100,
+    name="metal.pointwise", backend="metal", matrix_unit=True, priority=100,
     conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, METAL_DTYPES),
     passes=("forward", "dgrad"), uses_relation=False, kernel_file="metal/forward_dense.metal",
-    summary="16x16 tiled GEMM x @ W[0] through threadgroup memory",
+    summary="GEMM x @ W[0] on simdgroup matrices, any C_in and C_out: 64 rows x 16, 32 or 64 "
+    "output channels per threadgroup (4 simdgroups of 8x8 float fragments, each 32 rows, float "
+    "accumulation), x and W[0] staged 32 input channels at a time through threadgroup memory "
+    "with masked loads",
 ))
 register(Route(
     name="metal.sorted_gemm", backend="metal", matrix_unit=True, priority=90,
@@ -365,17 +368,21 @@ register(Route(
     "reorder_rows",
 ))
 register(Route(
-    name="metal.dense_channel", backend="metal", priority=80,
+    name="metal.dense_channel", backend="metal", matrix_unit=True, priority=80,
     conditions=(DENSE, DENSE_LAYOUT, CHANNELS_16_64, K_GE_16, CAP_4096, METAL_DTYPES),
     kernel_file="metal/forward_dense.metal",
-    summary="compile-time channel counts; W[k] staged in threadgroup memory per offset; "
-    "neighbour-map traversal",
+    summary="neighbour-map traversal on simdgroup matrices, compile-time channel counts: 32 rows "
+    "x C_out per threadgroup (4 simdgroups of 8x8 float fragments, float accumulation); offsets "
+    "in order, those no row of the tile has skipped; each offset's gathered rows (zeros where a "
+    "row lacks it) and W[k] staged once through threadgroup memory",
 ))
 register(Route(
-    name="metal.cout16", backend="metal", priority=70,
+    name="metal.cout16", backend="metal", matrix_unit=True, priority=70,
     conditions=(DENSE, COUT16, METAL_DTYPES), passes=("forward", "dgrad"),
-    kernel_file="metal/forward_vector.metal",
-    summary="one thread per row computing all 16 output channels",
+    kernel_file="metal/csr_mma.metal",
+    summary="C_out == 16 on the kernels of metal.csr_mma at their 16-channel column block: 32 "
+    "rows x 16 output channels per threadgroup (4 simdgroups of 8x8 float fragments), rows' "
+    "edges taken in offset rounds, any C_in staged 16 channels at a time with masked loads",
 ))
 # The matrix-unit route: every dense float product the routes above do not
 # take, in any dtype, ahead of the scalar routes below (the order's reason is
@@ -459,19 +466,20 @@ register(Route(
     "input-major neighbour map; accumulator in a cooperative tensor",
 ))
 register(Route(
-    name="metal.dgrad_dense_grouped", backend="metal", priority=86,
+    name="metal.dgrad_dense_grouped", backend="metal", matrix_unit=True, priority=86,
     conditions=(DENSE, DENSE_LAYOUT, CHANNELS_16_64, DGRAD_CAP_65536, METAL_DTYPES),
-    passes=("dgrad",), kernel_file="metal/backward.metal",
-    summary="grouped dense-channel input gradient: as metal.dgrad_dense_channel, but each "
-    "thread owns 4 channels of 4 rows, so every W[k] staged in threadgroup memory serves 4x "
-    "the rows",
+    passes=("dgrad",), kernel_file="metal/forward_dense.metal",
+    summary="grouped dense-channel input gradient: as metal.dgrad_dense_channel in 64-row tiles "
+    "(4 simdgroups of 32 rows x C_out/2), so every W[k] staged in threadgroup memory serves "
+    "twice the rows; C_in 64 staged in two 32-channel slices where the tiles would pass 28 KiB",
 ))
 register(Route(
-    name="metal.dgrad_dense_channel", backend="metal", priority=84,
+    name="metal.dgrad_dense_channel", backend="metal", matrix_unit=True, priority=84,
     conditions=(DENSE, DENSE_LAYOUT, CHANNELS_16_64, DGRAD_CAP_4096, METAL_DTYPES),
     passes=("dgrad",), kernel_file="metal/forward_dense.metal",
-    summary="dense-channel input gradient: the compile-time-channel kernels of "
-    "metal.dense_channel over the input-major neighbour map (N_in, K), W transposed per offset",
+    summary="dense-channel input gradient: the simdgroup-matrix kernels of metal.dense_channel "
+    "(32 rows x C_out per threadgroup) over the input-major neighbour map (N_in, K), W "
+    "transposed per offset",
 ))
 register(Route(
     name="metal.tensorops_wgrad", backend="metal", matrix_unit=True, priority=90,
@@ -709,32 +717,6 @@ register(Route(
     summary="32-bit CAS table of row indices; one thread per output row, count then fill with one host "
     "sync per map; supports by a bitonic sort of candidate keys; arrays equal to cpu.hash_map's",
 ))
-
-
-def autodiff_context(q: dict, backend: str | None = None) -> RouteContext:
-    """The context of a product created by autodiff, from the primitives'
-    query (direction, kind, k, c_in, c_out, n_in, n_out, edges, dtype, gpu,
-    from_route, groups); the route tuner builds the same ones ahead of the
-    backward pass (``backend``: the GPU backend of a ``gpu`` query, default
-    the current one)."""
-    pointwise = q["kind"] == "pointwise"
-    return context(
-        f"{q['direction']} of {q['from_route']}",
-        (backend or backends.current().name) if q["gpu"] else "cpu",
-        map_kind="forward" if pointwise else q["kind"],
-        dtype=q["dtype"],
-        kernel_size=(1, 1, 1) if pointwise else None,
-        k=q["k"], c_in=q["c_in"], c_out=q["c_out"], n_in=q["n_in"], n_out=q["n_out"],
-        edges=q["edges"], direction=q["direction"], groups=q["groups"],
-    )
-
-
-def _autodiff_route(q: dict) -> str:
-    """Route of a product created by autodiff (called from the primitives)."""
-    return choose(autodiff_context(q)).route.name
-
-
-_ext.set_route_hook(_autodiff_route)
 
 
 def markdown() -> str:

@@ -54,11 +54,12 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field, fields, replace
+from types import SimpleNamespace
 
 import numpy as np
 import mlx.core as mx
 
-from . import _ext, backends, diagnostics, routes
+from . import _ext, autodiff, backends, diagnostics, routes
 from .tuning_cache import TuningCache
 
 MODES = ("off", "cached", "tune")
@@ -467,6 +468,10 @@ def measure(ctx: routes.RouteContext, run, cands: list[Candidate], timer=None) -
             dropped[c.label] = f"raised {e.__class__.__name__}: {e}"
             continue
         if ref is None:
+            if not np.all(np.isfinite(out)):
+                # NaN or Inf in the call's data: no output to check the
+                # others against, and nothing worth timing.
+                return Measurement({}, {}, c, "the static route's output is not finite")
             ref = out
         elif not _agrees(out, ref, ctx.dtype):
             dropped[c.label] = "output differs from the static route's beyond the dtype's tolerance"
@@ -514,38 +519,17 @@ def _concrete(a: mx.array, salt: int) -> mx.array:
         return _synthetic(a.shape, a.dtype, salt)
 
 
-def _transpose(w: mx.array, groups: int) -> mx.array:
-    """(K, A / G, B) -> (K, B / G, A): each group's block transposed."""
-    if groups == 1:
-        return mx.swapaxes(w, 1, 2)
-    k, ag, b = w.shape
-    return w.reshape(k, ag, groups, b // groups).transpose(0, 3, 2, 1).reshape(k, b // groups, ag * groups)
-
-
-def run_primitive(op: str, route: str, a: mx.array, b: mx.array, relation, view, stream, groups: int = 1,
-                  k: int = 0, quantized: tuple = ()) -> mx.array:
-    """A product by the extension's primitives (CPU and Metal routes): ``conv``
-    (a through b, kernel-major) over `view`, ``weight_grad`` (a^T b per
-    offset, K = k) or ``quantized`` (b the codes; ``quantized``: scales,
-    biases, bits, group size)."""
-    if op == "conv":
-        return _ext.gather_conv(a, b, relation, view, route, stream, groups=groups)
-    if op == "weight_grad":
-        return _ext.weight_grad(a, b, relation, view, k, route, stream, groups=groups)
-    scales, biases, bits, gs = quantized
-    return _ext.quantized_conv(a, b, scales, biases, bits, gs, relation, view, route, stream)
-
-
 class CallProbe:
     """The data of one convolution call, to measure its three products on:
     its features, weight and relation, and a random cotangent for the
-    backward products (built once the tuner needs them). ``execute`` runs a
-    product of the CPU and Metal routes (default :func:`run_primitive`; the
-    Metal tests pass one running the route's program through the harness)."""
+    backward products (built once the tuner needs them). ``execute(backend,
+    route, op, a, b, view, k=, groups=, variant=)`` runs one product
+    (default ``backend.launch``; the Metal tests pass one running the
+    route's program through the harness)."""
 
     def __init__(self, feats: mx.array, weight, relation, groups: int = 1, execute=None):
         self.feats, self.weight, self.relation, self.groups = feats, weight, relation, groups
-        self.execute = execute or run_primitive
+        self.execute = execute or (lambda backend, route, op, *args, **kw: backend.launch(route, op, *args, **kw))
         self.done = False
         self._data = None
 
@@ -562,29 +546,13 @@ class CallProbe:
         if isinstance(self.weight, QuantizedWeight):
             return [] if ctx.backend == "cuda" else [(ctx, lambda route, kw: self._run(ctx, 0, route, kw))]
         k, a, b = rel.kernel_volume, ctx.c_in, ctx.c_out
-        if ctx.backend == "cuda":
-            from types import SimpleNamespace
-
-            from .backends.cuda import autodiff as cad
-
-            # The input gradient's view (the relation swapped, or the same
-            # one where it is symmetric) as _context reads it, unbuilt.
-            back = SimpleNamespace(rel=SimpleNamespace(kind=rel.kind, edges=rel.edges), rows=rel.n_in)
-            dctx = cad._context("dgrad", back, k, b, a, rel.n_out, ctx.dtype, from_route, g)
-            wctx = cad._context("wgrad", SimpleNamespace(rel=back.rel, rows=rel.n_out), k, a, b, rel.n_in,
-                                ctx.dtype, from_route, g)
-        else:
-            q = dict(kind=rel.kind, k=k, edges=rel.edges, dtype=ctx.dtype, gpu=ctx.backend != "cpu",
-                     from_route=from_route, groups=g)
-            dctx = routes.autodiff_context({**q, "direction": "dgrad", "c_in": b, "c_out": a,
-                                            "n_in": rel.n_out, "n_out": rel.n_in}, ctx.backend)
-            wctx = routes.autodiff_context({**q, "direction": "wgrad", "c_in": a, "c_out": b,
-                                            "n_in": rel.n_in, "n_out": rel.n_out}, ctx.backend)
+        # The two views autodiff reads (the input gradient's: the relation
+        # swapped, or the same one where it is symmetric), unbuilt.
+        back = SimpleNamespace(kind=rel.kind, edges=rel.edges, rows=rel.n_in)
+        view = SimpleNamespace(kind=rel.kind, edges=rel.edges, rows=rel.n_out)
+        dctx = autodiff.context(ctx.backend, "dgrad", back, k, b, a, rel.n_out, ctx.dtype, from_route, g)
+        wctx = autodiff.context(ctx.backend, "wgrad", view, k, a, b, rel.n_in, ctx.dtype, from_route, g)
         return [(c, lambda route, kw, i=i: self._run(ctx, i, route, kw)) for i, c in enumerate((ctx, dctx, wctx))]
-
-    @staticmethod
-    def _stream(ctx):
-        return mx.default_stream(mx.cpu if ctx.backend == "cpu" else mx.default_device())
 
     def _prepare(self, ctx) -> dict:
         """The arrays the products read, evaluated (once per probe)."""
@@ -592,50 +560,34 @@ class CallProbe:
 
         if self._data is not None:
             return self._data
-        d = {"x": _concrete(self.feats, 1), "stream": self._stream(ctx)}
+        backend = backends.get(ctx.backend)
+        d = {"x": _concrete(self.feats, 1), "backend": backend}
         if isinstance(self.weight, QuantizedWeight):
             codes, scales, biases = self.weight.kernel_major()
             mx.eval(codes, scales, biases)
-            d["codes"], d["extra"] = codes, (scales, biases, self.weight.bits, self.weight.group_size)
         else:
             from .layout import mapped_weight
 
             w = _concrete(mapped_weight(self.weight), 2)
-            d["w"], d["ct"] = w, _synthetic((self.relation.n_out, w.shape[2]), d["x"].dtype, 3)
-            if ctx.backend == "cuda":
-                from .backends.cuda import autodiff as cad
-                from .backends.cuda import view_of
-
-                view = view_of(self.relation)
-                wt = cad._transpose(w, self.groups)
-                back, wt = (view, wt[::-1]) if view.symmetric else (view.flipped(), wt)
-                d.update(view=view, back=back, wt=wt)
-            else:
-                d["wt"] = _transpose(w, self.groups)
+            view = backend.product_view(self.relation)
+            back, wt = autodiff.input_gradient_view(view, autodiff.transpose(w, self.groups))
+            d.update(w=w, wt=wt, view=view, back=back,
+                     ct=_synthetic((self.relation.n_out, w.shape[2]), d["x"].dtype, 3))
             mx.eval(d["w"], d["wt"], d["ct"])
         self._data = d
         return d
 
     def _run(self, ctx, i: int, route: str, kw: dict):
         d, g, rel = self._prepare(ctx), self.groups, self.relation
-        x = d["x"]
-        if ctx.backend == "cuda":
-            from .backends.cuda import autodiff as cad
-
-            if i == 0:
-                return cad._run(route, "conv", g, x, d["w"], d["view"], variant=kw)
-            if i == 1:
-                return cad._run(route, "conv", g, d["ct"], d["wt"], d["back"], variant=kw)
-            return cad._run(route, "weight_grad", g, x, d["ct"], d["view"], rel.kernel_volume, variant=kw)
-        native, stream, ex = rel._native, d["stream"], self.execute
-        out_major, in_major = _ext.View.output_major, _ext.View.input_major
-        if "codes" in d:
-            return ex("quantized", route, x, d["codes"], native, out_major, stream, quantized=d["extra"])
+        x, backend, ex = d["x"], d["backend"], self.execute
+        if "w" not in d:
+            return backend.quantized_conv(route, x, self.weight, rel)
         if i == 0:
-            return ex("conv", route, x, d["w"], native, out_major, stream, g)
+            return ex(backend, route, "conv", x, d["w"], d["view"], groups=g, variant=kw)
         if i == 1:
-            return ex("conv", route, d["ct"], d["wt"], native, in_major, stream, g)
-        return ex("weight_grad", route, x, d["ct"], native, out_major, stream, g, k=rel.kernel_volume)
+            return ex(backend, route, "conv", d["ct"], d["wt"], d["back"], groups=g, variant=kw)
+        return ex(backend, route, "weight_grad", x, d["ct"], d["view"], k=rel.kernel_volume, groups=g,
+                  variant=kw)
 
 
 def probe(feats, weight, relation, groups: int = 1) -> CallProbe | None:

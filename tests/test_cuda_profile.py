@@ -63,16 +63,37 @@ def test_conv_calls_replay_what_the_ops_pass_to_cuda(rng, monkeypatch):
     w = mx.ones((8, 3, 3, 3, 8), mx.float16)
     calls = []
 
-    def conv(route, f, wm, view, groups, variant=None):
-        calls.append((route, f, wm, view, groups, variant))
-        return f @ wm[0]
+    class FakeView:  # what autodiff reads of a CUDA view
+        def __init__(self, rel, flipped=None):
+            self.rel, self.kind, self.edges, self.symmetric = rel, rel.kind, rel.edges, False
+            self.is_flipped = flipped is not None
+            self.rows = rel.n_in if self.is_flipped else rel.n_out
+            self._flipped = flipped
+
+        def flipped(self):
+            self._flipped = self._flipped or FakeView(self.rel, self)
+            return self._flipped
+
+    def launch(route, op, a, b, view, k=1, groups=1, variant=None):
+        calls.append((route, a, b, view, groups, variant, op))
+        if op == "weight_grad":
+            return mx.zeros((k, a.shape[1], b.shape[1]), a.dtype)
+        return mx.zeros((view.rows, b.shape[2]), a.dtype)
 
     monkeypatch.setattr(backends, "current", lambda stream=None: cuda.BACKEND)
-    monkeypatch.setattr(cuda, "view_of", lambda rel: rel)
-    monkeypatch.setattr(cuda, "conv", conv)
+    monkeypatch.setattr(cuda.BACKEND, "product_view", lambda rel: FakeView(rel))
+    monkeypatch.setattr(cuda.BACKEND, "launch", launch)
     step = SimpleNamespace(model=lambda t: ops.subm_conv3d(t, w))
     rec = cuda_profile._conv_calls(step, x)
     assert len(rec) == len(calls) == 1
-    assert all(a is b for a, b in zip(rec[0], calls[0])) and rec[0][1] is x.feats
+    (route, f, wm, view, groups, variant), call = rec[0], calls[0]
+    assert f is x.feats and (route, view, groups, variant) == (call[0], call[3], call[4], call[5])
+    # autodiff hands the kernels the same arrays, cut from the graph
+    assert mx.array_equal(call[1], f) and mx.array_equal(call[2], wm)
     cuda_profile.conv_device_times(step, x, repeats=1)
-    assert len(calls) > 1 and all(c[0] == calls[0][0] and c[3] is calls[0][3] and c[5] == calls[0][5] for c in calls[1:])
+    # the replay's products: forward on the recorded route and variant, and
+    # the backward products on the flipped view (input gradient) and the view
+    forward = [c for c in calls[1:] if c[6] == "conv" and not c[3].is_flipped]
+    assert forward and all(c[0] == calls[0][0] and c[5] == calls[0][5] for c in forward)
+    assert any(c[6] == "conv" and c[3].is_flipped for c in calls)
+    assert any(c[6] == "weight_grad" for c in calls)

@@ -287,5 +287,5 @@ def test_record_products_replays_each_kernel_call(rng, on_cpu):
     for p, out in zip(outer, (y, z)):
         assert p.x is x.feats and p.backend == "cpu" and not p.quantized and p.groups == 1
         assert p.host_s > 0 and p.variant is None
-        again = ml._ext.gather_conv(p.x, p.weight, p.native, p.view, p.route, p.stream, groups=p.groups)
+        again = ml.backends.get(p.backend).launch(p.route, "conv", p.x, p.weight, p.view, groups=p.groups)
         np.testing.assert_array_equal(np.array(again), np.array(out.feats))

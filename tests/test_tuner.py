@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -454,6 +455,19 @@ def test_a_candidate_that_disagrees_is_left_out():
     assert m.winner == cands[0] and "raised RuntimeError" in m.dropped["cpu.gather_gemm"]
 
 
+def test_data_that_is_not_finite_is_not_measured():
+    # NaN in the call's data (a diverged step): no reference to check the
+    # candidates against, so the static route stands, unmeasured, and no
+    # candidate is reported as disagreeing.
+    ctx = cpu_ctx()
+    cands = tuning.candidates(ctx)
+    nan = mx.full((8, 4), float("nan"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = tuning.measure(ctx, lambda route, kw: nan, cands, FAST_GATHER)
+    assert m.winner == cands[0] and not m.times_s and not m.dropped and "not finite" in m.note
+
+
 def test_wall_timer_times_the_evaluation():
     a = mx.ones((256, 256))
     t = tuning.wall_timer("x", lambda: (a @ a).sum())
@@ -558,7 +572,7 @@ class _Plan:
 
 
 def test_cuda_variants_reach_the_kernels(monkeypatch):
-    from mlx_lattice.backends.cuda import autodiff, kernels
+    from mlx_lattice.backends.cuda import BACKEND, kernels
     from mlx_lattice.backends.cuda import routes as table
 
     launched = []
@@ -598,12 +612,12 @@ def test_cuda_variants_reach_the_kernels(monkeypatch):
     table.wgrad_mma(x, mx.zeros((100, 128), mx.float16), wview, 27, ta=32, tb=64, chunk=128)
     assert chunks[-1] == 128
     assert [(t["TA"], t["TB"]) for n, _, t, _ in launched if n == "wgrad_mma"][-1] == (32, 64)
-    # through autodiff's runner, as the tuner and the backward pass call it
+    # through the backend's launch, as the tuner and the backward pass call it
     seen = []
     monkeypatch.setitem(table.ROUTES, "cuda.sorted_mma",
                         table.Route("conv", lambda *a, **kw: seen.append(kw) or mx.zeros((1,))))
-    autodiff._run("cuda.sorted_mma", "conv", 1, x, w, view, variant={"bn": 64})
-    autodiff._run("cuda.sorted_mma", "conv", 1, x, w, view)
+    BACKEND.launch("cuda.sorted_mma", "conv", x, w, view, variant={"bn": 64})
+    BACKEND.launch("cuda.sorted_mma", "conv", x, w, view)
     assert seen == [{"bn": 64}, {}]
 
 
@@ -617,7 +631,8 @@ def test_ops_pass_a_cached_variant_to_the_cuda_route(rng, monkeypatch, cache_fil
     from mlx_lattice import backends
 
     monkeypatch.setattr(backends, "current", lambda stream=None: cuda.BACKEND)
-    monkeypatch.setattr(cuda.BACKEND, "conv", lambda route, f, wm, rel, groups, variant=None:
+    monkeypatch.setattr(cuda.BACKEND, "product_view", lambda rel: None)
+    monkeypatch.setattr(cuda.BACKEND, "launch", lambda route, op, f, wm, view, k=1, groups=1, variant=None:
                         calls.append((route, variant)) or mx.zeros((len(coords), 64), mx.float16))
     with tuning.using(mode="off"), diagnostics.record() as log:
         ops.subm_conv3d(x, w)

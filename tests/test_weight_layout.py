@@ -12,7 +12,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import _ext, ops
+from mlx_lattice import _ext, autodiff, backends, ops
 from mlx_lattice.ops import mapped_weight
 from mlx_lattice.relation import KernelGeometry
 
@@ -77,7 +77,8 @@ def test_input_gradient_reads_transposed_view(rng, isa, c_in, c_out, dtype):
     dx = {}
     for name in ("contiguous", "parameter"):
         w = _layouts(w5)[name]
-        fn = lambda f: _ext.gather_conv(f, w, rel._native, _ext.View.output_major, "cpu.gather_gemm", CPU)  # noqa: E731
+        view = backends.CPU.product_view(rel)
+        fn = lambda f: autodiff.conv(backends.CPU, "cpu.gather_gemm", f, w, view)  # noqa: E731
         _, (g,) = mx.vjp(fn, [feats], [ct])
         mx.eval(g)
         dx[name] = g

@@ -93,18 +93,24 @@ class Backend:
         return [{}]
 
     # The CPU and Metal products are primitives of the extension (GatherConv,
-    # QuantizedConv, src/primitives.h) that run the route's table entry.
-    def conv(self, route: str, x, w, relation, groups: int = 1, variant: dict | None = None):
-        """y = sum over the edges of x[g] @ w[k] on ``relation`` (None:
-        pointwise) by ``route``, differentiable; ``w`` kernel-major
-        (K, A / groups, B); ``variant``: the route's tile shapes."""
-        native = None if relation is None else relation._native
-        return _ext.gather_conv(x, w, native, _ext.View.output_major, route, self.stream(), groups=groups)
+    # WeightGrad, QuantizedConv: src/core/primitives.h) that run the route's
+    # table entry; their autodiff is mlx_lattice/autodiff.py's.
+    def launch(self, route: str, op: str, a, b, view, k: int = 1, groups: int = 1,
+               variant: dict | None = None):
+        """One product by ``route``, without autodiff: ``conv`` (a through
+        the kernel-major weight b over ``view``, None: pointwise) or
+        ``weight_grad`` (a^T b per offset, K = k); ``variant``: the
+        route's tile shapes."""
+        native = None if view is None else view.native
+        major = _ext.View.output_major if view is None else view.major
+        if op == "conv":
+            return _ext.gather_conv(a, b, native, major, route, self.stream(), groups=groups)
+        return _ext.weight_grad(a, b, native, major, k, route, self.stream(), groups=groups)
 
     def product_view(self, relation):
-        """What a product reads of ``relation`` besides its native maps:
-        the CSR view (``_ext.View``) of the primitives."""
-        return _ext.View.output_major
+        """The view a product reads of ``relation`` (None: pointwise), for
+        ``launch`` and autodiff."""
+        return None if relation is None else NativeView(relation)
 
     def quantized_conv(self, route: str, x, weight, relation):
         """The product of a QuantizedWeight (inference: input gradients only)."""
@@ -112,6 +118,39 @@ class Backend:
         native = None if relation is None else relation._native
         return _ext.quantized_conv(x, codes, scales, biases, weight.bits, weight.group_size, native,
                                    _ext.View.output_major, route, self.stream())
+
+
+class NativeView:
+    """A CSR view of a relation for the extension's products: the relation's
+    native maps read output-major (rows are its outputs) or input-major."""
+
+    def __init__(self, relation, major=_ext.View.output_major):
+        self.relation, self.major = relation, major
+
+    @property
+    def native(self):
+        return self.relation._native
+
+    @property
+    def rows(self) -> int:
+        out = self.major == _ext.View.output_major
+        return self.relation.n_out if out else self.relation.n_in
+
+    @property
+    def kind(self) -> str:
+        return self.relation.kind
+
+    @property
+    def edges(self) -> int:
+        return self.relation.edges
+
+    @property
+    def symmetric(self) -> bool:
+        return self.relation.symmetric
+
+    def flipped(self) -> "NativeView":
+        out = self.major == _ext.View.output_major
+        return NativeView(self.relation, _ext.View.input_major if out else _ext.View.output_major)
 
 
 class Views:

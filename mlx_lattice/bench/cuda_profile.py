@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import mlx.core as mx
 
-from .. import ops
+from .. import autodiff, ops
 from ..nn import normalization
 from ..relation import KernelGeometry, Relation
 from .timing import best_time
@@ -97,8 +97,8 @@ def conv_device_times(step, tensor, repeats):
     cuda = cuda_backend()
     fwd = bwd = 0.0
     for route, x, w, view, groups, variant in _conv_calls(step, tensor):
-        f = lambda a, b, route=route, view=view, groups=groups, variant=variant: cuda.conv(  # noqa: E731
-            route, a, b, view, groups, variant)
+        f = lambda a, b, route=route, view=view, groups=groups, variant=variant: autodiff.conv(  # noqa: E731
+            cuda.BACKEND, route, a, b, view, groups, variant)
         y = f(x, w)
         ct = mx.random.normal(y.shape).astype(y.dtype)
         mx.eval(y, ct)

@@ -270,7 +270,7 @@ def run_gpu(args) -> int:
                 fns = {
                     "forward": (r_f, lambda: cuda.find(r_f, "conv").run(x, w, view)),
                     "dgrad": (r_d, lambda: cuda.find(r_d, "conv").run(ct, wt, view.flipped())),
-                    "wgrad": (r_w, lambda: cuda.weight_grad(r_w, x, ct, view, rel.kernel_volume)),
+                    "wgrad": (r_w, lambda: cuda.BACKEND.launch(r_w, "weight_grad", x, ct, view, rel.kernel_volume)),
                 }
                 # same-run references: dense matmul at M = edges, and gather -> matmul -> scatter
                 a_d = mx.random.normal((edges, layer.c_in)).astype(dtype)

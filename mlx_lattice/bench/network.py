@@ -28,7 +28,7 @@ import numpy as np
 import mlx.core as mx
 import mlx.optimizers
 
-from .. import _ext, algebra, num_threads, ops, scenes
+from .. import _ext, algebra, autodiff, backends, num_threads, ops, scenes
 from .. import optimizers as optim
 from ..nn import normalization
 from . import timing
@@ -40,8 +40,8 @@ from .workloads import workload
 
 @contextmanager
 def _recording():
-    """Record the convolution products (those of ``_ext.gather_conv``: CPU
-    and Metal routes, float weights), batch norms, concatenations and shared
+    """Record the convolution products (CPU and Metal routes, float
+    weights), batch norms, concatenations and shared
     tensors (forks) of a forward pass, through the library's own records
     (``ops.record_products``, ``normalization.record_norms``,
     ``algebra.record_calls``); the lists fill when the block ends."""
@@ -49,7 +49,7 @@ def _recording():
     with ops.record_products() as products, normalization.record_norms() as norms, \
             algebra.record_calls() as calls:
         yield rec
-    rec["conv"] += [(p.x, p.weight, p.native, p.view, p.route, p.stream)
+    rec["conv"] += [(p.x, p.weight, p.native, p.view, p.route, backends.get(p.backend))
                     for p in products if p.backend != "cuda" and not p.quantized]
     rec["norm"] += [(n.norm, n.x, n.act, n.residual) for n in norms if isinstance(n.norm, normalization.BatchNorm)]
     rec["cat"] += [arrays for op, arrays in calls if op == "cat"]
@@ -118,9 +118,9 @@ def profile(step: TrainingStep, repeats: int = 3) -> dict:
             [r[3] for r in rec["norm"] if r[3] is not None], rec["cat"])
 
     fwd = dgrad = wgrad = 0.0
-    for x, w, native, view, route, stream in rec["conv"]:
-        def conv(a, b, native=native, view=view, route=route, stream=stream):
-            return _ext.gather_conv(a, b, native, view, route, stream)
+    for x, w, native, view, route, backend in rec["conv"]:
+        def conv(a, b, view=view, route=route, backend=backend):
+            return autodiff.conv(backend, route, a, b, view)
         fwd += best_time(lambda: mx.eval(conv(x, w)), repeats)
         if x is not step.feats:
             dgrad += _vjp_time(conv, [x, w], [0], repeats)
@@ -258,9 +258,9 @@ def network_layer_rows(coords, width: float = 0.5, repeats: int = 3):
         y = step.model(step.tensor())
     mx.eval(y.feats, [r[:2] for r in rec["conv"]])
     rows = {}
-    for x, w, native, view, route, stream in rec["conv"]:
-        def conv(a, b, native=native, view=view, route=route, stream=stream):
-            return _ext.gather_conv(a, b, native, view, route, stream)
+    for x, w, native, view, route, backend in rec["conv"]:
+        def conv(a, b, view=view, route=route, backend=backend):
+            return autodiff.conv(backend, route, a, b, view)
 
         y = conv(x, w)
         ct = mx.random.normal(y.shape)
@@ -336,12 +336,16 @@ def main(argv=None) -> int:
     p.add_argument("--tuner", action="store_true",
                    help="only time the step with the static route order and with tuned routes")
     p.add_argument("--tune-budget", type=float, default=120.0, help="with --tuner: seconds of measurement")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="with --tuner: the step's feature dtype")
     args = p.parse_args(argv)
     coords, desc = workload(args.workload, quick=False)
     if args.tuner:
-        res = compare_steps(coords, width=args.width, repeats=args.repeats, budget_s=args.tune_budget)
+        res = compare_steps(coords, width=args.width, dtype=getattr(mx, args.dtype), repeats=args.repeats,
+                            budget_s=args.tune_budget)
+        where = mx.default_device()
         print(format_comparison(res, f"MinkUNet {args.width}x training step, {desc}: {len(coords):,} voxels, "
-                                     f"{num_threads()} threads, float32"))
+                                     f"{where}, {num_threads()} CPU threads, {args.dtype}"))
         return 0
     opt_cls = mlx.optimizers.Adam if args.mlx_optimizer else optim.Adam
     sgemm = sgemm_gflops()

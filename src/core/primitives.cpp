@@ -1,6 +1,8 @@
 // The routed primitives apart from their evaluation: input checks, the
-// arrays each route reads and the autodiff rules. eval_cpu runs the route's
-// entry in src/cpu/routes.cpp, eval_gpu in src/metal/routes.cpp.
+// arrays each route reads, and QuantizedConv's autodiff (GatherConv's and
+// WeightGrad's are mlx_lattice/autodiff.py's, for every backend).
+// eval_cpu runs the route's entry in src/cpu/routes.cpp, eval_gpu in
+// src/metal/routes.cpp.
 #include "core/primitives.h"
 
 #include <stdexcept>
@@ -37,17 +39,6 @@ std::vector<mx::array> pair_arrays(Relation& rel, View v) {
 
 mx::array transpose_w(const mx::array& w, mx::StreamOrDevice s) {
   return mx::swapaxes(w, 1, 2, s);
-}
-
-// The weight of a grouped product read backwards: (K, A / G, B) ->
-// (K, B / G, A), each group's (A / G, B / G) block transposed in place.
-mx::array transpose_w(const mx::array& w, int groups, mx::StreamOrDevice s) {
-  if (groups == 1) {
-    return transpose_w(w, s);
-  }
-  const int k = w.shape(0), ag = w.shape(1), bg = w.shape(2) / groups;
-  auto blocks = mx::reshape(w, {k, ag, groups, bg}, s);
-  return mx::reshape(mx::transpose(blocks, {0, 3, 2, 1}, s), {k, bg, ag * groups}, s);
 }
 
 bool is_grouped(const std::string& route) {
@@ -148,6 +139,12 @@ std::string route_for(
 }
 
 } // namespace
+
+void not_differentiable(const char* primitive, const char* instead) {
+  throw std::invalid_argument(
+      std::string(primitive) + " has no autodiff of its own: differentiate "
+      "mlx_lattice." + instead + " (or the ops), which run it");
+}
 
 void set_route_hook(RouteHook hook) {
   route_hook() = std::move(hook);
@@ -276,110 +273,12 @@ std::vector<mx::Shape> GatherConv::output_shapes(
   return {{static_cast<int>(rows(in[0])), in[1].shape(2)}};
 }
 
-std::vector<mx::array> GatherConv::vjp(
-    const std::vector<mx::array>& primals,
-    const std::vector<mx::array>& cotangents,
-    const std::vector<int>& argnums,
-    const std::vector<mx::array>&) {
-  const auto& x = primals[0];
-  const auto& w = primals[1];
-  const auto& ct = cotangents[0];
-  std::vector<mx::array> grads;
-  for (int arg : argnums) {
-    if (arg == 0) {
-      auto route = route_for(
-          "dgrad", rel_, flip(view_), w.shape(0), w.shape(2), x.shape(1),
-          ct.shape(0), x.dtype(), stream(), route_, groups_);
-      grads.push_back(gather_conv(
-          ct, transpose_w(w, groups_, stream()), rel_, flip(view_), route, stream(),
-          groups_));
-    } else if (arg == 1) {
-      auto route = route_for(
-          "wgrad", rel_, view_, w.shape(0), x.shape(1), w.shape(2),
-          x.shape(0), x.dtype(), stream(), route_, groups_);
-      grads.push_back(
-          weight_grad(x, ct, rel_, view_, w.shape(0), route, stream(), groups_));
-    } else {
-      grads.push_back(mx::zeros_like(primals[arg], stream()));
-    }
-  }
-  return grads;
-}
-
-std::vector<mx::array> GatherConv::jvp(
-    const std::vector<mx::array>& primals,
-    const std::vector<mx::array>& tangents,
-    const std::vector<int>& argnums) {
-  auto term = [&](size_t i) -> std::optional<mx::array> {
-    if (argnums[i] == 0) {
-      return gather_conv(tangents[i], primals[1], rel_, view_, route_, stream(), groups_);
-    }
-    if (argnums[i] == 1) {
-      return gather_conv(primals[0], tangents[i], rel_, view_, route_, stream(), groups_);
-    }
-    return std::nullopt;
-  };
-  return {sum_terms(
-      argnums, term, {static_cast<int>(rows(primals[0])), primals[1].shape(2)},
-      primals[0].dtype())};
-}
-
 // ---------------------------------------------------------------- WeightGrad
 
 std::vector<mx::Shape> WeightGrad::output_shapes(
     const std::vector<mx::array>& in) {
   int64_t k = rel_ ? rel_->kernel_volume() : 1;
   return {{static_cast<int>(k), in[0].shape(1) / groups_, in[1].shape(1)}};
-}
-
-std::vector<mx::array> WeightGrad::vjp(
-    const std::vector<mx::array>& primals,
-    const std::vector<mx::array>& cotangents,
-    const std::vector<int>& argnums,
-    const std::vector<mx::array>&) {
-  const auto& x = primals[0];
-  const auto& ct = primals[1];
-  const auto& c = cotangents[0];
-  const int64_t k = c.shape(0);
-  std::vector<mx::array> grads;
-  for (int arg : argnums) {
-    if (arg == 0) {
-      auto route = route_for(
-          "dgrad", rel_, flip(view_), k, c.shape(2), x.shape(1), ct.shape(0),
-          x.dtype(), stream(), route_, groups_);
-      grads.push_back(gather_conv(
-          ct, transpose_w(c, groups_, stream()), rel_, flip(view_), route, stream(),
-          groups_));
-    } else if (arg == 1) {
-      auto route = route_for(
-          "forward", rel_, view_, k, x.shape(1), c.shape(2), x.shape(0),
-          x.dtype(), stream(), route_, groups_);
-      grads.push_back(gather_conv(x, c, rel_, view_, route, stream(), groups_));
-    } else {
-      grads.push_back(mx::zeros_like(primals[arg], stream()));
-    }
-  }
-  return grads;
-}
-
-std::vector<mx::array> WeightGrad::jvp(
-    const std::vector<mx::array>& primals,
-    const std::vector<mx::array>& tangents,
-    const std::vector<int>& argnums) {
-  int64_t k = rel_ ? rel_->kernel_volume() : 1;
-  auto term = [&](size_t i) -> std::optional<mx::array> {
-    if (argnums[i] == 0) {
-      return weight_grad(tangents[i], primals[1], rel_, view_, k, route_, stream(), groups_);
-    }
-    if (argnums[i] == 1) {
-      return weight_grad(primals[0], tangents[i], rel_, view_, k, route_, stream(), groups_);
-    }
-    return std::nullopt;
-  };
-  return {sum_terms(
-      argnums, term,
-      {static_cast<int>(k), primals[0].shape(1) / groups_, primals[1].shape(1)},
-      primals[0].dtype())};
 }
 
 } // namespace mlx_lattice

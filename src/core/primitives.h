@@ -21,7 +21,7 @@
 
 namespace mlx_lattice {
 
-// What a backward (or derived) product asks the route registry.
+// What a derived product of QuantizedConv asks the route registry.
 struct RouteQuery {
   std::string direction; // "forward", "dgrad" or "wgrad"
   std::string kind;      // relation kind, or "pointwise"
@@ -33,10 +33,12 @@ struct RouteQuery {
 };
 using RouteHook = std::function<std::string(const RouteQuery&)>;
 
-// The Python registry answers route queries of autodiff (mlx_lattice.routes
-// installs the hook on import); without a hook the product keeps the
-// differentiated primitive's route, which must then serve the product.
+// The Python registry answers the route query of QuantizedConv's input
+// gradient (mlx_lattice.autodiff installs the hook on import); without a
+// hook the product keeps the quantized route's name, which must serve it.
 void set_route_hook(RouteHook hook);
+
+[[noreturn]] void not_differentiable(const char* primitive, const char* instead);
 
 // What the three primitives share: the relation and view they run over, the
 // route that runs them (a key of the CPU table in src/cpu/routes.cpp and of
@@ -96,15 +98,22 @@ class GatherConv : public RoutedPrimitive {
     groups_ = groups;
   }
 
+  // Differentiated by mlx_lattice/autodiff.py, the one definition of the
+  // products' rules for every backend, which runs this primitive under
+  // stop_gradient: a transform reaching it was not set up by that module.
   std::vector<mx::array> jvp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& tangents,
-      const std::vector<int>& argnums) override;
+      const std::vector<mx::array>&,
+      const std::vector<mx::array>&,
+      const std::vector<int>&) override {
+    not_differentiable(name(), "autodiff.conv");
+  }
   std::vector<mx::array> vjp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& cotangents,
-      const std::vector<int>& argnums,
-      const std::vector<mx::array>& outputs) override;
+      const std::vector<mx::array>&,
+      const std::vector<mx::array>&,
+      const std::vector<int>&,
+      const std::vector<mx::array>&) override {
+    not_differentiable(name(), "autodiff.conv");
+  }
   std::vector<mx::Shape> output_shapes(
       const std::vector<mx::array>& inputs) override;
   const char* name() const override {
@@ -124,15 +133,22 @@ class WeightGrad : public RoutedPrimitive {
     groups_ = groups;
   }
 
+  // Differentiated by mlx_lattice/autodiff.py, the one definition of the
+  // products' rules for every backend, which runs this primitive under
+  // stop_gradient: a transform reaching it was not set up by that module.
   std::vector<mx::array> jvp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& tangents,
-      const std::vector<int>& argnums) override;
+      const std::vector<mx::array>&,
+      const std::vector<mx::array>&,
+      const std::vector<int>&) override {
+    not_differentiable(name(), "autodiff.weight_grad");
+  }
   std::vector<mx::array> vjp(
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& cotangents,
-      const std::vector<int>& argnums,
-      const std::vector<mx::array>& outputs) override;
+      const std::vector<mx::array>&,
+      const std::vector<mx::array>&,
+      const std::vector<int>&,
+      const std::vector<mx::array>&) override {
+    not_differentiable(name(), "autodiff.weight_grad");
+  }
   std::vector<mx::Shape> output_shapes(
       const std::vector<mx::array>& inputs) override;
   const char* name() const override {

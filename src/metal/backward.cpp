@@ -1,26 +1,10 @@
-// Routes of metal/backward.metal: the grouped dense-channel input gradient
-// and the weight-gradient kernels without TensorOps.
+// Routes of metal/backward.metal: the weight-gradient kernels without
+// TensorOps or simdgroup matrices.
 #include "metal/route.h"
 
 namespace mlx_lattice::metal {
 
 namespace {
-
-// As metal.dgrad_dense_channel, each thread owning 4 rows spaced ty apart.
-Program dgrad_dense_grouped(const Call& c) {
-  ConvParams p = conv_params(c);
-  c.require(
-      dense_channels(p.a) && dense_channels(p.b) && !p.pointwise && c.in.size() >= 6,
-      "C_in, C_out in {16, 32, 64} and the input-major neighbour map");
-  Step s;
-  s.kernel = c.stem() + "_" + c.dt + "_" + std::to_string(p.a) + "x" + std::to_string(p.b);
-  const uint64_t tx = p.b / 4;
-  const uint64_t ty = 256 / tx;
-  s.threads = {tx, ty, 1};
-  s.groups = {1, ceil_div(p.rows, ty * 4), 1};
-  s.buffers = {input(0, "x"), input(1, "w"), input(5, "input_neighbor_map"), output(), bytes(p)};
-  return {{}, {s}};
-}
 
 // A weight-gradient step: (x, ct, offsets, g, r, dw, params).
 Program weight_grad_step(const Call& c, std::string kernel, Step s) {
@@ -79,7 +63,6 @@ Program wgrad_fp16(const Call& c) {
 
 const std::vector<Route>& backward_routes() {
   static const std::vector<Route> table = {
-      {"metal.dgrad_dense_grouped", Op::Conv, input_neighbor_map_inputs, dgrad_dense_grouped},
       {"metal.wgrad_dense_square", Op::WeightGrad, nullptr, wgrad_dense_square},
       {"metal.wgrad_cout16", Op::WeightGrad, nullptr, wgrad_cout16},
       {"metal.wgrad_block4", Op::WeightGrad, nullptr, wgrad_block4},

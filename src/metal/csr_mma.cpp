@@ -1,7 +1,8 @@
 // Routes of metal/csr_mma.metal: the matrix-unit implicit GEMM over the CSR
 // edges of either view (forward and input gradient alike), any channels;
 // metal.csr_mma for ungrouped products, metal.grouped_csr_mma for grouped
-// ones (the same kernels, a threadgroup per group's column block).
+// ones (the same kernels, a threadgroup per group's column block), and
+// metal.cout16, the seed route for C_out == 16, on the same kernels.
 #include "metal/route.h"
 
 namespace mlx_lattice::metal {
@@ -37,6 +38,7 @@ Program csr_mma_program(const Call& c, GroupedParams p, int groups) {
   return {{}, {s}};
 }
 
+// One group: ag = a, bg = b.
 Program csr_mma(const Call& c) {
   GroupedParams p{};
   p.a = p.ag = c.in[0].shape(1);
@@ -51,12 +53,20 @@ Program grouped_csr_mma(const Call& c) {
   return csr_mma_program(c, p, p.a / p.ag);
 }
 
+// C_out == 16: the kernels' 16-channel column block, one per 32 rows (one
+// group).
+Program cout16(const Call& c) {
+  c.require(c.out_shape[1] == 16, "C_out == 16");
+  return csr_mma(c);
+}
+
 } // namespace
 
 const std::vector<Route>& csr_mma_routes() {
   static const std::vector<Route> table = {
       {"metal.csr_mma", Op::Conv, nullptr, csr_mma},
       {"metal.grouped_csr_mma", Op::Conv, nullptr, grouped_csr_mma},
+      {"metal.cout16", Op::Conv, nullptr, cout16},
   };
   return table;
 }

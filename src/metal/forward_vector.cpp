@@ -1,5 +1,5 @@
 // Routes of metal/forward_vector.metal: per-row kernels over the CSR edges
-// of any view (vec4, cout16, fp16_gather) and the float32 atomic route.
+// of any view (vec4, fp16_gather) and the float32 atomic route.
 #include "metal/route.h"
 
 namespace mlx_lattice::metal {
@@ -14,19 +14,6 @@ Program vec4(const Call& c) {
   s.kernel = c.stem() + "_" + c.dt;
   s.threads = {32, 8, 1};
   s.groups = {ceil_div(p.b / 4, 32), ceil_div(p.rows, 8), 1};
-  s.buffers = csr_bindings(p.pointwise);
-  s.buffers.push_back(bytes(p));
-  return {{}, {s}};
-}
-
-// One thread per row computing all 16 output channels.
-Program cout16(const Call& c) {
-  ConvParams p = conv_params(c);
-  c.require(p.b == 16, "C_out == 16");
-  Step s;
-  s.kernel = c.stem() + "_" + c.dt;
-  s.threads = {64, 1, 1};
-  s.groups = {ceil_div(p.rows, 64), 1, 1};
   s.buffers = csr_bindings(p.pointwise);
   s.buffers.push_back(bytes(p));
   return {{}, {s}};
@@ -81,7 +68,6 @@ Program fp32_atomic(const Call& c) {
 const std::vector<Route>& forward_vector_routes() {
   static const std::vector<Route> table = {
       {"metal.vec4", Op::Conv, nullptr, vec4},
-      {"metal.cout16", Op::Conv, nullptr, cout16},
       {"metal.fp16_gather", Op::Conv, nullptr, fp16_gather},
       {"metal.fp32_atomic", Op::Conv, out_idx, fp32_atomic},
   };

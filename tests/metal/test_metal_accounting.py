@@ -45,6 +45,15 @@ def _operands(rng, rows, c_in, c_out, k, dtype):
     ("metal.sorted_gemm", "forward", 32, 32, mx.float16),
     ("metal.tensorops_sorted", "forward", 64, 64, mx.float16),
     ("metal.tensorops_dgrad", "dgrad", 16, 16, mx.float32),
+    # the seed routes' own kernels, on simdgroup matrices since
+    ("metal.dense_channel", "forward", 32, 64, mx.float32),
+    ("metal.dense_channel", "forward", 64, 64, mx.float16),
+    ("metal.dense_channel", "forward", 16, 16, mx.float16),
+    ("metal.dgrad_dense_channel", "dgrad", 64, 16, mx.float16),
+    ("metal.dgrad_dense_grouped", "dgrad", 64, 64, mx.float32),
+    ("metal.dgrad_dense_grouped", "dgrad", 16, 32, mx.float16),
+    ("metal.cout16", "forward", 24, 16, mx.float32),
+    ("metal.cout16", "dgrad", 13, 16, mx.float16),
 ])
 def test_convolution_routes_multiply_on_matrix_units(rng, route, direction, c_in, c_out, dtype):
     assert routes.get(route).matrix_unit
@@ -61,6 +70,17 @@ def test_convolution_routes_multiply_on_matrix_units(rng, route, direction, c_in
     useful = len(edges) * c_in * c_out
     counted = sum(d.matrix_macs for d in log)
     assert counted >= 0.95 * useful, (counted, useful)
+    _within_limits(log)
+
+
+@pytest.mark.parametrize("c_in,c_out,dtype", [(7, 1, mx.float32), (64, 64, mx.float16), (40, 130, mx.float32)])
+def test_pointwise_multiplies_on_matrix_units(rng, c_in, c_out, dtype):
+    assert routes.get("metal.pointwise").matrix_unit
+    rows = 300
+    x, w = _operands(rng, rows, c_in, c_out, 1, dtype)
+    with mh.dispatches() as log:
+        metal_programs.conv("metal.pointwise", x, w, None)
+    assert sum(d.matrix_macs for d in log) >= 0.95 * rows * c_in * c_out
     _within_limits(log)
 
 

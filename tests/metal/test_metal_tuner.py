@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
-from mlx_lattice import diagnostics, routes, tuning, tuning_cache
+from mlx_lattice import autodiff, backends, diagnostics, routes, tuning, tuning_cache
 from mlx_lattice.ops import mapped_weight
 from mlx_lattice.tuning_cache import TuningCache
 
@@ -27,13 +27,14 @@ def stub_timer(label, fn):
     return COST.get(label.split("[")[0], 5e-3)
 
 
-def harness(op, route, a, b, relation, view, stream, groups=1, k=0, quantized=()):
+def harness(backend, route, op, a, b, view, k=1, groups=1, variant=None):
     """Runs a product through the route's Metal program (tuning.CallProbe's
     ``execute``): the harness on Linux, the GPU on a Mac."""
+    assert backend.name == "metal" and not variant
     if op == "conv":
-        return metal_programs.conv(route, a, b, relation, view, groups=groups)
+        return metal_programs.conv(route, a, b, view.native, view.major, groups=groups)
     assert op == "weight_grad", op
-    return metal_programs.weight_grad(route, a, b, relation, k, view, groups=groups)
+    return metal_programs.weight_grad(route, a, b, view.native, k, view.major, groups=groups)
 
 
 @pytest.fixture(autouse=True)
@@ -87,11 +88,9 @@ def test_metal_passes_tuned_through_the_harness(rng, fresh_tuner):
 
     # autodiff's queries on a Mac make the same keys: its products find the
     # choices, in this process and, from the cache, in the next
-    q = dict(kind=rel.kind, k=27, edges=rel.edges, dtype="float16", gpu=True, from_route=static, groups=1)
-    dctx = routes.autodiff_context(
-        {**q, "direction": "dgrad", "c_in": 32, "c_out": 32, "n_in": rel.n_out, "n_out": rel.n_in}, "metal")
-    wctx = routes.autodiff_context(
-        {**q, "direction": "wgrad", "c_in": 32, "c_out": 32, "n_in": rel.n_in, "n_out": rel.n_out}, "metal")
+    view = backends.get("metal").product_view(rel)
+    dctx = autodiff.context("metal", "dgrad", view.flipped(), 27, 32, 32, rel.n_out, "float16", static)
+    wctx = autodiff.context("metal", "wgrad", view, 27, 32, 32, rel.n_in, "float16", static)
     with tuning.using(mode="tune", cache_path=str(fresh_tuner)):
         assert routes.choose(dctx).route.name == "metal.fetch_on_demand"
     tuning.reset()
@@ -107,8 +106,8 @@ def test_metal_candidate_with_wrong_output_is_never_chosen(rng, fresh_tuner):
     feats, w5, rel, edges, n_out = metal_programs.case(rng, 200, 32, 32, mx.float16)
     ctx = metal_call(rel, "float16", 32, 32)
 
-    def broken(op, route, a, b, relation, view, stream, groups=1, k=0, quantized=()):
-        y = harness(op, route, a, b, relation, view, stream, groups, k, quantized)
+    def broken(backend, route, op, a, b, view, k=1, groups=1, variant=None):
+        y = harness(backend, route, op, a, b, view, k, groups, variant)
         return y * 2 if route == "metal.fetch_on_demand" else y
 
     probe = tuning.CallProbe(feats, w5, rel, execute=broken)

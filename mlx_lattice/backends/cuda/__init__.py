@@ -4,16 +4,14 @@ C++ ABI is needed.
 
 Every route computes the same product as the C++ primitives,
 ``y[r] = sum over the edges of row r of x[g] @ W[k]`` over a CSR view of a
-relation, and gets its autodiff from ``mx.custom_function``: the input
-gradient is the same product over the relation with roles swapped and W
-transposed, the weight gradient a per-offset contraction.
+relation; their autodiff is the one of every backend
+(mlx_lattice/autodiff.py).
 
 - ``kernels``: the product kernel sources;
 - ``maps``: coordinate tables, supports and relations (route ``cuda.hash_map``);
 - ``plans``: the views of a relation built here (``Plans``);
 - ``view``: CSR views of a relation for the products;
 - ``routes``: the route table (route name -> the function computing it);
-- ``autodiff``: ``conv`` and ``weight_grad`` with their VJP/JVP;
 - ``neighbors``: k-nearest and radius queries; ``norm``: fused norms.
 """
 
@@ -23,7 +21,6 @@ import mlx.core as mx
 
 from ..base import Backend
 from . import maps, routes
-from .autodiff import conv, weight_grad
 from .kernels import sorted_mma_shared_bytes
 from .plans import Plans
 from .routes import ROUTES, find
@@ -69,8 +66,14 @@ class CudaBackend(Backend):
     def product_view(self, relation):
         return None if relation is None else view_of(relation)
 
-    def conv(self, route, x, w, relation, groups=1, variant=None):
-        return conv(route, x, w, self.product_view(relation), groups, variant)
+    def launch(self, route, op, a, b, view, k=1, groups=1, variant=None):
+        entry = find(route, op)
+        if groups > 1 and not entry.grouped:
+            raise ValueError(f"a grouped product (groups={groups}) needs a grouped route, not {route}")
+        args = (a, b, view) if op == "conv" else (a, b, view, k)
+        if entry.grouped:
+            args += (groups,)
+        return entry.run(*args, **(variant or {}))
 
     def quantized_conv(self, route, x, weight, relation):
         raise ValueError(f"no CUDA route runs a QuantizedWeight (route {route})")
@@ -83,5 +86,4 @@ def available() -> bool:
     return BACKEND.available()
 
 
-__all__ = ["BACKEND", "ROUTES", "View", "available", "conv", "find", "sorted_mma_shared_bytes", "view_of",
-           "weight_grad"]
+__all__ = ["BACKEND", "ROUTES", "View", "available", "find", "sorted_mma_shared_bytes", "view_of"]

@@ -1,7 +1,7 @@
 """Map building on CUDA: coordinate hash tables, output supports and
 relations, as ``mx.fast.cuda_kernel`` sources.
 
-The arrays equal the CPU builder's (src/coord_table.cpp, src/kernel_map.cpp)
+The arrays equal the CPU builder's (src/core/coord_table.cpp, src/core/kernel_map.cpp)
 element for element: edges in (output row, offset) order, supports sorted by
 packed key. Sizes are unknown before building, so each map is count-then-fill
 with one host synchronisation (the edge or support count, read together with
@@ -25,29 +25,17 @@ import mlx.core as mx
 from ... import _ext
 from . import jit
 
-# The packing of src/relation.h: batch << 51 | (x - MIN) << 34 | (y - MIN) << 17 | (z - MIN).
-COMMON = """
-constexpr long long kCoordMin = -65536;
-constexpr long long kCoordMax = 65535;
-constexpr long long kBatchLimit = 4096;
-constexpr unsigned long long kEmpty = ~0ull;
-
-__device__ inline unsigned long long lattice_hash(unsigned long long key) {
-  unsigned long long x = key >> 2;
-  x ^= x >> 31;
-  x *= 0x7fb5d329728ea185ull;
-  x ^= x >> 27;
-  x *= 0x81dadef4bc2dd44dull;
-  x ^= x >> 33;
-  return (x << 2) | (key & 3ull);
-}
+# Key packing and the table hash are metal/lattice_keys.h (shared with the
+# C++ builder and the Metal kernels), prepended to every source below.
+COMMON = _ext.lattice_keys_source() + """
+using namespace mlx_lattice;
 
 // Slots hold key + 1 so that a zero-filled table is empty.
 __device__ inline int lattice_find(
     const unsigned long long* keys, const int* vals, unsigned long long mask,
     unsigned long long key) {
-  if (key == kEmpty) return -1;
-  unsigned long long h = lattice_hash(key) & mask;
+  if (key == kEmptyKey) return -1;
+  unsigned long long h = key_hash(key) & mask;
   for (;;) {
     const unsigned long long s = keys[h];
     if (s == key + 1ull) return vals[h];
@@ -72,18 +60,17 @@ __device__ inline int lattice_axis(
     t = u / s;
   }
   *v = t;
-  return (t >= kCoordMin && t <= kCoordMax) ? 1 : 2;
+  return coord_in_range(t) ? 1 : 2;
 }
 
-// Packed key of row q through offset k (dx outer, dz inner), kEmpty when a
+// Packed key of row q through offset k (dx outer, dz inner), kEmptyKey when a
 // candidate is invalid; *overflow set when one lies outside the range.
 __device__ inline unsigned long long lattice_key(
     const int* q, int k, const int* spec, bool transposed, bool* overflow) {
   const int kz = spec[2], ky = spec[1];
   const int d[3] = {k / (ky * kz), (k / kz) % ky, k % kz};
-  unsigned long long key = (unsigned long long)q[0] << 51;
+  unsigned long long key = key_batch(q[0]);
   bool valid = true;
-  const int shift[3] = {34, 17, 0};
   for (int a = 0; a < 3; ++a) {
     long long v = 0;
     const int st = lattice_axis(q[a + 1], d[a], spec[3 + a], spec[6 + a], spec[9 + a], transposed, &v);
@@ -91,10 +78,10 @@ __device__ inline unsigned long long lattice_key(
     if (st != 1) {
       valid = false;
     } else {
-      key += (unsigned long long)(v - kCoordMin) << shift[a];
+      key += key_axis(a, v);
     }
   }
-  return valid ? key : kEmpty;
+  return valid ? key : kEmptyKey;
 }
 """
 
@@ -106,16 +93,10 @@ INSERT_SOURCE = """
   if (i >= n) return;
   const unsigned long long mask = (unsigned long long)params[1];
   const int* r = coords + 4 * i;
-  if (r[0] < 0 || r[0] >= kBatchLimit) { atomicExch(&flags[0], 1); return; }
-  for (int a = 1; a < 4; ++a) {
-    if (r[a] < kCoordMin || r[a] > kCoordMax) { atomicExch(&flags[0], 1); return; }
-  }
-  const unsigned long long key = ((unsigned long long)r[0] << 51) |
-      ((unsigned long long)(r[1] - kCoordMin) << 34) |
-      ((unsigned long long)(r[2] - kCoordMin) << 17) |
-      (unsigned long long)(r[3] - kCoordMin);
+  if (!in_range(r[0], r[1], r[2], r[3])) { atomicExch(&flags[0], 1); return; }
+  const unsigned long long key = pack_key(r[0], r[1], r[2], r[3]);
   unsigned long long* ks = reinterpret_cast<unsigned long long*>(keys);
-  unsigned long long h = lattice_hash(key) & mask;
+  unsigned long long h = key_hash(key) & mask;
   for (;;) {
     const unsigned long long prev = atomicCAS(ks + h, 0ull, key + 1ull);
     if (prev == 0ull) { vals[h] = (int)i; return; }
@@ -135,7 +116,7 @@ LOOKUP_SOURCE = """
   const int k = (int)(idx % kv);
   const int* q = out_coords + 4 * (long)r;
   int found = -1;
-  if (q[0] >= 0 && q[0] < kBatchLimit) {
+  if (batch_in_range(q[0])) {
     bool overflow = false;
     const unsigned long long key = lattice_key(q, k, params + 3, TRANSPOSED, &overflow);
     found = lattice_find(
@@ -193,7 +174,7 @@ COMPACT_SOURCE = """
   }
 """
 
-# One thread per (input row, offset): the packed output reached (kEmpty when
+# One thread per (input row, offset): the packed output reached (kEmptyKey when
 # none); flags[0] when one lies outside the range.
 CANDIDATES_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -213,7 +194,7 @@ FIRST_SOURCE = """
   const int n = params[0];
   if (i >= n) return;
   const unsigned long long* s = reinterpret_cast<const unsigned long long*>(sorted);
-  first[i] = (s[i] != kEmpty && (i == 0 || s[i] != s[i - 1])) ? 1 : 0;
+  first[i] = (s[i] != kEmptyKey && (i == 0 || s[i] != s[i - 1])) ? 1 : 0;
 """
 
 # One thread per sorted candidate: unpack the firsts at their rank.
@@ -222,14 +203,11 @@ UNPACK_SOURCE = """
   const int n = params[0];
   if (i >= n) return;
   const unsigned long long* s = reinterpret_cast<const unsigned long long*>(sorted);
-  if (!(s[i] != kEmpty && (i == 0 || s[i] != s[i - 1]))) return;
+  if (!(s[i] != kEmptyKey && (i == 0 || s[i] != s[i - 1]))) return;
   const unsigned long long k = s[i];
-  const unsigned long long m17 = (1ull << 17) - 1ull;
   int* o = out + 4 * (long)(rank[i] - 1);
-  o[0] = (int)(k >> 51);
-  o[1] = (int)((long long)((k >> 34) & m17) + kCoordMin);
-  o[2] = (int)((long long)((k >> 17) & m17) + kCoordMin);
-  o[3] = (int)((long long)(k & m17) + kCoordMin);
+  o[0] = unpack_batch(k);
+  for (int a = 0; a < 3; ++a) o[1 + a] = unpack_axis(k, a);
 """
 
 
@@ -248,9 +226,9 @@ SUPPORT_INSERT_SOURCE = """
       coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
   if (overflow) atomicExch(&flags[0], 1);
   int won = 0;
-  if (key != kEmpty) {
+  if (key != kEmptyKey) {
     unsigned long long* ks = reinterpret_cast<unsigned long long*>(keys);
-    unsigned long long h = lattice_hash(key) & mask;
+    unsigned long long h = key_hash(key) & mask;
     for (;;) {
       const unsigned long long prev = atomicCAS(ks + h, 0ull, key + 1ull);
       if (prev == 0ull) { won = 1; break; }
@@ -278,12 +256,9 @@ UNPACK_UNIQUE_SOURCE = """
   const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= params[0]) return;
   const unsigned long long k = reinterpret_cast<const unsigned long long*>(sorted)[i];
-  const unsigned long long m17 = (1ull << 17) - 1ull;
   int* o = out + 4 * i;
-  o[0] = (int)(k >> 51);
-  o[1] = (int)((long long)((k >> 34) & m17) + kCoordMin);
-  o[2] = (int)((long long)((k >> 17) & m17) + kCoordMin);
-  o[3] = (int)((long long)(k & m17) + kCoordMin);
+  o[0] = unpack_batch(k);
+  for (int a = 0; a < 3; ++a) o[1 + a] = unpack_axis(k, a);
 """
 
 

@@ -9,7 +9,7 @@ insertion list of point indices in its slice of the output, sorted by
 radius, radius queries over the cells of their box (count, then fill).
 Squared distances are float64 with the CPU's operation order and no
 contraction (``__dmul_rn``/``__dadd_rn``), so offsets, indices and
-distances equal the CPU's (src/neighbors.cpp) element for element, ties and
+distances equal the CPU's (src/cpu/neighbors.cpp) element for element, ties and
 the inclusive radius boundary included. One host synchronisation per query:
 the edge count, between count and fill.
 """

@@ -2,7 +2,7 @@
 neighbour map: the expanded output rows, the kernel-major and input-major
 views, the swapped relation, the sorted plan and the weight-gradient chunks.
 
-Every array equals the CPU one (src/relation.cpp) element for element. The
+Every array equals the CPU one (src/core/relation.cpp) element for element. The
 stable sorts of the CPU become ranks: an edge's place in the kernel-major
 view is its offset's start plus the number of earlier rows that reach the
 same offset (a column prefix sum of the hit map), and likewise per input row

@@ -20,6 +20,14 @@ class View:
         return self.rel.n_out
 
     @property
+    def kind(self) -> str:
+        return self.rel.kind
+
+    @property
+    def edges(self) -> int:
+        return self.rel.edges
+
+    @property
     def symmetric(self) -> bool:
         """Input gradients may run on this view with mirrored offsets
         (``Relation.symmetric``) rather than on the flipped view."""
