@@ -1,17 +1,23 @@
 // Matrix-unit implicit GEMM over the CSR edges of a relation, either view
 // (the convolution, or its input gradient with W transposed per offset), any
-// channel counts, any kernel volume, float32 / float16 / bfloat16 features.
+// channel counts, any kernel volume, float32 / float16 / bfloat16 features,
+// and grouped products (GroupedParams: W is (K, ag, b), output channel c
+// reads the ag input channels of its group c / bg; ag = a, bg = b without
+// groups).
 //
-// A threadgroup owns 32 consecutive rows and BN output channels (four
-// simdgroups in a 2 x 2 layout, each a 16 x BN/2 block of 8x8 float
-// accumulators). It walks its rows' edge lists together in rounds: each
-// round takes the smallest kernel offset k still pending among the 32 rows
-// (the CSR lists are sorted by offset within a row, so a round is usually
-// one offset, and offsets no row of the tile has are never visited); rows
-// whose next edge has offset k gather that input row, the others a zero row.
-// The gathered rows (32 x 16 input channels) and W[k]'s slice (16 x BN) are
-// staged as float in threadgroup memory, masked past C_in / C_out, and
-// multiplied on simdgroup matrices into the accumulators, which stay in
+// A threadgroup owns 32 consecutive rows and BN output channels of one
+// group (grid x: (group, column block), column blocks fastest, so the
+// threadgroups of a row block are neighbours and share its gathered rows in
+// cache; grid y: the row blocks), four simdgroups in a 2 x 2 layout, each
+// a 16 x BN/2 block of 8x8 float accumulators. It walks its rows' edge
+// lists together in rounds: each round takes the smallest kernel offset k
+// still pending among the 32 rows (the CSR lists are sorted by offset within
+// a row, so a round is usually one offset, and offsets no row of the tile
+// has are never visited); rows whose next edge has offset k gather that
+// input row, the others a zero row. The gathered rows (32 x 16 input
+// channels of the group) and W[k]'s slice (16 x BN) are staged as float in
+// threadgroup memory, masked past the group's input and output channels,
+// and multiplied on simdgroup matrices into the accumulators, which stay in
 // registers until the tile is written (masked) once.
 //
 // Every output element is the sum of its edges' products in offset order,
@@ -39,7 +45,7 @@ template <typename T, int BN>
     device const int* gather [[buffer(3)]],
     device const int* kidx [[buffer(4)]],
     device T* y [[buffer(5)]],
-    constant ConvParams& p [[buffer(6)]],
+    constant GroupedParams& p [[buffer(6)]],
     uint3 gid [[threadgroup_position_in_grid]],
     uint t [[thread_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
@@ -57,9 +63,14 @@ template <typename T, int BN>
   threadgroup float* ws = smem + kRows * kLdx;
 
   const int row0 = int(gid.y) * kRows;
-  const int n0 = int(gid.x) * BN;
+  const int col_blocks = max((p.bg + BN - 1) / BN, 1);
+  const int n0 = int(gid.x) % col_blocks * BN; // within the group's output channels
+  const int group = int(gid.x) / col_blocks;
+  device const T* xg = x + group * p.ag; // the group's first channel of x
+  const int yb = group * p.bg;            // its first output channel (of W's and y's b)
+  const bool pointwise = p.pointwise_rows >= 0;
   const int sm = int(sg) / 2; // this simdgroup's rows: sm * 16 + [0, 16)
-  const int sn = int(sg) % 2; // its channels: n0 + sn * BN / 2 + [0, BN / 2)
+  const int sn = int(sg) % 2; // its channels: yb + n0 + sn * BN / 2 + [0, BN / 2)
 
   // Simdgroup 0, lane l: the cursor into row row0 + l's edges, and the
   // offset and input row of the edge under it (loaded one round ahead).
@@ -70,12 +81,12 @@ template <typename T, int BN>
   if (sg == 0) {
     const int r = row0 + int(lane);
     if (r < p.rows) {
-      e = p.pointwise ? r : offsets[r];
-      e1 = p.pointwise ? r + 1 : offsets[r + 1];
+      e = pointwise ? r : offsets[r];
+      e1 = pointwise ? r + 1 : offsets[r + 1];
     }
     if (e < e1) {
-      next_k = p.pointwise ? 0 : kidx[e];
-      next_g = p.pointwise ? r : gather[e];
+      next_k = pointwise ? 0 : kidx[e];
+      next_g = pointwise ? r : gather[e];
     }
   }
 
@@ -94,8 +105,8 @@ template <typename T, int BN>
       if (take) {
         ++e;
         const int r = row0 + int(lane);
-        next_k = e < e1 ? (p.pointwise ? 0 : kidx[e]) : kNone;
-        next_g = e < e1 ? (p.pointwise ? r : gather[e]) : -1;
+        next_k = e < e1 ? (pointwise ? 0 : kidx[e]) : kNone;
+        next_g = e < e1 ? (pointwise ? r : gather[e]) : -1;
       }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -103,24 +114,24 @@ template <typename T, int BN>
     if (k == kNone) {
       break; // every row's edges taken
     }
-    device const T* wk = w + long(k) * p.a * p.b;
-    for (int a0 = 0; a0 < p.a; a0 += kSlice) {
+    device const T* wk = w + long(k) * p.ag * p.b + yb;
+    for (int a0 = 0; a0 < p.ag; a0 += kSlice) {
       if (a0 > 0) {
         threadgroup_barrier(mem_flags::mem_threadgroup); // the last slice's products done
       }
-      // 32 rows x 16 channels (half a simdgroup per row), and W[k] rows
-      // a0 + [0, 16), channels n0 + [0, BN).
-      mma_stage_rows(xs, kLdx, rr, kRows, kSlice, x, p.a, a0, int(t), kThreads);
-      mma_stage_weight(ws, kLdw, kSlice, BN, wk, p.a, p.b, a0, n0, int(t), kThreads);
+      // 32 rows x 16 channels of the group (half a simdgroup per row), and
+      // W[k] rows a0 + [0, 16), the group's channels n0 + [0, BN).
+      mma_stage_rows(xs, kLdx, rr, kRows, kSlice, xg, p.a, p.ag, a0, int(t), kThreads);
+      mma_stage_weight(ws, kLdw, kSlice, BN, wk, p.b, p.ag, p.bg, a0, n0, int(t), kThreads);
       threadgroup_barrier(mem_flags::mem_threadgroup);
-      block.accumulate(xs + sm * 16 * kLdx, kLdx, ws + sn * (BN / 2), kLdw, min(kSlice, p.a - a0));
+      block.accumulate(xs + sm * 16 * kLdx, kLdx, ws + sn * (BN / 2), kLdw, min(kSlice, p.ag - a0));
     }
   }
 
   // Each simdgroup writes its blocks through its own 64 floats of the
   // staging area, masked to the rows and channels that exist. No barrier:
   // every thread passed the last round's after its last product.
-  block.store(smem + int(sg) * 64, lane, y, p.b, row0 + sm * 16, p.rows, n0 + sn * (BN / 2), p.b);
+  block.store(smem + int(sg) * 64, lane, y + yb, p.b, row0 + sm * 16, p.rows, n0 + sn * (BN / 2), p.bg);
 }
 
 #define LATTICE_INSTANTIATE(name, T, BN) \

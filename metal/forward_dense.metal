@@ -97,8 +97,8 @@ template <typename T, int CI, int CO, int R>
       if (a0 > 0) {
         threadgroup_barrier(mem_flags::mem_threadgroup); // the last slice's products done
       }
-      mma_stage_rows(xs, kLdx, rows, R, kS, x, CI, a0, int(t), kDenseThreads);
-      mma_stage_weight(ws, kLdw, kS, CO, wk, CI, CO, a0, 0, int(t), kDenseThreads);
+      mma_stage_rows(xs, kLdx, rows, R, kS, x, CI, CI, a0, int(t), kDenseThreads);
+      mma_stage_weight(ws, kLdw, kS, CO, wk, CO, CI, CO, a0, 0, int(t), kDenseThreads);
       threadgroup_barrier(mem_flags::mem_threadgroup);
       block.accumulate(xs + sm * (R / 2) * kLdx, kLdx, ws + sn * (CO / 2), kLdw, kS);
     }
@@ -139,8 +139,8 @@ template <typename T, int BN>
   block.clear();
   for (int a0 = 0; a0 < p.a; a0 += kPointSlice) {
     threadgroup_barrier(mem_flags::mem_threadgroup); // rows written; the last slice's products done
-    mma_stage_rows(xs, kLdx, rows, kPointRows, kPointSlice, x, p.a, a0, int(t), kDenseThreads);
-    mma_stage_weight(ws, kLdw, kPointSlice, BN, w, p.a, p.b, a0, n0, int(t), kDenseThreads);
+    mma_stage_rows(xs, kLdx, rows, kPointRows, kPointSlice, x, p.a, p.a, a0, int(t), kDenseThreads);
+    mma_stage_weight(ws, kLdw, kPointSlice, BN, w, p.b, p.a, p.b, a0, n0, int(t), kDenseThreads);
     threadgroup_barrier(mem_flags::mem_threadgroup);
     block.accumulate(xs + sm * 32 * kLdx, kLdx, ws + sn * (BN / 2), kLdw, min(kPointSlice, p.a - a0));
   }

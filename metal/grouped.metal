@@ -1,6 +1,7 @@
-// Grouped and depthwise products: W is (K, ag, b) and output channel c reads
-// the ag input channels of its group, [(c / bg) * ag, ...). Buffer bindings
-// and dispatch shapes: the programs of the metal.grouped_fetch_on_demand and
+// Grouped and depthwise products, float32 / float16 / bfloat16 features
+// (float arithmetic): W is (K, ag, b) and output channel c reads the ag
+// input channels of its group, [(c / bg) * ag, ...). Buffer bindings and
+// dispatch shapes: the programs of the metal.grouped_fetch_on_demand and
 // metal.grouped_wgrad routes in src/metal/grouped.cpp.
 #include <metal_stdlib>
 
@@ -80,5 +81,7 @@ template <typename T>
 
 LATTICE_INSTANTIATE("grouped_fetch_on_demand_float32", grouped_conv, float)
 LATTICE_INSTANTIATE("grouped_fetch_on_demand_float16", grouped_conv, half)
+LATTICE_INSTANTIATE("grouped_fetch_on_demand_bfloat16", grouped_conv, bfloat)
 LATTICE_INSTANTIATE("grouped_wgrad_float32", grouped_weight_grad, float)
 LATTICE_INSTANTIATE("grouped_wgrad_float16", grouped_weight_grad, half)
+LATTICE_INSTANTIATE("grouped_wgrad_bfloat16", grouped_weight_grad, bfloat)

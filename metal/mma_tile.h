@@ -1,7 +1,10 @@
 // What the simdgroup-matrix kernels share (csr_mma.metal, wgrad_mma.metal,
-// forward_dense.metal): staging rows and weight slices as float in
-// threadgroup memory with masked loads, and one simdgroup's block of 8x8
-// float accumulators, its products and its masked write-out.
+// forward_dense.metal; grouped products and ungrouped alike): staging rows
+// and weight slices as float in threadgroup memory with masked loads, and
+// one simdgroup's block of 8x8 float accumulators, its products and its
+// masked write-out. A group's channels are a window of wider rows: callers
+// pass pointers offset to the group's first channel, the rows' stride, and
+// the group's channel counts as the limits.
 //
 // Every accumulator element is summed in one order (the depth of each
 // staged slice in order, the caller's slices in order): the same bits
@@ -17,9 +20,10 @@ using namespace metal;
 constexpr constant int kMmaPad = 4;
 
 // xs[r][c] (row stride ldx) = x[rows[r]][a0 + c] for r < n_rows, c < slice,
-// as float; zero where rows[r] < 0 or a0 + c >= a. x has a channels per
-// row. Threads t, t + nt, ... of the group: consecutive threads read
-// consecutive channels of a row.
+// as float; zero where rows[r] < 0 or a0 + c >= a. x's rows are ld elements
+// apart and a <= ld channels of each are read: x points at a group's first
+// channel (ld = a without groups). Threads t, t + nt, ... of the group:
+// consecutive threads read consecutive channels of a row.
 template <typename T>
 inline void mma_stage_rows(
     threadgroup float* xs,
@@ -28,6 +32,7 @@ inline void mma_stage_rows(
     int n_rows,
     int slice,
     device const T* x,
+    int ld,
     int a,
     int a0,
     int t,
@@ -36,12 +41,14 @@ inline void mma_stage_rows(
     const int r = i / slice;
     const int c = a0 + i % slice;
     const int g = rows[r];
-    xs[r * ldx + i % slice] = g >= 0 && c < a ? float(x[long(g) * a + c]) : 0.0f;
+    xs[r * ldx + i % slice] = g >= 0 && c < a ? float(x[long(g) * ld + c]) : 0.0f;
   }
 }
 
 // ws[i][j] (row stride ldw) = wk[a0 + i][n0 + j] for i < slice, j < bn, as
-// float; zero past a rows or b columns. wk is row-major (a, b).
+// float; zero past a rows or b columns. wk's rows are ld elements apart
+// (ld >= b): wk points at a group's first output channel of a row-major
+// (a, ld) slice (ld = b without groups).
 template <typename T>
 inline void mma_stage_weight(
     threadgroup float* ws,
@@ -49,6 +56,7 @@ inline void mma_stage_weight(
     int slice,
     int bn,
     device const T* wk,
+    int ld,
     int a,
     int b,
     int a0,
@@ -58,7 +66,7 @@ inline void mma_stage_weight(
   for (int i = t; i < slice * bn; i += nt) {
     const int r = a0 + i / bn;
     const int c = n0 + i % bn;
-    ws[(i / bn) * ldw + i % bn] = r < a && c < b ? float(wk[long(r) * b + c]) : 0.0f;
+    ws[(i / bn) * ldw + i % bn] = r < a && c < b ? float(wk[long(r) * ld + c]) : 0.0f;
   }
 }
 
@@ -102,7 +110,8 @@ struct MmaBlock {
 
   // out[r][c] (row stride ld) = the block's element for rows r0 + [0, 8 FM)
   // and columns c0 + [0, 8 FN) that fall below rows x cols, through this
-  // simdgroup's own 64 floats at stage.
+  // simdgroup's own 64 floats at stage. out may point at a group's first
+  // column (cols its channels, ld the rows' full width).
   template <typename U>
   void store(
       threadgroup float* stage,

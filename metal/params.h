@@ -24,8 +24,9 @@ struct WeightGradParams {
   int pointwise_rows; // rows of a pointwise product; -1 with a relation
 };
 
-// Grouped products (metal/grouped.metal): W is (K, ag, b); output channel c
-// reads input channels [(c / bg) * ag, ...) of x's a.
+// Grouped products (metal/grouped.metal) and the matrix-unit products of
+// metal/csr_mma.metal, grouped or not (ag = a, bg = b): W is (K, ag, b);
+// output channel c reads input channels [(c / bg) * ag, ...) of x's a.
 struct GroupedParams {
   int rows;           // output rows (convolution) or kernel volume (gradient)
   int a;              // input channels (all groups)
@@ -44,14 +45,16 @@ struct WeightGradPartsParams {
 };
 
 // Matrix-unit weight gradient (metal/wgrad_mma.metal): the fields of
-// WeightGradPartsParams (its reduction step's), then the rows of a pointwise
-// product.
+// WeightGradPartsParams (its reduction step's: dW is (k, a, b)), then the
+// rows of a pointwise product and the channel groups (x has a * groups
+// channels; dW's output channels [j * b / groups, ...) read group j's).
 struct WeightGradMmaParams {
   int k;
-  int a;
-  int b;
+  int a;              // input channels per group (rows of dW[k])
+  int b;              // output channels, all groups
   int parts;          // partitions per offset (1: dW written directly)
   int pointwise_rows; // rows of a pointwise product; -1 with a relation
+  int groups;         // channel groups (1: an ungrouped product)
 };
 
 // Quantized convolution (QuantizedConv); metal/quant_params.h has the

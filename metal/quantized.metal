@@ -1,6 +1,7 @@
 // Quantized convolution (int4/int8 affine codes, MLX packing): the direct
-// packed route over any CSR view, and the sorted quantized implicit GEMM
-// over the sorted plan. Programs: src/metal/quantized.cpp.
+// packed route over any CSR view (float32, float16 or bfloat16 features,
+// float arithmetic), and the sorted quantized implicit GEMM over the
+// sorted plan. Programs: src/metal/quantized.cpp.
 #include <metal_stdlib>
 
 #include "quant_params.h"
@@ -135,6 +136,8 @@ template [[host_name("quantized_fetch_on_demand_float32_int4")]] [[kernel]] decl
 template [[host_name("quantized_fetch_on_demand_float32_int8")]] [[kernel]] decltype(quantized_conv<float, 8>) quantized_conv<float, 8>;
 template [[host_name("quantized_fetch_on_demand_float16_int4")]] [[kernel]] decltype(quantized_conv<half, 4>) quantized_conv<half, 4>;
 template [[host_name("quantized_fetch_on_demand_float16_int8")]] [[kernel]] decltype(quantized_conv<half, 8>) quantized_conv<half, 8>;
+template [[host_name("quantized_fetch_on_demand_bfloat16_int4")]] [[kernel]] decltype(quantized_conv<bfloat, 4>) quantized_conv<bfloat, 4>;
+template [[host_name("quantized_fetch_on_demand_bfloat16_int8")]] [[kernel]] decltype(quantized_conv<bfloat, 8>) quantized_conv<bfloat, 8>;
 template [[host_name("sorted_quantized_float16_32x32_int4")]] [[kernel]] decltype(sorted_quantized<32, 32, 4>) sorted_quantized<32, 32, 4>;
 template [[host_name("sorted_quantized_float16_32x32_int8")]] [[kernel]] decltype(sorted_quantized<32, 32, 8>) sorted_quantized<32, 32, 8>;
 template [[host_name("sorted_quantized_float16_32x64_int4")]] [[kernel]] decltype(sorted_quantized<32, 64, 4>) sorted_quantized<32, 64, 4>;

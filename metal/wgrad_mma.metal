@@ -1,9 +1,13 @@
 // Matrix-unit weight gradient over the kernel-major edges, any channel
 // counts, any kernel volume, float32 / float16 / bfloat16 features:
-// dW[k] = sum over the edges (g, r) of offset k of x[g]^T ct[r].
+// dW[k] = sum over the edges (g, r) of offset k of x[g]^T ct[r]; grouped
+// products too (WeightGradMmaParams::groups: dW is (K, A / groups, B), and
+// group j's block is x's channels of group j against ct's of group j).
 //
-// Threadgroup (block, part q, offset k) owns a 32 x BN block of dW[k]
-// (input channels a0 + [0, 32), output channels n0 + [0, BN); four
+// Threadgroup (block, part q, offset k) owns a 32 x BN block of one group's
+// dW[k] (blocks enumerate (group, input block, output block), output blocks
+// fastest; input channels a0 + [0, 32) of the group, output channels
+// n0 + [0, BN) of the group; four
 // simdgroups in a 2 x 2 layout, each 16 x BN/2 of 8x8 float accumulators)
 // and sums 16-edge chunks q, q + P, q + 2P, ... of offset k's edges: each
 // chunk's x rows (transposed, 32 channels x 16 edges) and ct rows (16 x BN)
@@ -49,13 +53,20 @@ template <typename T, int BN>
   threadgroup float* xs = smem;
   threadgroup float* cs = smem + kBlockA * kLdx;
 
-  const int n_blocks = (p.b + BN - 1) / BN;
-  const int a0 = int(gid.x) / n_blocks * kBlockA;
+  const int bg = p.b / p.groups;         // output channels per group
+  const int x_cols = p.a * p.groups;     // x's channels (and its row stride)
+  const int n_blocks = max((bg + BN - 1) / BN, 1);
+  const int a_blocks = max((p.a + kBlockA - 1) / kBlockA, 1);
+  const int a0 = int(gid.x) / n_blocks % a_blocks * kBlockA;
   const int n0 = int(gid.x) % n_blocks * BN;
+  const int group = int(gid.x) / (n_blocks * a_blocks);
+  device const T* xg = x + group * p.a; // the group's first channel of x
+  const int yb = group * bg;             // its first output channel (of ct's and dW's b)
+  device const T* ctg = ct + yb;
   const int q = int(gid.y);
   const int k = int(gid.z);
   const int sm = int(sg) / 2; // this simdgroup's dW rows: a0 + sm * 16 + [0, 16)
-  const int sn = int(sg) % 2; // its columns: n0 + sn * BN / 2 + [0, BN / 2)
+  const int sn = int(sg) % 2; // its columns: yb + n0 + sn * BN / 2 + [0, BN / 2)
   const bool pointwise = p.pointwise_rows >= 0;
   const int e0 = pointwise ? 0 : offsets[k];
   const int e1 = pointwise ? p.pointwise_rows : offsets[k + 1];
@@ -75,7 +86,7 @@ template <typename T, int BN>
       float v = 0.0f;
       if (e < e1 && a < p.a) {
         const long g = pointwise ? e : g_idx[e];
-        v = float(x[g * p.a + a]);
+        v = float(xg[g * x_cols + a]);
       }
       xs[(i % kBlockA) * kLdx + i / kBlockA] = v;
     }
@@ -83,9 +94,9 @@ template <typename T, int BN>
       const int e = c0 + i / BN;
       const int n = n0 + i % BN;
       float v = 0.0f;
-      if (e < e1 && n < p.b) {
+      if (e < e1 && n < bg) {
         const long r = pointwise ? e : r_idx[e];
-        v = float(ct[r * p.b + n]);
+        v = float(ctg[r * p.b + n]);
       }
       cs[(i / BN) * kLdc + i % BN] = v;
     }
@@ -94,15 +105,15 @@ template <typename T, int BN>
   }
 
   // Each simdgroup writes its blocks through its own 64 floats of the
-  // staging area, masked to the channels that exist.
+  // staging area, masked to the group's channels.
   threadgroup_barrier(mem_flags::mem_threadgroup); // staged tiles no longer read
   threadgroup float* stage = smem + int(sg) * 64;
   const int r0 = a0 + sm * 16;
   const int c0 = n0 + sn * (BN / 2);
   if (p.parts > 1) {
-    block.store(stage, lane, partials + (long(k) * p.parts + q) * p.a * p.b, p.b, r0, p.a, c0, p.b);
+    block.store(stage, lane, partials + (long(k) * p.parts + q) * p.a * p.b + yb, p.b, r0, p.a, c0, bg);
   } else {
-    block.store(stage, lane, dw + long(k) * p.a * p.b, p.b, r0, p.a, c0, p.b);
+    block.store(stage, lane, dw + long(k) * p.a * p.b + yb, p.b, r0, p.a, c0, bg);
   }
 }
 

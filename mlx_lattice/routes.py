@@ -564,9 +564,9 @@ register(Route(
 ))
 register(Route(
     name="metal.quantized_fetch_on_demand", backend="metal", priority=0,
-    conditions=(QUANTIZED, METAL_DTYPES),
+    conditions=(QUANTIZED, METAL_ALL_DTYPES),
     kernel_file="metal/quantized.metal",
-    summary="direct packed convolution, float32/float16 features x int4/int8 codes: one "
+    summary="direct packed convolution, float32/float16/bfloat16 features x int4/int8 codes: one "
     "thread per (row, output channel) over the CSR edges, codes read in place and the "
     "affine reconstruction applied per group (s * sum x q + b * sum x)",
 ))
@@ -587,16 +587,54 @@ register(Route(
     summary="per-offset 2048-edge chunks of per-group outer products into float32 partials, "
     "added in chunk order",
 ))
+# Grouped products on matrix units: metal.csr_mma's and metal.wgrad_mma's
+# kernels with a group dimension, where a group has at least 8 input and 8
+# output channels (one 8x8 fragment's worth); narrower groups (depthwise)
+# keep the scalar kernels, whose one-lane products pad nothing.
+GROUP_CHANNELS_8 = _cond(
+    "C_in / groups >= 8 and C_out / groups >= 8",
+    lambda c: c.c_in // c.groups >= 8 and c.c_out // c.groups >= 8,
+)
+register(Route(
+    name="metal.grouped_csr_mma", backend="metal", matrix_unit=True, priority=10,
+    conditions=(DENSE, METAL_ALL_DTYPES, GROUP_CHANNELS_8), grouped=True,
+    passes=("forward", "dgrad"), kernel_file="metal/csr_mma.metal",
+    summary="the implicit GEMM of metal.csr_mma per group: a threadgroup per (32-row block, "
+    "group, column block of 16-128 of the group's outputs), the group's slice of the gathered "
+    "rows and of W[k] staged 16 input channels at a time, 8x8 float fragments, the same rounds "
+    "and fixed order. Per output row of E edges it reads E x C_in input values once per column "
+    "block of a group (once for groups of <= 128 outputs), W[k]'s group slices once per 32 rows, "
+    "and writes C_out values once; its E x C_in / G x C_out MACs run on 8x8 matrices with "
+    "C_in / G padded to a multiple of 8 and C_out / G to the column block (2x at 8 "
+    "channels a group). Priority: above metal.grouped_fetch_on_demand, which per row reads each "
+    "gathered input value once per output channel of its group (C_out / G times) and each W "
+    "element once per edge, and runs the same MACs one lane at a time",
+))
+register(Route(
+    name="metal.grouped_wgrad_mma", backend="metal", matrix_unit=True, priority=10,
+    conditions=(DENSE, METAL_ALL_DTYPES, GROUP_CHANNELS_8), grouped=True, passes=("wgrad",),
+    kernel_file="metal/wgrad_mma.metal",
+    summary="the weight gradient of metal.wgrad_mma per group: a 32 x 32 or 32 x 64 block of "
+    "one group's dW[k] per threadgroup (blocks over group, input block, output block), 16-edge "
+    "chunks of the group's x columns (transposed) and ct columns staged through threadgroup "
+    "memory, P partitions of each offset's chunks reduced in order. Per edge it reads the "
+    "group's C_in / G x values once per output block and C_out / G ct values once per input "
+    "block; its E x C_in / G x C_out MACs run on 8x8 matrices, C_in / G padded to 32 and "
+    "C_out / G to 32 or 64 (16x at 8 channels a group). Priority: above "
+    "metal.grouped_wgrad, whose one thread per weight element reads both values of every edge "
+    "of its offset (2 x E x C_in / G x C_out reads) and runs the MACs one lane at a time, with "
+    "only K x C_in / G x C_out threads",
+))
 register(Route(
     name="metal.grouped_fetch_on_demand", backend="metal", priority=0,
-    conditions=(DENSE, METAL_DTYPES), grouped=True, passes=("forward", "dgrad"),
+    conditions=(DENSE, METAL_ALL_DTYPES), grouped=True, passes=("forward", "dgrad"),
     kernel_file="metal/grouped.metal",
     summary="one thread per (row, output channel) over the CSR edges, reading the C_in / groups "
     "input channels of its group",
 ))
 register(Route(
     name="metal.grouped_wgrad", backend="metal", priority=0,
-    conditions=(DENSE, METAL_DTYPES), grouped=True, passes=("wgrad",),
+    conditions=(DENSE, METAL_ALL_DTYPES), grouped=True, passes=("wgrad",),
     kernel_file="metal/grouped.metal",
     summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over the "
     "kernel-major edges",

@@ -105,10 +105,14 @@ def test_selection_is_pure_and_explains_rejections():
     assert routes.select(ctx(backend="metal", kernel_size=(1, 1, 1))).route.name == "metal.pointwise"
     assert routes.select(ctx(backend="metal", c_in=8, c_out=8)).route.name == "metal.csr_mma"
     assert routes.select(ctx(backend="metal", dtype="bfloat16")).route.name == "metal.csr_mma"
-    # a grouped bfloat16 product has no Metal kernel yet: the CPU route, said out loud
+    # grouped bfloat16 products stay on the GPU: groups of 4 channels on the
+    # scalar grouped kernels, groups of 8 and more on the matrix units
     s3 = routes.select(ctx(backend="metal", dtype="bfloat16", groups=2, c_in=8, c_out=8))
-    assert s3.route.backend == "cpu" and "no metal route" in s3.fallback
-    assert {r["route"]: r["reason"] for r in s3.rejected}["metal.grouped_fetch_on_demand"] == "features float32 or float16"
+    assert s3.route.name == "metal.grouped_fetch_on_demand" and s3.fallback is None
+    assert {r["route"]: r["reason"] for r in s3.rejected}["metal.grouped_csr_mma"] == (
+        "C_in / groups >= 8 and C_out / groups >= 8")
+    s4 = routes.select(ctx(backend="metal", dtype="bfloat16", groups=2, c_in=16, c_out=16))
+    assert s4.route.name == "metal.grouped_csr_mma" and s4.fallback is None
 
 
 def test_row_gather_takes_narrow_inputs():

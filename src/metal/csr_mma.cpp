@@ -1,6 +1,8 @@
 // Routes of metal/csr_mma.metal: the matrix-unit implicit GEMM over the CSR
 // edges of either view (forward and input gradient alike), any channels;
-// and metal.cout16, the seed route for C_out == 16, on the same kernels.
+// metal.csr_mma for ungrouped products, metal.grouped_csr_mma for grouped
+// ones (the same kernels, a threadgroup per group's column block), and
+// metal.cout16, the seed route for C_out == 16, on the same kernels.
 #include "metal/route.h"
 
 namespace mlx_lattice::metal {
@@ -8,7 +10,8 @@ namespace mlx_lattice::metal {
 namespace {
 
 // Output channels per threadgroup: the smallest instantiated block that
-// holds C_out, 128 beyond (wider outputs take several column blocks).
+// holds a group's outputs, 128 beyond (wider groups take several column
+// blocks).
 int column_block(int b) {
   for (int bn : {16, 32, 64}) {
     if (b <= bn) {
@@ -18,24 +21,42 @@ int column_block(int b) {
   return 128;
 }
 
-// 32 rows by BN output channels per threadgroup of 4 simdgroups; column
-// blocks of a row block are neighbours in the grid, so they share the
-// gathered input rows in cache.
-Program csr_mma(const Call& c) {
-  ConvParams p = conv_params(c);
-  const int bn = column_block(p.b);
+// 32 rows by BN output channels of one group per threadgroup of 4
+// simdgroups; the (group, column block) pairs of a row block are neighbours
+// in the grid, so they share the gathered input rows in cache.
+Program csr_mma_program(const Call& c, GroupedParams p, int groups) {
+  const bool pw = conv_pointwise(c);
+  p.rows = c.out_shape[0];
+  p.pointwise_rows = pw ? p.rows : -1;
+  const int bn = column_block(p.bg);
   Step s;
   s.kernel = "csr_mma_" + c.dt + "_n" + std::to_string(bn);
   s.threads = {128, 1, 1};
-  s.groups = {ceil_div(p.b, bn), ceil_div(p.rows, 32), 1};
-  s.buffers = csr_bindings(p.pointwise);
+  s.groups = {uint64_t(groups) * ceil_div(p.bg, bn), ceil_div(p.rows, 32), 1};
+  s.buffers = csr_bindings(pw);
   s.buffers.push_back(bytes(p));
   return {{}, {s}};
 }
 
-// C_out == 16: the kernels' 16-channel column block, one per 32 rows.
+// One group: ag = a, bg = b.
+Program csr_mma(const Call& c) {
+  GroupedParams p{};
+  p.a = p.ag = c.in[0].shape(1);
+  p.b = p.bg = c.out_shape[1];
+  return csr_mma_program(c, p, 1);
+}
+
+// W is (K, A / groups, B): the group count read off the shapes.
+Program grouped_csr_mma(const Call& c) {
+  const GroupedParams p =
+      grouped_params(c.in[0].shape(1), c.in[1].shape(1), c.out_shape[1], c);
+  return csr_mma_program(c, p, p.a / p.ag);
+}
+
+// C_out == 16: the kernels' 16-channel column block, one per 32 rows (one
+// group).
 Program cout16(const Call& c) {
-  c.require(conv_params(c).b == 16, "C_out == 16");
+  c.require(c.out_shape[1] == 16, "C_out == 16");
   return csr_mma(c);
 }
 
@@ -44,6 +65,7 @@ Program cout16(const Call& c) {
 const std::vector<Route>& csr_mma_routes() {
   static const std::vector<Route> table = {
       {"metal.csr_mma", Op::Conv, nullptr, csr_mma},
+      {"metal.grouped_csr_mma", Op::Conv, nullptr, grouped_csr_mma},
       {"metal.cout16", Op::Conv, nullptr, cout16},
   };
   return table;

@@ -1,23 +1,12 @@
 // Routes of metal/grouped.metal: grouped and depthwise products (groups > 1).
-// The group count is read off the shapes: W is (K, A / groups, B) for a
-// convolution, the output (K, A / groups, B) for a weight gradient.
+// The group count is read off the shapes (grouped_params, routes.cpp): W is
+// (K, A / groups, B) for a convolution, the output (K, A / groups, B) for a
+// weight gradient.
 #include "metal/route.h"
 
 namespace mlx_lattice::metal {
 
 namespace {
-
-GroupedParams grouped_params(int a, int ag, int b, const Call& c) {
-  c.require(ag > 0 && a % ag == 0, "input channels a multiple of the weight's");
-  const int groups = a / ag;
-  c.require(b % groups == 0, "output channels divisible by the group count");
-  GroupedParams p{};
-  p.a = a;
-  p.b = b;
-  p.ag = ag;
-  p.bg = b / groups;
-  return p;
-}
 
 // One thread per (row, output channel) over the CSR edges.
 Program grouped_fetch_on_demand(const Call& c) {

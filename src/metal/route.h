@@ -58,6 +58,10 @@ WeightGradParams weight_grad_params(const Call& c);
 // (x, ct, offsets, g, r), index buffers replaced by x when pointwise.
 std::vector<Binding> pair_bindings(bool pointwise);
 
+// Grouped products: the group count read off a, a's share per group (ag,
+// from W's or dW's shape) and b; raises unless the groups divide both.
+GroupedParams grouped_params(int a, int ag, int b, const Call& c);
+
 // The ordered sum of a weight gradient's float partials (temp 0) into dw
 // (metal/backward.metal's wgrad_reduce), after a partitioned product.
 Step wgrad_reduce_step(const Call& c, const WeightGradPartsParams& q);

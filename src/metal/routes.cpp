@@ -134,6 +134,18 @@ std::vector<Binding> pair_bindings(bool pointwise) {
   return indexed_bindings("ct", {"offsets", "g", "r"}, pointwise);
 }
 
+GroupedParams grouped_params(int a, int ag, int b, const Call& c) {
+  c.require(ag > 0 && a % ag == 0, "input channels a multiple of the weight's");
+  const int groups = a / ag;
+  c.require(b % groups == 0, "output channels divisible by the group count");
+  GroupedParams p{};
+  p.a = a;
+  p.b = b;
+  p.ag = ag;
+  p.bg = b / groups;
+  return p;
+}
+
 Step wgrad_reduce_step(const Call& c, const WeightGradPartsParams& q) {
   Step r;
   r.kernel = "wgrad_reduce_" + c.dt;

@@ -102,6 +102,37 @@ def test_weight_gradient_multiplies_on_matrix_units(rng, route, c_in, c_out, dty
     _within_limits(log)
 
 
+@pytest.mark.parametrize("direction,ag,bg,groups,dtype", [
+    ("forward", 8, 8, 4, mx.float32),
+    ("forward", 24, 40, 2, mx.bfloat16),
+    ("dgrad", 16, 12, 3, mx.float16),
+    ("wgrad", 8, 8, 4, mx.float16),
+    ("wgrad", 40, 24, 2, mx.bfloat16),
+    ("wgrad", 64, 64, 2, mx.float32),
+])
+def test_grouped_routes_multiply_on_matrix_units(rng, direction, ag, bg, groups, dtype):
+    """Grouped products: useful multiply-adds edges x C_in / G x C_out."""
+    route = "metal.grouped_wgrad_mma" if direction == "wgrad" else "metal.grouped_csr_mma"
+    assert routes.get(route).matrix_unit and routes.get(route).grouped
+    rel, rows_in, n_out, edges = relation(rng, "submanifold", 300, 3)
+    k = rel.kernel_volume
+    c_in, c_out = ag * groups, bg * groups
+    with mh.dispatches() as log:
+        if direction == "wgrad":
+            x = mx.array(rng.standard_normal((rows_in, c_in)).astype(np.float32)).astype(dtype)
+            ct = mx.array(rng.standard_normal((n_out, c_out)).astype(np.float32)).astype(dtype)
+            metal_programs.weight_grad(route, x, ct, rel._native, k, groups=groups)
+        elif direction == "forward":
+            x, w = _operands(rng, rows_in, c_in, c_out, k, dtype)
+            metal_programs.conv(route, x, w[:, :ag], rel._native, groups=groups)
+        else:  # the input gradient: (K, C_out / G, C_in) over the input-major view
+            x, w = _operands(rng, n_out, c_in, c_out, k, dtype)
+            metal_programs.conv(route, x, w[:, :ag], rel._native, metal_programs.INPUT_MAJOR, groups=groups)
+    useful = len(edges) * ag * c_out
+    assert sum(d.matrix_macs for d in log) >= 0.95 * useful
+    _within_limits(log)
+
+
 def test_scalar_routes_count_no_matrix_work(rng):
     # the counter is the matrix units': a scalar route's product counts none
     assert not routes.get("metal.fetch_on_demand").matrix_unit

@@ -158,7 +158,7 @@ def test_program_shapes_and_bindings(rng, c_out, bn):
         assert tuple(step["groups"]) == (-(-c_out // bn), -(-n_out // 32), 1)
         assert [nm for _, _, nm in step["buffers"]] == ["x", "w", "offsets", "gather", "k", "y", "params"]
         params = np.frombuffer(step["buffers"][-1][1], np.int32).tolist()
-        assert params == [n_out, 5, c_out, 0, 27, rows_in, 0, rel.edges]
+        assert params == [n_out, 5, c_out, 5, c_out, -1]  # GroupedParams, one group
 
 
 # ------------------------------------------------------------------ forward, every map kind

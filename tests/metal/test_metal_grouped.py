@@ -1,6 +1,8 @@
 """Grouped and depthwise Metal routes (metal/grouped.metal): selection, and
-each kernel's program run through the harness against the per-group oracle.
-Covers every kernel of grouped.metal."""
+each kernel's program run through the harness against the per-group oracle,
+in float32, float16 and bfloat16. Covers every kernel of grouped.metal.
+Groups of >= 8 channels select the matrix-unit routes
+(test_metal_grouped_mma.py); these scalar routes stay reachable by name."""
 
 import numpy as np
 import pytest
@@ -13,15 +15,16 @@ from mlx_lattice.routes import RouteContext
 import metal_harness as mh
 import metal_programs
 import oracle
-from conftest import METAL_TOLERANCES as TOL
+from conftest import METAL_TOLERANCES
 from metal_programs import BACKEND, INPUT_MAJOR
 
 pytestmark = metal_programs.MARKS
 
-KERNELS = (
-    "grouped_fetch_on_demand_float32", "grouped_fetch_on_demand_float16",
-    "grouped_wgrad_float32", "grouped_wgrad_float16",
-)
+KERNELS = tuple(f"grouped_{fn}_{dt}" for fn in ("fetch_on_demand", "wgrad")
+                for dt in ("float32", "float16", "bfloat16"))
+DTYPES = [mx.float32, mx.float16, mx.bfloat16]
+# bfloat16: float sums of the rounded operands, rounded once (2^-8).
+TOL = {**METAL_TOLERANCES, mx.bfloat16: dict(rtol=2.0**-7, atol=1e-3)}
 FORWARD = "metal.grouped_fetch_on_demand"
 WGRAD = "metal.grouped_wgrad"
 # (C_in, C_out, groups): grouped, depthwise, depthwise with multiplier 2,
@@ -49,10 +52,15 @@ def test_selection(backend, direction, route):
                 kernel_size=(3, 3, 3), tier="metal:test", c_in=16, c_out=16, direction=direction)
     assert routes.select(RouteContext(groups=4, **base)).route.name == route
     assert routes.select(RouteContext(groups=1, **base)).route.name != route
-    assert routes.select(RouteContext(groups=4, **{**base, "dtype": "bfloat16"})).route.backend == "cpu"
+    # bfloat16 stays on the GPU
+    sel = routes.select(RouteContext(groups=4, **{**base, "dtype": "bfloat16"}))
+    assert sel.route.name == route and sel.fallback is None
+    # groups of 8 channels and more take the matrix units
+    wide = routes.select(RouteContext(groups=2, **base)).route
+    assert wide.matrix_unit and wide.grouped and wide.priority > routes.get(route).priority
 
 
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c_in,c_out,groups", CHANNELS)
 @pytest.mark.parametrize("kind", ["submanifold", "forward", "pointwise"])
 def test_forward(rng, dtype, c_in, c_out, groups, kind):
@@ -63,7 +71,7 @@ def test_forward(rng, dtype, c_in, c_out, groups, kind):
     np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c_in,c_out,groups", CHANNELS)
 def test_input_gradient(rng, dtype, c_in, c_out, groups):
     """The input gradient: the same kernel over the input-major view with the
@@ -73,13 +81,13 @@ def test_input_gradient(rng, dtype, c_in, c_out, groups):
     w = np.array(mapped_weight(w5).astype(mx.float32))  # (K, C_in / G, C_out)
     k, ag, bg = w.shape[0], c_in // groups, c_out // groups
     wt = w.reshape(k, ag, groups, bg).transpose(0, 3, 2, 1).reshape(k, bg, c_in)
-    dx = metal_programs.conv(FORWARD, mx.array(ct).astype(dtype), mx.array(wt).astype(dtype), rel._native,
-                             view=INPUT_MAJOR, groups=groups)
-    ex, _, _ = oracle.grads(edges, f64(feats), oracle.expand_grouped(f64(w5), groups), ct)
+    ct = mx.array(ct).astype(dtype)
+    dx = metal_programs.conv(FORWARD, ct, mx.array(wt).astype(dtype), rel._native, view=INPUT_MAJOR, groups=groups)
+    ex, _, _ = oracle.grads(edges, f64(feats), oracle.expand_grouped(f64(w5), groups), f64(ct))
     np.testing.assert_allclose(dx.astype(np.float64), ex, **TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c_in,c_out,groups", CHANNELS)
 @pytest.mark.parametrize("kind", ["forward", "pointwise"])
 def test_weight_gradient(rng, dtype, c_in, c_out, groups, kind):

@@ -122,7 +122,7 @@ def test_program_partitions_by_edges_per_offset(rng):
     assert step["kernel"] == "wgrad_mma_float16_n64"
     assert tuple(step["groups"]) == (1, 1, 27) and tuple(step["threads"]) == (128, 1, 1)
     assert [nm for _, _, nm in step["buffers"]] == ["x", "ct", "offsets", "g", "r", "partials", "dw", "params"]
-    assert np.frombuffer(step["buffers"][-1][1], np.int32).tolist() == [27, 5, 40, 1, -1]
+    assert np.frombuffer(step["buffers"][-1][1], np.int32).tolist() == [27, 5, 40, 1, -1, 1]
     assert prog["temps"] == [("float32", 1)]
     # 3000 rows of a 1x1x1 product: 6 partitions of about 512 edges, then
     # their ordered sum
@@ -130,7 +130,7 @@ def test_program_partitions_by_edges_per_offset(rng):
     prog = program(x, ct, None, 1, mx.bfloat16)
     first, reduce = prog["steps"]
     assert first["kernel"] == "wgrad_mma_bfloat16_n32" and tuple(first["groups"]) == (3, 6, 1)
-    assert np.frombuffer(first["buffers"][-1][1], np.int32).tolist() == [1, 70, 20, 6, 3000]
+    assert np.frombuffer(first["buffers"][-1][1], np.int32).tolist() == [1, 70, 20, 6, 3000, 1]
     assert prog["temps"] == [("float32", 6 * 70 * 20)]
     assert reduce["kernel"] == "wgrad_reduce_bfloat16"
     assert [nm for _, _, nm in reduce["buffers"]] == ["partials", "dw", "params"]
