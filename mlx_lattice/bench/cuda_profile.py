@@ -137,9 +137,10 @@ def map_stages(coords, repeats: int) -> dict:
         kind = "submanifold" if dst is c else "forward"
 
         def build():
-            native, a, b, _ = maps.build(table, dst, geom, False, kind)
+            native, plans, a, b, sym = cuda.BACKEND.relation(table, dst, geom, False, kind)
             mx.eval(native.in_idx, native.k_idx, native.neighbor_map)
-            return Relation(native, KernelGeometry(*geom), gpu=True, max_neighbors=a, max_in_neighbors=b)
+            return Relation(native, KernelGeometry(*geom), "cuda", plans, max_neighbors=a, max_in_neighbors=b,
+                            symmetric=sym)
 
         out[f"{name}: relation"] = best_time(build, repeats)
 

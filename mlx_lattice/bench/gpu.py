@@ -52,8 +52,8 @@ def map_rows(wl, coords, repeats, spconv_maps=None) -> list[dict]:
             t = maps.CudaTable(c)
             out = c if stride == 1 else maps.forward_support(t, geom)
             kind = "submanifold" if stride == 1 else "forward"
-            native, max_out, max_in, sym = maps.build(t, out, geom, False, kind)
-            view = cuda.view_of(Relation(native, KernelGeometry(*geom), gpu=True, symmetric=sym,
+            native, plans, max_out, max_in, sym = cuda.BACKEND.relation(t, out, geom, False, kind)
+            view = cuda.view_of(Relation(native, KernelGeometry(*geom), "cuda", plans, symmetric=sym,
                                          max_neighbors=max_out, max_in_neighbors=max_in))
             back = view if view.symmetric else view.flipped()  # input gradients' view
             return vars(view.plan()), vars(back.plan()), view.wgrad_chunks()[:2]
