@@ -56,7 +56,7 @@ def tune_model(coords, width=0.5, dtype=mx.float32, steps=1, inference=False, bu
     """Measure every convolution shape of a MinkUNet step on `coords` into
     the cache; returns (decisions of this process, seconds spent measuring,
     seconds of the whole run)."""
-    step = TrainingStep(coords, width=width, dtype=dtype)
+    step = TrainingStep(coords, width=width, dtype=dtype, master_weights=True)  # finite values to compare
     if inference:
         step.model.eval()
     kw = {"mode": "tune", "budget_s": budget_s, "cache_path": cache_path}
@@ -82,7 +82,9 @@ def compare_steps(coords, width=0.5, dtype=mx.float32, repeats=3, budget_s=120.0
         tmp = tempfile.TemporaryDirectory(prefix="mlx_lattice_tune_")
         cache_path = os.path.join(tmp.name, "tuning.json")
     try:
-        step = TrainingStep(coords, width=width, dtype=dtype)
+        # Finite values over every step: the tuner checks each candidate's
+        # output against the static route's.
+        step = TrainingStep(coords, width=width, dtype=dtype, master_weights=True)
         with tuning.using(mode="off"):
             step()  # first-call costs (allocations, kernels) off the record
         before = tuning.spent_s()
