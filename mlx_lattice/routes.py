@@ -506,6 +506,26 @@ register(Route(
     "once per 32 x 32-64 block) and run the E x C_in x C_out MACs one lane at a time (this: on "
     "8x8 matrices, channels and edges padded to multiples of 8)",
 ))
+# Its TensorOps twin where the GPU has them (Apple10, macOS >= 26.2): the
+# same program with the chunk products on the neural accelerators.
+register(Route(
+    name="metal.tensorops_wgrad_mma", backend="metal", matrix_unit=True, priority=55,
+    conditions=(DENSE, METAL_ALL_DTYPES, TENSOR_OPS), passes=("wgrad",),
+    kernel_file="metal/tensorops_wgrad_mma.metal",
+    summary="metal.wgrad_mma's program with TensorOps products, any C_in, C_out and K: the same "
+    "32 x 32 or 32 x 64 blocks of dW[k], 16-edge chunks, P partitions and ordered wgrad_reduce "
+    "(metal/backward.metal); each chunk's x rows and ct rows staged through threadgroup memory "
+    "(float32 and float16 as they are, bfloat16 as float) and multiplied by one matmul2d "
+    "(32 x BN x 16, float accumulator in a cooperative tensor) over four simdgroups. Against "
+    "metal.wgrad_mma, its direct twin (the route on every GPU without TensorOps): the same reads "
+    "of x and ct per edge (once per output block / input block) and the same padded MACs "
+    "(channels to the block, edges to 16), run on the neural accelerators instead of as "
+    "BN/4 simdgroup 8x8 multiply-accumulates per simdgroup and chunk; half the staged bytes in "
+    "float16; one extra pass of the 32 x BN float block through threadgroup memory per "
+    "threadgroup. Priority: just above "
+    "metal.wgrad_mma; below metal.tensorops_wgrad, whose compile-time 16-64 channel tiles cover "
+    "a whole dW[k] per threadgroup with 32-edge chunks where it applies",
+))
 register(Route(
     name="metal.wgrad_dense_square", backend="metal", priority=40,
     conditions=(DENSE, SQUARE_16_64, EDGES_4096, METAL_DTYPES),

@@ -78,6 +78,11 @@ Program sorted_gemm_program(const Call& c);
 // twin; one_group: one scale and bias per (output channel, offset).
 Program sorted_quantized_program(const Call& c, bool one_group);
 
+// The matrix-unit weight gradient's program (wgrad_mma.cpp), shared with
+// its TensorOps twin: same blocks, chunks, partitions and reduction; the
+// kernels named <stem>_<dtype>_n<32|64>.
+Program wgrad_mma_program(const Call& c, int groups, const std::string& stem);
+
 // Extra inputs: the sorted plan (reorder_rows, out_in_map, tile_masks) of
 // the output-major view.
 std::vector<mx::array> sorted_plan_inputs(Relation& rel, View view);
@@ -98,6 +103,7 @@ const std::vector<Route>& tensorops_quantized_routes();
 const std::vector<Route>& grouped_routes();
 const std::vector<Route>& csr_mma_routes();
 const std::vector<Route>& wgrad_mma_routes();
+const std::vector<Route>& tensorops_wgrad_mma_routes();
 
 // Every Metal route, in family order.
 const std::vector<const Route*>& routes();

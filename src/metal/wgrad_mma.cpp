@@ -16,11 +16,13 @@ constexpr int64_t kMaxParts = 64;           // partitions per offset, at most
 constexpr int64_t kGroupsEnough = 4096;     // threadgroups that fill any Apple GPU
 constexpr int64_t kPartialBytes = 64 << 20; // float partials, at most
 
+} // namespace
+
 // Step 1: threadgroup (block, q, k) sums 16-edge chunks q, q + P, ... of
 // offset k's edges for a 32 x BN block of one group's dW[k], into dW itself
 // (P == 1) or a float partial. Step 2 (P > 1) adds the partials in order.
 // dW is (K, A / groups, B): w.a is a group's input channels.
-Program wgrad_mma_program(const Call& c, int groups) {
+Program wgrad_mma_program(const Call& c, int groups, const std::string& stem) {
   const WeightGradParams w = weight_grad_params(c);
   const bool pointwise = weight_grad_pointwise(c);
   const int bg = w.b / groups;
@@ -38,7 +40,7 @@ Program wgrad_mma_program(const Call& c, int groups) {
   Program prog;
   prog.temps.push_back({mx::float32, parts > 1 ? parts * elements : 1});
   Step s;
-  s.kernel = "wgrad_mma_" + c.dt + "_n" + std::to_string(bn);
+  s.kernel = stem + "_" + c.dt + "_n" + std::to_string(bn);
   s.threads = {128, 1, 1};
   s.groups = {static_cast<uint64_t>(blocks), static_cast<uint64_t>(parts), offsets_grid(w.k)};
   s.buffers = pair_bindings(pointwise);
@@ -52,14 +54,16 @@ Program wgrad_mma_program(const Call& c, int groups) {
   return prog;
 }
 
+namespace {
+
 Program wgrad_mma(const Call& c) {
-  return wgrad_mma_program(c, 1);
+  return wgrad_mma_program(c, 1, "wgrad_mma");
 }
 
 // The group count read off the shapes: x has A channels, dW A / groups rows.
 Program grouped_wgrad_mma(const Call& c) {
   const GroupedParams g = grouped_params(c.in[0].shape(1), c.out_shape[1], c.out_shape[2], c);
-  return wgrad_mma_program(c, g.a / g.ag);
+  return wgrad_mma_program(c, g.a / g.ag, "wgrad_mma");
 }
 
 } // namespace

@@ -88,6 +88,10 @@ def test_pointwise_multiplies_on_matrix_units(rng, c_in, c_out, dtype):
     ("metal.wgrad_mma", 24, 40, mx.float32),
     ("metal.wgrad_mma", 64, 96, mx.bfloat16),
     ("metal.tensorops_wgrad", 32, 64, mx.float16),
+    ("metal.tensorops_wgrad_mma", 24, 40, mx.float32),
+    ("metal.tensorops_wgrad_mma", 8, 8, mx.float16),
+    ("metal.tensorops_wgrad_mma", 96, 128, mx.bfloat16),
+    ("metal.tensorops_wgrad_mma", 256, 64, mx.float16),
 ])
 def test_weight_gradient_multiplies_on_matrix_units(rng, route, c_in, c_out, dtype):
     assert routes.get(route).matrix_unit

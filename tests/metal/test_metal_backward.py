@@ -128,13 +128,15 @@ def test_dgrad_selection(kw, route):
     [
         (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=True), "metal.tensorops_wgrad"),
         (dict(c_in=16, c_out=16, n_in=32768, tensor_ops=True, dtype="float16"), "metal.tensorops_wgrad"),
-        # outside the TensorOps predicate: the matrix-unit weight gradient,
-        # where the scalar wgrad_* routes (block4, dense_square, fp16, cout16,
-        # direct) were taken before
-        (dict(c_in=32, c_out=64, n_in=32767, tensor_ops=True), "metal.wgrad_mma"),
+        # outside the seed's predicate on TensorOps: the matrix-unit weight
+        # gradient's TensorOps twin
+        (dict(c_in=32, c_out=64, n_in=32767, tensor_ops=True), "metal.tensorops_wgrad_mma"),
+        (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=True, k=8), "metal.tensorops_wgrad_mma"),
+        (dict(c_in=48, c_out=64, n_in=32768, tensor_ops=True), "metal.tensorops_wgrad_mma"),
+        # without TensorOps: the matrix-unit weight gradient, where the scalar
+        # wgrad_* routes (block4, dense_square, fp16, cout16, direct) were
+        # taken before
         (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=False), "metal.wgrad_mma"),
-        (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=True, k=8), "metal.wgrad_mma"),
-        (dict(c_in=48, c_out=64, n_in=32768, tensor_ops=True), "metal.wgrad_mma"),
         (dict(c_in=32, c_out=32, edges=4096), "metal.wgrad_mma"),
         (dict(c_in=64, c_out=64, edges=4096, dtype="float16"), "metal.wgrad_mma"),
         (dict(c_in=32, c_out=32, edges=4095), "metal.wgrad_mma"),

@@ -94,7 +94,8 @@ def ctx(**kw):
         (dict(c_in=256, c_out=128, k=125), ROUTE),
         # the TensorOps contraction stays ahead where it applies
         (dict(c_in=32, c_out=64, n_in=32768, tensor_ops=True), "metal.tensorops_wgrad"),
-        (dict(c_in=48, c_out=64, n_in=32768, tensor_ops=True), ROUTE),
+        # its TensorOps twin elsewhere on a TensorOps tier
+        (dict(c_in=48, c_out=64, n_in=32768, tensor_ops=True), "metal.tensorops_wgrad_mma"),
         # grouped products keep their route
         (dict(c_in=16, c_out=16, groups=4), "metal.grouped_wgrad"),
     ],
