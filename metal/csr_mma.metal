@@ -5,7 +5,9 @@
 // reads the ag input channels of its group c / bg; ag = a, bg = b without
 // groups).
 //
-// A threadgroup owns 32 consecutive rows and BN output channels of one
+// A threadgroup owns 32 rows, consecutive positions of the view's row order
+// (order: rows sorted by the set of offsets their edges have, so that a
+// tile's rows mostly share their offsets), and BN output channels of one
 // group (grid x: (group, column block), column blocks fastest, so the
 // threadgroups of a row block are neighbours and share its gathered rows in
 // cache; grid y: the row blocks), four simdgroups in a 2 x 2 layout, each
@@ -18,7 +20,7 @@
 // channels of the group) and W[k]'s slice (16 x BN) are staged as float in
 // threadgroup memory, masked past the group's input and output channels,
 // and multiplied on simdgroup matrices into the accumulators, which stay in
-// registers until the tile is written (masked) once.
+// registers until the tile is written (masked) once, each row at its place.
 //
 // Every output element is the sum of its edges' products in offset order,
 // 16 input channels at a time, each slice in a fixed order: the same bits on
@@ -44,8 +46,9 @@ template <typename T, int BN>
     device const int* offsets [[buffer(2)]],
     device const int* gather [[buffer(3)]],
     device const int* kidx [[buffer(4)]],
-    device T* y [[buffer(5)]],
-    constant GroupedParams& p [[buffer(6)]],
+    device const int* order [[buffer(5)]], // the view's rows in tile order
+    device T* y [[buffer(6)]],
+    constant GroupedParams& p [[buffer(7)]],
     uint3 gid [[threadgroup_position_in_grid]],
     uint t [[thread_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
@@ -72,15 +75,18 @@ template <typename T, int BN>
   const int sm = int(sg) / 2; // this simdgroup's rows: sm * 16 + [0, 16)
   const int sn = int(sg) % 2; // its channels: yb + n0 + sn * BN / 2 + [0, BN / 2)
 
-  // Simdgroup 0, lane l: the cursor into row row0 + l's edges, and the
-  // offset and input row of the edge under it (loaded one round ahead).
+  // Simdgroup 0, lane l: the cursor into the edges of row r, the one at
+  // position row0 + l of the order, and the offset and input row of the
+  // edge under it (loaded one round ahead).
+  int r = -1;
   int e = 0;
   int e1 = 0;
   int next_k = kNone;
   int next_g = -1;
   if (sg == 0) {
-    const int r = row0 + int(lane);
-    if (r < p.rows) {
+    const int i = row0 + int(lane);
+    if (i < p.rows) {
+      r = pointwise ? i : order[i];
       e = pointwise ? r : offsets[r];
       e1 = pointwise ? r + 1 : offsets[r + 1];
     }
@@ -104,7 +110,6 @@ template <typename T, int BN>
       }
       if (take) {
         ++e;
-        const int r = row0 + int(lane);
         next_k = e < e1 ? (pointwise ? 0 : kidx[e]) : kNone;
         next_g = e < e1 ? (pointwise ? r : gather[e]) : -1;
       }
@@ -131,7 +136,9 @@ template <typename T, int BN>
   // Each simdgroup writes its blocks through its own 64 floats of the
   // staging area, masked to the rows and channels that exist. No barrier:
   // every thread passed the last round's after its last product.
-  block.store(smem + int(sg) * 64, lane, y + yb, p.b, row0 + sm * 16, p.rows, n0 + sn * (BN / 2), p.bg);
+  block.store(
+      smem + int(sg) * 64, lane, y + yb, p.b, row0 + sm * 16, p.rows, n0 + sn * (BN / 2), p.bg,
+      MmaRowsInOrder{order, pointwise});
 }
 
 #define LATTICE_INSTANTIATE(name, T, BN) \

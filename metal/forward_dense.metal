@@ -6,13 +6,16 @@
 // time (C_in, C_out in {16, 32, 64}): forward over the output-major map
 // (rows, K), and the input gradient over the input-major map with W
 // transposed per offset. A threadgroup owns R rows (32, or 64 for the
-// grouped input gradient) and all C_out channels, four simdgroups in a 2 x 2
+// grouped input gradient), consecutive positions of the view's row order
+// (rows sorted by their offset sets: a tile's rows mostly share them), and
+// all C_out channels, four simdgroups in a 2 x 2
 // layout, each an R/2 x C_out/2 block of accumulators. Offsets are visited
 // in order; an offset no row of the tile has is skipped. For the others the
 // rows' gathered inputs (zeros where a row has no neighbour) and W[k] are
 // staged as float in threadgroup memory, all C_in channels at once, or half
 // of them at a time where the two would pass 28 KiB, and multiplied into the
-// accumulators, which stay in registers until the tile is written once.
+// accumulators, which stay in registers until the tile is written once,
+// each row at its place.
 //
 // pointwise_mma: y = x @ W[0], any channel counts: 64 rows x BN output
 // channels per threadgroup (2 x 2 simdgroups, each 32 x BN/2), x and W[0]
@@ -47,8 +50,9 @@ template <typename T, int CI, int CO, int R>
     device const T* x [[buffer(0)]],
     device const T* w [[buffer(1)]],
     device const int* nmap [[buffer(2)]],
-    device T* y [[buffer(3)]],
-    constant ConvParams& p [[buffer(4)]],
+    device const int* order [[buffer(3)]], // the view's rows in tile order
+    device T* y [[buffer(4)]],
+    constant ConvParams& p [[buffer(5)]],
     uint3 gid [[threadgroup_position_in_grid]],
     uint t [[thread_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
@@ -68,17 +72,23 @@ template <typename T, int CI, int CO, int R>
   const int sm = int(sg) / 2; // this simdgroup's rows: sm * R / 2 + [0, R / 2)
   const int sn = int(sg) % 2; // its channels: sn * C_out / 2 + [0, C_out / 2)
 
+  // The rows this lane reads the map of: positions row0 + j * 32 + lane.
+  int src[R / 32];
+  for (int j = 0; j < R / 32; ++j) {
+    const int i = row0 + j * 32 + int(lane);
+    src[j] = i < p.rows ? order[i] : -1;
+  }
+
   MmaBlock<R / 16, CO / 16> block;
   block.clear();
   for (int k = 0; k < p.k; ++k) {
     threadgroup_barrier(mem_flags::mem_threadgroup); // the last offset's products done
-    // Every simdgroup reads the tile's map entries (lane l: rows l, l + 32,
-    // ...); simdgroup j keeps rows 32 j + [0, 32) for the staging, and
+    // Every simdgroup reads the tile's map entries (lane l: positions l,
+    // l + 32, ...); simdgroup j keeps 32 j + [0, 32) for the staging, and
     // simdgroup 0 says whether any row has offset k.
     bool has = false;
     for (int j = 0; j < R / 32; ++j) {
-      const int r = row0 + j * 32 + int(lane);
-      const int g = r < p.rows ? nmap[long(r) * p.k + k] : -1;
+      const int g = src[j] >= 0 ? nmap[long(src[j]) * p.k + k] : -1;
       has = has || g >= 0;
       if (int(sg) == j) {
         rows[j * 32 + int(lane)] = g;
@@ -104,7 +114,9 @@ template <typename T, int CI, int CO, int R>
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup); // staged tiles no longer read
-  block.store(smem + int(sg) * 64, lane, y, CO, row0 + sm * (R / 2), p.rows, sn * (CO / 2), CO);
+  block.store(
+      smem + int(sg) * 64, lane, y, CO, row0 + sm * (R / 2), p.rows, sn * (CO / 2), CO,
+      MmaRowsInOrder{order, false});
 }
 
 constexpr constant int kPointRows = 64;  // rows per threadgroup

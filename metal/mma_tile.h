@@ -70,6 +70,23 @@ inline void mma_stage_weight(
   }
 }
 
+// Where a tile's rows are written: row r of the tile's positions is row r
+// of the output (MmaRowsInPlace), or row order[r] (MmaRowsInOrder, the
+// view's row order; in_place: r itself, for products without one).
+struct MmaRowsInPlace {
+  int operator()(int r) const {
+    return r;
+  }
+};
+
+struct MmaRowsInOrder {
+  device const int* order;
+  bool in_place;
+  int operator()(int r) const {
+    return in_place ? r : order[r];
+  }
+};
+
 // One simdgroup's FM x FN 8x8 float accumulators: an (8 FM) x (8 FN) block
 // of the threadgroup's output tile.
 template <int FM, int FN>
@@ -108,11 +125,11 @@ struct MmaBlock {
     }
   }
 
-  // out[r][c] (row stride ld) = the block's element for rows r0 + [0, 8 FM)
-  // and columns c0 + [0, 8 FN) that fall below rows x cols, through this
-  // simdgroup's own 64 floats at stage. out may point at a group's first
-  // column (cols its channels, ld the rows' full width).
-  template <typename U>
+  // out[row_of(r)][c] (row stride ld) = the block's element for positions
+  // r in r0 + [0, 8 FM) and columns c0 + [0, 8 FN) that fall below rows x
+  // cols, through this simdgroup's own 64 floats at stage. out may point at
+  // a group's first column (cols its channels, ld the rows' full width).
+  template <typename U, typename RowOf = MmaRowsInPlace>
   void store(
       threadgroup float* stage,
       uint lane,
@@ -121,7 +138,8 @@ struct MmaBlock {
       int r0,
       int rows,
       int c0,
-      int cols) {
+      int cols,
+      RowOf row_of = RowOf()) {
     for (int i = 0; i < FM; ++i) {
       for (int j = 0; j < FN; ++j) {
         simdgroup_store(acc[i][j], stage, 8);
@@ -130,7 +148,7 @@ struct MmaBlock {
           const int r = r0 + i * 8 + q / 8;
           const int c = c0 + j * 8 + q % 8;
           if (r < rows && c < cols) {
-            out[long(r) * ld + c] = U(stage[q]);
+            out[long(row_of(r)) * ld + c] = U(stage[q]);
           }
         }
         simdgroup_barrier(mem_flags::mem_threadgroup);

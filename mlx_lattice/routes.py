@@ -372,7 +372,9 @@ register(Route(
     conditions=(DENSE, DENSE_LAYOUT, CHANNELS_16_64, K_GE_16, CAP_4096, METAL_DTYPES),
     kernel_file="metal/forward_dense.metal",
     summary="neighbour-map traversal on simdgroup matrices, compile-time channel counts: 32 rows "
-    "x C_out per threadgroup (4 simdgroups of 8x8 float fragments, float accumulation); offsets "
+    "x C_out per threadgroup, consecutive in the relation's row order (rows sorted by their "
+    "offset set, the sorted plan's reorder_rows, written back in place; 4 simdgroups of 8x8 "
+    "float fragments, float accumulation); offsets "
     "in order, those no row of the tile has skipped; each offset's gathered rows (zeros where a "
     "row lacks it) and W[k] staged once through threadgroup memory",
 ))
@@ -381,7 +383,8 @@ register(Route(
     conditions=(DENSE, COUT16, METAL_DTYPES), passes=("forward", "dgrad"),
     kernel_file="metal/csr_mma.metal",
     summary="C_out == 16 on the kernels of metal.csr_mma at their 16-channel column block: 32 "
-    "rows x 16 output channels per threadgroup (4 simdgroups of 8x8 float fragments), rows' "
+    "rows of the view's row order x 16 output channels per threadgroup (4 simdgroups of 8x8 "
+    "float fragments), rows' "
     "edges taken in offset rounds, any C_in staged 16 channels at a time with masked loads",
 ))
 # The matrix-unit route: every dense float product the routes above do not
@@ -395,7 +398,10 @@ register(Route(
     conditions=(DENSE, METAL_ALL_DTYPES), passes=("forward", "dgrad"),
     kernel_file="metal/csr_mma.metal",
     summary="implicit GEMM on simdgroup matrices over the CSR edges of either view, any C_in, "
-    "C_out and K: 32 rows x 16-128 output channels per threadgroup (4 simdgroups of 8x8 float "
+    "C_out and K: 32 rows x 16-128 output channels per threadgroup, the rows consecutive in the "
+    "view's row order (rows sorted by the set of offsets they have: Relation::row_order, the "
+    "sorted plan's reorder_rows for the output-major view), so a block's rows mostly share "
+    "their offsets (4 simdgroups of 8x8 float "
     "fragments, float accumulation); each round takes the smallest offset pending among the 32 "
     "rows (offsets absent from the block never visited) and stages their gathered rows and W[k], "
     "16 input channels at a time, through threadgroup memory with masked loads. Priority: below "
@@ -479,7 +485,8 @@ register(Route(
     passes=("dgrad",), kernel_file="metal/forward_dense.metal",
     summary="dense-channel input gradient: the simdgroup-matrix kernels of metal.dense_channel "
     "(32 rows x C_out per threadgroup) over the input-major neighbour map (N_in, K), W "
-    "transposed per offset",
+    "transposed per offset; the rows tiled in the input-major row order (input rows sorted by "
+    "their offset set)",
 ))
 register(Route(
     name="metal.tensorops_wgrad", backend="metal", matrix_unit=True, priority=90,
@@ -619,7 +626,8 @@ register(Route(
     name="metal.grouped_csr_mma", backend="metal", matrix_unit=True, priority=10,
     conditions=(DENSE, METAL_ALL_DTYPES, GROUP_CHANNELS_8), grouped=True,
     passes=("forward", "dgrad"), kernel_file="metal/csr_mma.metal",
-    summary="the implicit GEMM of metal.csr_mma per group: a threadgroup per (32-row block, "
+    summary="the implicit GEMM of metal.csr_mma per group: a threadgroup per (block of 32 rows of "
+    "the view's row order, "
     "group, column block of 16-128 of the group's outputs), the group's slice of the gathered "
     "rows and of W[k] staged 16 input channels at a time, 8x8 float fragments, the same rounds "
     "and fixed order. Per output row of E edges it reads E x C_in input values once per column "

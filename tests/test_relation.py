@@ -5,7 +5,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import ops
+from mlx_lattice import _ext, ops
 from mlx_lattice.relation import KernelGeometry
 
 import oracle
@@ -174,6 +174,46 @@ def test_sorted_plan(tensor):
     for t in range(len(tiles)):
         assert tiles[t] == np.bitwise_or.reduce(masks[order][t * 64 : (t + 1) * 64])
     assert rel.sorted_plan().reorder_rows is not None  # cached view
+
+
+def _offset_set_keys(offsets, k_idx, k):
+    """Relation::row_order's key per CSR row: bit k, or k * 64 // K past 64 offsets."""
+    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    bits = k_idx.astype(np.uint64) if k <= 64 else (k_idx.astype(np.int64) * 64 // k).astype(np.uint64)
+    keys = np.zeros(len(offsets) - 1, np.uint64)
+    np.bitwise_or.at(keys, rows, np.uint64(1) << bits)
+    return keys
+
+
+@pytest.mark.parametrize("kind,ks,stride", [("submanifold", 3, 1), ("forward", 3, 2), ("forward", 2, 2),
+                                            ("transposed", 2, 2), ("submanifold", 5, 1)])
+def test_row_order_of_both_views(rng, kind, ks, stride):
+    """Each view's rows stably sorted by the offsets their edges have (the
+    matrix-unit CSR routes' tile order): the output-major order is the sorted
+    plan's (K <= 64); K = 125 keys offset k as bit k * 64 // K."""
+    coords = oracle.random_coords(rng, 400, 9, 2)
+    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    m, s = x.manager, x.coordinate_set
+    pad = (ks - 1) // 2 if stride == 1 else 0
+    g = KernelGeometry((ks,) * 3, (stride,) * 3, (pad,) * 3, (1,) * 3)
+    if kind == "submanifold":
+        rel = m.submanifold_kernel_relation(s, g)
+    elif kind == "forward":
+        rel, _ = m.kernel_relation(s, g)
+    else:
+        _, coarse = m.kernel_relation(s, g)
+        rel, _ = m.transposed_kernel_relation(coarse, g)
+    native, k = rel._native, rel.kernel_volume
+    im = native.input_major()
+    for view, offsets, k_idx in [(_ext.View.output_major, native.out_offsets, native.k_idx),
+                                 (_ext.View.input_major, im[0], im[3])]:
+        order = np.array(native.row_order(view))
+        keys = _offset_set_keys(np.array(offsets), np.array(k_idx), k)
+        np.testing.assert_array_equal(order, np.argsort(keys, kind="stable"))
+        assert native.row_order(view) is not None  # cached
+    if k <= 64:
+        np.testing.assert_array_equal(np.array(native.row_order(_ext.View.output_major)),
+                                      np.array(rel.sorted_plan().reorder_rows))
 
 
 def test_native_relation_from_unevaluated_arrays():

@@ -134,6 +134,14 @@ void init_maps(nb::module_& m) {
             r.set_sorted_plan({reorder_rows, out_in_map, kv_out_in_map, tile_masks});
           },
           "reorder_rows"_a, "sorted_out_in_map"_a, "sorted_kv_out_in_map"_a, "tile_masks"_a)
+      .def(
+          "set_row_order",
+          [](Relation& r, View v, const mx::array& order) {
+            check_view_array(order, {v == View::OutputMajor ? r.n_out() : r.n_in()}, "row_order");
+            r.set_row_order(v, order);
+          },
+          "view"_a, "order"_a)
+      .def("row_order", &Relation::row_order, "view"_a)
       .def_prop_ro("kind", &Relation::kind)
       .def_prop_ro("n_in", &Relation::n_in)
       .def_prop_ro("n_out", &Relation::n_out)

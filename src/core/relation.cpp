@@ -86,6 +86,43 @@ void block_counting_sort(int64_t n, int64_t buckets, Key key, int32_t* offsets, 
   });
 }
 
+// Rows [0, n) stably sorted by their 64-bit keys: LSD radix sort, 16 bits a
+// pass, passes only over the bits in use (`bits`).
+std::vector<int32_t> sort_by_key(const std::vector<uint64_t>& key, int64_t bits) {
+  const int64_t n = static_cast<int64_t>(key.size());
+  std::vector<int32_t> order(n), tmp(n), pos(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<int64_t> count((1 << 16) + 1);
+  for (int shift = 0; shift < bits; shift += 16) {
+    auto digit = [&](int64_t i) { return (key[order[i]] >> shift) & 0xFFFF; };
+    counting_sort(n, int64_t(1) << 16, digit, count.data(), pos.data());
+    for (int64_t i = 0; i < n; ++i) {
+      tmp[i] = order[pos[i]];
+    }
+    order.swap(tmp);
+  }
+  return order;
+}
+
+// A CSR view's rows ordered by the offsets of their edges (Relation::
+// row_order's key: bit k, or k * 64 / K past 64 offsets).
+mx::array offset_set_order(const int32_t* offsets, const int32_t* kidx, int64_t n, int64_t K) {
+  std::vector<uint64_t> key(n);
+  parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      uint64_t m = 0;
+      for (int32_t j = offsets[r]; j < offsets[r + 1]; ++j) {
+        m |= uint64_t(1) << (K <= 64 ? kidx[j] : int64_t(kidx[j]) * 64 / K);
+      }
+      key[r] = m;
+    }
+  });
+  const std::vector<int32_t> order = sort_by_key(key, std::min<int64_t>(K, 64));
+  mx::array a = make_int32(n);
+  std::copy(order.begin(), order.end(), a.data<int32_t>());
+  return a;
+}
+
 } // namespace
 
 Relation::Relation(
@@ -346,17 +383,7 @@ const Relation::SortedPlan& Relation::sorted_plan() {
       }
     });
     // Stable LSD radix sort of rows by mask, 16 bits per pass (K <= 64).
-    std::vector<int32_t> order(n_out_), tmp(n_out_), pos(n_out_);
-    std::iota(order.begin(), order.end(), 0);
-    std::vector<int64_t> count((1 << 16) + 1);
-    for (int shift = 0; shift < k_; shift += 16) {
-      auto digit = [&](int64_t i) { return (mask[order[i]] >> shift) & 0xFFFF; };
-      counting_sort(n_out_, int64_t(1) << 16, digit, count.data(), pos.data());
-      for (int64_t i = 0; i < n_out_; ++i) {
-        tmp[i] = order[pos[i]];
-      }
-      order.swap(tmp);
-    }
+    const std::vector<int32_t> order = sort_by_key(mask, k_);
     const int64_t n_tiles = (n_out_ + kPlanTile - 1) / kPlanTile;
     mx::array reorder = make_int32(n_out_);
     auto shape2 = [](int64_t a, int64_t b) {
@@ -395,6 +422,30 @@ const Relation::SortedPlan& Relation::sorted_plan() {
     plan_ = SortedPlan{reorder, sorted, kv, tiles};
   });
   return *plan_;
+}
+
+const mx::array& Relation::row_order(View v) {
+  const int i = static_cast<int>(v);
+  std::call_once(order_once_[i], [&] {
+    if (v == View::OutputMajor && k_ <= 64) {
+      order_[i] = sorted_plan().reorder_rows;
+    } else if (v == View::OutputMajor) {
+      host_ready({&out_offsets_, &k_idx_});
+      order_[i] = offset_set_order(
+          out_offsets_.data<int32_t>(), k_idx_.data<int32_t>(), n_out_, k_);
+    } else {
+      const InputMajor& im = input_major();
+      host_ready({&im.offsets, &im.k_idx});
+      order_[i] = offset_set_order(im.offsets.data<int32_t>(), im.k_idx.data<int32_t>(), n_in_, k_);
+    }
+  });
+  return *order_[i];
+}
+
+void Relation::set_row_order(View v, mx::array order) {
+  std::call_once(order_once_[static_cast<int>(v)], [&] {
+    order_[static_cast<int>(v)] = std::move(order);
+  });
 }
 
 int64_t Relation::max_neighbors() const {

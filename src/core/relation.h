@@ -217,6 +217,17 @@ class Relation {
   };
   const SortedPlan& sorted_plan();
 
+  // The rows of a view (output rows, or input rows for the input-major
+  // view) stably sorted by the set of kernel offsets their edges have, for
+  // the matrix-unit CSR routes (a tile of consecutive positions multiplies
+  // the union of its rows' offsets). The key is the 64-bit mask of offsets;
+  // past 64 offsets, offset k sets bit k * 64 / K (neighbouring offsets
+  // share a bit; rows with the same offsets still share a key). The
+  // output-major order is the sorted plan's reorder_rows where K <= 64. A
+  // GPU builder provides both for K <= 64 (set_row_order); the others are
+  // made here from the CSR views, once.
+  const mx::array& row_order(View v);
+
   // Per output row counts: max and mean neighbours.
   int64_t max_neighbors() const;
 
@@ -232,6 +243,7 @@ class Relation {
   void set_input_major(InputMajor view);
   void set_input_neighbor_map(mx::array map);
   void set_sorted_plan(SortedPlan plan);
+  void set_row_order(View v, mx::array order);
   // Marks a relation of a set onto itself whose edges pair up: (q <- p, k)
   // exactly when (p <- q, K - 1 - k) (a centred odd kernel at stride 1).
   // Its input-major view is then its own CSR mirrored, with no sort.
@@ -244,12 +256,13 @@ class Relation {
   int64_t n_in_, n_out_, k_, e_;
   mx::array out_offsets_, in_idx_, k_idx_;
   std::once_flag out_once_, in_once_, k_once_, nmap_once_, plan_once_, in_nmap_once_;
-  std::once_flag groups_once_[2];
+  std::once_flag groups_once_[2], order_once_[2];
   std::optional<SortedPlan> plan_;
   std::optional<mx::array> out_idx_, nmap_, in_nmap_;
   std::optional<InputMajor> in_view_;
   std::optional<KernelMajor> k_view_;
   std::optional<OffsetGroups> groups_[2];
+  std::optional<mx::array> order_[2];
   bool symmetric_ = false;
 
   InputMajor mirrored_input_major();

@@ -21,9 +21,10 @@ int column_block(int b) {
   return 128;
 }
 
-// 32 rows by BN output channels of one group per threadgroup of 4
-// simdgroups; the (group, column block) pairs of a row block are neighbours
-// in the grid, so they share the gathered input rows in cache.
+// 32 rows (consecutive positions of the view's row order) by BN output
+// channels of one group per threadgroup of 4 simdgroups; the (group, column
+// block) pairs of a row block are neighbours in the grid, so they share the
+// gathered input rows in cache.
 Program csr_mma_program(const Call& c, GroupedParams p, int groups) {
   const bool pw = conv_pointwise(c);
   p.rows = c.out_shape[0];
@@ -33,7 +34,10 @@ Program csr_mma_program(const Call& c, GroupedParams p, int groups) {
   s.kernel = "csr_mma_" + c.dt + "_n" + std::to_string(bn);
   s.threads = {128, 1, 1};
   s.groups = {uint64_t(groups) * ceil_div(p.bg, bn), ceil_div(p.rows, 32), 1};
+  c.require(pw || c.in.size() >= 6, "the view's row order");
   s.buffers = csr_bindings(pw);
+  // the rows in order (x in its place for a pointwise product, never read)
+  s.buffers.insert(s.buffers.end() - 1, input(pw ? 0 : 5, "row_order"));
   s.buffers.push_back(bytes(p));
   return {{}, {s}};
 }
@@ -64,9 +68,9 @@ Program cout16(const Call& c) {
 
 const std::vector<Route>& csr_mma_routes() {
   static const std::vector<Route> table = {
-      {"metal.csr_mma", Op::Conv, nullptr, csr_mma},
-      {"metal.grouped_csr_mma", Op::Conv, nullptr, grouped_csr_mma},
-      {"metal.cout16", Op::Conv, nullptr, cout16},
+      {"metal.csr_mma", Op::Conv, row_order_inputs, csr_mma},
+      {"metal.grouped_csr_mma", Op::Conv, row_order_inputs, grouped_csr_mma},
+      {"metal.cout16", Op::Conv, row_order_inputs, cout16},
   };
   return table;
 }

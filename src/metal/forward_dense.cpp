@@ -32,25 +32,35 @@ Program pointwise(const Call& c) {
 // R rows x C_out per threadgroup of 4 simdgroups (kernels
 // <stem>_<dtype>_<C_in>x<C_out>, R fixed by the stem: 32, or 64 for
 // dgrad_dense_grouped). The kernel reads a dense neighbour map (rows, K)
-// named `map`.
+// named `map` and the view's row order: a threadgroup's rows are R
+// consecutive positions of it.
 Program dense_mma(const Call& c, const std::string& stem, int rows_per_group, const char* map) {
   ConvParams p = conv_params(c);
   c.require(
-      dense_channels(p.a) && dense_channels(p.b) && !p.pointwise && c.in.size() >= 6,
-      "C_in, C_out in {16, 32, 64} and a neighbour map");
+      dense_channels(p.a) && dense_channels(p.b) && !p.pointwise && c.in.size() >= 7,
+      "C_in, C_out in {16, 32, 64}, a neighbour map and the row order");
   Step s;
   s.kernel = stem + "_" + c.dt + "_" + std::to_string(p.a) + "x" + std::to_string(p.b);
   s.threads = {128, 1, 1};
   s.groups = {ceil_div(p.rows, rows_per_group), 1, 1};
-  s.buffers = {input(0, "x"), input(1, "w"), input(5, map), output(), bytes(p)};
+  s.buffers = {input(0, "x"), input(1, "w"), input(5, map), input(6, "row_order"), output(), bytes(p)};
   return {{}, {s}};
 }
 
+// The output-major neighbour map and row order (the forward kernels).
 std::vector<mx::array> neighbor_map(Relation& rel, View view) {
   if (view != View::OutputMajor) {
     return {};
   }
-  return {rel.neighbor_map()};
+  return {rel.neighbor_map(), rel.row_order(view)};
+}
+
+// The input-major neighbour map and row order (the input gradient).
+std::vector<mx::array> input_neighbor_map(Relation& rel, View view) {
+  if (view != View::InputMajor) {
+    return {};
+  }
+  return {rel.input_neighbor_map(), rel.row_order(view)};
 }
 
 Program dense_channel(const Call& c) {
@@ -75,8 +85,8 @@ const std::vector<Route>& forward_dense_routes() {
   static const std::vector<Route> table = {
       {"metal.pointwise", Op::Conv, nullptr, pointwise},
       {"metal.dense_channel", Op::Conv, neighbor_map, dense_channel},
-      {"metal.dgrad_dense_channel", Op::Conv, input_neighbor_map_inputs, dgrad_dense_channel},
-      {"metal.dgrad_dense_grouped", Op::Conv, input_neighbor_map_inputs, dgrad_dense_grouped},
+      {"metal.dgrad_dense_channel", Op::Conv, input_neighbor_map, dgrad_dense_channel},
+      {"metal.dgrad_dense_grouped", Op::Conv, input_neighbor_map, dgrad_dense_grouped},
   };
   return table;
 }

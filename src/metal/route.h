@@ -89,6 +89,9 @@ std::vector<mx::array> sorted_plan_inputs(Relation& rel, View view);
 // Extra inputs: the input-major neighbour map (N_in, K) of the input
 // gradient routes.
 std::vector<mx::array> input_neighbor_map_inputs(Relation& rel, View view);
+// Extra inputs: the view's rows in order of their offset sets
+// (Relation::row_order), the order the matrix-unit CSR routes tile them in.
+std::vector<mx::array> row_order_inputs(Relation& rel, View view);
 
 // The family tables (src/metal/<family>.cpp).
 const std::vector<Route>& fetch_on_demand_routes();

@@ -186,6 +186,10 @@ std::vector<mx::array> input_neighbor_map_inputs(Relation& rel, View view) {
   return {rel.input_neighbor_map()};
 }
 
+std::vector<mx::array> row_order_inputs(Relation& rel, View view) {
+  return {rel.row_order(view)};
+}
+
 } // namespace mlx_lattice::metal
 
 namespace mlx_lattice {

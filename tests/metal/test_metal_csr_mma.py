@@ -156,7 +156,9 @@ def test_program_shapes_and_bindings(rng, c_out, bn):
         # 32 rows x BN channels per group of 4 simdgroups; column blocks fastest
         assert tuple(step["threads"]) == (128, 1, 1)
         assert tuple(step["groups"]) == (-(-c_out // bn), -(-n_out // 32), 1)
-        assert [nm for _, _, nm in step["buffers"]] == ["x", "w", "offsets", "gather", "k", "y", "params"]
+        assert [nm for _, _, nm in step["buffers"]] == [
+            "x", "w", "offsets", "gather", "k", "row_order", "y", "params"]
+        assert step["buffers"][5][:2] == ("input", 5)
         params = np.frombuffer(step["buffers"][-1][1], np.int32).tolist()
         assert params == [n_out, 5, c_out, 5, c_out, -1]  # GroupedParams, one group
 

@@ -91,7 +91,7 @@ def test_dense_program_shapes_and_bindings(rng, route, view, rows_per_group):
     assert tuple(step["threads"]) == (128, 1, 1)
     assert tuple(step["groups"]) == (-(-rows // rows_per_group), 1, 1)
     map_name = "neighbor_map" if view == OUTPUT_MAJOR else "input_neighbor_map"
-    assert [nm for _, _, nm in step["buffers"]] == ["x", "w", map_name, "y", "params"]
+    assert [nm for _, _, nm in step["buffers"]] == ["x", "w", map_name, "row_order", "y", "params"]
 
 
 @pytest.mark.parametrize("c_out,bn", [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64), (200, 64)])

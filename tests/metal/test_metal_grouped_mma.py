@@ -192,7 +192,8 @@ def test_conv_program(rng, ag, bg, groups, bn):
     # (group, column block) pairs fastest, then the 32-row blocks
     assert tuple(step["groups"]) == (groups * -(-bg // bn), -(-n_out // 32), 1)
     assert tuple(step["threads"]) == (128, 1, 1)
-    assert [nm for _, _, nm in step["buffers"]] == ["x", "w", "offsets", "gather", "k", "y", "params"]
+    assert [nm for _, _, nm in step["buffers"]] == [
+        "x", "w", "offsets", "gather", "k", "row_order", "y", "params"]
     params = np.frombuffer(step["buffers"][-1][1], np.int32).tolist()
     assert params == [n_out, ag * groups, bg * groups, ag, bg, -1]
     with pytest.raises(ValueError, match="grouped_csr_mma needs output channels divisible"):

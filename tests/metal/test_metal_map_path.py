@@ -73,7 +73,7 @@ def steps(monkeypatch):
 
 
 ARRAYS = ("out_offsets", "in_idx", "k_idx", "neighbor_map", "out_idx", "input_neighbor_map")
-VIEW_STEPS = ["out_idx", "kernel_major", "input_major", "neighbor_map", "sorted_plan"]
+VIEW_STEPS = ["out_idx", "kernel_major", "input_major", "neighbor_map", "sorted_plan", "sorted_plan"]
 
 
 def assert_same_relation(got, want, what):
@@ -91,6 +91,10 @@ def assert_same_relation(got, want, what):
         for g, w in zip(getattr(got, view)(), getattr(want, view)(), strict=True):
             assert g.dtype == w.dtype and g.shape == w.shape, f"{what}: {view}"
             np.testing.assert_array_equal(np.array(g), np.array(w), err_msg=f"{what}: {view}")
+    for view in (_ext.View.output_major, _ext.View.input_major):  # the matrix-unit routes' row orders
+        g, w = got.row_order(view), want.row_order(view)
+        assert g.dtype == w.dtype == mx.int32 and g.shape == w.shape, f"{what}: row order {view}"
+        np.testing.assert_array_equal(np.array(g), np.array(w), err_msg=f"{what}: row order {view}")
     assert got.max_neighbors == want.max_neighbors, what
 
 
@@ -365,7 +369,9 @@ def test_routes_read_the_attached_views(monkeypatch):
         (inputs("metal.fetch_on_demand", _ext.View.input_major), [np.array(im[j]) for j in (0, 2, 3)]),
         (inputs("metal.fp32_atomic", _ext.View.output_major)[3:], plus(cpu.out_idx)),
         (inputs("metal.sorted_gemm", _ext.View.output_major)[3:], plus(plan[0], plan[1], plan[3])),
-        (inputs("metal.dgrad_dense_channel", _ext.View.input_major)[3:], plus(cpu.input_neighbor_map)),
+        (inputs("metal.dgrad_dense_channel", _ext.View.input_major)[3:4], plus(cpu.input_neighbor_map)),
+        (inputs("metal.dense_channel", _ext.View.output_major)[4:], plus(plan[0])),
+        (inputs("metal.csr_mma", _ext.View.output_major)[3:], plus(plan[0])),
         ([np.array(a) for a in _ext.weight_grad_inputs(x, mx.zeros((n, 16), mx.float16), rel,
                                                        _ext.View.output_major)[2:]],
          plus(km[0], km[2], km[3])),
@@ -374,6 +380,10 @@ def test_routes_read_the_attached_views(monkeypatch):
         assert len(got) == len(want)
         for g, v in zip(got, want):
             np.testing.assert_array_equal(g, v.reshape(g.shape))
+    # the input-major row order: the sorted-plan program's rows (marked)
+    (order,) = inputs("metal.csr_mma", _ext.View.input_major)[3:]
+    np.testing.assert_array_equal(np.sort(order), np.arange(n) + 1000)
+    np.testing.assert_array_equal(inputs("metal.dgrad_dense_channel", _ext.View.input_major)[4], order)
 
 
 def test_views_past_the_sorted_plan():

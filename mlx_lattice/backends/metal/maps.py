@@ -137,6 +137,8 @@ def swapped(native, kind: str, geometry):
     plans = Plans(native, geometry)
     plans._cache["input_major"] = native.input_major()
     plans._cache["input_map"] = native.input_neighbor_map
+    if native.kernel_volume <= 64:
+        plans._cache["sorted_plan"] = native.sorted_plan()
     return plans.swapped(kind, geometry)[0]
 
 
@@ -220,6 +222,19 @@ class Plans(Views):
                     rows[m + m * kv :].reshape(kv, m), masks.view(mx.uint64))
         return self._once("sorted_plan", build)
 
+    def input_order(self):
+        """(N_in,): the input rows stably sorted by the mask of offsets their
+        edges have (the row order of the input-major view): the sorted-plan
+        program run on the input map, its rows kept."""
+        def build():
+            n = self.n_in
+            if self.edges == 0:  # every mask empty: the rows in place
+                return mx.arange(n, dtype=mx.int32)
+            tiles = -(-n // _ext.Relation.plan_tile)
+            plan = _run("sorted_plan", [self.input_map()], 0, n, self.geometry, False, 0)
+            return plan[2 * tiles : 2 * tiles + n]
+        return self._once("input_order", build)
+
     def attach(self):
         """Hands every view to the native relation (unevaluated); returns
         (the native relation, these Plans)."""
@@ -230,6 +245,9 @@ class Plans(Views):
         rel.set_input_neighbor_map(self.input_map())
         if self.k <= 64:  # otherwise the CPU's sorted_plan raises, as this one does
             rel.set_sorted_plan(*self.sorted_plan())
+            # the row orders past 64 offsets are made on the host from the views
+            rel.set_row_order(_ext.View.output_major, self.sorted_plan()[0])
+            rel.set_row_order(_ext.View.input_major, self.input_order())
         return rel, self
 
     def swapped(self, kind: str, geometry=None):
@@ -246,6 +264,8 @@ class Plans(Views):
         native.set_neighbor_map(self.input_map())
         plans = Plans(native, self.geometry)
         plans._cache["input_map"] = self.native.neighbor_map
+        if self.k <= 64:  # its input rows are these output rows, offsets and all
+            plans._cache["input_order"] = self.sorted_plan()[0]
         return plans.attach()
 
 
