@@ -5,21 +5,17 @@
 // reads the ag input channels of its group c / bg; ag = a, bg = b without
 // groups).
 //
-// A threadgroup owns 32 rows, consecutive positions of the view's row order
-// (order: rows sorted by the set of offsets their edges have, so that a
-// tile's rows mostly share their offsets), and BN output channels of one
-// group (grid x: (group, column block), column blocks fastest, so the
-// threadgroups of a row block are neighbours and share its gathered rows in
-// cache; grid y: the row blocks), four simdgroups in a 2 x 2 layout, each
-// a 16 x BN/2 block of 8x8 float accumulators. It walks its rows' edge
-// lists together in rounds: each round takes the smallest kernel offset k
-// still pending among the 32 rows (the CSR lists are sorted by offset within
-// a row, so a round is usually one offset, and offsets no row of the tile
-// has are never visited); rows whose next edge has offset k gather that
-// input row, the others a zero row. The gathered rows (32 x 16 input
-// channels of the group) and W[k]'s slice (16 x BN) are staged as float in
-// threadgroup memory, masked past the group's input and output channels,
-// and multiplied on simdgroup matrices into the accumulators, which stay in
+// A threadgroup owns 32 rows, consecutive positions of the view's row order,
+// and BN output channels of one group (grid x: (group, column block),
+// column blocks fastest, so the threadgroups of a row block are neighbours
+// and share its gathered rows in cache; grid y: the row blocks), four
+// simdgroups in a 2 x 2 layout, each a 16 x BN/2 block of 8x8 float
+// accumulators. It walks its rows' edge lists together in rounds of the
+// smallest pending offset (csr_rounds.h); each round's gathered rows (32 x
+// 16 input channels of the group, zero for rows without an edge of the
+// round) and W[k]'s slice (16 x BN) are staged as float in threadgroup
+// memory, masked past the group's input and output channels, and
+// multiplied on simdgroup matrices into the accumulators, which stay in
 // registers until the tile is written (masked) once, each row at its place.
 //
 // Every output element is the sum of its edges' products in offset order,
@@ -27,15 +23,15 @@
 // every run. Programs: src/metal/csr_mma.cpp.
 #include <metal_stdlib>
 
+#include "csr_rounds.h"
 #include "mma_tile.h"
 #include "params.h"
 
 using namespace metal;
 
-constexpr constant int kRows = 32;     // rows per threadgroup (one per lane of simdgroup 0)
-constexpr constant int kSlice = 16;    // input channels staged per step
-constexpr constant int kThreads = 128; // four simdgroups
-constexpr constant int kNone = 0x7fffffff; // no pending edge
+constexpr constant int kRows = kCsrRoundRows; // rows per threadgroup
+constexpr constant int kSlice = 16;            // input channels staged per step
+constexpr constant int kThreads = 128;         // four simdgroups
 // Row strides of the staged tiles (x: kLdx, W: BN + kMmaPad).
 constexpr constant int kLdx = kSlice + kMmaPad;
 
@@ -57,11 +53,7 @@ template <typename T, int BN>
   // Staged x (32 x 16) and W (16 x BN); at the end, one 8x8 block per
   // simdgroup on its way to y.
   threadgroup float smem[kRows * kLdx + kSlice * (BN + kMmaPad)];
-  // The round's gathered row per tile row, and its offset; double-buffered
-  // by round parity, as simdgroup 0 fills round r + 1's with only round r's
-  // barrier behind it (its slice barriers too, but there are none without
-  // input channels), while the others may still read round r's.
-  threadgroup int round_rows[2 * (kRows + 1)];
+  threadgroup int round_rows[kCsrRoundInts]; // the rounds' rows and offsets (csr_rounds.h)
   threadgroup float* xs = smem;
   threadgroup float* ws = smem + kRows * kLdx;
 
@@ -75,48 +67,19 @@ template <typename T, int BN>
   const int sm = int(sg) / 2; // this simdgroup's rows: sm * 16 + [0, 16)
   const int sn = int(sg) % 2; // its channels: yb + n0 + sn * BN / 2 + [0, BN / 2)
 
-  // Simdgroup 0, lane l: the cursor into the edges of row r, the one at
-  // position row0 + l of the order, and the offset and input row of the
-  // edge under it (loaded one round ahead).
-  int r = -1;
-  int e = 0;
-  int e1 = 0;
-  int next_k = kNone;
-  int next_g = -1;
-  if (sg == 0) {
-    const int i = row0 + int(lane);
-    if (i < p.rows) {
-      r = pointwise ? i : order[i];
-      e = pointwise ? r : offsets[r];
-      e1 = pointwise ? r + 1 : offsets[r + 1];
-    }
-    if (e < e1) {
-      next_k = pointwise ? 0 : kidx[e];
-      next_g = pointwise ? r : gather[e];
-    }
-  }
+  // Simdgroup 0, lane l: the cursor into the edges of the row at position
+  // row0 + l of the order.
+  CsrRoundCursor rows;
+  rows.begin(sg == 0, row0 + int(lane), p.rows, order, offsets, gather, kidx, pointwise);
 
   MmaBlock<2, BN / 16> block; // rows sm * 16 + [0, 16), channels sn * BN / 2 + [0, BN / 2)
   block.clear();
 
   for (int round = 0;; ++round) {
-    threadgroup int* rr = round_rows + (round & 1) * (kRows + 1);
-    if (sg == 0) {
-      const int k = simd_min(next_k);
-      const bool take = next_k == k && k != kNone;
-      rr[lane] = take ? next_g : -1;
-      if (lane == 0) {
-        rr[kRows] = k;
-      }
-      if (take) {
-        ++e;
-        next_k = e < e1 ? (pointwise ? 0 : kidx[e]) : kNone;
-        next_g = e < e1 ? (pointwise ? r : gather[e]) : -1;
-      }
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
+    threadgroup int* rr = csr_round_half(round_rows, round);
+    rows.take(rr, sg == 0, lane);
     const int k = rr[kRows];
-    if (k == kNone) {
+    if (k == kCsrNone) {
       break; // every row's edges taken
     }
     device const T* wk = w + long(k) * p.ag * p.b + yb;
