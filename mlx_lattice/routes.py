@@ -411,6 +411,29 @@ register(Route(
     "once per 16-128) and run its E x C_in x C_out MACs one lane at a time (this: on 8x8 "
     "matrices, channels padded to multiples of 8, rows to the block's rounds)",
 ))
+# Its TensorOps twin where the GPU has them (Apple10, macOS >= 26.2): the
+# same program with each staged slice's products on the neural accelerators.
+register(Route(
+    name="metal.tensorops_csr_mma", backend="metal", matrix_unit=True, priority=66,
+    conditions=(DENSE, METAL_ALL_DTYPES, TENSOR_OPS), passes=("forward", "dgrad"),
+    kernel_file="metal/tensorops_csr_mma.metal",
+    summary="metal.csr_mma's program with TensorOps products, either view, any C_in, C_out "
+    "and K: the same 32 rows of the view's row order x 16-128 output channels per threadgroup, "
+    "the same rounds of the smallest offset pending among the 32 rows (metal/csr_rounds.h) and "
+    "the same staging of their gathered rows and W[k] as float, 16 input channels at a time, "
+    "through threadgroup memory with masked loads (metal/mma_tile.h); each staged slice "
+    "multiplied by one matmul2d (32 x BN x 16, float accumulator in a cooperative tensor) over "
+    "four simdgroups, the tile written once at the end (masked, through the row order). "
+    "Against metal.csr_mma, its direct twin (the route on every GPU without TensorOps): the "
+    "same reads of x and W per round (each gathered row once per column block, W[k]'s slice "
+    "once per 32 rows) and the same padded MACs (channels to 16 and the block, rows to the "
+    "block's rounds), run on the neural accelerators instead of as BN/4 simdgroup 8x8 "
+    "multiply-accumulates per simdgroup and slice; staged rows without the 8x8 loads' bank "
+    "padding; one "
+    "extra pass of the 32 x BN float tile through threadgroup memory per threadgroup. "
+    "Priority: just above metal.csr_mma; below every seed route, which moves fewer bytes or "
+    "pads fewer MACs per row where it applies",
+))
 register(Route(
     name="metal.vec4", backend="metal", priority=60,
     conditions=(DENSE, FP32, COUT_DIV4), passes=("forward", "dgrad"),

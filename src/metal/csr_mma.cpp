@@ -24,14 +24,14 @@ int column_block(int b) {
 // 32 rows (consecutive positions of the view's row order) by BN output
 // channels of one group per threadgroup of 4 simdgroups; the (group, column
 // block) pairs of a row block are neighbours in the grid, so they share the
-// gathered input rows in cache.
-Program csr_mma_program(const Call& c, GroupedParams p, int groups) {
+// gathered input rows in cache. The kernels: <stem>_<dtype>_n<BN>.
+Program csr_mma_program(const Call& c, GroupedParams p, int groups, const std::string& stem) {
   const bool pw = conv_pointwise(c);
   p.rows = c.out_shape[0];
   p.pointwise_rows = pw ? p.rows : -1;
   const int bn = column_block(p.bg);
   Step s;
-  s.kernel = "csr_mma_" + c.dt + "_n" + std::to_string(bn);
+  s.kernel = stem + "_" + c.dt + "_n" + std::to_string(bn);
   s.threads = {128, 1, 1};
   s.groups = {uint64_t(groups) * ceil_div(p.bg, bn), ceil_div(p.rows, 32), 1};
   c.require(pw || c.in.size() >= 6, "the view's row order");
@@ -42,19 +42,15 @@ Program csr_mma_program(const Call& c, GroupedParams p, int groups) {
   return {{}, {s}};
 }
 
-// One group: ag = a, bg = b.
 Program csr_mma(const Call& c) {
-  GroupedParams p{};
-  p.a = p.ag = c.in[0].shape(1);
-  p.b = p.bg = c.out_shape[1];
-  return csr_mma_program(c, p, 1);
+  return csr_mma_program(c, "csr_mma");
 }
 
 // W is (K, A / groups, B): the group count read off the shapes.
 Program grouped_csr_mma(const Call& c) {
   const GroupedParams p =
       grouped_params(c.in[0].shape(1), c.in[1].shape(1), c.out_shape[1], c);
-  return csr_mma_program(c, p, p.a / p.ag);
+  return csr_mma_program(c, p, p.a / p.ag, "csr_mma");
 }
 
 // C_out == 16: the kernels' 16-channel column block, one per 32 rows (one
@@ -65,6 +61,14 @@ Program cout16(const Call& c) {
 }
 
 } // namespace
+
+// One group: ag = a, bg = b.
+Program csr_mma_program(const Call& c, const std::string& stem) {
+  GroupedParams p{};
+  p.a = p.ag = c.in[0].shape(1);
+  p.b = p.bg = c.out_shape[1];
+  return csr_mma_program(c, p, 1, stem);
+}
 
 const std::vector<Route>& csr_mma_routes() {
   static const std::vector<Route> table = {

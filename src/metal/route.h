@@ -83,6 +83,11 @@ Program sorted_quantized_program(const Call& c, bool one_group);
 // kernels named <stem>_<dtype>_n<32|64>.
 Program wgrad_mma_program(const Call& c, int groups, const std::string& stem);
 
+// The matrix-unit CSR implicit GEMM's program for one group (csr_mma.cpp),
+// shared with its TensorOps twin: same column blocks, grid, row order and
+// bindings; the kernels named <stem>_<dtype>_n<16|32|64|128>.
+Program csr_mma_program(const Call& c, const std::string& stem);
+
 // Extra inputs: the sorted plan (reorder_rows, out_in_map, tile_masks) of
 // the output-major view.
 std::vector<mx::array> sorted_plan_inputs(Relation& rel, View view);
@@ -107,6 +112,7 @@ const std::vector<Route>& grouped_routes();
 const std::vector<Route>& csr_mma_routes();
 const std::vector<Route>& wgrad_mma_routes();
 const std::vector<Route>& tensorops_wgrad_mma_routes();
+const std::vector<Route>& tensorops_csr_mma_routes();
 
 // Every Metal route, in family order.
 const std::vector<const Route*>& routes();

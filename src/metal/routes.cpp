@@ -25,7 +25,8 @@ const std::vector<const Route*>& routes() {
          {&fetch_on_demand_routes(), &forward_vector_routes(), &forward_dense_routes(),
           &sorted_gemm_routes(), &tensorops_sorted_routes(), &backward_routes(),
           &tensorops_backward_routes(), &quantized_routes(), &tensorops_quantized_routes(),
-          &grouped_routes(), &csr_mma_routes(), &wgrad_mma_routes(), &tensorops_wgrad_mma_routes()}) {
+          &grouped_routes(), &csr_mma_routes(), &wgrad_mma_routes(), &tensorops_wgrad_mma_routes(),
+          &tensorops_csr_mma_routes()}) {
       for (const auto& r : *table) {
         v.push_back(&r);
       }

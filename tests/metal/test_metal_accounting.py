@@ -54,6 +54,12 @@ def _operands(rng, rows, c_in, c_out, k, dtype):
     ("metal.dgrad_dense_grouped", "dgrad", 16, 32, mx.float16),
     ("metal.cout16", "forward", 24, 16, mx.float32),
     ("metal.cout16", "dgrad", 13, 16, mx.float16),
+    ("metal.tensorops_csr_mma", "forward", 24, 40, mx.float32),
+    ("metal.tensorops_csr_mma", "forward", 8, 8, mx.float16),
+    ("metal.tensorops_csr_mma", "forward", 96, 128, mx.bfloat16),
+    ("metal.tensorops_csr_mma", "forward", 256, 64, mx.float16),
+    ("metal.tensorops_csr_mma", "dgrad", 40, 24, mx.float16),
+    ("metal.tensorops_csr_mma", "dgrad", 128, 256, mx.bfloat16),
 ])
 def test_convolution_routes_multiply_on_matrix_units(rng, route, direction, c_in, c_out, dtype):
     assert routes.get(route).matrix_unit

@@ -221,10 +221,12 @@ def test_tensorops_selection_follows_the_capability(tensor_ops, route, kw):
 @pytest.mark.parametrize(
     "kw,route",
     [
-        (dict(dtype="float32", c_in=32, c_out=32), "metal.csr_mma"),
-        (dict(dtype="float16", c_in=32, c_out=64, n_out=100), "metal.csr_mma"),
-        (dict(dtype="float16", c_in=48, c_out=48, n_out=100), "metal.csr_mma"),
-        (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100), "metal.csr_mma"),
+        # outside its shapes on a TensorOps tier: metal.csr_mma's TensorOps twin
+        (dict(dtype="float32", c_in=32, c_out=32), "metal.tensorops_csr_mma"),
+        (dict(dtype="float16", c_in=32, c_out=64, n_out=100), "metal.tensorops_csr_mma"),
+        (dict(dtype="float16", c_in=48, c_out=48, n_out=100), "metal.tensorops_csr_mma"),
+        (dict(dtype="float16", c_in=32, c_out=32, kernel_size=(3, 3, 1), n_out=100),
+         "metal.tensorops_csr_mma"),
         (dict(dtype="float16", c_in=64, c_out=64, map_kind="transposed", n_out=5000), "metal.dense_channel"),
         (dict(dtype="float16", c_in=32, c_out=32, quantized=True), "metal.quantized_fetch_on_demand"),
     ],
