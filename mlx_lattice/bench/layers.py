@@ -12,8 +12,10 @@ import numpy as np
 import mlx.core as mx
 
 from .. import _ext, num_threads, ops, routes
+from ..nn.attention import patch_layout
 from ..ops import mapped_weight
 from ..relation import KernelGeometry
+from ..serialization import serialization_order
 from ..tensor import SparseTensor
 from . import timing
 from .timing import best_time, sgemm_gflops
@@ -322,9 +324,6 @@ def run_attention(args) -> int:
     Useful FLOPs count only valid (query, key) pairs: 4 L^2 D per patch and
     head forward, 2.5 times that backward (recomputed scores, dV, dP, dK, dQ).
     The backward time is forward+backward minus forward."""
-    from ..nn.attention import patch_layout
-    from ..serialization import serialization_order
-
     channels, heads, patch = 64, 4, 1024
     d = channels // heads
     repeats = args.repeats or 3

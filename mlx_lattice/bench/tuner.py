@@ -25,14 +25,13 @@ import time
 import mlx.core as mx
 
 from .. import backends, scenes, tuning
+from ..demo import _auto_voxel_size
 from .training_step import TrainingStep
 from .workloads import workload
 
 
 def _coords(args):
     if getattr(args, "path", None):
-        from ..demo import _auto_voxel_size
-
         points = scenes.load_points(args.path, seed=0)
         size = args.voxel_size or _auto_voxel_size(points)
         return scenes.voxelize_points(points, size), f"{os.path.basename(args.path)}, {size:g} voxels"
