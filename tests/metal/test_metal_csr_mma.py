@@ -19,71 +19,29 @@ import pytest
 
 import mlx_lattice as ml
 from mlx_lattice import _ext, routes
-from mlx_lattice.routes import RouteContext
 
-import metal_harness as mh
 import metal_programs
+import mma_cases
 import oracle
-from metal_programs import geometry, relation
+from metal_programs import relation
+from mma_cases import DTYPES, TOL, f64, operands, reference
 
 pytestmark = metal_programs.MARKS
-BACKEND = metal_programs.BACKEND
 
 ROUTE = "metal.csr_mma"
-DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-# Against float64 sums of the same (rounded) operands: float32 accumulation,
-# then one rounding to the output dtype (half an ulp: 2^-11 / 2^-8 relative).
-TOL = {
-    mx.float32: dict(rtol=1e-5, atol=1e-5),
-    mx.float16: dict(rtol=2.0**-10, atol=1e-4),
-    mx.bfloat16: dict(rtol=2.0**-7, atol=1e-4),
-}
 KERNELS = {f"csr_mma_{dt}_n{bn}" for dt in DTYPES for bn in (16, 32, 64, 128)}
 
 
-# ------------------------------------------------------------------ operands
-def operands(rng, rows, c_in, c_out, k, dtype):
-    """x (rows, C_in) and a kernel-major weight (K, C_in, C_out) of dtype,
-    scaled so that outputs are O(1)."""
-    x = mx.array(rng.standard_normal((rows, c_in)).astype(np.float32)).astype(dtype)
-    w = rng.standard_normal((k, c_in, c_out)) / np.sqrt(max(c_in, 1) * min(k, 9))
-    return x, mx.array(w.astype(np.float32)).astype(dtype)
-
-
-def f64(a: mx.array) -> np.ndarray:
-    return np.array(a.astype(mx.float32)).astype(np.float64)
-
-
-def reference(edges, x, w, rows, transpose=False):
-    """y[o] += x[i] @ W[k] over the edges (float64, grouped by offset); with
-    `transpose`, the input gradient: dx[i] += ct[o] @ W[k]^T."""
-    x, w = f64(x), f64(w)
-    y = np.zeros((rows, w.shape[1] if transpose else w.shape[2]))
-    o, i, k = edges[:, 0], edges[:, 1], edges[:, 2]
-    dst, src = (i, o) if transpose else (o, i)
-    for kk in np.unique(k):
-        sel = k == kk
-        wk = w[kk].T if transpose else w[kk]
-        np.add.at(y, dst[sel], x[src[sel]] @ wk)
-    return y
-
-
 def run(x, w, rel, view=metal_programs.OUTPUT_MAJOR, schedule="forward", seed=0):
-    native = None if rel is None else rel._native
-    return metal_programs.conv(ROUTE, x, w, native, view, schedule=schedule, seed=seed)
+    return mma_cases.conv(x, w, rel, view, schedule, seed, route=ROUTE)
 
 
 def check(y, expected, dtype):
-    assert not np.isnan(y).any(), "outputs left unwritten"
-    np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[dtype])
+    mma_cases.check(y, expected, TOL[dtype])
 
 
 # ------------------------------------------------------------------ selection
-def ctx(direction="forward", **kw):
-    base = dict(op="conv3d", map_kind="submanifold", dtype="float32", backend="metal",
-                kernel_size=(3, 3, 3), tier="metal:test", direction=direction)
-    base.update(kw)
-    return RouteContext(**base)
+ctx = mma_cases.conv_ctx
 
 
 @pytest.mark.parametrize(
@@ -164,33 +122,14 @@ def test_program_shapes_and_bindings(rng, c_out, bn):
 
 
 # ------------------------------------------------------------------ forward, every map kind
-# (kind, ks, C_in, C_out, dtype, schedule): every kernel (dtype x column
-# block) and every map kind; channels not multiples of 8 or of the block.
-FORWARD = [
-    ("submanifold", 3, 8, 8, "float32", "forward"),
-    ("forward", 3, 24, 40, "float16", "random"),
-    ("target", 3, 40, 24, "bfloat16", "reverse"),
-    ("transposed", 2, 96, 128, "float32", "random"),
-    ("generative", 3, 128, 96, "float16", "forward"),
-    ("submanifold", 3, 13, 7, "bfloat16", "random"),
-    ("forward", 2, 40, 24, "float32", "reverse"),
-    ("target", 3, 8, 8, "float16", "reverse"),
-    ("generative", 3, 24, 40, "bfloat16", "forward"),
-    ("transposed", 2, 24, 40, "float32", "forward"),
-    ("submanifold", 3, 96, 128, "bfloat16", "random"),
-    ("target", 3, 17, 30, "float16", "forward"),
-    ("forward", 2, 8, 8, "bfloat16", "random"),
-    ("submanifold", 3, 128, 96, "float32", "reverse"),
-]
+FORWARD = mma_cases.FORWARD
 
 
 @pytest.mark.parametrize("kind,ks,c_in,c_out,dt,schedule", FORWARD)
 def test_forward(rng, kind, ks, c_in, c_out, dt, schedule):
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 150, ks)
-    x, w = operands(rng, rows_in, c_in, c_out, rel.kernel_volume, dtype)
-    y = run(x, w, rel, schedule=schedule, seed=c_in)
-    check(y, reference(edges, x, w, n_out), dtype)
+    x, w, rel, y, expected = mma_cases.conv_case(rng, run, kind, ks, c_in, c_out, dtype, schedule=schedule, seed=c_in)
+    check(y, expected, dtype)
 
 
 @pytest.mark.parametrize("ks,kind", [(1, "submanifold"), (2, "forward"), (3, "submanifold"), (5, "submanifold"),
@@ -199,36 +138,19 @@ def test_forward(rng, kind, ks, c_in, c_out, dt, schedule):
 def test_kernel_volumes(rng, ks, kind, dt):
     """K = 1, 8, 27 and 125: the rounds visit each offset a row block has."""
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 120, ks)
+    x, w, rel, y, expected = mma_cases.conv_case(rng, run, kind, ks, 20, 12, dtype, n=120, schedule="random", seed=ks)
     assert rel.kernel_volume == ks**3
-    x, w = operands(rng, rows_in, 20, 12, rel.kernel_volume, dtype)
-    y = run(x, w, rel, schedule="random", seed=ks)
-    check(y, reference(edges, x, w, n_out), dtype)
+    check(y, expected, dtype)
 
 
 # ------------------------------------------------------------------ input gradient
-@pytest.mark.parametrize(
-    "kind,ks,c_in,c_out,dt",
-    [
-        ("submanifold", 3, 24, 40, "float32"),
-        ("forward", 2, 40, 24, "bfloat16"),
-        ("target", 3, 8, 96, "float16"),
-        ("transposed", 2, 33, 17, "bfloat16"),
-        ("generative", 3, 16, 16, "float32"),
-        ("submanifold", 5, 12, 20, "float16"),
-    ],
-)
+@pytest.mark.parametrize("kind,ks,c_in,c_out,dt", mma_cases.INPUT_GRADIENT)
 def test_input_gradient(rng, kind, ks, c_in, c_out, dt):
     """The input gradient is the same product over the input-major view with
     W transposed per offset, as autodiff builds it (src/core/primitives.cpp)."""
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 150, ks)
-    _, w = operands(rng, rows_in, c_in, c_out, rel.kernel_volume, dtype)
-    ct = mx.array(rng.standard_normal((n_out, c_out)).astype(np.float32)).astype(dtype)
-    wt = mx.swapaxes(w, 1, 2)
-    dx = run(ct, wt, rel, view=metal_programs.INPUT_MAJOR, schedule="random", seed=3)
-    assert dx.shape == (rows_in, c_in)
-    check(dx, reference(edges, ct, w, rows_in, transpose=True), dtype)
+    ct, wt, rel, dx, expected = mma_cases.dgrad_case(rng, run, kind, ks, c_in, c_out, dtype, schedule="random", seed=3)
+    check(dx, expected, dtype)
 
 
 # ------------------------------------------------------------------ edge cases
@@ -242,17 +164,12 @@ def test_pointwise_without_relation(rng, dt):
 
 
 def test_relation_without_edges_and_rows_without_edges(rng):
-    coords = oracle.random_coords(rng, 30, 6, 1)
-    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
-    m = x.manager
-    far = np.array([[0, 90, 90, 90], [0, 95, 90, 90], [0, 99, 99, 99]], np.int32)
-    rel = m.target_kernel_relation(x.coordinate_set, m.register(mx.array(far)), geometry(3, 1, 1))
-    assert rel.edges == 0
+    coords, x, rel = mma_cases.edgeless(rng, 30)
     feats, w = operands(rng, len(coords), 9, 20, 27, mx.float16)
     np.testing.assert_array_equal(run(feats, w, rel, schedule="reverse"), 0)
     # some rows with edges, some without, in one row block
-    out = np.concatenate([far, coords[:7]]).astype(np.int32)
-    rel = m.target_kernel_relation(x.coordinate_set, m.register(mx.array(out)), geometry(3, 1, 1))
+    out = np.concatenate([mma_cases.FAR, coords[:7]]).astype(np.int32)
+    rel = mma_cases.target_relation(x, out)
     assert (np.diff(np.array(rel.out_offsets))[:3] == 0).all()
     y = run(feats, w, rel, schedule="random")
     np.testing.assert_array_equal(y[:3], 0)
@@ -263,8 +180,7 @@ def test_no_output_rows_and_no_input_channels(rng):
     rel, rows_in, n_out, _ = relation(rng, "submanifold", 40)
     # no output rows: a target support of nothing
     x = ml.SparseTensor(oracle.random_coords(rng, 20, 5, 1), np.zeros((20, 1), np.float32))
-    m = x.manager
-    empty = m.target_kernel_relation(x.coordinate_set, m.register(mx.zeros((0, 4), mx.int32)), geometry(3, 1, 1))
+    empty = mma_cases.target_relation(x, mx.zeros((0, 4), mx.int32))
     feats, w = operands(rng, x.feats.shape[0], 8, 8, 27, mx.float32)
     assert run(feats, w, empty).shape == (0, 8)
     # no input channels: every sum is empty
@@ -277,12 +193,7 @@ def test_rows_take_their_edges_in_any_order(rng):
     row block, so a CSR whose rows are not sorted by offset (a relation made
     from arrays) still sums every edge once."""
     rel, rows_in, n_out, edges = relation(rng, "submanifold", 90)
-    off = np.array(rel.out_offsets)
-    gather, kidx = np.array(rel.in_idx).copy(), np.array(rel.k_idx).copy()
-    for r in range(n_out):  # reverse each row's edges
-        gather[off[r]:off[r + 1]] = gather[off[r]:off[r + 1]][::-1]
-        kidx[off[r]:off[r + 1]] = kidx[off[r]:off[r + 1]][::-1]
-    native = _ext.Relation("submanifold", rows_in, n_out, 27, mx.array(off), mx.array(gather), mx.array(kidx))
+    native = mma_cases.reversed_rows(rel, rows_in, n_out)
     x, w = operands(rng, rows_in, 16, 16, 27, mx.float32)
     y = metal_programs.conv(ROUTE, x, w, native, schedule="random")
     check(y, reference(edges, x, w, n_out), mx.float32)
@@ -296,11 +207,8 @@ def test_same_bits_every_run(rng, dt):
     dtype = DTYPES[dt]
     rel, rows_in, n_out, edges = relation(rng, "submanifold", 150)
     x, w = operands(rng, rows_in, 40, 36, 27, dtype)
-    runs = [run(x, w, rel, schedule=s, seed=seed)
-            for s, seed in (("forward", 0), ("reverse", 0), ("random", 1), ("random", 2))]
-    for y in runs[1:]:
-        assert y.tobytes() == runs[0].tobytes()
-    check(runs[0], reference(edges, x, w, n_out), dtype)
+    y = mma_cases.same_bits(lambda s, seed: run(x, w, rel, schedule=s, seed=seed))
+    check(y, reference(edges, x, w, n_out), dtype)
 
 
 def test_float32_agrees_with_the_cpu_route(rng):
@@ -333,7 +241,4 @@ def test_1024_channels(rng):
 
 # ------------------------------------------------------------------ coverage
 def test_this_file_runs_every_kernel_of_csr_mma_metal():
-    if BACKEND != "metal-harness":
-        pytest.skip("lists kernels with the harness's source scanner")
-    defined = {k for k, path in mh.defined_kernels().items() if path.name == "csr_mma.metal"}
-    assert defined == KERNELS
+    assert mma_cases.kernels_of("csr_mma.metal") == KERNELS

@@ -17,19 +17,22 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import mlx_lattice as ml
 from mlx_lattice import _ext, routes
 
-import metal_harness as mh
 import metal_programs
-import oracle
-from metal_programs import INPUT_MAJOR, OUTPUT_MAJOR, geometry, relation
-from test_metal_csr_mma import TOL, check, f64, operands, reference
+import mma_cases
+from metal_programs import INPUT_MAJOR, OUTPUT_MAJOR, relation
+from mma_cases import SCHEDULES, TOL, f64, operands, reference
 
 pytestmark = metal_programs.MARKS
 BACKEND = metal_programs.BACKEND
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16}
+
+
+def check(y, expected, dtype):
+    mma_cases.check(y, expected, TOL[dtype])
+
 PAIRS = [(a, b) for a in (16, 32, 64) for b in (16, 32, 64)]
 
 # The seed's predicates, passes and priorities: the kernels moved, these did not.
@@ -166,12 +169,7 @@ def test_dense_channel_kernel_volumes(rng, ks, kind):
 
 
 def test_dense_routes_with_no_edges_and_no_rows(rng):
-    coords = oracle.random_coords(rng, 40, 6, 1)
-    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
-    m = x.manager
-    far = np.array([[0, 90, 90, 90], [0, 95, 90, 90], [0, 99, 99, 99]], np.int32)
-    rel = m.target_kernel_relation(x.coordinate_set, m.register(mx.array(far)), geometry(3, 1, 1))
-    assert rel.edges == 0
+    coords, x, rel = mma_cases.edgeless(rng, 40)
     for dt, dtype in DTYPES.items():
         feats, w = operands(rng, len(coords), 16, 32, 27, dtype)
         y = metal_programs.conv("metal.dense_channel", feats, w, rel._native, schedule="reverse")
@@ -181,7 +179,7 @@ def test_dense_routes_with_no_edges_and_no_rows(rng):
             dx = metal_programs.conv(route, ct, wt, rel._native, INPUT_MAJOR, schedule="random")
             np.testing.assert_array_equal(dx, np.zeros((len(coords), 16)))
     # no output rows
-    empty = m.target_kernel_relation(x.coordinate_set, m.register(mx.zeros((0, 4), mx.int32)), geometry(3, 1, 1))
+    empty = mma_cases.target_relation(x, mx.zeros((0, 4), mx.int32))
     feats, w = operands(rng, len(coords), 64, 16, 27, mx.float32)
     assert metal_programs.conv("metal.dense_channel", feats, w, empty._native).shape == (0, 16)
 
@@ -240,7 +238,6 @@ def test_cout16(rng, kind, ks, c_in, dt, view):
 
 
 # ------------------------------------------------------------------ determinism
-SCHEDULES = (("forward", 0), ("reverse", 0), ("random", 1), ("random", 2))
 
 
 @pytest.mark.parametrize("route,dt", [("metal.dense_channel", "float32"), ("metal.dgrad_dense_grouped", "float16"),
@@ -268,9 +265,7 @@ def test_pointwise_and_cout16_same_bits_every_run(rng, dt):
 
 # ------------------------------------------------------------------ coverage
 def test_forward_dense_metal_holds_only_these_kernels():
-    if BACKEND != "metal-harness":
-        pytest.skip("lists kernels with the harness's source scanner")
-    defined = {k for k, path in mh.defined_kernels().items() if path.name == "forward_dense.metal"}
+    defined = mma_cases.kernels_of("forward_dense.metal")
     expected = {f"{stem}_{dt}_{a}x{b}" for stem in ("dense_channel", "dgrad_dense_grouped") for dt in DTYPES
                 for a, b in PAIRS}
     expected |= {f"pointwise_{dt}_n{bn}" for dt in DTYPES for bn in (16, 32, 64)}

@@ -21,49 +21,25 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import mlx_lattice as ml
 from mlx_lattice import _ext, routes
-from mlx_lattice.routes import RouteContext
 
 import metal_programs
+import mma_cases
 import oracle
-from metal_programs import INPUT_MAJOR, OUTPUT_MAJOR, geometry, relation
+from metal_programs import INPUT_MAJOR, OUTPUT_MAJOR, relation
+from mma_cases import DTYPES, TOL, WTOL, check, f64, features, wgrad_reference
+from mma_cases import weight as grouped_weight
 
 pytestmark = metal_programs.MARKS
 
 CONV = "metal.grouped_csr_mma"
 WGRAD = "metal.grouped_wgrad_mma"
-DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-# As test_metal_csr_mma.py's TOL (products) and test_metal_wgrad_mma.py's
-# (weight gradients): float32 accumulation of the rounded operands, one
-# rounding to the output dtype.
-TOL = {
-    mx.float32: dict(rtol=1e-5, atol=1e-5),
-    mx.float16: dict(rtol=2.0**-10, atol=1e-4),
-    mx.bfloat16: dict(rtol=2.0**-7, atol=1e-4),
-}
-WTOL = {
-    mx.float32: dict(rtol=1e-5, atol=1e-5),
-    mx.float16: dict(rtol=2.0**-10, atol=1e-3),
-    mx.bfloat16: dict(rtol=2.0**-7, atol=1e-3),
-}
+# TOL (products) and WTOL (weight gradients) as the ungrouped routes':
+# float32 accumulation of the rounded operands, one rounding to the output
+# dtype.
 
 
 # ------------------------------------------------------------------ operands and references
-def f64(a: mx.array) -> np.ndarray:
-    return np.array(a.astype(mx.float32)).astype(np.float64)
-
-
-def features(rng, rows, c, dtype, scale=1.0):
-    return mx.array((rng.standard_normal((rows, c)) * scale).astype(np.float32)).astype(dtype)
-
-
-def grouped_weight(rng, k, ag, c_out, dtype):
-    """A kernel-major grouped weight (K, C_in / G, C_out), outputs O(1)."""
-    w = rng.standard_normal((k, ag, c_out)) / np.sqrt(max(ag, 1) * min(k, 9))
-    return mx.array(w.astype(np.float32)).astype(dtype)
-
-
 def transposed(w: mx.array, groups: int) -> mx.array:
     """The input gradient's weight (K, C_out / G, C_in): each group's block
     transposed, as autodiff builds it (src/core/primitives.cpp)."""
@@ -73,69 +49,26 @@ def transposed(w: mx.array, groups: int) -> mx.array:
 
 
 def conv_reference(edges, x, w, rows, groups):
-    """y[o, group j] += x[i, group j] @ W[k][:, group j] over the edges, float64."""
-    x, w = f64(x), f64(w)
-    ag, bg = w.shape[1], w.shape[2] // groups
-    y = np.zeros((rows, w.shape[2]))
-    o, i, k = edges[:, 0], edges[:, 1], edges[:, 2]
-    for kk in np.unique(k):
-        sel = k == kk
-        for j in range(groups):
-            part = x[i[sel], j * ag:(j + 1) * ag] @ w[kk][:, j * bg:(j + 1) * bg]
-            np.add.at(y[:, j * bg:(j + 1) * bg], o[sel], part)
-    return y
+    return mma_cases.reference(edges, x, w, rows, groups=groups)
 
 
 def dgrad_reference(edges, ct, w, rows_in, groups):
-    """dx[i, group j] += ct[o, group j] @ W[k][:, group j]^T, float64."""
-    ct, w = f64(ct), f64(w)
-    ag, bg = w.shape[1], w.shape[2] // groups
-    dx = np.zeros((rows_in, ag * groups))
-    o, i, k = edges[:, 0], edges[:, 1], edges[:, 2]
-    for kk in np.unique(k):
-        sel = k == kk
-        for j in range(groups):
-            part = ct[o[sel], j * bg:(j + 1) * bg] @ w[kk][:, j * bg:(j + 1) * bg].T
-            np.add.at(dx[:, j * ag:(j + 1) * ag], i[sel], part)
-    return dx
-
-
-def wgrad_reference(edges, x, ct, k, groups):
-    """dW[k][:, group j] = sum over offset k's edges of x[i, group j]^T ct[o, group j]."""
-    x, ct = f64(x), f64(ct)
-    ag, bg = x.shape[1] // groups, ct.shape[1] // groups
-    dw = np.zeros((k, ag, ct.shape[1]))
-    o, i, kk = edges[:, 0], edges[:, 1], edges[:, 2]
-    for m in np.unique(kk):
-        sel = kk == m
-        for j in range(groups):
-            dw[m][:, j * bg:(j + 1) * bg] = x[i[sel], j * ag:(j + 1) * ag].T @ ct[o[sel], j * bg:(j + 1) * bg]
-    return dw
+    return mma_cases.reference(edges, ct, w, rows_in, transpose=True, groups=groups)
 
 
 def conv(x, w, rel, groups, view=OUTPUT_MAJOR, schedule="forward", seed=0):
-    native = None if rel is None else rel._native
-    return metal_programs.conv(CONV, x, w, native, view, schedule=schedule, seed=seed, groups=groups)
+    return mma_cases.conv(x, w, rel, view, schedule, seed, route=CONV, groups=groups)
 
 
 def wgrad(x, ct, rel, k, groups, schedule="forward", seed=0):
-    native = None if rel is None else rel._native
-    return metal_programs.weight_grad(WGRAD, x, ct, native, k, schedule=schedule, seed=seed, groups=groups)
-
-
-def check(y, expected, tol):
-    assert not np.isnan(y).any(), "outputs left unwritten"
-    np.testing.assert_allclose(y.astype(np.float64), expected, **tol)
+    return mma_cases.wgrad(x, ct, rel, k, schedule, seed, route=WGRAD, groups=groups)
 
 
 # ------------------------------------------------------------------ selection
 def ctx(direction="forward", **kw):
-    base = dict(op="conv3d", map_kind="submanifold", dtype="float32", backend="metal",
-                kernel_size=(3, 3, 3), tier="metal:test", direction=direction)
     if direction != "forward":
-        base.update(kernel_size=None, k=27)
-    base.update(kw)
-    return RouteContext(**base)
+        kw = {"kernel_size": None, "k": 27, **kw}
+    return mma_cases.conv_ctx(direction, **kw)
 
 
 @pytest.mark.parametrize("dt", list(DTYPES))
@@ -355,30 +288,24 @@ def test_weight_gradient_four_groups_of_256_channels(rng):
 
 # ------------------------------------------------------------------ empty inputs
 def test_empty_relations_and_rows_without_edges(rng):
-    coords = oracle.random_coords(rng, 30, 6, 1)
-    s = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
-    m = s.manager
-    far = np.array([[0, 90, 90, 90], [0, 95, 90, 90], [0, 99, 99, 99]], np.int32)
-    rel = m.target_kernel_relation(s.coordinate_set, m.register(mx.array(far)), geometry(3, 1, 1))
-    assert rel.edges == 0
+    coords, s, rel = mma_cases.edgeless(rng, 30)
     x, w = features(rng, len(coords), 32, mx.float16), grouped_weight(rng, 27, 16, 32, mx.float16)
     np.testing.assert_array_equal(conv(x, w, rel, 2, schedule="reverse"), 0)
     ct = features(rng, 3, 32, mx.float16)
     np.testing.assert_array_equal(wgrad(x, ct, rel, 27, 2), 0)
     # rows with and without edges in one row block
-    out = np.concatenate([far, coords[:7]]).astype(np.int32)
-    rel = m.target_kernel_relation(s.coordinate_set, m.register(mx.array(out)), geometry(3, 1, 1))
+    out = np.concatenate([mma_cases.FAR, coords[:7]]).astype(np.int32)
+    rel = mma_cases.target_relation(s, out)
     y = conv(x, w, rel, 2, schedule="random")
     np.testing.assert_array_equal(y[:3], 0)
     check(y, conv_reference(oracle.conv_edges(coords, out, 3, 1, 1), x, w, len(out), 2), TOL[mx.float16])
     # no output rows
-    empty = m.target_kernel_relation(s.coordinate_set, m.register(mx.zeros((0, 4), mx.int32)), geometry(3, 1, 1))
+    empty = mma_cases.target_relation(s, mx.zeros((0, 4), mx.int32))
     assert conv(x, w, empty, 2).shape == (0, 32)
     np.testing.assert_array_equal(wgrad(x, mx.zeros((0, 32), mx.float16), empty, 27, 2), 0)
 
 
 # ------------------------------------------------------------------ determinism
-SCHEDULES = (("forward", 0), ("reverse", 0), ("random", 1), ("random", 2))
 
 
 @pytest.mark.parametrize("dt", list(DTYPES))
@@ -398,15 +325,10 @@ def test_same_bits_every_run(rng, dt):
         (lambda s, q: wgrad(x, ct, rel, 27, groups, schedule=s, seed=q),
          wgrad_reference(edges, x, ct, 27, groups), WTOL),
     ):
-        runs = [run(s, q) for s, q in SCHEDULES]
-        for r in runs[1:]:
-            assert r.tobytes() == runs[0].tobytes()
-        check(runs[0], expected, tol[dtype])
+        check(mma_cases.same_bits(run), expected, tol[dtype])
     # partitioned weight gradients too
     x, ct = features(rng, 1500, 32, dtype), features(rng, 1500, 32, dtype, 0.25)
-    runs = [wgrad(x, ct, None, 1, 2, schedule=s, seed=q) for s, q in SCHEDULES]
-    for r in runs[1:]:
-        assert r.tobytes() == runs[0].tobytes()
+    mma_cases.same_bits(lambda s, q: wgrad(x, ct, None, 1, 2, schedule=s, seed=q))
 
 
 def test_same_result_as_the_scalar_grouped_routes(rng):

@@ -18,28 +18,18 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import mlx_lattice as ml
-from mlx_lattice import _ext, diagnostics, mac_plan, routes
-from mlx_lattice.routes import RouteContext
+from mlx_lattice import _ext, routes
 
-import metal_harness as mh
 import metal_programs
+import mma_cases
 import oracle
-from metal_programs import geometry, relation
+from metal_programs import relation
+from mma_cases import DTYPES, TOL, f64, operands, reference
 
 pytestmark = metal_programs.MARKS
-BACKEND = metal_programs.BACKEND
 
 ROUTE = "metal.tensorops_csr_mma"
 TWIN = "metal.csr_mma"
-DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-# Against float64 sums of the same (rounded) operands: float32 accumulation,
-# then one rounding to the output dtype.
-TOL = {
-    mx.float32: dict(rtol=1e-5, atol=1e-5),
-    mx.float16: dict(rtol=2.0**-10, atol=1e-4),
-    mx.bfloat16: dict(rtol=2.0**-7, atol=1e-4),
-}
 # Against the twin: the same float products summed in another order within
 # a slice, so at most one rounding step of the dtype apart (float32: the
 # float sums' own error, up to a few ulps of their terms, where they cancel).
@@ -51,41 +41,12 @@ TWIN_TOL = {
 KERNELS = {f"tensorops_csr_mma_{dt}_n{bn}" for dt in DTYPES for bn in (16, 32, 64, 128)}
 
 
-# ------------------------------------------------------------------ operands
-def operands(rng, rows, c_in, c_out, k, dtype):
-    """x (rows, C_in) and a kernel-major weight (K, C_in, C_out) of dtype,
-    scaled so that outputs are O(1)."""
-    x = mx.array(rng.standard_normal((rows, c_in)).astype(np.float32)).astype(dtype)
-    w = rng.standard_normal((k, c_in, c_out)) / np.sqrt(max(c_in, 1) * min(k, 9))
-    return x, mx.array(w.astype(np.float32)).astype(dtype)
-
-
-def f64(a: mx.array) -> np.ndarray:
-    return np.array(a.astype(mx.float32)).astype(np.float64)
-
-
-def reference(edges, x, w, rows, transpose=False):
-    """y[o] += x[i] @ W[k] over the edges (float64); with `transpose`, the
-    input gradient: dx[i] += ct[o] @ W[k]^T."""
-    x, w = f64(x), f64(w)
-    y = np.zeros((rows, w.shape[1] if transpose else w.shape[2]))
-    o, i, k = edges[:, 0], edges[:, 1], edges[:, 2]
-    dst, src = (i, o) if transpose else (o, i)
-    for kk in np.unique(k):
-        sel = k == kk
-        wk = w[kk].T if transpose else w[kk]
-        np.add.at(y, dst[sel], x[src[sel]] @ wk)
-    return y
-
-
 def run(x, w, rel, view=metal_programs.OUTPUT_MAJOR, schedule="forward", seed=0, route=ROUTE):
-    native = None if rel is None else getattr(rel, "_native", rel)
-    return metal_programs.conv(route, x, w, native, view, schedule=schedule, seed=seed)
+    return mma_cases.conv(x, w, rel, view, schedule, seed, route=route)
 
 
 def check(y, expected, dtype):
-    assert not np.isnan(y).any(), "outputs left unwritten"
-    np.testing.assert_allclose(y.astype(np.float64), expected, **TOL[dtype])
+    mma_cases.check(y, expected, TOL[dtype])
 
 
 def check_twin(x, w, rel, dtype, y, view=metal_programs.OUTPUT_MAJOR):
@@ -95,10 +56,7 @@ def check_twin(x, w, rel, dtype, y, view=metal_programs.OUTPUT_MAJOR):
 
 # ------------------------------------------------------------------ selection
 def ctx(direction="forward", **kw):
-    base = dict(op="conv3d", map_kind="submanifold", dtype="float32", backend="metal",
-                kernel_size=(3, 3, 3), tier="metal:test", direction=direction, tensor_ops=True)
-    base.update(kw)
-    return RouteContext(**base)
+    return mma_cases.conv_ctx(direction, **{"tensor_ops": True, **kw})
 
 
 @pytest.mark.parametrize(
@@ -157,12 +115,7 @@ def test_tiers():
     M4, and counted as matrix-unit work."""
     record = dict(op="conv3d", map_kind="submanifold", dtype="float16", kernel_size=[3, 3, 3],
                   k=27, direction="forward", c_in=96, c_out=96, n_in=5000, n_out=5000, edges=60000)
-    assert routes.select(mac_plan.mac_context(record, "m5")).route.name == ROUTE
-    for tier in ("m3", "m4"):
-        assert routes.select(mac_plan.mac_context(record, tier)).route.name == TWIN
-    p = mac_plan.plan([record], "m5")
-    assert p["routes"][ROUTE]["kind"] == "matrix" and p["share"]["matrix"] == 1.0
-    assert not diagnostics.metal_capabilities("applegpu_g17s", "26.1")["tensor_ops"]
+    mma_cases.assert_tensorops_tiers(record, ROUTE, TWIN)
 
 
 def test_route_flags():
@@ -201,23 +154,7 @@ def test_program_is_the_twins_with_tensorops_kernels(rng, view):
 
 
 # ------------------------------------------------------------------ forward, every map kind
-# (kind, ks, C_in, C_out, dtype, schedule): every kernel (dtype x column
-# block), every map kind; channels not multiples of 8 or of the block.
-FORWARD = [
-    ("submanifold", 3, 8, 8, "float32", "forward"),
-    ("forward", 3, 24, 40, "float16", "random"),
-    ("target", 3, 40, 24, "bfloat16", "reverse"),
-    ("transposed", 2, 96, 128, "float32", "random"),
-    ("generative", 3, 128, 96, "float16", "forward"),
-    ("submanifold", 3, 13, 7, "bfloat16", "random"),
-    ("forward", 2, 40, 24, "float32", "reverse"),
-    ("target", 3, 8, 8, "float16", "reverse"),
-    ("generative", 3, 24, 40, "bfloat16", "forward"),
-    ("transposed", 2, 24, 40, "float32", "forward"),
-    ("submanifold", 3, 96, 128, "bfloat16", "random"),
-    ("target", 3, 17, 30, "float16", "forward"),
-    ("forward", 2, 8, 8, "bfloat16", "random"),
-    ("submanifold", 3, 128, 96, "float32", "reverse"),
+FORWARD = mma_cases.FORWARD + [
     ("generative", 3, 40, 8, "float32", "random"),
     ("transposed", 2, 8, 96, "float16", "reverse"),
 ]
@@ -226,10 +163,8 @@ FORWARD = [
 @pytest.mark.parametrize("kind,ks,c_in,c_out,dt,schedule", FORWARD)
 def test_forward(rng, kind, ks, c_in, c_out, dt, schedule):
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 150, ks)
-    x, w = operands(rng, rows_in, c_in, c_out, rel.kernel_volume, dtype)
-    y = run(x, w, rel, schedule=schedule, seed=c_in)
-    check(y, reference(edges, x, w, n_out), dtype)
+    x, w, rel, y, expected = mma_cases.conv_case(rng, run, kind, ks, c_in, c_out, dtype, schedule=schedule, seed=c_in)
+    check(y, expected, dtype)
     check_twin(x, w, rel, dtype, y)
 
 
@@ -239,40 +174,22 @@ def test_forward(rng, kind, ks, c_in, c_out, dt, schedule):
 def test_kernel_volumes(rng, ks, kind, dt):
     """K = 1, 8, 27 and 125: the rounds visit each offset a row block has."""
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 120, ks)
+    x, w, rel, y, expected = mma_cases.conv_case(rng, run, kind, ks, 20, 12, dtype, n=120, schedule="random", seed=ks)
     assert rel.kernel_volume == ks**3
-    x, w = operands(rng, rows_in, 20, 12, rel.kernel_volume, dtype)
-    y = run(x, w, rel, schedule="random", seed=ks)
-    check(y, reference(edges, x, w, n_out), dtype)
+    check(y, expected, dtype)
     check_twin(x, w, rel, dtype, y)
 
 
 # ------------------------------------------------------------------ input gradient
-@pytest.mark.parametrize(
-    "kind,ks,c_in,c_out,dt",
-    [
-        ("submanifold", 3, 24, 40, "float32"),
-        ("forward", 2, 40, 24, "bfloat16"),
-        ("target", 3, 8, 96, "float16"),
-        ("transposed", 2, 33, 17, "bfloat16"),
-        ("generative", 3, 16, 16, "float32"),
-        ("submanifold", 5, 12, 20, "float16"),
-        ("forward", 3, 128, 8, "float32"),
-    ],
-)
+@pytest.mark.parametrize("kind,ks,c_in,c_out,dt",
+                         mma_cases.INPUT_GRADIENT + [("forward", 3, 128, 8, "float32")])
 def test_input_gradient(rng, kind, ks, c_in, c_out, dt):
     """The input gradient: the same product over the input-major view with W
     transposed per offset, as autodiff builds it."""
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 150, ks)
-    _, w = operands(rng, rows_in, c_in, c_out, rel.kernel_volume, dtype)
-    ct = mx.array(rng.standard_normal((n_out, c_out)).astype(np.float32)).astype(dtype)
-    wt = mx.swapaxes(w, 1, 2)
-    view = metal_programs.INPUT_MAJOR
-    dx = run(ct, wt, rel, view=view, schedule="random", seed=3)
-    assert dx.shape == (rows_in, c_in)
-    check(dx, reference(edges, ct, w, rows_in, transpose=True), dtype)
-    check_twin(ct, wt, rel, dtype, dx, view)
+    ct, wt, rel, dx, expected = mma_cases.dgrad_case(rng, run, kind, ks, c_in, c_out, dtype, schedule="random", seed=3)
+    check(dx, expected, dtype)
+    check_twin(ct, wt, rel, dtype, dx, metal_programs.INPUT_MAJOR)
 
 
 # ------------------------------------------------------------------ edge cases
@@ -288,18 +205,13 @@ def test_pointwise_without_relation(rng, dt):
 
 
 def test_relation_without_edges_and_rows_without_edges(rng):
-    coords = oracle.random_coords(rng, 30, 6, 1)
-    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
-    m = x.manager
-    far = np.array([[0, 90, 90, 90], [0, 95, 90, 90], [0, 99, 99, 99]], np.int32)
-    rel = m.target_kernel_relation(x.coordinate_set, m.register(mx.array(far)), geometry(3, 1, 1))
-    assert rel.edges == 0
+    coords, x, rel = mma_cases.edgeless(rng, 30)
     for dtype in DTYPES.values():
         feats, w = operands(rng, len(coords), 9, 20, 27, dtype)
         np.testing.assert_array_equal(run(feats, w, rel, schedule="reverse"), 0)
     # some rows with edges, some without, in one partial row block
-    out = np.concatenate([far, coords[:7]]).astype(np.int32)
-    rel = m.target_kernel_relation(x.coordinate_set, m.register(mx.array(out)), geometry(3, 1, 1))
+    out = np.concatenate([mma_cases.FAR, coords[:7]]).astype(np.int32)
+    rel = mma_cases.target_relation(x, out)
     assert (np.diff(np.array(rel.out_offsets))[:3] == 0).all()
     y = run(feats, w, rel, schedule="random")
     np.testing.assert_array_equal(y[:3], 0)
@@ -309,10 +221,8 @@ def test_relation_without_edges_and_rows_without_edges(rng):
 
 def test_no_output_rows_and_no_input_channels(rng):
     rel, rows_in, n_out, _ = relation(rng, "submanifold", 40)
-    coords = oracle.random_coords(rng, 20, 5, 1)
-    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
-    m = x.manager
-    empty = m.target_kernel_relation(x.coordinate_set, m.register(mx.zeros((0, 4), mx.int32)), geometry(3, 1, 1))
+    _, x = mma_cases.tensor(rng, 20, 5)
+    empty = mma_cases.target_relation(x, mx.zeros((0, 4), mx.int32))
     feats, w = operands(rng, x.feats.shape[0], 8, 8, 27, mx.float32)
     assert run(feats, w, empty).shape == (0, 8)
     feats, w = operands(rng, rows_in, 0, 10, 27, mx.float16)
@@ -322,12 +232,7 @@ def test_no_output_rows_and_no_input_channels(rng):
 def test_rows_take_their_edges_in_any_order(rng):
     """A CSR whose rows are not sorted by offset still sums every edge once."""
     rel, rows_in, n_out, edges = relation(rng, "submanifold", 90)
-    off = np.array(rel.out_offsets)
-    gather, kidx = np.array(rel.in_idx).copy(), np.array(rel.k_idx).copy()
-    for r in range(n_out):
-        gather[off[r]:off[r + 1]] = gather[off[r]:off[r + 1]][::-1]
-        kidx[off[r]:off[r + 1]] = kidx[off[r]:off[r + 1]][::-1]
-    native = _ext.Relation("submanifold", rows_in, n_out, 27, mx.array(off), mx.array(gather), mx.array(kidx))
+    native = mma_cases.reversed_rows(rel, rows_in, n_out)
     x, w = operands(rng, rows_in, 16, 16, 27, mx.float32)
     y = run(x, w, native, schedule="random")
     check(y, reference(edges, x, w, n_out), mx.float32)
@@ -345,14 +250,11 @@ def test_same_bits_every_run(rng, dt, view):
     forward = view == metal_programs.OUTPUT_MAJOR
     # the input gradient's product: ct (n_out, 40) by (K, 40, 36) per offset
     x, w = operands(rng, rows_in if forward else n_out, 40, 36, 27, dtype)
-    runs = [run(x, w, rel, view, schedule=s, seed=seed)
-            for s, seed in (("forward", 0), ("reverse", 0), ("random", 1), ("random", 2))]
-    for y in runs[1:]:
-        assert y.tobytes() == runs[0].tobytes()
+    y = mma_cases.same_bits(lambda s, seed: run(x, w, rel, view, schedule=s, seed=seed))
     if forward:
-        check(runs[0], reference(edges, x, w, n_out), dtype)
+        check(y, reference(edges, x, w, n_out), dtype)
     else:
-        check(runs[0], reference(edges, x, mx.swapaxes(w, 1, 2), rows_in, transpose=True), dtype)
+        check(y, reference(edges, x, mx.swapaxes(w, 1, 2), rows_in, transpose=True), dtype)
 
 
 # ------------------------------------------------------------------ wide channels
@@ -378,7 +280,4 @@ def test_1024_channels(rng):
 
 # ------------------------------------------------------------------ coverage
 def test_this_file_runs_every_kernel_of_tensorops_csr_mma_metal():
-    if BACKEND != "metal-harness":
-        pytest.skip("lists kernels with the harness's source scanner")
-    defined = {k for k, path in mh.defined_kernels().items() if path.name == "tensorops_csr_mma.metal"}
-    assert defined == KERNELS
+    assert mma_cases.kernels_of("tensorops_csr_mma.metal") == KERNELS

@@ -17,25 +17,21 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lattice import _ext, diagnostics, mac_plan, routes
-from mlx_lattice.routes import RouteContext
+from mlx_lattice import routes
 
-import metal_harness as mh
 import metal_programs
+import mma_cases
 from metal_programs import relation
+from mma_cases import DTYPES, f64
+from mma_cases import WTOL as TOL
+from mma_cases import wgrad_operands as operands
+from mma_cases import wgrad_program as program
+from mma_cases import wgrad_reference as reference
 
 pytestmark = metal_programs.MARKS
-BACKEND = metal_programs.BACKEND
 
 ROUTE = "metal.tensorops_wgrad_mma"
 TWIN = "metal.wgrad_mma"
-DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-# Float sums of up to a few hundred products, rounded once to the dtype.
-TOL = {
-    mx.float32: dict(rtol=1e-5, atol=1e-5),
-    mx.float16: dict(rtol=2.0**-10, atol=1e-3),
-    mx.bfloat16: dict(rtol=2.0**-7, atol=1e-3),
-}
 # Against the twin: the same float products summed in another order within
 # a chunk, so at most one rounding step of the dtype apart.
 TWIN_TOL = {
@@ -46,36 +42,8 @@ TWIN_TOL = {
 KERNELS = {f"tensorops_wgrad_mma_{dt}_n{bn}" for dt in DTYPES for bn in (32, 64)}
 
 
-def f64(a: mx.array) -> np.ndarray:
-    return np.array(a.astype(mx.float32)).astype(np.float64)
-
-
-def operands(rng, rows_in, rows_out, c_in, c_out, dtype):
-    x = mx.array(rng.standard_normal((rows_in, c_in)).astype(np.float32)).astype(dtype)
-    ct = mx.array((rng.standard_normal((rows_out, c_out)) / 4).astype(np.float32)).astype(dtype)
-    return x, ct
-
-
-def reference(edges, x, ct, k):
-    """dW[k] = sum over the edges (o, i, k) of x[i]^T ct[o], float64."""
-    x, ct = f64(x), f64(ct)
-    dw = np.zeros((k, x.shape[1], ct.shape[1]))
-    o, i, kk = edges[:, 0], edges[:, 1], edges[:, 2]
-    for j in np.unique(kk):
-        sel = kk == j
-        dw[j] = x[i[sel]].T @ ct[o[sel]]
-    return dw
-
-
-def program(route, x, ct, native, k, dtype):
-    view = metal_programs.OUTPUT_MAJOR
-    inputs = _ext.weight_grad_inputs(x, ct, native, view)
-    return _ext.metal_program("weight_grad", route, inputs, [k, x.shape[1], ct.shape[1]], dtype)
-
-
 def run(x, ct, rel, k, schedule="forward", seed=0, route=ROUTE):
-    native = None if rel is None else getattr(rel, "_native", rel)
-    return metal_programs.weight_grad(route, x, ct, native, k, schedule=schedule, seed=seed)
+    return mma_cases.wgrad(x, ct, rel, k, schedule, seed, route=route)
 
 
 def magnitude(edges, x, ct, k):
@@ -107,10 +75,7 @@ def check_twin(x, ct, rel, k, dtype, dw, schedule="forward", scale=0.0):
 
 # ------------------------------------------------------------------ selection
 def ctx(**kw):
-    base = dict(op="wgrad of test", map_kind="submanifold", dtype="float32", backend="metal",
-                kernel_size=None, k=27, tier="metal:test", direction="wgrad", tensor_ops=True)
-    base.update(kw)
-    return RouteContext(**base)
+    return mma_cases.wgrad_ctx(**{"tensor_ops": True, **kw})
 
 
 @pytest.mark.parametrize(
@@ -155,12 +120,7 @@ def test_tiers():
     M4, and counted as matrix-unit work."""
     record = dict(op="wgrad of test", map_kind="submanifold", dtype="float16", kernel_size=[3, 3, 3],
                   k=27, direction="wgrad", c_in=96, c_out=96, n_in=5000, n_out=5000, edges=60000)
-    assert routes.select(mac_plan.mac_context(record, "m5")).route.name == ROUTE
-    for tier in ("m3", "m4"):
-        assert routes.select(mac_plan.mac_context(record, tier)).route.name == TWIN
-    p = mac_plan.plan([record], "m5")
-    assert p["routes"][ROUTE]["kind"] == "matrix" and p["share"]["matrix"] == 1.0
-    assert not diagnostics.metal_capabilities("applegpu_g17s", "26.1")["tensor_ops"]
+    mma_cases.assert_tensorops_tiers(record, ROUTE, TWIN)
 
 
 def test_route_flags():
@@ -196,29 +156,15 @@ def test_program_is_the_twins_with_tensorops_kernels(rng):
 
 
 # ------------------------------------------------------------------ every map kind
-# (kind, ks, C_in, C_out, dtype, schedule): both kernels of each dtype, every
-# map kind; channels not multiples of 8 or of the blocks.
-CASES = [
-    ("submanifold", 3, 8, 8, "float32", "forward"),
-    ("forward", 3, 24, 40, "float16", "random"),
-    ("target", 3, 40, 24, "bfloat16", "reverse"),
-    ("transposed", 2, 96, 128, "float32", "random"),
-    ("generative", 3, 128, 96, "float16", "forward"),
-    ("submanifold", 3, 13, 70, "bfloat16", "random"),
-    ("forward", 2, 33, 17, "float32", "reverse"),
-    ("target", 3, 8, 8, "float16", "reverse"),
-    ("generative", 3, 24, 40, "bfloat16", "forward"),
-    ("transposed", 2, 128, 24, "bfloat16", "reverse"),
-]
+CASES = mma_cases.WEIGHT_GRADIENT + [("transposed", 2, 128, 24, "bfloat16", "reverse")]
 
 
 @pytest.mark.parametrize("kind,ks,c_in,c_out,dt,schedule", CASES)
 def test_weight_gradient(rng, kind, ks, c_in, c_out, dt, schedule):
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 150, ks)
-    x, ct = operands(rng, rows_in, n_out, c_in, c_out, dtype)
-    dw = run(x, ct, rel, rel.kernel_volume, schedule=schedule, seed=c_in)
-    check(dw, reference(edges, x, ct, rel.kernel_volume), dtype)
+    x, ct, rel, dw, expected = mma_cases.wgrad_case(rng, run, kind, ks, c_in, c_out, dtype, schedule=schedule,
+                                                    seed=c_in)
+    check(dw, expected, dtype)
     check_twin(x, ct, rel, rel.kernel_volume, dtype, dw, schedule)
 
 
@@ -227,11 +173,10 @@ def test_weight_gradient(rng, kind, ks, c_in, c_out, dt, schedule):
 def test_kernel_volumes(rng, ks, kind, dt):
     """K = 1, 8, 27 and 125."""
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 120, ks)
+    x, ct, rel, dw, expected = mma_cases.wgrad_case(rng, run, kind, ks, 20, 12, dtype, n=120, schedule="random",
+                                                    seed=ks)
     assert rel.kernel_volume == ks**3
-    x, ct = operands(rng, rows_in, n_out, 20, 12, dtype)
-    dw = run(x, ct, rel, rel.kernel_volume, schedule="random", seed=ks)
-    check(dw, reference(edges, x, ct, rel.kernel_volume), dtype)
+    check(dw, expected, dtype)
     check_twin(x, ct, rel, rel.kernel_volume, dtype, dw)
 
 
@@ -256,10 +201,7 @@ def test_partitions_summed_in_order(rng, dt):
 
 
 def test_relation_without_edges(rng):
-    coords = np.array([[0, 0, 0, 0], [0, 1, 1, 1]], np.int32)
-    native = _ext.build_relation(_ext.CoordTable(mx.array(coords)), mx.array(np.array([[0, 50, 50, 50]], np.int32)),
-                                 (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), False, "target")
-    assert native.edges == 0
+    native = mma_cases.edgeless_native()
     for dtype in DTYPES.values():
         x, ct = operands(rng, 2, 1, 6, 70, dtype)
         dw = run(x, ct, native, 27, schedule="random")
@@ -272,11 +214,8 @@ def test_same_bits_every_run(rng, dt):
     rel, rows_in, n_out, edges = relation(rng, "submanifold", 2000, extent=14, batches=1)
     x, ct = operands(rng, rows_in, n_out, 20, 36, dtype)
     assert len(program(ROUTE, x, ct, rel._native, 27, dtype)["steps"]) == 2  # partitions too
-    runs = [run(x, ct, rel, 27, schedule=s, seed=seed)
-            for s, seed in (("forward", 0), ("reverse", 0), ("random", 1), ("random", 2))]
-    for dw in runs[1:]:
-        assert dw.tobytes() == runs[0].tobytes()
-    check(runs[0], reference(edges, x, ct, 27), dtype, magnitude(edges, x, ct, 27))
+    dw = mma_cases.same_bits(lambda s, seed: run(x, ct, rel, 27, schedule=s, seed=seed))
+    check(dw, reference(edges, x, ct, 27), dtype, magnitude(edges, x, ct, 27))
 
 
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
@@ -300,7 +239,4 @@ def test_1024_channels(rng):
 
 # ------------------------------------------------------------------ coverage
 def test_this_file_runs_every_kernel_of_tensorops_wgrad_mma_metal():
-    if BACKEND != "metal-harness":
-        pytest.skip("lists kernels with the harness's source scanner")
-    defined = {k for k, path in mh.defined_kernels().items() if path.name == "tensorops_wgrad_mma.metal"}
-    assert defined == KERNELS
+    assert mma_cases.kernels_of("tensorops_wgrad_mma.metal") == KERNELS

@@ -17,69 +17,36 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lattice import _ext, routes
-from mlx_lattice.routes import RouteContext
+from mlx_lattice import routes
 
-import metal_harness as mh
 import metal_programs
+import mma_cases
 from metal_programs import relation
+from mma_cases import DTYPES, f64
+from mma_cases import WTOL as TOL
+from mma_cases import wgrad_operands as operands
+from mma_cases import wgrad_reference as reference
 
 pytestmark = metal_programs.MARKS
-BACKEND = metal_programs.BACKEND
 
 ROUTE = "metal.wgrad_mma"
-DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-# Float sums of up to a few hundred products, rounded once to the dtype.
-TOL = {
-    mx.float32: dict(rtol=1e-5, atol=1e-5),
-    mx.float16: dict(rtol=2.0**-10, atol=1e-3),
-    mx.bfloat16: dict(rtol=2.0**-7, atol=1e-3),
-}
 KERNELS = {f"wgrad_mma_{dt}_n{bn}" for dt in DTYPES for bn in (32, 64)}
 
 
-def f64(a: mx.array) -> np.ndarray:
-    return np.array(a.astype(mx.float32)).astype(np.float64)
-
-
-def operands(rng, rows_in, rows_out, c_in, c_out, dtype):
-    x = mx.array(rng.standard_normal((rows_in, c_in)).astype(np.float32)).astype(dtype)
-    ct = mx.array((rng.standard_normal((rows_out, c_out)) / 4).astype(np.float32)).astype(dtype)
-    return x, ct
-
-
-def reference(edges, x, ct, k):
-    """dW[k] = sum over the edges (o, i, k) of x[i]^T ct[o], float64."""
-    x, ct = f64(x), f64(ct)
-    dw = np.zeros((k, x.shape[1], ct.shape[1]))
-    o, i, kk = edges[:, 0], edges[:, 1], edges[:, 2]
-    for j in np.unique(kk):
-        sel = kk == j
-        dw[j] = x[i[sel]].T @ ct[o[sel]]
-    return dw
-
-
 def program(x, ct, native, k, dtype):
-    inputs = _ext.weight_grad_inputs(x, ct, native, metal_programs.OUTPUT_MAJOR)
-    return _ext.metal_program("weight_grad", ROUTE, inputs, [k, x.shape[1], ct.shape[1]], dtype)
+    return mma_cases.wgrad_program(ROUTE, x, ct, native, k, dtype)
 
 
 def run(x, ct, rel, k, schedule="forward", seed=0):
-    native = None if rel is None else rel._native
-    return metal_programs.weight_grad(ROUTE, x, ct, native, k, schedule=schedule, seed=seed)
+    return mma_cases.wgrad(x, ct, rel, k, schedule, seed, route=ROUTE)
 
 
 def check(dw, expected, dtype):
-    assert not np.isnan(dw).any(), "weights left unwritten"
-    np.testing.assert_allclose(dw.astype(np.float64), expected, **TOL[dtype])
+    mma_cases.check(dw, expected, TOL[dtype], "weights")
 
 
 # ------------------------------------------------------------------ selection
-def ctx(**kw):
-    base = dict(op="wgrad of test", map_kind="submanifold", dtype="float32", backend="metal",
-                kernel_size=None, k=27, tier="metal:test", direction="wgrad")
-    base.update(kw)
-    return RouteContext(**base)
+ctx = mma_cases.wgrad_ctx
 
 
 @pytest.mark.parametrize(
@@ -139,38 +106,24 @@ def test_program_partitions_by_edges_per_offset(rng):
 
 
 # ------------------------------------------------------------------ every map kind
-# (kind, ks, C_in, C_out, dtype, schedule): both kernels of each dtype, every
-# map kind; channels not multiples of 8 or of the blocks.
-CASES = [
-    ("submanifold", 3, 8, 8, "float32", "forward"),
-    ("forward", 3, 24, 40, "float16", "random"),
-    ("target", 3, 40, 24, "bfloat16", "reverse"),
-    ("transposed", 2, 96, 128, "float32", "random"),
-    ("generative", 3, 128, 96, "float16", "forward"),
-    ("submanifold", 3, 13, 70, "bfloat16", "random"),
-    ("forward", 2, 33, 17, "float32", "reverse"),
-    ("target", 3, 8, 8, "float16", "reverse"),
-    ("generative", 3, 24, 40, "bfloat16", "forward"),
-]
+CASES = mma_cases.WEIGHT_GRADIENT
 
 
 @pytest.mark.parametrize("kind,ks,c_in,c_out,dt,schedule", CASES)
 def test_weight_gradient(rng, kind, ks, c_in, c_out, dt, schedule):
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 150, ks)
-    x, ct = operands(rng, rows_in, n_out, c_in, c_out, dtype)
-    dw = run(x, ct, rel, rel.kernel_volume, schedule=schedule, seed=c_in)
-    check(dw, reference(edges, x, ct, rel.kernel_volume), dtype)
+    x, ct, rel, dw, expected = mma_cases.wgrad_case(rng, run, kind, ks, c_in, c_out, dtype, schedule=schedule,
+                                                    seed=c_in)
+    check(dw, expected, dtype)
 
 
 @pytest.mark.parametrize("ks,kind", [(1, "submanifold"), (2, "forward"), (5, "submanifold")])
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
 def test_kernel_volumes(rng, ks, kind, dt):
     dtype = DTYPES[dt]
-    rel, rows_in, n_out, edges = relation(rng, kind, 120, ks)
-    x, ct = operands(rng, rows_in, n_out, 20, 12, dtype)
-    dw = run(x, ct, rel, rel.kernel_volume, schedule="random", seed=ks)
-    check(dw, reference(edges, x, ct, rel.kernel_volume), dtype)
+    x, ct, rel, dw, expected = mma_cases.wgrad_case(rng, run, kind, ks, 20, 12, dtype, n=120, schedule="random",
+                                                    seed=ks)
+    check(dw, expected, dtype)
 
 
 @pytest.mark.parametrize("dt", ["float32", "float16", "bfloat16"])
@@ -189,10 +142,7 @@ def test_partitions_summed_in_order(rng, dt):
 
 
 def test_relation_without_edges(rng):
-    coords = np.array([[0, 0, 0, 0], [0, 1, 1, 1]], np.int32)
-    native = _ext.build_relation(_ext.CoordTable(mx.array(coords)), mx.array(np.array([[0, 50, 50, 50]], np.int32)),
-                                 (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), False, "target")
-    assert native.edges == 0
+    native = mma_cases.edgeless_native()
     x, ct = operands(rng, 2, 1, 6, 10, mx.float16)
     dw = metal_programs.weight_grad(ROUTE, x, ct, native, 27, schedule="random")
     np.testing.assert_array_equal(dw, 0)
@@ -204,11 +154,8 @@ def test_same_bits_every_run(rng, dt):
     rel, rows_in, n_out, edges = relation(rng, "submanifold", 2000, extent=14, batches=1)
     x, ct = operands(rng, rows_in, n_out, 20, 36, dtype)
     assert len(program(x, ct, rel._native, 27, dtype)["steps"]) == 2  # partitions too
-    runs = [run(x, ct, rel, 27, schedule=s, seed=seed)
-            for s, seed in (("forward", 0), ("reverse", 0), ("random", 1))]
-    for dw in runs[1:]:
-        assert dw.tobytes() == runs[0].tobytes()
-    check(runs[0], reference(edges, x, ct, 27), dtype)
+    dw = mma_cases.same_bits(lambda s, seed: run(x, ct, rel, 27, schedule=s, seed=seed), mma_cases.SCHEDULES[:3])
+    check(dw, reference(edges, x, ct, 27), dtype)
 
 
 def test_256_channels(rng):
@@ -219,7 +166,4 @@ def test_256_channels(rng):
 
 # ------------------------------------------------------------------ coverage
 def test_this_file_runs_every_kernel_of_wgrad_mma_metal():
-    if BACKEND != "metal-harness":
-        pytest.skip("lists kernels with the harness's source scanner")
-    defined = {k for k, path in mh.defined_kernels().items() if path.name == "wgrad_mma.metal"}
-    assert defined == KERNELS
+    assert mma_cases.kernels_of("wgrad_mma.metal") == KERNELS
