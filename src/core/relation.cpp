@@ -427,9 +427,10 @@ const Relation::SortedPlan& Relation::sorted_plan() {
 const mx::array& Relation::row_order(View v) {
   const int i = static_cast<int>(v);
   std::call_once(order_once_[i], [&] {
-    if (v == View::OutputMajor && k_ <= 64) {
-      order_[i] = sorted_plan().reorder_rows;
-    } else if (v == View::OutputMajor) {
+    // From the CSR alone: the same key and stable sort as the sorted plan
+    // (so the same order as its reorder_rows), without building the
+    // neighbour map and the plan's two copies of it.
+    if (v == View::OutputMajor) {
       host_ready({&out_offsets_, &k_idx_});
       order_[i] = offset_set_order(
           out_offsets_.data<int32_t>(), k_idx_.data<int32_t>(), n_out_, k_);

@@ -222,10 +222,11 @@ class Relation {
   // the matrix-unit CSR routes (a tile of consecutive positions multiplies
   // the union of its rows' offsets). The key is the 64-bit mask of offsets;
   // past 64 offsets, offset k sets bit k * 64 / K (neighbouring offsets
-  // share a bit; rows with the same offsets still share a key). The
-  // output-major order is the sorted plan's reorder_rows where K <= 64. A
-  // GPU builder provides both for K <= 64 (set_row_order); the others are
-  // made here from the CSR views, once.
+  // share a bit; rows with the same offsets still share a key). Where
+  // K <= 64 the output-major order equals the sorted plan's reorder_rows
+  // (same key, same stable sort) but is made from the CSR alone. A GPU
+  // builder provides both for K <= 64 (set_row_order); the others are made
+  // here from the CSR views, once.
   const mx::array& row_order(View v);
 
   // Per output row counts: max and mean neighbours.
