@@ -181,3 +181,16 @@ def test_cpu_kernel_tails(rng, c_in, c_out):
     ex, ew, _ = oracle.grads(edges, np.array(x.feats), np.array(w), g[perm])
     np.testing.assert_allclose(np.array(dx), ex, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.array(dw), ew, rtol=1e-4, atol=1e-4)
+
+
+def test_the_primitives_are_differentiated_only_through_autodiff():
+    # The rules exist once (mlx_lattice/autodiff.py); a transform that reaches
+    # a product's primitive directly says what to call instead.
+    from mlx_lattice import _ext
+
+    x, w = mx.ones((4, 2)), mx.ones((1, 2, 3))
+    view = _ext.View.output_major
+    with pytest.raises(ValueError, match="autodiff.conv"):
+        mx.grad(lambda x: _ext.gather_conv(x, w, None, view, "cpu.gather_gemm").sum())(x)
+    with pytest.raises(ValueError, match="autodiff.weight_grad"):
+        mx.grad(lambda x: _ext.weight_grad(x, mx.ones((4, 3)), None, view, 1, "cpu.wgrad_gemm").sum())(x)

@@ -86,7 +86,43 @@ class RoutedPrimitive : public mx::Primitive {
   int groups_ = 1; // grouped products: W is (K, A / groups_, B)
 };
 
-class GatherConv : public RoutedPrimitive {
+// GatherConv and WeightGrad: differentiated by mlx_lattice/autodiff.py, the
+// one definition of the products' rules for every backend, which runs them
+// under stop_gradient; a transform that reaches one was not set up by that
+// module, and raises naming the function to call (`rule`).
+class ProductPrimitive : public RoutedPrimitive {
+ public:
+  ProductPrimitive(
+      mx::Stream s,
+      Op op,
+      std::shared_ptr<Relation> rel,
+      View view,
+      std::string route,
+      int groups,
+      const char* rule)
+      : RoutedPrimitive(s, op, std::move(rel), view, std::move(route)), rule_(rule) {
+    groups_ = groups;
+  }
+
+  std::vector<mx::array> jvp(
+      const std::vector<mx::array>&,
+      const std::vector<mx::array>&,
+      const std::vector<int>&) override {
+    not_differentiable(name(), rule_);
+  }
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>&,
+      const std::vector<mx::array>&,
+      const std::vector<int>&,
+      const std::vector<mx::array>&) override {
+    not_differentiable(name(), rule_);
+  }
+
+ private:
+  const char* rule_;
+};
+
+class GatherConv : public ProductPrimitive {
  public:
   GatherConv(
       mx::Stream s,
@@ -94,26 +130,8 @@ class GatherConv : public RoutedPrimitive {
       View view,
       std::string route,
       int groups = 1)
-      : RoutedPrimitive(s, Op::Conv, std::move(rel), view, std::move(route)) {
-    groups_ = groups;
-  }
+      : ProductPrimitive(s, Op::Conv, std::move(rel), view, std::move(route), groups, "autodiff.conv") {}
 
-  // Differentiated by mlx_lattice/autodiff.py, the one definition of the
-  // products' rules for every backend, which runs this primitive under
-  // stop_gradient: a transform reaching it was not set up by that module.
-  std::vector<mx::array> jvp(
-      const std::vector<mx::array>&,
-      const std::vector<mx::array>&,
-      const std::vector<int>&) override {
-    not_differentiable(name(), "autodiff.conv");
-  }
-  std::vector<mx::array> vjp(
-      const std::vector<mx::array>&,
-      const std::vector<mx::array>&,
-      const std::vector<int>&,
-      const std::vector<mx::array>&) override {
-    not_differentiable(name(), "autodiff.conv");
-  }
   std::vector<mx::Shape> output_shapes(
       const std::vector<mx::array>& inputs) override;
   const char* name() const override {
@@ -121,7 +139,7 @@ class GatherConv : public RoutedPrimitive {
   }
 };
 
-class WeightGrad : public RoutedPrimitive {
+class WeightGrad : public ProductPrimitive {
  public:
   WeightGrad(
       mx::Stream s,
@@ -129,26 +147,9 @@ class WeightGrad : public RoutedPrimitive {
       View view,
       std::string route,
       int groups = 1)
-      : RoutedPrimitive(s, Op::WeightGrad, std::move(rel), view, std::move(route)) {
-    groups_ = groups;
-  }
+      : ProductPrimitive(
+            s, Op::WeightGrad, std::move(rel), view, std::move(route), groups, "autodiff.weight_grad") {}
 
-  // Differentiated by mlx_lattice/autodiff.py, the one definition of the
-  // products' rules for every backend, which runs this primitive under
-  // stop_gradient: a transform reaching it was not set up by that module.
-  std::vector<mx::array> jvp(
-      const std::vector<mx::array>&,
-      const std::vector<mx::array>&,
-      const std::vector<int>&) override {
-    not_differentiable(name(), "autodiff.weight_grad");
-  }
-  std::vector<mx::array> vjp(
-      const std::vector<mx::array>&,
-      const std::vector<mx::array>&,
-      const std::vector<int>&,
-      const std::vector<mx::array>&) override {
-    not_differentiable(name(), "autodiff.weight_grad");
-  }
   std::vector<mx::Shape> output_shapes(
       const std::vector<mx::array>& inputs) override;
   const char* name() const override {
