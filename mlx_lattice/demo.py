@@ -240,12 +240,13 @@ def run(args) -> int:
         # Half-precision passes, float32 master weights and Adam state: Adam
         # on float16 parameters would underflow (NaN from the second step).
         optimizer = optimizers.MixedPrecision(optimizer)
+    update = optimizers.compiled_update(model, optimizer)
     t0 = time.perf_counter()
     curve = []
     for step in range(args.train_steps):
         loss, grads = grad_fn(x)
-        optimizer.update(model, grads)
-        mx.eval(loss, model.parameters(), optimizer.state)
+        update(grads)
+        mx.eval(loss, model.state, optimizer.state)
         curve.append(float(loss))
         if step % 5 == 0 or step == args.train_steps - 1:
             _say(f"      step {step:3d}  loss {curve[-1]:.4f}  ({time.perf_counter() - t0:5.1f} s)")

@@ -251,6 +251,42 @@ def test_compiled_update_matches_eager(rng):
             np.testing.assert_array_equal(np.array(va), np.array(vb))
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_compiled_update_helper_matches_eager(rng, mixed):
+    # optim.compiled_update: the same steps as opt.update, state captured
+    # (MixedPrecision's master copy and schedule included).
+    def build():
+        mx.random.seed(7)
+        m = mnn.Sequential(mnn.Linear(5, 8), mnn.ReLU(), mnn.Linear(8, 2))
+        opt = optim.Adam(learning_rate=mopt.cosine_decay(1e-2, 10))
+        if mixed:
+            m.set_dtype(mx.bfloat16)
+            opt = optim.MixedPrecision(opt)
+        return m, opt
+
+    (a, opt_a), (b, opt_b) = build(), build()
+    x = mx.array(rng.standard_normal((13, 5)).astype(np.float32)).astype(a.layers[0].weight.dtype)
+    update = optim.compiled_update(b, opt_b)
+
+    def loss(m):
+        return mx.square(m(x).astype(mx.float32)).mean()
+
+    for _ in range(4):
+        _, g = mnn.value_and_grad(a, loss)(a)
+        opt_a.update(a, g)
+        mx.eval(a.state, opt_a.state)
+        _, g = mnn.value_and_grad(b, loss)(b)
+        update(g)
+        mx.eval(b.state, opt_b.state)
+    assert int(opt_b.step) == 4
+    for (_, va), (_, vb) in zip(tree_flatten(a.parameters()), tree_flatten(b.parameters())):
+        va, vb = np.array(va.astype(mx.float32)), np.array(vb.astype(mx.float32))
+        if mx.default_device() == mx.gpu:
+            np.testing.assert_allclose(va, vb, rtol=1e-5, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(va, vb)
+
+
 def test_learning_rate_set_between_steps(rng):
     p = {"w": mx.array(rng.standard_normal((40,)).astype(np.float32))}
     g = {"w": mx.array(rng.standard_normal((40,)).astype(np.float32))}

@@ -18,6 +18,7 @@ from .cpu import CpuBackend
 
 NAMES = ("cpu", "metal", "cuda")
 CPU = CpuBackend()
+_LOADED: dict[str, Backend] = {}
 
 
 def get(name: str) -> Backend:
@@ -26,8 +27,11 @@ def get(name: str) -> Backend:
         return CPU
     if name not in NAMES:
         raise ValueError(f"backend must be one of {NAMES}, got {name!r}")
-    # A GPU backend's modules load on first use only.
-    return importlib.import_module(f".{name}", __name__).BACKEND
+    backend = _LOADED.get(name)
+    if backend is None:
+        # A GPU backend's modules load on first use only.
+        backend = _LOADED[name] = importlib.import_module(f".{name}", __name__).BACKEND
+    return backend
 
 
 def current(stream=None) -> Backend:

@@ -174,7 +174,7 @@ def profile(step, repeats: int = 5) -> dict:
             t0 = time.perf_counter()
             x = tensor_fn()
             loss, grads = step.loss_grad(step.model, x)
-            step.optimizer.update(step.model, grads)
+            step.update(grads)
             t1 = time.perf_counter()
         nodes = graph_nodes(loss, step.model.parameters(), step.optimizer.state)
         t2 = time.perf_counter()
@@ -194,7 +194,7 @@ def profile(step, repeats: int = 5) -> dict:
 
     def cached_step():
         loss, grads = step.loss_grad(step.model, cached_x)
-        step.optimizer.update(step.model, grads)
+        step.update(grads)
         mx.eval(loss, step.model.state, step.optimizer.state)
 
     step_cached = best_time(cached_step, repeats)

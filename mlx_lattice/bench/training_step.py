@@ -1,6 +1,6 @@
 """The MinkUNet training step the benches, profiles and the tuner time:
 maps built inside every step, forward, loss, backward and an Adam update;
-its useful FLOPs, and the same step with Adam's update compiled."""
+its useful FLOPs, and the same step with the update as MLX ops."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class TrainingStep:
     coordinate manager and all maps afresh (as a data loader's new sample)."""
 
     def __init__(self, coords, width=0.5, dtype=mx.float32, in_channels=4, num_classes=4, seed=2,
-                 optimizer=optim.Adam, master_weights=False):
+                 optimizer=optim.Adam, master_weights=False, compiled=None):
         mx.random.seed(seed)
         self.coords = np.asarray(coords)
         self.model = MinkUNet(in_channels, num_classes, width=width)
@@ -42,14 +42,25 @@ class TrainingStep:
         opt = optimizer(learning_rate=1e-3)
         self.optimizer = optim.MixedPrecision(opt) if master_weights and dtype != mx.float32 else opt
         self.loss_grad = mnn.value_and_grad(self.model, loss_fn)
+        # compiled: the optimizer's update under mx.compile
+        # (optimizers.compiled_update), by default on GPUs, where it fuses
+        # each parameter's update into one kernel; the CPU's Adam update is
+        # already one fused primitive per parameter.
+        if compiled is None:
+            compiled = mx.default_device() == mx.gpu
+        self.compiled = compiled
+        self.update = optim.compiled_update(self.model, self.optimizer) if compiled else self.eager_update
         mx.eval(self.model.parameters(), self.feats)
+
+    def eager_update(self, grads):
+        self.optimizer.update(self.model, grads)
 
     def tensor(self) -> SparseTensor:
         return SparseTensor(self.coords, self.feats)
 
     def __call__(self):
         loss, grads = self.loss_grad(self.model, self.tensor())
-        self.optimizer.update(self.model, grads)
+        self.update(grads)
         mx.eval(loss, self.model.state, self.optimizer.state)
         return loss
 
@@ -71,15 +82,13 @@ def useful_flops(step: TrainingStep) -> float:
     return total
 
 
-def compiled_update_step(step):
-    """The same training step with Adam's update compiled (``mx.compile``)
-    into fused kernels, as MLX training loops write it."""
-    state = [step.model.state, step.optimizer.state]
-    update = mx.compile(lambda g: step.optimizer.update(step.model, g), inputs=state, outputs=state)
+def eager_update_step(step):
+    """The same training step with the optimizer's update as MLX ops
+    (not compiled), whatever the step's own setting."""
 
     def run():
         loss, grads = step.loss_grad(step.model, step.tensor())
-        update(grads)
+        step.eager_update(grads)
         mx.eval(loss, step.model.state, step.optimizer.state)
         return loss
 

@@ -19,7 +19,7 @@ HEADER = """
 # Fetch-on-demand: one thread per (row, output channel) over the CSR edges.
 FETCH_ON_DEMAND_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  const int rows = params[0];
+  const int rows = params[0], A = params[1], B = params[2];
   if (idx >= (long)rows * B) return;
   const int r = (int)(idx / B);
   const int c = (int)(idx % B);
@@ -53,12 +53,12 @@ SORTED_MMA_SOURCE = """
   constexpr int LDO = BN + 4;
   constexpr int VA = AK / 8;
   constexpr int VB = BN / 8;
-  constexpr int NB = B / BN;
+  const int rows = params[0], A = params[1], B = params[2], K = params[3];
+  const int NB = B / BN;
   extern __shared__ __align__(128) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
   T* ws = xs + TM * LDX;
   float* os = reinterpret_cast<float*>(smem);
-  const int rows = params[0];
   const int tile = blockIdx.x / NB;
   const int n0 = (blockIdx.x % NB) * BN;
   const int tid = threadIdx.x;
@@ -135,6 +135,7 @@ def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | Non
 # Weight gradient, direct: one thread per (offset, a, b) over kernel-major edges.
 WGRAD_DIRECT_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int A = params[1], B = params[2], K = params[3];
   if (idx >= (long)K * A * B) return;
   const int k = (int)(idx / ((long)A * B));
   const int a = (int)((idx / B) % A);
@@ -164,7 +165,8 @@ WGRAD_MMA_SOURCE = """
   constexpr int VB = TB / 8;
   constexpr int TILES = (TA / 16) * (TB / 16);
   constexpr int PER_WARP = (TILES + 3) / 4;
-  constexpr int NA = A / TA, NB = B / TB;
+  const int A = params[0], B = params[1];
+  const int NA = A / TA, NB = B / TB;
   __shared__ __align__(32) T xs[SE * LDX];
   __shared__ __align__(32) T gs[SE * LDG];
   const int chunk = blockIdx.x / (NA * NB);
@@ -215,11 +217,13 @@ WGRAD_MMA_SOURCE = """
 
 WGRAD_REDUCE_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (long)K * A * B) return;
-  const int k = (int)(idx / ((long)A * B));
-  const long ab = idx % ((long)A * B);
+  const long AB = (long)params[0] * params[1];
+  const int K = params[2];
+  if (idx >= K * AB) return;
+  const int k = (int)(idx / AB);
+  const long ab = idx % AB;
   float acc = 0.0f;
-  for (int c = first[k]; c < first[k + 1]; ++c) acc += partial[(long)c * A * B + ab];
+  for (int c = first[k]; c < first[k + 1]; ++c) acc += partial[(long)c * AB + ab];
   dw[idx] = static_cast<T>(acc);
 """
 
@@ -275,8 +279,8 @@ def _kernel(name: str, shared_memory: int = 0):
         "fetch_on_demand": (["x", "w", "offsets", "gather", "kidx", "params"], ["y"], FETCH_ON_DEMAND_SOURCE),
         "sorted_mma": (["x", "w", "reorder", "sorted_map", "tile_masks", "params"], ["y"], SORTED_MMA_SOURCE),
         "wgrad_direct": (["x", "ct", "koffsets", "gidx", "ridx", "params"], ["dw"], WGRAD_DIRECT_SOURCE),
-        "wgrad_mma": (["x", "ct", "gidx", "ridx", "chunks"], ["partial"], WGRAD_MMA_SOURCE),
-        "wgrad_reduce": (["partial", "first"], ["dw"], WGRAD_REDUCE_SOURCE),
+        "wgrad_mma": (["x", "ct", "gidx", "ridx", "chunks", "params"], ["partial"], WGRAD_MMA_SOURCE),
+        "wgrad_reduce": (["partial", "first", "params"], ["dw"], WGRAD_REDUCE_SOURCE),
         "grouped_fetch_on_demand": (
             ["x", "w", "offsets", "gather", "kidx", "params"], ["y"], GROUPED_FETCH_ON_DEMAND_SOURCE,
         ),

@@ -42,8 +42,8 @@ def fetch_on_demand(x, w, view: View | None):
     k, a, b = w.shape
     rows, offsets, gather, kidx = _csr_edges(x, view)
     return _kernel("fetch_on_demand")(
-        inputs=[x, w, offsets, gather, kidx, jit.params(rows)],
-        template=[("T", x.dtype), ("A", a), ("B", b), ("POINTWISE", view is None)],
+        inputs=[x, w, offsets, gather, kidx, jit.params(rows, a, b)],
+        template=[("T", x.dtype), ("POINTWISE", view is None)],
         grid=(max(rows * b, 1), 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
     )[0]
@@ -60,8 +60,8 @@ def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None):
     bn = channel_tile(b) if bn is None else _check_tile("BN", bn, b)
     ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
     return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn))(
-        inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows)],
-        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k), ("AK", ak), ("BN", bn)],
+        inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows, a, b, k)],
+        template=[("T", x.dtype), ("AK", ak), ("BN", bn)],
         grid=(max(tiles, 1) * (b // bn) * 128, 1, 1), threadgroup=(128, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
     )[0]
@@ -72,8 +72,8 @@ def wgrad_direct(x, ct, view: View | None, k):
     a, b = x.shape[1], ct.shape[1]
     ko, gi, ri, n = _kernel_major_edges(x, view)
     return _kernel("wgrad_direct")(
-        inputs=[x, ct, ko, gi, ri, jit.params(n)],
-        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k), ("POINTWISE", view is None)],
+        inputs=[x, ct, ko, gi, ri, jit.params(n, a, b, k)],
+        template=[("T", x.dtype), ("POINTWISE", view is None)],
         grid=(max(k * a * b, 1), 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(k, a, b)], output_dtypes=[x.dtype],
     )[0]
@@ -104,14 +104,14 @@ def wgrad_mma(x, ct, view: View | None, k, ta: int | None = None, tb: int | None
     chunks, first, km = view.wgrad_chunks(chunk or wgrad_chunk(a, b))
     n_chunks = chunks.shape[0]  # slots; the empty ones past first[K] are not reduced
     partial = _kernel("wgrad_mma")(
-        inputs=[x, ct, km.in_idx, km.out_idx, chunks],
-        template=[("T", x.dtype), ("A", a), ("B", b), ("TA", ta), ("TB", tb)],
+        inputs=[x, ct, km.in_idx, km.out_idx, chunks, jit.params(a, b)],
+        template=[("T", x.dtype), ("TA", ta), ("TB", tb)],
         grid=(n_chunks * (a // ta) * (b // tb) * 128, 1, 1), threadgroup=(128, 1, 1),
         output_shapes=[(n_chunks, a, b)], output_dtypes=[mx.float32],
     )[0]
     return _kernel("wgrad_reduce")(
-        inputs=[partial, first],
-        template=[("T", x.dtype), ("A", a), ("B", b), ("K", k)],
+        inputs=[partial, first, jit.params(a, b, k)],
+        template=[("T", x.dtype)],
         grid=(k * a * b, 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(k, a, b)], output_dtypes=[x.dtype],
     )[0]
