@@ -2,8 +2,15 @@
 compiles, and where it keeps it. Compiling and launching need a GPU
 (tests/test_cuda*.py run them there); these check the parts that do not."""
 
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
 import mlx.core as mx
 
+from conftest import needs_cuda
 from mlx_lattice.backends.cuda import jit
 
 
@@ -30,3 +37,69 @@ def test_cache_location(monkeypatch, tmp_path):
     monkeypatch.delenv("MLX_LATTICE_CUDA_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert jit.cache_dir() == tmp_path / "mlx_lattice" / "cuda"
+
+
+def _standins(key):
+    ins, outs, template = key
+    return [jit._Standin(d, n) for d, n in ins], list(outs), list(template)
+
+
+def test_shipped_manifest_names_this_package_kernels():
+    # Every line of the package's list names a kernel of this package with
+    # its arity, and reads back to the same line.
+    lines = jit._SHIPPED.read_text().splitlines()
+    parsed = [jit._parse(line) for line in lines]
+    assert lines and all(p is not None for p in parsed)
+    assert [jit._entry(k, key) for k, key in parsed] == [json.dumps(json.loads(line)) for line in lines]
+    names = {k.name for k, _ in parsed}
+    assert {"mlx_lattice_sorted_mma", "mlx_lattice_wgrad_mma", "mlx_lattice_map_insert",
+            "mlx_lattice_norm_stats", "mlx_lattice_plan_mask"} <= names
+    # each feature dtype of a training step is listed, and every kernel
+    # serving all dtypes carries no T
+    assert {str(jit._dtype(key)) for _, key in parsed} == {"None", str(mx.float16), str(mx.bfloat16),
+                                                             str(mx.float32)}
+    assert jit._parse('{"kernel": "mlx_lattice_no_such_kernel", "inputs": [], "outputs": [], "template": []}') is None
+    assert jit._parse("not json") is None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_shipped_kernels_compile_with_nvcc(tmp_path):
+    # The prologue and every kernel's specialised source, as the compiler
+    # processes get them: one of each kernel and dtype, compiled for Hopper.
+    picked = {}
+    for kernel, key in jit.manifest([jit._SHIPPED]):
+        picked.setdefault((kernel.name, str(jit._dtype(key))), (kernel, key))
+    procs = []
+    for i, (kernel, key) in enumerate(picked.values()):
+        src = tmp_path / f"k{i}.cu"
+        src.write_text(kernel._specialised(*_standins(key)).replace("KERNEL_NAME", f"k{i}"))
+        procs.append((kernel.name, key, subprocess.Popen(
+            ["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / f"k{i}.cubin"), str(src)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        if len(procs) % 2 == 0:
+            procs[-2][2].wait()
+    for name, key, p in procs:
+        out = p.communicate()[0]
+        assert p.returncode == 0, f"{name} {key[2]}: {out[-2000:]}"
+
+
+@needs_cuda
+def test_pool_compiles_listed_kernels_side_by_side(tmp_path, monkeypatch):
+    # A first miss on a machine: the listed kernels of its dtype compile in
+    # the compiler processes; one still queued is the caller's to compile.
+    monkeypatch.setenv("MLX_LATTICE_CUDA_CACHE", str(tmp_path))
+    comp = jit._nvrtc()
+    pool = jit._Pool(comp, tmp_path, 2)
+    try:
+        pool.offer(mx.float16)
+        paths = list(pool.done)
+        assert len(paths) > 50
+        assert pool.wait(paths[-1]) is False  # taken back from the queue
+        assert all(pool.wait(p) for p in paths[:-1])
+        assert all(os.path.getsize(p) > 0 for p in paths[:-1])
+        assert not os.path.exists(paths[-1])
+        pool.offer(mx.float16)  # once per dtype
+        assert list(pool.done) == paths
+    finally:
+        for proc in pool.procs:
+            proc.stdin.close()

@@ -21,7 +21,9 @@ place, so concurrent processes and ranks share it safely.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import json
 import os
 import sys
 import threading
@@ -76,6 +78,21 @@ class _Nvrtc:
         self.version = f"{major.value}.{minor.value}"
         self.arch = self._arch()
         self.includes = self._includes()
+        self.options = [f"--gpu-architecture={self.arch}"] + [f"--include-path={p}" for p in self.includes]
+        self.path = self._path()
+
+    @staticmethod
+    def _path() -> str | None:
+        """The file of the NVRTC library this process loaded (for the
+        compiler processes, which cannot rely on libmlx's search path)."""
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    if "libnvrtc.so" in line and "/" in line:
+                        return line[line.index("/"):].strip()
+        except OSError:
+            pass
+        return None
 
     @staticmethod
     def _load():
@@ -127,7 +144,7 @@ class _Nvrtc:
         self._check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(),
                                            0, None, None), "nvrtcCreateProgram")
         try:
-            opts = [f"--gpu-architecture={self.arch}"] + [f"--include-path={p}" for p in self.includes]
+            opts = self.options
             arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
             code = lib.nvrtcCompileProgram(prog, len(opts), arr)
             if code != 0:
@@ -156,7 +173,7 @@ def _site_dirs() -> list[Path]:
     return list(dict.fromkeys(dirs))
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 # Every (kernel, specialisation) this process has asked for, in order.
 BUILT: list[tuple["Kernel", tuple]] = []
 _compiler: _Nvrtc | None = None
@@ -177,6 +194,201 @@ def _nvrtc() -> _Nvrtc | None:
         return _compiler
 
 
+# --------------------------------------------------------- kernel manifests
+# A specialisation as one JSON line: the kernel's name, its inputs' dtypes
+# and ranks, its output dtypes and template (dtypes by name). Each cache
+# directory keeps those its processes compiled (manifest.jsonl beside the
+# cubins); the package lists those its training steps use (manifest.jsonl
+# beside this file), so that a new machine compiles them side by side.
+_KERNELS: dict[str, "Kernel"] = {}
+_SHIPPED = Path(__file__).with_name("manifest.jsonl")
+_DTYPE_NAMES = {v: k for k, v in {n: getattr(mx, n) for n in (
+    "float32", "float16", "bfloat16", "bool_", "int8", "int16", "int32", "int64",
+    "uint8", "uint16", "uint32", "uint64")}.items()}
+
+
+def _entry(kernel: "Kernel", key: tuple) -> str:
+    ins, outs, template = key
+    name = lambda v: _DTYPE_NAMES[v] if isinstance(v, mx.Dtype) else v  # noqa: E731
+    return json.dumps({"kernel": kernel.name, "inputs": [[name(d), n] for d, n in ins],
+                       "outputs": [name(d) for d in outs], "template": [[k, name(v)] for k, v in template]})
+
+
+def _dtype(key: tuple):
+    """The feature dtype a specialisation is made for (its template's T), or
+    None for kernels that serve every dtype (index and statistics kernels)."""
+    return next((v for k, v in key[2] if k == "T"), None)
+
+
+class _Standin:
+    """What a specialisation reads of an input: its dtype and rank."""
+
+    def __init__(self, dtype, ndim):
+        self.dtype, self.ndim = dtype, ndim
+
+
+def _find_kernel(name: str) -> "Kernel | None":
+    """The kernel named ``name``, made by the module that owns it."""
+    if name not in _KERNELS:
+        from . import kernels, maps, neighbors, norm, plans
+
+        for mod, prefix in ((maps, "mlx_lattice_map_"), (plans, "mlx_lattice_plan_"),
+                            (neighbors, "mlx_lattice_neighbors_"), (norm, "mlx_lattice_"),
+                            (kernels, "mlx_lattice_")):
+            if name.startswith(prefix):
+                try:
+                    mod._kernel(name[len(prefix):])
+                except (KeyError, TypeError):
+                    continue
+                if name in _KERNELS:
+                    break
+    return _KERNELS.get(name)
+
+
+def _parse(line: str):
+    """(kernel, key) of a manifest line, or None where it names nothing this
+    package has (an older or newer package's line)."""
+    try:
+        e = json.loads(line)
+        dt = lambda v: getattr(mx, v) if isinstance(v, str) else v  # noqa: E731
+        kernel = _find_kernel(e["kernel"])
+        key = (tuple((dt(d), int(n)) for d, n in e["inputs"]), tuple(dt(d) for d in e["outputs"]),
+               tuple((k, dt(v)) for k, v in e["template"]))
+        if kernel is None or len(key[0]) != len(kernel.input_names) or len(key[1]) != len(kernel.output_names):
+            return None
+        return kernel, key
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def manifest(paths=None) -> list:
+    """(kernel, key) of every specialisation listed in ``paths`` (default:
+    the package's list and this machine's cache's), each once."""
+    if paths is None:
+        comp, directory = _nvrtc(), cache_dir()
+        paths = [_SHIPPED] + ([directory / comp.arch / "manifest.jsonl"] if comp and directory else [])
+    seen, out = set(), []
+    for p in paths:
+        try:
+            lines = Path(p).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parsed = _parse(line)
+            if parsed is not None and (parsed[0].name, parsed[1]) not in seen:
+                seen.add((parsed[0].name, parsed[1]))
+                out.append(parsed)
+    return out
+
+
+# ----------------------------------------------------- the compiler processes
+def compile_workers() -> int:
+    """Compiler processes of a first miss: ``$MLX_LATTICE_CUDA_COMPILE_WORKERS``,
+    else one per core but one, at most 8 (0: none, every kernel compiles in
+    the process that needs it)."""
+    env = os.environ.get("MLX_LATTICE_CUDA_COMPILE_WORKERS")
+    if env is not None:
+        return max(0, int(env))
+    return max(0, min(8, (os.cpu_count() or 1) - 1))
+
+
+class _Pool:
+    """Compiler processes (nvrtc_worker.py) fed from one queue; a cubin asked
+    for while queued or compiling there is waited for."""
+
+    def __init__(self, comp: _Nvrtc, directory: Path, workers: int):
+        import queue
+        import subprocess
+
+        self.comp, self.directory = comp, directory
+        self.jobs: "queue.Queue" = queue.Queue()
+        self.done: dict[str, threading.Event] = {}
+        self.taken: set = set()  # paths a worker or the caller has started
+        self.offered: set = set()
+        self.entries = manifest()
+        script = str(Path(__file__).with_name("nvrtc_worker.py"))
+        self.procs = []
+        for _ in range(workers):
+            proc = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, bufsize=1)
+            self.procs.append(proc)
+            threading.Thread(target=self._feed, args=(proc,), daemon=True).start()
+
+    def offer(self, dtype) -> None:
+        """Queue the listed specialisations for this feature dtype (and those
+        for every dtype) not compiled yet; each dtype once per process."""
+        new = {None, dtype} - self.offered
+        if not new:
+            return
+        self.offered |= new
+        queued = sum(self._queue(kernel, key) for kernel, key in self.entries if _dtype(key) in new)
+        if queued:
+            print(f"mlx_lattice: compiling {queued} CUDA kernels for {self.comp.arch} in {len(self.procs)} "
+                  f"processes (kept in {self.directory})", file=sys.stderr, flush=True)
+
+    def _queue(self, kernel: "Kernel", key: tuple) -> bool:
+        ins, outs, template = key
+        text = kernel._specialised([_Standin(d, n) for d, n in ins], list(outs), list(template))
+        digest = hashlib.sha256(f"{self.comp.arch}\n{self.comp.version}\n{text}".encode()).hexdigest()[:24]
+        name = f"{kernel.name}_{digest}"
+        path = self.directory / self.comp.arch / f"{name}.cubin"
+        if str(path) in self.done or path.exists():
+            return False
+        self.done[str(path)] = threading.Event()
+        self.jobs.put({"lib": self.comp.path, "options": self.comp.options, "name": name,
+                       "source": text.replace("KERNEL_NAME", name), "path": str(path)})
+        return True
+
+    def _take(self, path: str) -> bool:
+        with _lock:
+            if path in self.taken:
+                return False
+            self.taken.add(path)
+            return True
+
+    def _feed(self, proc) -> None:
+        while True:
+            job = self.jobs.get()
+            if not self._take(job["path"]):
+                continue  # the caller compiles it
+            try:
+                proc.stdin.write(json.dumps(job) + "\n")
+                proc.stdin.flush()
+                proc.stdout.readline()  # the reply: the cubin is on disk, or the caller compiles it
+            except (OSError, ValueError):
+                pass
+            finally:
+                self.done[job["path"]].set()
+
+    def wait(self, path: str, timeout: float = 300.0) -> bool:
+        """Whether a worker has attempted ``path`` (waiting for it where one
+        is compiling it); False where it is the caller's to compile (not
+        queued, or still waiting in the queue: taken back from it)."""
+        event = self.done.get(path)
+        if event is None or self._take(path):
+            return False
+        return event.wait(timeout)
+
+
+_the_pool: _Pool | None = None
+_pool_failed = False
+
+
+def _pool(comp: _Nvrtc, directory: Path) -> _Pool | None:
+    global _the_pool, _pool_failed
+    with _lock:
+        if _the_pool is None and not _pool_failed:
+            workers = compile_workers()
+            if workers == 0 or comp.path is None:
+                _pool_failed = True
+            else:
+                try:
+                    _the_pool = _Pool(comp, directory, workers)
+                except OSError:
+                    _pool_failed = True
+        return _the_pool
+
+
 class Kernel:
     """``mx.fast.cuda_kernel``'s callable, with compiled code kept on disk."""
 
@@ -190,6 +402,7 @@ class Kernel:
         self._uses_other_info = any(f"{n}_strides" in source or f"{n}_ndim" in source for n in self.input_names)
         self._mlx = None
         self._built: dict[tuple, tuple[str, bytes]] = {}
+        _KERNELS.setdefault(name, self)
 
     def _mlx_kernel(self):
         if self._mlx is None:
@@ -236,6 +449,17 @@ class Kernel:
             return name, path.read_bytes()
         except OSError:
             pass
+        # A first miss: the kernels this machine's earlier processes used,
+        # and those the package lists for this dtype, compile side by side
+        # while the caller goes on; this one is waited for if queued there.
+        pool = _pool(comp, directory)
+        if pool is not None:
+            pool.offer(_dtype(key))
+            if pool.wait(str(path)):
+                try:
+                    return name, path.read_bytes()
+                except OSError:
+                    pass
         t = time.perf_counter()
         desc = ", ".join(f"{k}={v}" for k, v in template)
         print(f"mlx_lattice: compiling CUDA kernel {self.name} ({desc}) for {comp.arch}...",
@@ -252,6 +476,8 @@ class Kernel:
             tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_bytes(cubin)
             os.replace(tmp, path)
+            with open(path.parent / "manifest.jsonl", "a") as f:
+                f.write(_entry(self, key) + "\n")
         except OSError as e:
             warnings.warn(f"mlx_lattice: could not keep a compiled CUDA kernel in {directory}: {e}", stacklevel=4)
         return name, cubin
@@ -289,7 +515,14 @@ def kernel(name, input_names, output_names, source, header="", shared_memory=0) 
 
 
 def params(*vals) -> mx.array:
-    """Scalar kernel parameters as one int32 array."""
+    """Scalar kernel parameters as one int32 array, made once per distinct
+    values (a leaf that later launches reuse where it already lies: a
+    training step asks for the same sizes every time)."""
+    return _params(tuple(int(v) for v in vals))
+
+
+@functools.lru_cache(maxsize=4096)
+def _params(vals: tuple) -> mx.array:
     return mx.array(np.array(vals, dtype=np.int32))
 
 
