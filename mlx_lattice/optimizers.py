@@ -241,6 +241,11 @@ def compiled_update(model, optimizer):
         update(grads)
         mx.eval(loss, model.state, opt.state)
     """
+    if not getattr(getattr(optimizer, "optimizer", optimizer), "_initialized", True):
+        # The state made now, not inside the first call: a state that changes
+        # shape after the first call makes mx.compile trace (and, on GPUs,
+        # build its kernels) a second time.
+        optimizer.init(model.trainable_parameters())
     state = [model.state, optimizer.state]
 
     def update(grads):

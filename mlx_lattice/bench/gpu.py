@@ -304,7 +304,7 @@ def run_gpu(args) -> int:
                     vs = f"{case['speedup_vs_gather_matmul']:.1f}x" if pname == "forward" else ""
                     print(f"{wl:<7} {layer.name:<18} {pname:<8} {dt:<9} {n_out:>9,} {edges:>10,} {t*1e3:>8.3f} "
                           f"{flops/t/1e12:>8.1f} {flops/t/dense:>6.0%} {vs:>9}  {route}", flush=True)
-            where = "CUDA" if cset.gpu_table is not None else "the CPU"
+            where = "CUDA" if cset.backend.name == "cuda" else "the CPU"
             print(f"   map building for {layer.name}: {t_map*1e3:.1f} ms (relation, swapped relation, "
                   f"sorted plans and wgrad chunks on {where}; first call, kernels compiled)", flush=True)
         cases += network_rows(wl, coords, max(2, repeats // 3), use_spconv=use_spconv)
