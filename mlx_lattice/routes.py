@@ -709,8 +709,8 @@ register(Route(
 # ------------------------------------------------------------------ CUDA routes
 HALF = _cond("features float16 or bfloat16", lambda c: c.dtype in ("float16", "bfloat16"))
 MMA_CHANNELS = _cond(
-    "C_in and C_out multiples of 16, at most 512",
-    lambda c: c.c_in % 16 == 0 and c.c_out % 16 == 0 and c.c_in <= 512 and c.c_out <= 512,
+    "C_in and C_out multiples of 16, at most 1024",
+    lambda c: c.c_in % 16 == 0 and c.c_out % 16 == 0 and c.c_in <= 1024 and c.c_out <= 1024,
 )
 K_LE_64 = _cond("K <= 64", lambda c: c.k <= 64)
 

@@ -49,6 +49,9 @@ def case(rng, op, c_in, c_out, dtype, n=400):
         # channels staged 64 at a time, dW blocks of up to 128 x 128.
         ("subm", 256, 256, mx.float16, "cuda.sorted_mma"),
         ("subm", 512, 512, mx.bfloat16, "cuda.sorted_mma"),
+        # Decoder widths: channel counts are run-time parameters of the kernels.
+        ("subm", 1024, 1024, mx.float16, "cuda.sorted_mma"),
+        ("up", 1024, 256, mx.bfloat16, "cuda.sorted_mma"),
         ("down", 192, 320, mx.float16, "cuda.sorted_mma"),
         ("up", 512, 48, mx.float16, "cuda.sorted_mma"),
         ("down", 32, 64, mx.float16, "cuda.sorted_mma"),
