@@ -118,6 +118,12 @@ def record(maps: bool = False):
             _active.remove(item)
 
 
+def listening() -> bool:
+    """Whether a record emitted now goes anywhere (a ``record`` block or
+    ``$MLX_LATTICE_ROUTE_LOG``)."""
+    return bool(_active) or bool(os.environ.get("MLX_LATTICE_ROUTE_LOG"))
+
+
 def emit(entry: dict) -> None:
     is_map = entry.get("op") == "map"
     with _lock:

@@ -190,14 +190,18 @@ def select(ctx: RouteContext) -> Selection:
     When no route of a GPU backend applies, the CPU routes are asked and the
     selection says so in ``fallback``; nothing falls back silently.
     """
+    chosen, rejected, fallback = _cached(ctx)
+    # Fresh records: the caller's to keep.
+    return Selection(chosen, [dict(r) for r in rejected], fallback)
+
+
+def _cached(ctx: RouteContext) -> tuple[Route, tuple, str | None]:
     hit = _SELECTED.get(ctx)
     if hit is None:
         if len(_SELECTED) >= _SELECTED_MAX:
             _SELECTED.clear()
         hit = _SELECTED[ctx] = _select(ctx)
-    chosen, rejected, fallback = hit
-    # Fresh records: the log's entries are the caller's to keep.
-    return Selection(chosen, [dict(r) for r in rejected], fallback)
+    return hit
 
 
 def _select(ctx: RouteContext) -> tuple[Route, tuple, str | None]:
@@ -243,18 +247,23 @@ def choose(ctx: RouteContext, fallback: str | None = None, probe=None) -> Select
     kernels). The static selection goes through the route tuner, which may
     take another eligible route (a cached or measured choice, or one named
     explicitly); ``probe``: the call's data, for the tuner to measure on."""
-    sel = select(ctx)
+    # The memo's rejection records, shared (a tuple): copied into the log
+    # entry below, read-only for the caller.
+    sel = Selection(*_cached(ctx))
     tuned = None
     if _choice_hook is not None:
         sel, tuned = _choice_hook(ctx, sel, probe)
-    entry = ctx.as_dict()
-    entry.update(
-        route=sel.route.name, backend=sel.route.backend, rejected=sel.rejected,
-        fallback=fallback or sel.fallback, deterministic=sel.route.deterministic,
-    )
-    if tuned:
-        entry.update(tuned)
-    diagnostics.emit(entry)
+    if diagnostics.listening():
+        # The record is built only for a listener: a network asks this for
+        # every product of every step.
+        entry = ctx.as_dict()
+        entry.update(
+            route=sel.route.name, backend=sel.route.backend, rejected=[dict(r) for r in sel.rejected],
+            fallback=fallback or sel.fallback, deterministic=sel.route.deterministic,
+        )
+        if tuned:
+            entry.update(tuned)
+        diagnostics.emit(entry)
     return sel
 
 
