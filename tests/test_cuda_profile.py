@@ -46,7 +46,7 @@ def test_profile_of_a_step_on_cuda(rng, on_gpu):
     # four strided); the decoder's relations are the encoder's, swapped.
     assert built[4] == {"table flags": 1, "support size": 4, "relation size": 9}
     assert cached[4] == {}
-    assert p["conv_forward_s"] > 0 and p["adam_compiled_s"] > 0
+    assert p["conv_forward_s"] > 0 and p["adam_compiled_s"] > 0 and p["eval_floor_s"] > 0
     assert all(t > 0 for t in p["map_stages_s"].values())
 
 

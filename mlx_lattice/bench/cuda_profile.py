@@ -23,6 +23,7 @@ import mlx.core as mx
 from .. import autodiff, ops
 from ..nn import normalization
 from ..relation import KernelGeometry, Relation
+from ..tensor import SparseTensor
 from .timing import best_time
 
 
@@ -198,6 +199,23 @@ def profile(step, repeats: int = 5) -> dict:
         mx.eval(loss, step.model.state, step.optimizer.state)
 
     step_cached = best_time(cached_step, repeats)
+
+    # The same graph on every 16th row: as many primitives, a sixteenth of
+    # the GPU's work. Its evaluation time is about what dispatching the
+    # step's primitives costs whatever the rows; the rest of the full
+    # step's evaluation is the GPU working.
+    small = SparseTensor(step.coords[::16], step.feats[::16])
+    step.loss_grad(step.model, small)  # its maps
+
+    def small_eval():
+        loss, grads = step.loss_grad(step.model, small)
+        step.update(grads)
+        t0 = time.perf_counter()
+        mx.eval(loss, step.model.state, step.optimizer.state)
+        return time.perf_counter() - t0
+
+    small_eval()
+    eval_floor = min(small_eval() for _ in range(repeats))
     fwd, bwd = conv_device_times(step, cached_x, repeats)
     # Adam alone on fixed gradients, as MLX ops and compiled into fused kernels.
     _, grads = step.loss_grad(step.model, cached_x)
@@ -219,7 +237,7 @@ def profile(step, repeats: int = 5) -> dict:
 
     t_chain = best_time(chain, repeats)
     return {
-        "step_built_s": step_built, "step_cached_s": step_cached,
+        "step_built_s": step_built, "step_cached_s": step_cached, "eval_floor_s": eval_floor,
         "phases": out, "conv_forward_s": fwd, "conv_backward_s": bwd, "adam_s": t_adam,
         "adam_compiled_s": t_adam_compiled, "primitive_s": t_chain / 1000,
         "map_stages_s": map_stages(step.coords, repeats),
@@ -233,6 +251,8 @@ def format_profile(p: dict) -> str:
         f"input + weight gradients {p['conv_backward_s']*1e3:.1f} ms; Adam alone {p['adam_s']*1e3:.1f} ms "
         f"(compiled: {p['adam_compiled_s']*1e3:.1f} ms)",
         f"one small primitive (a chain of 1000 adds): {p['primitive_s']*1e6:.1f} us",
+        f"evaluation of the step (maps cached) on every 16th row: {p['eval_floor_s']*1e3:.1f} ms "
+        "(about what dispatching the step's primitives costs, whatever the rows)",
     ]
     lines.append("map stages (each evaluated on its own):")
     for name, t in p["map_stages_s"].items():
