@@ -365,7 +365,10 @@ class _Pool:
         is compiling it); False where it is the caller's to compile (not
         queued, or still waiting in the queue: taken back from it)."""
         event = self.done.get(path)
-        if event is None or self._take(path):
+        if event is None:
+            return False
+        if self._take(path):
+            event.set()  # no worker will: a later wait reads what the caller left
             return False
         return event.wait(timeout)
 
