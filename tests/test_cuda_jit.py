@@ -107,3 +107,21 @@ def test_pool_compiles_listed_kernels_side_by_side(tmp_path, monkeypatch):
     finally:
         for proc in pool.procs:
             proc.stdin.close()
+
+
+def test_manifest_lines_naming_other_things_are_skipped(tmp_path):
+    # A cache's list may come from another release: what this package does
+    # not have, or cannot read, is left out, not raised.
+    good = jit._SHIPPED.read_text().splitlines()[0]
+    bad = [
+        '{"kernel": "mlx_lattice_map_insert", "inputs": [["array", 2], ["int32", 1]], '
+        '"outputs": ["uint64", "int32", "int32"], "template": []}',
+        '{"kernel": "mlx_lattice_map_insert", "inputs": [["int32", 2]], "outputs": [], "template": []}',
+        '{"kernel": "mlx_lattice_sorted_mma", "inputs": [], "outputs": [], "template": [["T", [1]]]}',
+        '{"kernel": 3}',
+        "[]",
+    ]
+    listed = tmp_path / "manifest.jsonl"
+    listed.write_text("\n".join(bad + [good, good]) + "\n")
+    assert [jit._entry(k, key) for k, key in jit.manifest([listed, tmp_path / "missing.jsonl"])] == [
+        json.dumps(json.loads(good))]

@@ -202,9 +202,10 @@ def _nvrtc() -> _Nvrtc | None:
 # beside this file), so that a new machine compiles them side by side.
 _KERNELS: dict[str, "Kernel"] = {}
 _SHIPPED = Path(__file__).with_name("manifest.jsonl")
-_DTYPE_NAMES = {v: k for k, v in {n: getattr(mx, n) for n in (
+_NAMED_DTYPES = {n: getattr(mx, n) for n in (
     "float32", "float16", "bfloat16", "bool_", "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64")}.items()}
+    "uint8", "uint16", "uint32", "uint64")}
+_DTYPE_NAMES = {v: k for k, v in _NAMED_DTYPES.items()}
 
 
 def _entry(kernel: "Kernel", key: tuple) -> str:
@@ -250,11 +251,12 @@ def _parse(line: str):
     package has (an older or newer package's line)."""
     try:
         e = json.loads(line)
-        dt = lambda v: getattr(mx, v) if isinstance(v, str) else v  # noqa: E731
         kernel = _find_kernel(e["kernel"])
-        key = (tuple((dt(d), int(n)) for d, n in e["inputs"]), tuple(dt(d) for d in e["outputs"]),
-               tuple((k, dt(v)) for k, v in e["template"]))
-        if kernel is None or len(key[0]) != len(kernel.input_names) or len(key[1]) != len(kernel.output_names):
+        key = (tuple((_NAMED_DTYPES[d], int(n)) for d, n in e["inputs"]),
+               tuple(_NAMED_DTYPES[d] for d in e["outputs"]),
+               tuple((str(k), _NAMED_DTYPES[v] if isinstance(v, str) else v) for k, v in e["template"]))
+        if (kernel is None or len(key[0]) != len(kernel.input_names) or len(key[1]) != len(kernel.output_names)
+                or not all(isinstance(v, (bool, int, mx.Dtype)) for _, v in key[2])):
             return None
         return kernel, key
     except (ValueError, KeyError, TypeError, AttributeError):
