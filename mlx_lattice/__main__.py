@@ -1,4 +1,4 @@
-"""Command line: ``python -m mlx_lattice {demo,bench,routes,convert,doctor,tune} ...``."""
+"""Command line: ``python -m mlx_lattice {demo,bench,routes,convert,doctor,tune,cuda-prebuild} ...``."""
 
 from __future__ import annotations
 
@@ -55,6 +55,13 @@ def main(argv=None) -> int:
 
     tune_arguments(tune)
 
+    pre = sub.add_parser("cuda-prebuild", help="compile the CUDA kernels of the training steps into the "
+                         "kernel cache ahead of time, side by side (an image build, a cluster's setup)")
+    pre.add_argument("--arch", help="the GPU architecture, e.g. sm_90 (default: the GPU's; name it where "
+                     "no GPU is visible)")
+    pre.add_argument("--dtypes", default="float16,bfloat16,float32", help="feature dtypes (default all three)")
+    pre.add_argument("--workers", type=int, help="compiler processes (default: one per core but one, at most 8)")
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:
         from .bench.__main__ import main as bench_main
@@ -91,6 +98,29 @@ def main(argv=None) -> int:
             for r in routes.list_routes():
                 print(f"{r['name']:<34} {r['backend']:<6} {r['priority']:>4}  {r['predicate']}")
         return 0
+    if args.command == "cuda-prebuild":
+        import re
+
+        if args.arch is not None and not re.fullmatch(r"sm_\d{2,3}[a-z]?", args.arch):
+            parser.error(f"cuda-prebuild: --arch must look like sm_90, got {args.arch!r}")
+        if args.workers is not None and args.workers < 1:
+            parser.error(f"cuda-prebuild: --workers must be at least 1, got {args.workers}")
+        import mlx.core as mx
+
+        names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+        bad = [d for d in names if d not in ("float16", "bfloat16", "float32")]
+        if bad or not names:
+            parser.error(f"cuda-prebuild: --dtypes takes float16, bfloat16 and float32, got {args.dtypes!r}")
+        from .backends.cuda import jit
+
+        try:
+            r = jit.prebuild([getattr(mx, d) for d in names], args.arch, args.workers)
+        except (OSError, RuntimeError, ValueError) as e:
+            print(f"cuda-prebuild: {e}", file=sys.stderr)
+            return 1
+        print(f"{r['compiled']} kernels compiled for {r['arch']} in {r['seconds']:.1f} s, {r['cached']} "
+              f"already there, {r['failed']} failed; kept in {r['directory']}")
+        return 1 if r["failed"] else 0
     if args.command == "convert":
         from . import convert
 

@@ -125,3 +125,38 @@ def test_manifest_lines_naming_other_things_are_skipped(tmp_path):
     listed.write_text("\n".join(bad + [good, good]) + "\n")
     assert [jit._entry(k, key) for k, key in jit.manifest([listed, tmp_path / "missing.jsonl"])] == [
         json.dumps(json.loads(good))]
+
+
+def test_prebuild_arguments_are_checked(capsys):
+    from mlx_lattice.__main__ import main
+
+    for argv, said in ((["--arch", "sm90"], "--arch must look like sm_90"),
+                       (["--dtypes", "int8"], "--dtypes takes float16"),
+                       (["--workers", "0"], "--workers must be at least 1")):
+        with pytest.raises(SystemExit):
+            main(["cuda-prebuild", *argv])
+        assert said in capsys.readouterr().err
+
+
+def _nvrtc_or_skip():
+    try:
+        return jit._Nvrtc(arch="sm_90")
+    except (OSError, RuntimeError, AttributeError) as e:
+        pytest.skip(f"needs NVRTC: {e}")
+
+
+def test_prebuild_fills_the_cache_for_a_named_arch(tmp_path, monkeypatch):
+    # Ahead of time, for an architecture named rather than read from a GPU:
+    # the listed specialisations of the dtypes asked for, and a second run
+    # finds them there.
+    _nvrtc_or_skip()
+    monkeypatch.setenv("MLX_LATTICE_CUDA_CACHE", str(tmp_path / "cache"))
+    lines = [line for line in jit._SHIPPED.read_text().splitlines()
+             if '"mlx_lattice_wgrad_reduce"' in line or '"mlx_lattice_map_insert"' in line]
+    listed = tmp_path / "listed.jsonl"
+    listed.write_text("\n".join(lines) + "\n")
+    r = jit.prebuild([mx.bfloat16], arch="sm_90", workers=2, manifests=[listed])
+    assert (r["compiled"], r["failed"], r["arch"]) == (2, 0, "sm_90")  # map_insert and the bf16 reduce
+    assert len(list((tmp_path / "cache" / "sm_90").glob("*.cubin"))) == 2
+    again = jit.prebuild([mx.bfloat16], arch="sm_90", workers=1, manifests=[listed])
+    assert (again["compiled"], again["cached"]) == (0, 2)

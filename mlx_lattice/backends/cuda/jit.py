@@ -71,12 +71,14 @@ class _Nvrtc:
     """The NVRTC library MLX already loaded, the GPU's architecture and the
     include paths MLX compiles with."""
 
-    def __init__(self):
+    def __init__(self, arch: str | None = None):
         self.lib = self._load()
         major, minor = ctypes.c_int(), ctypes.c_int()
         self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
         self.version = f"{major.value}.{minor.value}"
-        self.arch = self._arch()
+        # arch: the GPU's (read from the driver) unless named (a build
+        # ahead of time on a machine that sees no GPU).
+        self.arch = arch or self._arch()
         self.includes = self._includes()
         self.options = [f"--gpu-architecture={self.arch}"] + [f"--include-path={p}" for p in self.includes]
         self.path = self._path()
@@ -298,7 +300,7 @@ class _Pool:
     """Compiler processes (nvrtc_worker.py) fed from one queue; a cubin asked
     for while queued or compiling there is waited for."""
 
-    def __init__(self, comp: _Nvrtc, directory: Path, workers: int):
+    def __init__(self, comp: _Nvrtc, directory: Path, workers: int, entries: list | None = None):
         import queue
         import subprocess
 
@@ -307,7 +309,7 @@ class _Pool:
         self.done: dict[str, threading.Event] = {}
         self.taken: set = set()  # paths a worker or the caller has started
         self.offered: set = set()
-        self.entries = manifest()
+        self.entries = manifest() if entries is None else entries
         script = str(Path(__file__).with_name("nvrtc_worker.py"))
         self.procs = []
         for _ in range(workers):
@@ -373,6 +375,44 @@ class _Pool:
             event.set()  # no worker will: a later wait reads what the caller left
             return False
         return event.wait(timeout)
+
+    def close(self) -> None:
+        """Let the compiler processes end once their queue is done."""
+        for proc in self.procs:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+
+def prebuild(dtypes=(mx.float16, mx.bfloat16, mx.float32), arch: str | None = None,
+             workers: int | None = None, manifests=None) -> dict:
+    """Compile ahead of time every listed specialisation (the package's
+    list and the cache's, or ``manifests``) for ``dtypes`` into the cache,
+    side by side; ``arch`` (``sm_90``, ...) where no GPU is visible, as in
+    an image build. Returns {"compiled", "cached", "failed", "seconds",
+    "arch", "directory"}."""
+    directory = cache_dir()
+    if directory is None:
+        raise ValueError("MLX_LATTICE_CUDA_CACHE is off: there is no cache to build into")
+    comp = _Nvrtc(arch)
+    if comp.path is None:
+        raise OSError("the NVRTC library file is not found in this process")
+    entries = manifest(manifests if manifests is not None
+                       else [_SHIPPED, directory / comp.arch / "manifest.jsonl"])
+    t = time.perf_counter()
+    pool = _Pool(comp, directory, max(1, workers if workers is not None else compile_workers()), entries)
+    try:
+        listed = sum(1 for _, key in entries if _dtype(key) in set(dtypes) | {None})
+        for dt in dtypes:
+            pool.offer(dt)
+        for event in list(pool.done.values()):
+            event.wait()
+    finally:
+        pool.close()
+    failed = sum(1 for p in pool.done if not os.path.exists(p))
+    return {"compiled": len(pool.done) - failed, "cached": listed - len(pool.done), "failed": failed,
+            "seconds": time.perf_counter() - t, "arch": comp.arch, "directory": str(directory / comp.arch)}
 
 
 _the_pool: _Pool | None = None
