@@ -332,15 +332,13 @@ class _Pool:
 
     def _queue(self, kernel: "Kernel", key: tuple) -> bool:
         ins, outs, template = key
-        text = kernel._specialised([_Standin(d, n) for d, n in ins], list(outs), list(template))
-        digest = hashlib.sha256(f"{self.comp.arch}\n{self.comp.version}\n{text}".encode()).hexdigest()[:24]
-        name = f"{kernel.name}_{digest}"
-        path = self.directory / self.comp.arch / f"{name}.cubin"
+        name, text, path = kernel._target(self.comp, self.directory,
+                                          [_Standin(d, n) for d, n in ins], list(outs), list(template))
         if str(path) in self.done or path.exists():
             return False
         self.done[str(path)] = threading.Event()
         self.jobs.put({"lib": self.comp.path, "options": self.comp.options, "name": name,
-                       "source": text.replace("KERNEL_NAME", name), "path": str(path)})
+                       "source": text, "path": str(path)})
         return True
 
     def _take(self, path: str) -> bool:
@@ -480,16 +478,21 @@ class Kernel:
                 "extern \"C\" __global__ void KERNEL_NAME(\n" + ",\n".join(params) + ") {\n"
                 + "\n".join(shape_lines + consts) + "\n\n" + self.source + "\n}\n\n} // namespace mlx::core::cu\n")
 
+    def _target(self, comp: _Nvrtc, directory: Path, inputs, output_dtypes, template):
+        """(kernel name, source, cubin path) of a specialisation: named and
+        kept by a digest of its source, the architecture and the NVRTC
+        release."""
+        text = self._specialised(inputs, output_dtypes, template)
+        digest = hashlib.sha256(f"{comp.arch}\n{comp.version}\n{text}".encode()).hexdigest()[:24]
+        name = f"{self.name}_{digest}"
+        return name, text.replace("KERNEL_NAME", name), directory / comp.arch / f"{name}.cubin"
+
     def _build(self, key, inputs, output_dtypes, template) -> tuple[str, bytes] | None:
         comp = _nvrtc()
         directory = cache_dir()
         if comp is None or directory is None:
             return None
-        text = self._specialised(inputs, output_dtypes, template)
-        digest = hashlib.sha256(f"{comp.arch}\n{comp.version}\n{text}".encode()).hexdigest()[:24]
-        name = f"{self.name}_{digest}"
-        text = text.replace("KERNEL_NAME", name)
-        path = directory / comp.arch / f"{name}.cubin"
+        name, text, path = self._target(comp, directory, inputs, output_dtypes, template)
         try:
             return name, path.read_bytes()
         except OSError:
