@@ -380,6 +380,39 @@ def test_minkunet_step_graph_is_smaller(rng, capsys):
     assert len(tree_flatten(g1)) == len(tree_flatten(g2))
 
 
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.parametrize("c", [1, 33, 300])
+def test_running_statistics_kernel(rng, c):
+    """The running-statistics kernel gives the bits of the MLX-op
+    expressions (float32, no contraction), and a BatchNorm training call
+    puts it into the graph in place of those expressions."""
+    rm, rv = (mx.array(rng.standard_normal(c).astype(np.float32)) for _ in range(2))
+    bm = mx.array(rng.standard_normal((1, c)).astype(np.float32))
+    bv = mx.array(rng.random((1, c)).astype(np.float32) * 3)
+    n, mu = 4097, 0.1
+    got = cuda_norm.running_stats(rm, rv, bm, bv, 1 - mu, mu, n / (n - 1))
+    want = ((1 - mu) * rm + mu * bm[0], (1 - mu) * rv + mu * (bv[0] * (n / (n - 1))))
+    for g, w in zip(got, want):
+        assert g.shape == (c,) and g.dtype == mx.float32
+        assert to_np(g).tobytes() == to_np(w).tobytes()
+    bn = nn.BatchNorm(c)
+    xs = sparse(features(rng, 500, c, mx.float32), np.zeros(500, np.int32))
+    nn.norm_act(bn, xs, nn.ReLU())
+    nodes = graph_nodes(bn.running_mean, bn.running_var)
+    assert nodes["CustomKernel"] == 3 and "Gather" not in nodes and "Multiply" not in nodes, nodes
+
+
+def test_running_statistics_arguments():
+    """Checked before any kernel runs (so on every machine)."""
+    f, h = mx.zeros((4,)), mx.zeros((4,), mx.float16)
+    with pytest.raises(ValueError, match="batch_var must be float32"):
+        cuda_norm.running_stats(f, f, f, h, 0.9, 0.1, 1.0)
+    with pytest.raises(ValueError, match="batch_mean must hold 4 values"):
+        cuda_norm.running_stats(f, f, mx.zeros((1, 5)), f, 0.9, 0.1, 1.0)
+
+
 def test_bad_arguments():
     """Checked before any kernel runs (so on every machine)."""
     f, w = mx.zeros((10, 3)), mx.ones((3,))

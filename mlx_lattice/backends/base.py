@@ -86,6 +86,13 @@ class Backend:
         (``_ext.norm_act``'s arguments and results)."""
         return _ext.norm_act
 
+    def running_stats(self, mean, var, batch_mean, batch_var, keep: float, mu: float, ratio: float):
+        """(keep * mean + mu * batch_mean, keep * var + mu * batch_var * ratio):
+        a batch norm's float32 running statistics after a training call
+        (``_ext.running_stats``: one primitive on the CPU, MLX's ops on
+        other streams)."""
+        return _ext.running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio)
+
     # ------------------------------------------------------------ products
     def variants(self, route: str, c_in: int, c_out: int) -> list[dict]:
         """The tile shapes of ``route`` the tuner may ask for; the CPU and

@@ -219,13 +219,16 @@ class BatchNorm(mnn.Module):
     def _update_running(self, mean, var, n):
         """running = (1 - momentum) * running + momentum * batch statistic
         (the variance unbiased), from the fused kernel's (1, C) statistics.
-        On the CPU one primitive forms both with MLX's float32 roundings (the
-        same bits as these expressions in MLX ops, which put 18 small
-        single-threaded nodes per norm into the step's graph)."""
+        The backend forms both with MLX's float32 roundings (the same bits
+        as these expressions in MLX ops, which put about 15 small nodes per
+        norm into the step's graph): one primitive on the CPU and on CUDA.
+        Running statistics in another dtype (a model cast with set_dtype)
+        take the expressions once; their result is float32."""
         mu = self.momentum
         rm, rv = self.running_mean, self.running_var
-        if backends.current().name == "cpu" and rm.dtype == mx.float32 and rv.dtype == mx.float32:
-            self.running_mean, self.running_var = _ext.running_stats(rm, rv, mean, var, 1 - mu, mu, n / (n - 1))
+        if rm.dtype == mx.float32 and rv.dtype == mx.float32:
+            self.running_mean, self.running_var = backends.current().running_stats(
+                rm, rv, mean, var, 1 - mu, mu, n / (n - 1))
             return
         mean, var = mx.stop_gradient(mean[0]), mx.stop_gradient(var[0])
         self.running_mean = (1 - mu) * rm + mu * mean

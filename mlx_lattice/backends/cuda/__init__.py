@@ -60,6 +60,11 @@ class CudaBackend(Backend):
 
         return norm.norm_act
 
+    def running_stats(self, mean, var, batch_mean, batch_var, keep, mu, ratio):
+        from . import norm
+
+        return norm.running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio)
+
     def variants(self, route, c_in, c_out):
         return routes.variants(route, c_in, c_out)
 

@@ -324,7 +324,23 @@ GRAD_APPLY_SOURCE = _ROWS + """
   dx[i * C + c] = static_cast<T>(d);
 """
 
+# Running statistics after a training call, one thread per channel, in the
+# CPU primitive's order and roundings (_ext.running_stats: MLX's float32
+# ops, no contraction): keep * mean + mu * batch_mean and keep * var +
+# mu * (batch_var * ratio). One primitive where the MLX-op form puts about
+# fifteen (two gathers, four products, two sums and their broadcasts) into
+# a training step's graph per norm.
+RUNNING_SOURCE = """
+  const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= params[0]) return;
+  const float keep = coef[0], mu = coef[1], ratio = coef[2];
+  new_mean[c] = __fadd_rn(__fmul_rn(keep, mean[c]), __fmul_rn(mu, batch_mean[c]));
+  new_var[c] = __fadd_rn(__fmul_rn(keep, var[c]), __fmul_rn(mu, __fmul_rn(batch_var[c], ratio)));
+"""
+
 _SPECS = {
+    "running_stats": (["mean", "var", "batch_mean", "batch_var", "params", "coef"], ["new_mean", "new_var"],
+                      RUNNING_SOURCE),
     "norm_stats": (["x", "seg", "params", "fparams"], ["part"], STATS_SOURCE),
     "norm_merge": (["part", "params", "fparams"], ["mean", "var"], MERGE_SOURCE),
     "norm_apply": (["x", "w", "b", "mean", "var", "r", "seg", "params", "fparams"], ["y"], APPLY_SOURCE),
@@ -499,6 +515,26 @@ def norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, ac
     if residual is not None:
         prims.append(residual)
     return _function(spec)(*prims)
+
+
+def running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio):
+    """The contract of ``_ext.running_stats`` in one kernel: float32 (C,)
+    running statistics and a training call's float32 (1, C) batch
+    statistics (any shape holding C values) to the new running statistics."""
+    c = mean.size
+    for name, a in (("mean", mean), ("var", var), ("batch_mean", batch_mean), ("batch_var", batch_var)):
+        if a.dtype != mx.float32:
+            raise ValueError(f"running_stats: {name} must be float32, got {a.dtype}")
+        if a.size != c:
+            raise ValueError(f"running_stats: {name} must hold {c} values, got shape {tuple(a.shape)}")
+    if c == 0:
+        return mean, var
+    coef = mx.array(np.array((keep, mu, ratio), np.float32))
+    return _kernel("running_stats")(
+        inputs=[mean, var, batch_mean, batch_var, jit.params(c), coef],
+        grid=(c, 1, 1), threadgroup=(min(256, c), 1, 1),
+        output_shapes=[(c,), (c,)], output_dtypes=[mx.float32, mx.float32],
+    )
 
 
 def _unpack(spec: _Spec, prims):
