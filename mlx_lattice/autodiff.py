@@ -62,16 +62,45 @@ def transpose(w: mx.array, groups: int = 1) -> mx.array:
     return blocks.reshape(k, b // groups, ag * groups)
 
 
-def input_gradient_view(view, wt: mx.array):
-    """(view, weight) of the input gradient of a ``conv`` over ``view``
-    whose weight transposed is ``wt``: the flipped view, or on a symmetric
-    relation the same view with the offsets mirrored."""
+# How a ``conv`` reads its weight w: (transposed, mirrored), the product
+# multiplying by W[k]^T and / or W[K - 1 - k]. Both are involutions and
+# commute, so flips compose by exclusive or. A route that reads a flipped
+# weight in place (``Backend.reads_flipped``) gets w itself; any other gets
+# the flipped weight made by MLX ops (a transpose and a copy per call).
+NO_FLIP = (False, False)
+
+
+def flipped_weight(w: mx.array, flip: tuple, groups: int = 1) -> mx.array:
+    """The weight a product with ``flip`` multiplies by, made by MLX ops."""
+    if flip[0]:
+        w = transpose(w, groups)
+    return w[::-1] if flip[1] else w
+
+
+def launch_operands(backend, route: str, w: mx.array, flip: tuple, groups: int = 1):
+    """(weight, keyword arguments) a ``conv`` product launches with: w and
+    its flip where the route reads it in place, else the flipped weight."""
+    if flip == NO_FLIP:
+        return w, {}
+    if groups == 1 and backend.reads_flipped(route):
+        return w, {"flip": flip}
+    return flipped_weight(w, flip, groups), {}
+
+
+def input_gradient_view(view):
+    """(view, mirrored) of the input gradient of a ``conv`` over ``view``:
+    the flipped view, or on a symmetric relation the same view read with
+    the offsets mirrored (dx[p] = sum over edges (p, q, k) of ct[q]
+    W[K - 1 - k]^T); None for a pointwise product."""
     if view is None:
-        return None, wt
+        return None, False
     if view.symmetric:
-        # dx[p] = sum over edges (p, q, k) of ct[q] W[K - 1 - k]^T.
-        return view, wt[::-1]
-    return view.flipped(), wt
+        return view, True
+    return view.flipped(), False
+
+
+def _out_channels(w: mx.array, flip: tuple, groups: int) -> int:
+    return w.shape[1] * groups if flip[0] else w.shape[2]
 
 
 def _bilinear_jvp(f, a, b, ta, tb, zeros):
@@ -86,36 +115,41 @@ def _bilinear_jvp(f, a, b, ta, tb, zeros):
 
 
 def conv(backend, route: str, x: mx.array, w: mx.array, view, groups: int = 1,
-         variant: dict | None = None) -> mx.array:
-    """y = sum over the edges of x[g] @ w[k] on ``view`` (None: pointwise) by
-    ``route`` on ``backend``, with VJP and JVP; ``w`` kernel-major
-    (K, A / groups, B); ``variant``: the route's tile shapes."""
+         variant: dict | None = None, flip: tuple = NO_FLIP) -> mx.array:
+    """y = sum over the edges of x[g] @ W[k] on ``view`` (None: pointwise) by
+    ``route`` on ``backend``, with VJP and JVP; W kernel-major (K, A /
+    groups, B): ``w`` itself, or ``w`` read with ``flip`` (the input
+    gradient's W^T, without a copy where the route can); ``variant``: the
+    route's tile shapes."""
 
     @mx.custom_function
     def f(x, w):
         # stop_gradient keeps forward-mode tracing out of the kernels (the
         # JVP is f_jvp below); reverse mode goes through f_vjp anyway.
-        return backend.launch(route, "conv", mx.stop_gradient(x), mx.stop_gradient(w), view,
-                              groups=groups, variant=variant)
+        wl, kw = launch_operands(backend, route, mx.stop_gradient(w), flip, groups)
+        return backend.launch(route, "conv", mx.stop_gradient(x), wl, view, groups=groups, variant=variant, **kw)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
         x, w = primals
-        k, a, b = w.shape[0], x.shape[1], w.shape[2]
-        back, wt = input_gradient_view(view, transpose(w, groups))
+        k, a, b = w.shape[0], x.shape[1], cotangent.shape[1]
+        back, mirrored = input_gradient_view(view)
+        # dx multiplies by the product's weight transposed (and mirrored on
+        # a symmetric view): w read with the flip composed.
+        back_flip = (not flip[0], flip[1] != mirrored)
         r_d, v_d = _route(backend, "dgrad", back, k, b, a, cotangent.shape[0], x.dtype, route, groups)
-        dx = conv(backend, r_d, cotangent, wt, back, groups, v_d)
+        dx = conv(backend, r_d, cotangent, w, back, groups, v_d, back_flip)
         r_w, v_w = _route(backend, "wgrad", view, k, a, b, x.shape[0], x.dtype, route, groups)
         dw = weight_grad(backend, r_w, x, cotangent, view, k, groups, v_w)
-        return dx, dw
+        return dx, flipped_weight(dw, flip, groups)  # in w's own layout
 
     @f.jvp
     def f_jvp(primals, tangents):
         x, w = primals
         rows = x.shape[0] if view is None else view.rows
         return _bilinear_jvp(
-            lambda u, v: conv(backend, route, u, v, view, groups, variant), x, w, *tangents,
-            lambda: mx.zeros((rows, w.shape[2]), x.dtype))
+            lambda u, v: conv(backend, route, u, v, view, groups, variant, flip), x, w, *tangents,
+            lambda: mx.zeros((rows, _out_channels(w, flip, groups)), x.dtype))
 
     return f(x, w)
 
@@ -137,7 +171,7 @@ def weight_grad(backend, route: str, x: mx.array, ct: mx.array, view, k: int, gr
         back = None if view is None else view.flipped()
         a, b = x.shape[1], ct.shape[1]
         r_x, v_x = _route(backend, "dgrad", back, k, b, a, ct.shape[0], x.dtype, route, groups)
-        gx = conv(backend, r_x, ct, transpose(cotangent, groups), back, groups, v_x)
+        gx = conv(backend, r_x, ct, cotangent, back, groups, v_x, (True, False))
         r_c, v_c = _route(backend, "forward", view, k, a, b, x.shape[0], x.dtype, route, groups)
         gct = conv(backend, r_c, x, cotangent, view, groups, v_c)
         return gx, gct

@@ -565,10 +565,10 @@ class CallProbe:
         else:
             w = _concrete(mapped_weight(self.weight), 2)
             view = backend.product_view(self.relation)
-            back, wt = autodiff.input_gradient_view(view, autodiff.transpose(w, self.groups))
-            d.update(w=w, wt=wt, view=view, back=back,
+            back, mirrored = autodiff.input_gradient_view(view)
+            d.update(w=w, flip=(True, mirrored), view=view, back=back,
                      ct=_synthetic((self.relation.n_out, w.shape[2]), d["x"].dtype, 3))
-            mx.eval(d["w"], d["wt"], d["ct"])
+            mx.eval(d["w"], d["ct"])
         self._data = d
         return d
 
@@ -580,7 +580,9 @@ class CallProbe:
         if i == 0:
             return ex(backend, route, "conv", x, d["w"], d["view"], groups=g, variant=kw)
         if i == 1:
-            return ex(backend, route, "conv", d["ct"], d["wt"], d["back"], groups=g, variant=kw)
+            # the input gradient's weight read as autodiff.conv reads it
+            wt, flip = autodiff.launch_operands(backend, route, d["w"], d["flip"], g)
+            return ex(backend, route, "conv", d["ct"], wt, d["back"], groups=g, variant=kw, **flip)
         return ex(backend, route, "weight_grad", x, d["ct"], d["view"], k=rel.kernel_volume, groups=g,
                   variant=kw)
 

@@ -127,3 +127,43 @@ def test_symmetric_input_gradient_needs_no_flipped_view(rng):
     rels = [r for r, _ in x.manager._relations.values() if r is not None and r.kind == "submanifold"]
     assert len(rels) == 1 and rels[0].symmetric
     assert cuda.view_of(rels[0])._flipped is None
+
+
+@pytest.mark.parametrize(
+    "op,c_in,c_out,dtype,route",
+    [
+        ("subm", 32, 48, mx.float16, "cuda.sorted_mma"),  # W read transposed and mirrored
+        ("down", 32, 16, mx.float16, "cuda.sorted_mma"),  # transposed, flipped view
+        ("subm", 7, 13, mx.float32, "cuda.fetch_on_demand"),
+        ("pointwise", 32, 16, mx.float16, "cuda.pointwise"),
+    ],
+)
+def test_input_gradient_reads_weight_in_place_to_second_order(rng, op, c_in, c_out, dtype, route):
+    """The input gradient's product reads W transposed (and mirrored on a
+    symmetric relation) where it lies; its gradient with respect to W (a
+    second-order derivative of the layer) against the oracle."""
+    x, w, fn, edges, sup = case(rng, op, c_in, c_out, dtype)
+    y = fn(x, w)
+    perm = oracle.match_rows(np.array(y.coords), sup)
+    g = rng.standard_normal((len(sup), c_out)).astype(np.float32)
+    g_mx = mx.array(g[np.argsort(perm)]).astype(dtype)
+
+    def dx_of(w):
+        return mx.vjp(lambda f: fn(x.replace(f), w).feats, [x.feats], [g_mx])[1][0]
+
+    with ml.diagnostics.record() as log:
+        dx = dx_of(w)
+        dw2 = mx.grad(lambda w: (dx_of(w).astype(mx.float32) ** 2).sum())(w)
+        mx.eval(dx, dw2)
+    assert any(r["direction"] == "dgrad" and r["route"] == route for r in log)
+    wm, gg = oracle.mapped(to_np(w)), to_np(g_mx)[perm].astype(np.float64)
+    ex = np.zeros((len(x.coords), c_in))
+    for o, i, k in edges:
+        ex[i] += wm[k].T @ gg[o]
+    ew = np.zeros_like(wm)
+    for o, i, k in edges:
+        ew[k] += 2.0 * np.outer(gg[o], to_np(dx)[i])
+    ew5 = ew.transpose(1, 0, 2).reshape(w.shape)
+    np.testing.assert_allclose(to_np(dx), ex, **TOL[dtype])
+    tol = TOL[dtype]
+    np.testing.assert_allclose(to_np(dw2), ew5, rtol=tol["rtol"], atol=tol["atol"] * max(1.0, np.abs(ew5).max()))

@@ -142,3 +142,58 @@ def test_rows_without_edges_are_zero(rng, isa, c_out):
         expected = oracle.apply(edges, np.array(feats), np.array(w5), len(target))
         np.testing.assert_allclose(np.array(y), expected, rtol=1e-5, atol=1e-5)
         assert not np.array(y)[-50:].any()
+
+
+class _FlipReading(type(backends.CPU)):
+    """The CPU backend, announcing that its routes read flipped weights in
+    place (as the CUDA routes do) and making them here from w, so that
+    autodiff's flip bookkeeping runs on every machine."""
+
+    def __init__(self):
+        super().__init__()
+        self.flips = []
+
+    def reads_flipped(self, route):
+        return True
+
+    def launch(self, route, op, a, b, view, k=1, groups=1, variant=None, flip=autodiff.NO_FLIP):
+        self.flips.append(tuple(flip))
+        return super().launch(route, op, a, autodiff.flipped_weight(b, flip, groups), view, k, groups, variant)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_flipped_weight_reads_match_transposed_copies(rng, stride):
+    """Gradients of first and second order through products that read the
+    weight flipped in place equal those through the flipped copies (a
+    symmetric relation: transposed and mirrored; a strided one: transposed)."""
+    coords = oracle.random_coords(rng, 200, 7, 2)
+    x = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), 5)).astype(np.float32)))
+    w = mx.array(rng.standard_normal((6, 3, 3, 3, 5)).astype(np.float32) / 5)
+    y = ops.conv3d(x, w, stride=stride, padding=1) if stride > 1 else ops.subm_conv3d(x, w)
+    wk = mapped_weight(w)
+    ct = mx.array(rng.standard_normal(y.feats.shape).astype(np.float32))
+    rels = [r for r, _ in x.manager._relations.values() if r is not None]
+    assert len(rels) == 1
+    results = {}
+    for name, backend in (("flipped view", backends.CPU), ("copies", backends.CPU), ("in place", _FlipReading())):
+        # A centred odd kernel at stride 1 is symmetric (the CPU builder does
+        # not mark it; the CUDA builder does): its input gradient then reads
+        # the same view with W mirrored, else the flipped view.
+        rels[0].symmetric = stride == 1 and name != "flipped view"
+        view = backend.product_view(rels[0])
+
+        def dx_of(f, w):
+            return mx.vjp(lambda f: autodiff.conv(backend, "cpu.gather_gemm", f, w, view), [f], [ct])[1][0]
+
+        dx = dx_of(x.feats, wk)
+        # second order: the input gradient's own gradients (its product's VJP)
+        g2 = mx.grad(lambda f, w: (dx_of(f, w) ** 2).sum(), argnums=(0, 1))(x.feats, wk)
+        _, jv = mx.jvp(lambda w: dx_of(x.feats, w), [wk], [wk * 0.5])
+        mx.eval(dx, g2, jv)
+        results[name] = (dx, *g2, jv[0])
+        if name == "in place":
+            want = (True, rels[0].symmetric)
+            assert want in backend.flips, backend.flips
+    assert [_bytes(a) for a in results["in place"]] == [_bytes(a) for a in results["copies"]]
+    for a, b in zip(results["copies"], results["flipped view"]):
+        np.testing.assert_allclose(to_np(a), to_np(b), rtol=1e-4, atol=1e-4 * float(mx.abs(b).max()))

@@ -99,6 +99,12 @@ class Backend:
         Metal routes choose their tiles inside the extension: none."""
         return [{}]
 
+    def reads_flipped(self, route: str) -> bool:
+        """Whether ``route``'s conv product reads a weight transposed and / or
+        mirrored in place (``launch(..., flip=)``; autodiff.conv); the
+        extension's routes take the flipped weight made by MLX ops."""
+        return False
+
     # The CPU and Metal products are primitives of the extension (GatherConv,
     # WeightGrad, QuantizedConv: src/core/primitives.h) that run the route's
     # table entry; their autodiff is mlx_lattice/autodiff.py's.

@@ -71,14 +71,23 @@ class CudaBackend(Backend):
     def product_view(self, relation):
         return None if relation is None else view_of(relation)
 
-    def launch(self, route, op, a, b, view, k=1, groups=1, variant=None):
+    def reads_flipped(self, route):
+        entry = routes.ROUTES.get(route)
+        return entry is not None and entry.flipped
+
+    def launch(self, route, op, a, b, view, k=1, groups=1, variant=None, flip=(False, False)):
         entry = find(route, op)
         if groups > 1 and not entry.grouped:
             raise ValueError(f"a grouped product (groups={groups}) needs a grouped route, not {route}")
         args = (a, b, view) if op == "conv" else (a, b, view, k)
         if entry.grouped:
             args += (groups,)
-        return entry.run(*args, **(variant or {}))
+        kw = dict(variant or {})
+        if any(flip):
+            if not entry.flipped:
+                raise ValueError(f"route {route} reads no flipped weight")
+            kw["flip"] = tuple(flip)
+        return entry.run(*args, **kw)
 
     def quantized_conv(self, route, x, weight, relation):
         raise ValueError(f"no CUDA route runs a QuantizedWeight (route {route})")

@@ -17,22 +17,27 @@ HEADER = """
 """
 
 # Fetch-on-demand: one thread per (row, output channel) over the CSR edges.
+# params[4] / params[5]: the weight read transposed (stored (K, B, A)) /
+# its offsets mirrored (W[K - 1 - k]), as an input gradient reads it.
 FETCH_ON_DEMAND_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  const int rows = params[0], A = params[1], B = params[2];
+  const int rows = params[0], A = params[1], B = params[2], K = params[3];
+  const bool wt = params[4] != 0, mirror = params[5] != 0;
   if (idx >= (long)rows * B) return;
   const int r = (int)(idx / B);
   const int c = (int)(idx % B);
   const int e0 = POINTWISE ? r : offsets[r];
   const int e1 = POINTWISE ? r + 1 : offsets[r + 1];
+  const long step = wt ? 1 : B;
   float acc = 0.0f;
   for (int e = e0; e < e1; ++e) {
     const long g = POINTWISE ? r : gather[e];
-    const long k = POINTWISE ? 0 : kidx[e];
+    const long k0 = POINTWISE ? 0 : kidx[e];
+    const long k = mirror ? K - 1 - k0 : k0;
     const T* xr = x + g * A;
-    const T* wk = w + k * A * B + c;
+    const T* wk = w + k * A * B + (wt ? (long)c * A : (long)c);
     for (int a = 0; a < A; ++a) {
-      acc += static_cast<float>(xr[a]) * static_cast<float>(wk[(long)a * B]);
+      acc += static_cast<float>(xr[a]) * static_cast<float>(wk[a * step]);
     }
   }
   y[(long)r * B + c] = static_cast<T>(acc);
@@ -44,16 +49,21 @@ FETCH_ON_DEMAND_SOURCE = """
 # the tile's mask, the input channels go by in chunks of AK: the 64 gathered
 # input rows and the W[k] block are staged in shared memory with 16-byte
 # loads, then contracted. Dynamic shared memory: the staged operands during
-# the loop, the float output tile after it.
+# the loop, the float output tile after it. params[4] / params[5]: the
+# weight stored (K, B, A) and read transposed (its BN x AK block staged as
+# it lies and multiplied as a column-major operand, so the input gradient
+# needs no transposed copy) / its offsets mirrored (W[K - 1 - k]).
 SORTED_MMA_SOURCE = """
   using namespace nvcuda;
   constexpr int TM = 64;
   constexpr int LDX = AK + 8;
   constexpr int LDW = BN + 8;
+  constexpr int LDWT = AK + 8;
   constexpr int LDO = BN + 4;
   constexpr int VA = AK / 8;
   constexpr int VB = BN / 8;
   const int rows = params[0], A = params[1], B = params[2], K = params[3];
+  const bool wt = params[4] != 0, mirror = params[5] != 0;
   const int NB = B / BN;
   extern __shared__ __align__(128) unsigned char smem[];
   T* xs = reinterpret_cast<T*>(smem);
@@ -68,6 +78,7 @@ SORTED_MMA_SOURCE = """
   for (int j = 0; j < BN / 16; ++j) wmma::fill_fragment(acc[j], 0.0f);
   for (int k = 0; k < K; ++k) {
     if (((mask >> k) & 1ull) == 0) continue;
+    const long kw = mirror ? K - 1 - k : k;
     for (int c0 = 0; c0 < A; c0 += AK) {
       __syncthreads();
       for (int i = tid; i < TM * VA; i += 128) {
@@ -78,19 +89,39 @@ SORTED_MMA_SOURCE = """
         if (in >= 0) val = reinterpret_cast<const uint4*>(x + (long)in * A + c0)[v];
         *reinterpret_cast<uint4*>(xs + rr * LDX + v * 8) = val;
       }
-      for (int i = tid; i < AK * VB; i += 128) {
-        const int ar = i / VB, v = i % VB;
-        *reinterpret_cast<uint4*>(ws + ar * LDW + v * 8) =
-            reinterpret_cast<const uint4*>(w + ((long)k * A + c0 + ar) * B + n0)[v];
+      if (wt) {
+        for (int i = tid; i < BN * VA; i += 128) {
+          const int br = i / VA, v = i % VA;
+          *reinterpret_cast<uint4*>(ws + br * LDWT + v * 8) =
+              reinterpret_cast<const uint4*>(w + (kw * B + n0 + br) * A + c0)[v];
+        }
+      } else {
+        for (int i = tid; i < AK * VB; i += 128) {
+          const int ar = i / VB, v = i % VB;
+          *reinterpret_cast<uint4*>(ws + ar * LDW + v * 8) =
+              reinterpret_cast<const uint4*>(w + (kw * A + c0 + ar) * B + n0)[v];
+        }
       }
       __syncthreads();
-      for (int a0 = 0; a0 < AK; a0 += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-        wmma::load_matrix_sync(fa, xs + warp * 16 * LDX + a0, LDX);
-        for (int j = 0; j < BN / 16; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-          wmma::load_matrix_sync(fb, ws + a0 * LDW + j * 16, LDW);
-          wmma::mma_sync(acc[j], fa, fb, acc[j]);
+      if (wt) {
+        for (int a0 = 0; a0 < AK; a0 += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+          wmma::load_matrix_sync(fa, xs + warp * 16 * LDX + a0, LDX);
+          for (int j = 0; j < BN / 16; ++j) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+            wmma::load_matrix_sync(fb, ws + j * 16 * LDWT + a0, LDWT);
+            wmma::mma_sync(acc[j], fa, fb, acc[j]);
+          }
+        }
+      } else {
+        for (int a0 = 0; a0 < AK; a0 += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+          wmma::load_matrix_sync(fa, xs + warp * 16 * LDX + a0, LDX);
+          for (int j = 0; j < BN / 16; ++j) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+            wmma::load_matrix_sync(fb, ws + a0 * LDW + j * 16, LDW);
+            wmma::mma_sync(acc[j], fa, fb, acc[j]);
+          }
         }
       }
     }
@@ -128,7 +159,8 @@ def input_chunk(a: int) -> int:
 def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | None = None) -> int:
     """Dynamic shared memory of the sorted GEMM (default tiles: input_chunk(a), channel_tile(b))."""
     ak, bn = ak or input_chunk(a), bn or channel_tile(b)
-    staged = 64 * (ak + 8) * 2 + ak * (bn + 8) * 2
+    # the weight block staged as AK x (BN + 8), or BN x (AK + 8) read transposed
+    staged = 64 * (ak + 8) * 2 + max(ak * (bn + 8), bn * (ak + 8)) * 2
     return max(staged, 64 * (bn + 4) * 4)
 
 

@@ -32,35 +32,46 @@ def _kernel_major_edges(x, view: View | None):
     return km.offsets, km.in_idx, km.out_idx, 0
 
 
-def pointwise(x, w, view: None):
-    """x @ W[0] with mx.matmul (cuBLAS); the registry admits half precision only."""
-    return mx.matmul(x, w[0])
+# The conv routes read the weight as autodiff.conv's ``flip`` says:
+# (transposed, mirrored), w stored (K, B, A) when transposed.
+NO_FLIP = (False, False)
 
 
-def fetch_on_demand(x, w, view: View | None):
+def _conv_shape(x, w, flip) -> tuple[int, int, int]:
+    """(K, A, B) of a product: x's A channels into B."""
+    return w.shape[0], x.shape[1], w.shape[1] if flip[0] else w.shape[2]
+
+
+def pointwise(x, w, view: None, flip=NO_FLIP):
+    """x @ W[0] with mx.matmul (cuBLAS reads a transposed operand in
+    place); the registry admits half precision only."""
+    return mx.matmul(x, mx.swapaxes(w[0], 0, 1) if flip[0] else w[0])
+
+
+def fetch_on_demand(x, w, view: View | None, flip=NO_FLIP):
     """One thread per (row, output channel) over the CSR edges (any view)."""
-    k, a, b = w.shape
+    k, a, b = _conv_shape(x, w, flip)
     rows, offsets, gather, kidx = _csr_edges(x, view)
     return _kernel("fetch_on_demand")(
-        inputs=[x, w, offsets, gather, kidx, jit.params(rows, a, b)],
+        inputs=[x, w, offsets, gather, kidx, jit.params(rows, a, b, k, *flip)],
         template=[("T", x.dtype), ("POINTWISE", view is None)],
         grid=(max(rows * b, 1), 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
     )[0]
 
 
-def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None):
+def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, flip=NO_FLIP):
     """Output-stationary implicit GEMM on tensor cores over the sorted plan;
     `bn` output channels per block and `ak` input channels staged at a time
     (defaults: channel_tile(B), input_chunk(A); see :func:`variants`)."""
-    k, a, b = w.shape
+    k, a, b = _conv_shape(x, w, flip)
     plan = view.plan()
     rows = view.rows
     tiles = -(-rows // 64)
     bn = channel_tile(b) if bn is None else _check_tile("BN", bn, b)
     ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
     return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn))(
-        inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows, a, b, k)],
+        inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows, a, b, k, *flip)],
         template=[("T", x.dtype), ("AK", ak), ("BN", bn)],
         grid=(max(tiles, 1) * (b // bn) * 128, 1, 1), threadgroup=(128, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
@@ -201,12 +212,13 @@ class Route:
     #   -> (native relation, max output-row edges, max input-row edges, symmetric)
     run: Callable
     grouped: bool = False  # run takes groups as its last argument
+    flipped: bool = False  # run reads a flipped weight in place (keyword flip)
 
 
 ROUTES = {
-    "cuda.pointwise": Route("conv", pointwise),
-    "cuda.sorted_mma": Route("conv", sorted_mma),
-    "cuda.fetch_on_demand": Route("conv", fetch_on_demand),
+    "cuda.pointwise": Route("conv", pointwise, flipped=True),
+    "cuda.sorted_mma": Route("conv", sorted_mma, flipped=True),
+    "cuda.fetch_on_demand": Route("conv", fetch_on_demand, flipped=True),
     "cuda.wgrad_mma": Route("weight_grad", wgrad_mma),
     "cuda.wgrad_direct": Route("weight_grad", wgrad_direct),
     "cuda.grouped_fetch_on_demand": Route("conv", grouped_fetch_on_demand, grouped=True),
