@@ -74,11 +74,11 @@ def test_conv_calls_replay_what_the_ops_pass_to_cuda(rng, monkeypatch):
             self._flipped = self._flipped or FakeView(self.rel, self)
             return self._flipped
 
-    def launch(route, op, a, b, view, k=1, groups=1, variant=None):
+    def launch(route, op, a, b, view, k=1, groups=1, variant=None, flip=(False, False)):
         calls.append((route, a, b, view, groups, variant, op))
         if op == "weight_grad":
             return mx.zeros((k, a.shape[1], b.shape[1]), a.dtype)
-        return mx.zeros((view.rows, b.shape[2]), a.dtype)
+        return mx.zeros((view.rows, b.shape[1] if flip[0] else b.shape[2]), a.dtype)
 
     monkeypatch.setattr(backends, "current", lambda stream=None: cuda.BACKEND)
     monkeypatch.setattr(cuda.BACKEND, "product_view", lambda rel: FakeView(rel))
@@ -97,3 +97,4 @@ def test_conv_calls_replay_what_the_ops_pass_to_cuda(rng, monkeypatch):
     assert forward and all(c[0] == calls[0][0] and c[5] == calls[0][5] for c in forward)
     assert any(c[6] == "conv" and c[3].is_flipped for c in calls)
     assert any(c[6] == "weight_grad" for c in calls)
+

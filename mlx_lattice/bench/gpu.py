@@ -11,7 +11,7 @@ import time
 import numpy as np
 import mlx.core as mx
 
-from .. import _ext, diagnostics, ops, routes
+from .. import _ext, autodiff, diagnostics, ops, routes
 from ..relation import KernelGeometry, Relation
 from ..tensor import SparseTensor
 from . import cuda_profile, spconv_side
@@ -135,6 +135,12 @@ def side_by_side_rows(wl, coords, dtype_name, repeats, chans) -> list[dict]:
     return rows
 
 
+def _dgrad_weight(route, w):
+    """(weight, flip) an input gradient's product launches with (autodiff.conv's)."""
+    wl, kw = autodiff.launch_operands(cuda_backend().BACKEND, route, w, (True, False))
+    return wl, kw.get("flip", (False, False))
+
+
 def network_rows(wl, coords, repeats, dtype_name="float16", use_spconv=False) -> list[dict]:
     """A whole MinkUNet training step on CUDA (maps built inside: every call
     starts from a new coordinate manager), with the peak GPU memory of a step;
@@ -161,8 +167,11 @@ def network_rows(wl, coords, repeats, dtype_name="float16", use_spconv=False) ->
         if use_spconv:
             r = spconv_side.network_step(coords, width, dtype_name, repeats)
             rows[-1].update(spconv_ms=r["step_s"] * 1e3, spconv_peak_gib=r["peak_bytes"] / 2**30,
-                            speedup_vs_spconv=r["step_s"] / t)
-            sp = (f"; spconv {r['step_s']*1e3:.2f} ms ({r['step_s']/t:.2f}x), "
+                            speedup_vs_spconv=r["step_s"] / t, spconv_sync_ms=r["sync_step_s"] * 1e3,
+                            spconv_loop_ms=r["loop_s"] * 1e3,
+                            sync_speedup_vs_spconv=r["sync_step_s"] / t)
+            sp = (f"; spconv {r['step_s']*1e3:.2f} ms ({r['step_s']/t:.2f}x), each step waited for "
+                  f"{r['sync_step_s']*1e3:.2f} ms ({r['sync_step_s']/t:.2f}x), in a loop {r['loop_s']*1e3:.2f} ms, "
                   f"peak {r['peak_bytes']/2**30:.2f} GiB allocated")
         print(f"{wl:<7} {'MinkUNet ' + str(width) + 'x':<18} {'step':<8} {dtype_name:<9} {len(coords):>9,} "
               f"{'':>10} {t*1e3:>8.2f} {flops/t/1e12:>8.2f}  maps inside, peak {peak/2**30:.2f} GiB"
@@ -253,8 +262,7 @@ def run_gpu(args) -> int:
                 x = mx.array(rng.standard_normal((n_in, layer.c_in)).astype(np.float32)).astype(dtype)
                 w = mx.array((rng.standard_normal((rel.kernel_volume, layer.c_in, layer.c_out)) / 8).astype(np.float32)).astype(dtype)
                 ct = mx.array(rng.standard_normal((n_out, layer.c_out)).astype(np.float32)).astype(dtype)
-                wt = mx.contiguous(mx.swapaxes(w, 1, 2))
-                mx.eval(x, w, ct, wt)
+                mx.eval(x, w, ct)
 
                 def pick(direction, vw, a, b):
                     ctx = routes.RouteContext(
@@ -267,9 +275,12 @@ def run_gpu(args) -> int:
                 r_f = pick("forward", view, layer.c_in, layer.c_out)
                 r_d = pick("dgrad", view.flipped(), layer.c_out, layer.c_in)
                 r_w = pick("wgrad", view, layer.c_in, layer.c_out)
+                w_d, flip_d = _dgrad_weight(r_d, w)
                 fns = {
                     "forward": (r_f, lambda: cuda.find(r_f, "conv").run(x, w, view)),
-                    "dgrad": (r_d, lambda: cuda.find(r_d, "conv").run(ct, wt, view.flipped())),
+                    # W read as autodiff reads it: transposed in place where the route can
+                    "dgrad": (r_d, lambda: cuda.BACKEND.launch(
+                        r_d, "conv", ct, w_d, view.flipped(), flip=flip_d)),
                     "wgrad": (r_w, lambda: cuda.BACKEND.launch(r_w, "weight_grad", x, ct, view, rel.kernel_volume)),
                 }
                 # same-run references: dense matmul at M = edges, and gather -> matmul -> scatter

@@ -243,8 +243,25 @@ def network_step(coords, width: float, dtype: str, repeats: int, in_channels=4, 
         opt.step()
         return loss
 
+    def synced():
+        step()
+        torch.cuda.synchronize()
+
+    def loop(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n
+
     step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     t = best_time(step, repeats)
-    return {"step_s": t, "peak_bytes": torch.cuda.max_memory_allocated()}
+    peak = torch.cuda.max_memory_allocated()
+    # step_s times the host's calls (torch queues the GPU's work and runs
+    # ahead until a map's host read waits for it); sync_step_s waits for
+    # each step's work; loop_s is a loop of steps, waited for once.
+    return {"step_s": t, "peak_bytes": peak, "sync_step_s": best_time(synced, repeats),
+            "loop_s": min(loop(max(repeats, 5)) for _ in range(2))}
