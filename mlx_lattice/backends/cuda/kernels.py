@@ -43,9 +43,12 @@ FETCH_ON_DEMAND_SOURCE = """
   y[(long)r * B + c] = static_cast<T>(acc);
 """
 
-# Sorted implicit GEMM on tensor cores: 64 rows (in neighbour-mask order) by
-# BN output channels per block (B / BN blocks per tile), four warps of 16
-# rows each holding BN/16 accumulator fragments. For each offset present in
+# Sorted implicit GEMM on tensor cores: TM rows (in neighbour-mask order) by
+# BN output channels per block (B / BN blocks per tile), a warp per 16 rows
+# holding BN/16 accumulator fragments. TM is 128 where the staged W block is
+# at least 64 x 128 (row_tile: every block reads W[k] once per offset of its
+# mask, so taller tiles halve the weight traffic that bounds wide layers),
+# else 64; the plan's masks are per 64 rows, OR-ed in pairs for TM = 128. For each offset present in
 # the tile's mask, the input channels go by in chunks of AK: the 64 gathered
 # input rows and the W[k] block are staged in shared memory with 16-byte
 # loads, then contracted. Dynamic shared memory: the staged operands during
@@ -55,7 +58,8 @@ FETCH_ON_DEMAND_SOURCE = """
 # needs no transposed copy) / its offsets mirrored (W[K - 1 - k]).
 SORTED_MMA_SOURCE = """
   using namespace nvcuda;
-  constexpr int TM = 64;
+  constexpr int TM = (AK * BN >= 64 * 128) ? 128 : 64;  // row_tile(AK, BN)
+  constexpr int NT = TM * 2;  // threads
   constexpr int LDX = AK + 8;
   constexpr int LDW = BN + 8;
   constexpr int LDWT = AK + 8;
@@ -73,7 +77,9 @@ SORTED_MMA_SOURCE = """
   const int n0 = (blockIdx.x % NB) * BN;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
-  const unsigned long long mask = tile_masks[tile];
+  const int n64 = (rows + 63) / 64;
+  unsigned long long mask = 0ull;
+  for (int t = tile * (TM / 64); t < (tile + 1) * (TM / 64) && t < n64; ++t) mask |= tile_masks[t];
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[BN / 16];
   for (int j = 0; j < BN / 16; ++j) wmma::fill_fragment(acc[j], 0.0f);
   for (int k = 0; k < K; ++k) {
@@ -81,7 +87,7 @@ SORTED_MMA_SOURCE = """
     const long kw = mirror ? K - 1 - k : k;
     for (int c0 = 0; c0 < A; c0 += AK) {
       __syncthreads();
-      for (int i = tid; i < TM * VA; i += 128) {
+      for (int i = tid; i < TM * VA; i += NT) {
         const int rr = i / VA, v = i % VA;
         const int row = tile * TM + rr;
         const int in = row < rows ? sorted_map[(long)row * K + k] : -1;
@@ -90,13 +96,13 @@ SORTED_MMA_SOURCE = """
         *reinterpret_cast<uint4*>(xs + rr * LDX + v * 8) = val;
       }
       if (wt) {
-        for (int i = tid; i < BN * VA; i += 128) {
+        for (int i = tid; i < BN * VA; i += NT) {
           const int br = i / VA, v = i % VA;
           *reinterpret_cast<uint4*>(ws + br * LDWT + v * 8) =
               reinterpret_cast<const uint4*>(w + (kw * B + n0 + br) * A + c0)[v];
         }
       } else {
-        for (int i = tid; i < AK * VB; i += 128) {
+        for (int i = tid; i < AK * VB; i += NT) {
           const int ar = i / VB, v = i % VB;
           *reinterpret_cast<uint4*>(ws + ar * LDW + v * 8) =
               reinterpret_cast<const uint4*>(w + (kw * A + c0 + ar) * B + n0)[v];
@@ -131,7 +137,7 @@ SORTED_MMA_SOURCE = """
     wmma::store_matrix_sync(os + warp * 16 * LDO + j * 16, acc[j], LDO, wmma::mem_row_major);
   }
   __syncthreads();
-  for (int i = tid; i < TM * BN; i += 128) {
+  for (int i = tid; i < TM * BN; i += NT) {
     const int row = tile * TM + i / BN;
     if (row < rows) {
       y[(long)reorder[row] * B + n0 + i % BN] = static_cast<T>(os[(i / BN) * LDO + i % BN]);
@@ -156,12 +162,18 @@ def input_chunk(a: int) -> int:
     return next(t for t in (64, 32, 16) if a % t == 0)
 
 
+def row_tile(ak: int, bn: int) -> int:
+    """Rows per block of the sorted GEMM (its source derives the same TM)."""
+    return 128 if ak * bn >= 64 * 128 else 64
+
+
 def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | None = None) -> int:
     """Dynamic shared memory of the sorted GEMM (default tiles: input_chunk(a), channel_tile(b))."""
     ak, bn = ak or input_chunk(a), bn or channel_tile(b)
+    tm = row_tile(ak, bn)
     # the weight block staged as AK x (BN + 8), or BN x (AK + 8) read transposed
-    staged = 64 * (ak + 8) * 2 + max(ak * (bn + 8), bn * (ak + 8)) * 2
-    return max(staged, 64 * (bn + 4) * 4)
+    staged = tm * (ak + 8) * 2 + max(ak * (bn + 8), bn * (ak + 8)) * 2
+    return max(staged, tm * (bn + 4) * 4)
 
 
 # Weight gradient, direct: one thread per (offset, a, b) over kernel-major edges.

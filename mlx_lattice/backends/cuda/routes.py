@@ -9,7 +9,7 @@ from typing import Callable
 import mlx.core as mx
 
 from . import jit, maps
-from .kernels import _kernel, channel_tile, input_chunk, sorted_mma_shared_bytes
+from .kernels import _kernel, channel_tile, input_chunk, row_tile, sorted_mma_shared_bytes
 from .view import View
 
 
@@ -67,13 +67,14 @@ def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, f
     k, a, b = _conv_shape(x, w, flip)
     plan = view.plan()
     rows = view.rows
-    tiles = -(-rows // 64)
     bn = channel_tile(b) if bn is None else _check_tile("BN", bn, b)
     ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
+    tm = row_tile(ak, bn)
+    tiles = -(-rows // tm)
     return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn))(
         inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows, a, b, k, *flip)],
         template=[("T", x.dtype), ("AK", ak), ("BN", bn)],
-        grid=(max(tiles, 1) * (b // bn) * 128, 1, 1), threadgroup=(128, 1, 1),
+        grid=(max(tiles, 1) * (b // bn) * 2 * tm, 1, 1), threadgroup=(2 * tm, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
     )[0]
 
