@@ -167,3 +167,24 @@ def test_input_gradient_reads_weight_in_place_to_second_order(rng, op, c_in, c_o
     np.testing.assert_allclose(to_np(dx), ex, **TOL[dtype])
     tol = TOL[dtype]
     np.testing.assert_allclose(to_np(dw2), ew5, rtol=tol["rtol"], atol=tol["atol"] * max(1.0, np.abs(ew5).max()))
+
+
+@pytest.mark.parametrize("c_in,c_out", [(128, 128), (32, 48)])
+def test_sorted_mma_row_tiles_agree_bitwise(rng, c_in, c_out):
+    """64- and 128-row blocks sum every row in the same order: the same bits,
+    forward and with the weight read transposed and mirrored."""
+    from mlx_lattice.backends import cuda
+
+    x, w, fn, edges, sup = case(rng, "subm", c_in, c_out, mx.float16, n=700)
+    fn(x, w)
+    rels = [r for r, _ in x.manager._relations.values() if r is not None and r.kind == "submanifold"]
+    view = cuda.view_of(rels[0])
+    wk = ops.mapped_weight(w)
+    ct = mx.array(rng.standard_normal((len(sup), c_out)).astype(np.float32)).astype(mx.float16)
+    outs = {}
+    for tm in (64, 128):
+        y = cuda.routes.sorted_mma(x.feats, wk, view, tm=tm)
+        dx = cuda.routes.sorted_mma(ct, wk, view, tm=tm, flip=(True, True))
+        mx.eval(y, dx)
+        outs[tm] = (to_np(y).tobytes(), to_np(dx).tobytes())
+    assert outs[64] == outs[128]

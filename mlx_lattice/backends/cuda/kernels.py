@@ -45,10 +45,10 @@ FETCH_ON_DEMAND_SOURCE = """
 
 # Sorted implicit GEMM on tensor cores: TM rows (in neighbour-mask order) by
 # BN output channels per block (B / BN blocks per tile), a warp per 16 rows
-# holding BN/16 accumulator fragments. TM is 128 where the staged W block is
-# at least 64 x 128 (row_tile: every block reads W[k] once per offset of its
-# mask, so taller tiles halve the weight traffic that bounds wide layers),
-# else 64; the plan's masks are per 64 rows, OR-ed in pairs for TM = 128. For each offset present in
+# holding BN/16 accumulator fragments. TM is 64 or 128 (default row_tile:
+# every block reads W[k] once per offset of its mask, so taller tiles halve
+# the weight traffic that bounds wide layers); the plan's masks are per 64
+# rows, OR-ed in pairs for TM = 128. For each offset present in
 # the tile's mask, the input channels go by in chunks of AK: the 64 gathered
 # input rows and the W[k] block are staged in shared memory with 16-byte
 # loads, then contracted. Dynamic shared memory: the staged operands during
@@ -58,7 +58,6 @@ FETCH_ON_DEMAND_SOURCE = """
 # needs no transposed copy) / its offsets mirrored (W[K - 1 - k]).
 SORTED_MMA_SOURCE = """
   using namespace nvcuda;
-  constexpr int TM = (AK * BN >= 64 * 128) ? 128 : 64;  // row_tile(AK, BN)
   constexpr int NT = TM * 2;  // threads
   constexpr int LDX = AK + 8;
   constexpr int LDW = BN + 8;
@@ -163,14 +162,17 @@ def input_chunk(a: int) -> int:
 
 
 def row_tile(ak: int, bn: int) -> int:
-    """Rows per block of the sorted GEMM (its source derives the same TM)."""
+    """Rows per block of the sorted GEMM by default: 128 where the staged
+    weight block is at least 64 x 128, else 64."""
     return 128 if ak * bn >= 64 * 128 else 64
 
 
-def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | None = None) -> int:
-    """Dynamic shared memory of the sorted GEMM (default tiles: input_chunk(a), channel_tile(b))."""
+def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | None = None,
+                            tm: int | None = None) -> int:
+    """Dynamic shared memory of the sorted GEMM (default tiles: input_chunk(a),
+    channel_tile(b), row_tile)."""
     ak, bn = ak or input_chunk(a), bn or channel_tile(b)
-    tm = row_tile(ak, bn)
+    tm = tm or row_tile(ak, bn)
     # the weight block staged as AK x (BN + 8), or BN x (AK + 8) read transposed
     staged = tm * (ak + 8) * 2 + max(ak * (bn + 8), bn * (ak + 8)) * 2
     return max(staged, tm * (bn + 4) * 4)

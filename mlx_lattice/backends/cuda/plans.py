@@ -96,7 +96,9 @@ HIGH_KEY_SOURCE = """
   reinterpret_cast<unsigned long long*>(key)[i] = ((bits >> 32) << 32) | (unsigned long long)i;
 """
 
-# One thread per (sorted place, offset): both layouts of the sorted map.
+# One thread per (sorted place, offset): the sorted map. Its offset-major
+# layout (the plan's sorted_kv_out_in_map) is left to a lazy transpose, which
+# no CUDA route reads: a training step never allocates it.
 PLAN_GATHER_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int m = params[0];
@@ -106,7 +108,6 @@ PLAN_GATHER_SOURCE = """
   const int k = (int)(idx % kv);
   const int v = nmap[(long)reorder[i] * kv + k];
   sorted_map[idx] = v;
-  kv_map[(long)k * m + i] = v;
 """
 
 # One thread per tile: the OR of its rows' masks.
@@ -159,7 +160,7 @@ def _kernel(name: str):
             ["perm", "out_idx", "k_idx"], INPUT_MAJOR_SOURCE),
         "mask": (["nmap", "params"], ["masks", "key"], MASK_SOURCE),
         "high_key": (["masks", "order", "params"], ["key"], HIGH_KEY_SOURCE),
-        "plan_gather": (["nmap", "reorder", "params"], ["sorted_map", "kv_map"], PLAN_GATHER_SOURCE),
+        "plan_gather": (["nmap", "reorder", "params"], ["sorted_map"], PLAN_GATHER_SOURCE),
         "tiles": (["masks", "reorder", "params"], ["tiles"], TILE_SOURCE),
         "chunks": (["first", "koffsets", "params"], ["chunks"], CHUNKS_SOURCE),
     }[name]
@@ -287,8 +288,9 @@ class Plans(Views):
             if kv > 32:
                 key = _launch("high_key", m, [masks, order, jit.params(m)], [(m,)], [mx.uint64])[0]
                 order = order[mx.argsort(key).astype(mx.int32)]
-            sorted_map, kv_map = _launch(
-                "plan_gather", m * kv, [self.nmap, order, jit.params(m, kv)], [(m, kv), (kv, m)], [mx.int32] * 2)
+            sorted_map = _launch(
+                "plan_gather", m * kv, [self.nmap, order, jit.params(m, kv)], [(m, kv)], [mx.int32])[0]
+            kv_map = mx.swapaxes(sorted_map, 0, 1)
             n_tiles = -(-m // tile)
             tiles = _launch("tiles", n_tiles, [masks, order, jit.params(m, tile)], [(n_tiles,)], [mx.uint64])[0]
             return order, sorted_map, kv_map, tiles

@@ -60,20 +60,25 @@ def fetch_on_demand(x, w, view: View | None, flip=NO_FLIP):
     )[0]
 
 
-def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, flip=NO_FLIP):
+def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, flip=NO_FLIP,
+               tm: int | None = None):
     """Output-stationary implicit GEMM on tensor cores over the sorted plan;
-    `bn` output channels per block and `ak` input channels staged at a time
-    (defaults: channel_tile(B), input_chunk(A); see :func:`variants`)."""
+    `bn` output channels per block, `ak` input channels staged at a time
+    and `tm` rows per block (defaults: channel_tile(B), input_chunk(A),
+    row_tile(AK, BN); see :func:`variants`)."""
     k, a, b = _conv_shape(x, w, flip)
     plan = view.plan()
     rows = view.rows
     bn = channel_tile(b) if bn is None else _check_tile("BN", bn, b)
     ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
-    tm = row_tile(ak, bn)
+    if tm is None:
+        tm = row_tile(ak, bn)
+    elif tm not in (64, 128):
+        raise ValueError(f"TM={tm}: the sorted GEMM's row tile is 64 or 128")
     tiles = -(-rows // tm)
-    return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn))(
+    return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn, tm))(
         inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows, a, b, k, *flip)],
-        template=[("T", x.dtype), ("AK", ak), ("BN", bn)],
+        template=[("T", x.dtype), ("AK", ak), ("BN", bn), ("TM", tm)],
         grid=(max(tiles, 1) * (b // bn) * 2 * tm, 1, 1), threadgroup=(2 * tm, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
     )[0]
@@ -181,13 +186,16 @@ def variants(route: str, a: int, b: int) -> list[dict]:
     """The tile shapes `route` can run a product of A input and B output
     channels with, as keyword arguments of its function, the default ({})
     first. Only the tensor-core routes have any: cuda.sorted_mma (``bn``
-    output channels per block, ``ak`` input channels staged at a time) and
+    output channels per block, ``ak`` input channels staged at a time, ``tm``
+    rows per block) and
     cuda.wgrad_mma (``ta`` x ``tb`` of dW per block, ``chunk`` edges per
     chunk); every other route runs one way."""
     out: list[dict] = [{}]
     if route == "cuda.sorted_mma" and a % 16 == 0 and b % 16 == 0:
         default = (channel_tile(b), input_chunk(a))
         limit = max(SHARED_LIMIT, sorted_mma_shared_bytes(a, b))
+        # the default tiles with the other row tile
+        out.append({"tm": 64 if row_tile(default[1], default[0]) == 128 else 128})
         for bn in _tiles(b):
             for ak in _tiles(a):
                 if (bn, ak) == default:
