@@ -735,9 +735,9 @@ register(Route(
     conditions=(DENSE, HALF, MMA_CHANNELS, K_LE_64), passes=("forward", "dgrad"),
     kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="output-stationary implicit GEMM on tensor cores (WMMA 16x16x16, fp32 accumulation) "
-    "over the sorted plan, 64 or 128 rows (128 where the staged W block is at least 64 x 128) by "
-    "up to 128 output channels per block; offsets absent from a block's masks are skipped; the "
-    "input gradient reads W transposed and mirrored where it lies",
+    "over the sorted plan, 64 rows (128 as a tuner variant) by up to 128 output channels per "
+    "block; offsets absent from a block's masks are skipped; the input gradient reads W "
+    "transposed and mirrored where it lies",
 ))
 register(Route(
     name="cuda.fetch_on_demand", backend="cuda", priority=0, conditions=(DENSE,),

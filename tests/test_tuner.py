@@ -224,8 +224,8 @@ def test_cuda_candidates_enumerate_tile_shapes():
     assert fwd[:2] == [tuning.Candidate("cuda.sorted_mma"), tuning.Candidate("cuda.fetch_on_demand")]
     tiles = [c.kwargs for c in fwd if c.route == "cuda.sorted_mma" and c.variant and "bn" in c.kwargs]
     assert {"bn": 64, "ak": 64} in tiles and {"bn": 128, "ak": 32} in tiles and len(tiles) >= 6
-    # the default tiles with the other row tile (64 x 128 staged: 128 rows by default)
-    assert {"tm": 64} in [c.kwargs for c in fwd if c.route == "cuda.sorted_mma"]
+    # the default tiles with the other row tile (64 rows by default)
+    assert {"tm": 128} in [c.kwargs for c in fwd if c.route == "cuda.sorted_mma"]
     limit = max(table.SHARED_LIMIT, sorted_mma_shared_bytes(64, 128))
     for t in tiles:
         assert 128 % t["bn"] == 0 and 64 % t["ak"] == 0
@@ -596,11 +596,11 @@ def test_cuda_variants_reach_the_kernels(monkeypatch):
     assert g1[0] == 2 * (128 // 32) * 128  # two 64-row tiles, four 32-channel blocks each
     with pytest.raises(ValueError, match="BN=48"):
         table.sorted_mma(x, w, view, bn=48)
-    # the row tile: 128 by default for a 64 x 128 staged block, 64 asked for
-    assert t0["TM"] == 128 and g0[0] == 1 * (128 // 128) * 256
-    table.sorted_mma(x, w, view, tm=64)
+    # the row tile: 64 by default, 128 asked for (one 128-row tile, 256 threads)
+    assert t0["TM"] == 64 and g0[0] == 2 * (128 // 128) * 128
+    table.sorted_mma(x, w, view, tm=128)
     _, s2, t2, g2 = launched[-1]
-    assert t2["TM"] == 64 and g2[0] == 2 * 1 * 128 and s2 == kernels.sorted_mma_shared_bytes(64, 128, tm=64)
+    assert t2["TM"] == 128 and g2[0] == 1 * 1 * 256 and s2 == kernels.sorted_mma_shared_bytes(64, 128, tm=128)
     with pytest.raises(ValueError, match="TM=32"):
         table.sorted_mma(x, w, view, tm=32)
     # channels that are no power of two keep their default tiles (all of them)
