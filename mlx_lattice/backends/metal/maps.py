@@ -229,7 +229,9 @@ class Plans(Views):
         def build():
             n = self.n_in
             if self.edges == 0:  # every mask empty: the rows in place
-                return mx.arange(n, dtype=mx.int32)
+                # (no zero-length arange: MLX's CUDA backend hands NumPy a
+                # null buffer for it, and np.array of it crashes)
+                return mx.arange(n, dtype=mx.int32) if n else mx.zeros((0,), mx.int32)
             tiles = -(-n // _ext.Relation.plan_tile)
             plan = _run("sorted_plan", [self.input_map()], 0, n, self.geometry, False, 0)
             return plan[2 * tiles : 2 * tiles + n]
