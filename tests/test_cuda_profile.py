@@ -98,3 +98,21 @@ def test_conv_calls_replay_what_the_ops_pass_to_cuda(rng, monkeypatch):
     assert any(c[6] == "conv" and c[3].is_flipped for c in calls)
     assert any(c[6] == "weight_grad" for c in calls)
 
+
+
+def test_memory_breakdown_of_a_step(rng):
+    """The profile's memory lines on any device: the maps' arrays counted
+    once each, and peaks that contain what stays allocated."""
+    from mlx_lattice.bench.training_step import TrainingStep
+
+    step = TrainingStep(np.array(voxel_cloud(rng, 1500)))
+    m = cuda_profile.memory(step)
+    assert m["map_arrays"] > 10 and m["map_bytes"] > 0
+    for k in ("maps_peak_bytes", "forward_peak_bytes", "forward_backward_peak_bytes", "step_peak_bytes"):
+        assert m[k] >= m["held_bytes"] > 0, k
+    assert m["forward_backward_peak_bytes"] >= m["forward_peak_bytes"] * 0.5
+    assert "the sample's maps keep" in cuda_profile.format_memory(m)
+    x = step.tensor()
+    step.model(x)
+    arrays = cuda_profile.map_arrays(x.manager)
+    assert len({id(a) for a in arrays}) == len(arrays)

@@ -161,6 +161,96 @@ def map_stages(coords, repeats: int) -> dict:
     return out
 
 
+def _arrays(obj, seen: set, out: list):
+    """Every mx.array reachable from ``obj`` through tuples, lists, dicts and
+    dataclass fields, each once."""
+    if isinstance(obj, mx.array):
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            out.append(obj)
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            _arrays(o, seen, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _arrays(o, seen, out)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for name in obj.__dataclass_fields__:
+            _arrays(getattr(obj, name), seen, out)
+
+
+def map_arrays(manager) -> list:
+    """The arrays a coordinate manager keeps for its maps: each GPU
+    coordinate table, each relation's CSR arrays, the neighbour map a GPU
+    builder made, and every derived array built so far (plans, views, the
+    swapped relations' own), each once. Nothing is built by asking."""
+    seen, out, done = set(), [], set()
+
+    def views(v):
+        if v is None or id(v) in done:
+            return
+        done.add(id(v))
+        _arrays(v._cache, seen, out)
+        _arrays((v.native.out_offsets, v.native.in_idx, v.native.k_idx), seen, out)
+        views(getattr(v, "_swapped", None))
+
+    for cset in {id(c): c for c in manager._sets.values()}.values():
+        table = cset.native_table
+        _arrays([getattr(table, name, None) for name in ("keys", "vals")], seen, out)  # GPU tables
+    for rel, _ in manager._relations.values():
+        if rel is None:
+            continue
+        _arrays((rel._native.out_offsets, rel._native.in_idx, rel._native.k_idx), seen, out)
+        if rel.backend != "cpu":  # set by the GPU builders (the CPU's is made on demand)
+            _arrays(rel._native.neighbor_map, seen, out)
+        views(rel._views)
+    return out
+
+
+def memory(step) -> dict:
+    """Bytes of one training step (maps built inside): what stays allocated
+    between steps (parameters, optimizer state, MLX's own), the arrays the
+    sample's maps keep (``map_arrays``), and the peaks of the forward pass
+    alone, of forward and backward, and of the whole step with its update,
+    each measured from the same start."""
+    from .training_step import loss_fn
+
+    step()
+    mx.synchronize()
+    mx.clear_cache()
+    held = mx.get_active_memory()
+    x = step.tensor()
+    mx.reset_peak_memory()
+    loss = loss_fn(step.model, x)  # builds every map of the sample (their synchronisations)
+    kept = map_arrays(x.manager)
+    mx.eval(kept)
+    maps_peak = mx.get_peak_memory()
+    mx.reset_peak_memory()
+    mx.eval(loss)
+    forward_peak = mx.get_peak_memory()
+    del loss
+    mx.reset_peak_memory()
+    loss, grads = step.loss_grad(step.model, x)
+    mx.eval(loss, grads)
+    backward_peak = mx.get_peak_memory()
+    del loss, grads
+    mx.reset_peak_memory()
+    step()
+    return {
+        "held_bytes": held, "map_bytes": sum(a.nbytes for a in kept), "map_arrays": len(kept),
+        "maps_peak_bytes": maps_peak, "forward_peak_bytes": forward_peak,
+        "forward_backward_peak_bytes": backward_peak, "step_peak_bytes": mx.get_peak_memory(),
+    }
+
+
+def format_memory(m: dict) -> str:
+    mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
+    return (f"memory: {mib(m['held_bytes'])} held between steps; the sample's maps keep "
+            f"{mib(m['map_bytes'])} in {m['map_arrays']} arrays; peaks: building the maps "
+            f"{mib(m['maps_peak_bytes'])}, forward {mib(m['forward_peak_bytes'])}, forward + backward "
+            f"{mib(m['forward_backward_peak_bytes'])}, the whole step {mib(m['step_peak_bytes'])}")
+
+
 def profile(step, repeats: int = 5) -> dict:
     """Profile of a TrainingStep (mlx_lattice/bench/training_step.py) on CUDA."""
     maps = cuda_backend().maps
@@ -240,7 +330,7 @@ def profile(step, repeats: int = 5) -> dict:
         "step_built_s": step_built, "step_cached_s": step_cached, "eval_floor_s": eval_floor,
         "phases": out, "conv_forward_s": fwd, "conv_backward_s": bwd, "adam_s": t_adam,
         "adam_compiled_s": t_adam_compiled, "primitive_s": t_chain / 1000,
-        "map_stages_s": map_stages(step.coords, repeats),
+        "map_stages_s": map_stages(step.coords, repeats), "memory": memory(step),
     }
 
 
@@ -254,6 +344,7 @@ def format_profile(p: dict) -> str:
         f"evaluation of the step (maps cached) on every 16th row: {p['eval_floor_s']*1e3:.1f} ms "
         "(about what dispatching the step's primitives costs, whatever the rows)",
     ]
+    lines.append(format_memory(p["memory"]))
     lines.append("map stages (each evaluated on its own):")
     for name, t in p["map_stages_s"].items():
         lines.append(f"   {name:<44} {t*1e3:8.3f} ms")
