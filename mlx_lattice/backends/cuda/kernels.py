@@ -45,7 +45,7 @@ FETCH_ON_DEMAND_SOURCE = """
 
 # Sorted implicit GEMM on tensor cores: TM rows (in neighbour-mask order) by
 # BN output channels per block (B / BN blocks per tile), a warp per 16 rows
-# holding BN/16 accumulator fragments. TM is 64 (row_tile) or 128 (a tuner
+# holding BN/16 accumulator fragments. TM is 64 (ROW_TILE) or 128 (a tuner
 # variant: every block reads W[k] once per offset of its mask, so taller
 # tiles halve the weight traffic); the plan's masks are per 64 rows, OR-ed in
 # pairs for TM = 128. For each offset present in
@@ -161,21 +161,20 @@ def input_chunk(a: int) -> int:
     return next(t for t in (64, 32, 16) if a % t == 0)
 
 
-def row_tile(ak: int, bn: int) -> int:
-    """Rows per block of the sorted GEMM by default: 64. Measured on an H200
-    (subm k3 over a 97k-voxel LiDAR sweep, float16, one process), 128-row
-    blocks were as fast at C128 and 4-16% slower at C64, C256 and C512: the
-    halved weight traffic does not bound these layers. The tuner may still
-    pick 128 (a variant) where it wins."""
-    return 64
+# Rows per block of the sorted GEMM by default. Measured on an H200 (subm k3
+# over a 97k-voxel LiDAR sweep, float16, one process), 128-row blocks were as
+# fast at C128 and 4-16% slower at C64, C256 and C512: the halved weight
+# traffic does not bound these layers. The tuner may still pick 128 (a
+# variant) where it wins.
+ROW_TILE = 64
 
 
 def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | None = None,
                             tm: int | None = None) -> int:
     """Dynamic shared memory of the sorted GEMM (default tiles: input_chunk(a),
-    channel_tile(b), row_tile)."""
+    channel_tile(b), ROW_TILE)."""
     ak, bn = ak or input_chunk(a), bn or channel_tile(b)
-    tm = tm or row_tile(ak, bn)
+    tm = tm or ROW_TILE
     # the weight block staged as AK x (BN + 8), or BN x (AK + 8) read transposed
     staged = tm * (ak + 8) * 2 + max(ak * (bn + 8), bn * (ak + 8)) * 2
     return max(staged, tm * (bn + 4) * 4)

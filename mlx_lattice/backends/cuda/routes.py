@@ -9,7 +9,7 @@ from typing import Callable
 import mlx.core as mx
 
 from . import jit, maps
-from .kernels import _kernel, channel_tile, input_chunk, row_tile, sorted_mma_shared_bytes
+from .kernels import ROW_TILE, _kernel, channel_tile, input_chunk, sorted_mma_shared_bytes
 from .view import View
 
 
@@ -65,14 +65,14 @@ def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, f
     """Output-stationary implicit GEMM on tensor cores over the sorted plan;
     `bn` output channels per block, `ak` input channels staged at a time
     and `tm` rows per block (defaults: channel_tile(B), input_chunk(A),
-    row_tile(AK, BN); see :func:`variants`)."""
+    ROW_TILE; see :func:`variants`)."""
     k, a, b = _conv_shape(x, w, flip)
     plan = view.plan()
     rows = view.rows
     bn = channel_tile(b) if bn is None else _check_tile("BN", bn, b)
     ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
     if tm is None:
-        tm = row_tile(ak, bn)
+        tm = ROW_TILE
     elif tm not in (64, 128):
         raise ValueError(f"TM={tm}: the sorted GEMM's row tile is 64 or 128")
     tiles = -(-rows // tm)
@@ -195,7 +195,7 @@ def variants(route: str, a: int, b: int) -> list[dict]:
         default = (channel_tile(b), input_chunk(a))
         limit = max(SHARED_LIMIT, sorted_mma_shared_bytes(a, b))
         # the default tiles with the other row tile
-        out.append({"tm": 64 if row_tile(default[1], default[0]) == 128 else 128})
+        out.append({"tm": 128 if ROW_TILE == 64 else 64})
         for bn in _tiles(b):
             for ak in _tiles(a):
                 if (bn, ak) == default:
