@@ -180,23 +180,31 @@ def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | Non
     return max(staged, tm * (bn + 4) * 4)
 
 
-# Weight gradient, direct: one thread per (offset, a, b) over kernel-major edges.
+# Weight gradient without tensor cores: one block row per chunk of edges
+# (a slot of wgrad_chunks: edges of one offset; a pointwise product's chunk c
+# is rows [c * size, (c + 1) * size)), one thread per element of dW, float
+# partial sums reduced per offset, in chunk order, by WGRAD_REDUCE. Split
+# over edges as well as over dW, a layer with few weights (a stem's 4 input
+# channels, a classifier's 4 classes) still fills the GPU; one thread per
+# element over all of an offset's edges ran a classifier's gradient in a
+# single block.
 WGRAD_DIRECT_SOURCE = """
-  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  const int A = params[1], B = params[2], K = params[3];
-  if (idx >= (long)K * A * B) return;
-  const int k = (int)(idx / ((long)A * B));
-  const int a = (int)((idx / B) % A);
-  const int b = (int)(idx % B);
-  const int e0 = POINTWISE ? 0 : koffsets[k];
-  const int e1 = POINTWISE ? params[0] : koffsets[k + 1];
+  const int n = params[0], A = params[1], B = params[2], slots = params[3], size = params[4];
+  const long AB = (long)A * B;
+  const long tiles = (AB + blockDim.x - 1) / blockDim.x;
+  const long c = blockIdx.x / tiles;
+  const long ab = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+  if (c >= slots || ab >= AB) return;
+  const int e0 = POINTWISE ? (int)(c * size) : chunks[3 * c + 1];
+  const int e1 = POINTWISE ? min(n, e0 + size) : chunks[3 * c + 2];
+  const int a = (int)(ab / B), b = (int)(ab % B);
   float acc = 0.0f;
   for (int e = e0; e < e1; ++e) {
     const long g = POINTWISE ? e : gidx[e];
     const long r = POINTWISE ? e : ridx[e];
     acc += static_cast<float>(x[g * A + a]) * static_cast<float>(ct[r * B + b]);
   }
-  dw[idx] = static_cast<T>(acc);
+  partial[c * AB + ab] = acc;
 """
 
 # Weight gradient on tensor cores: one block per (chunk of edges of one
@@ -300,24 +308,26 @@ GROUPED_FETCH_ON_DEMAND_SOURCE = """
   y[(long)r * B + c] = static_cast<T>(acc);
 """
 
-# dW (K, AG, B) of a grouped product: one thread per weight element over the
-# kernel-major edges.
+# dW (K, AG, B) of a grouped product, split over chunks of edges as
+# WGRAD_DIRECT: element (a, b) reads input channel (b / (B / G)) * AG + a.
 GROUPED_WGRAD_SOURCE = """
-  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (long)K * AG * B) return;
-  const int k = (int)(idx / ((long)AG * B));
-  const int a = (int)((idx / B) % AG);
-  const int b = (int)(idx % B);
+  const int n = params[0], slots = params[1], size = params[2];
+  constexpr long AB = (long)AG * B;
+  const long tiles = (AB + blockDim.x - 1) / blockDim.x;
+  const long c = blockIdx.x / tiles;
+  const long ab = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+  if (c >= slots || ab >= AB) return;
+  const int e0 = POINTWISE ? (int)(c * size) : chunks[3 * c + 1];
+  const int e1 = POINTWISE ? min(n, e0 + size) : chunks[3 * c + 2];
+  const int a = (int)(ab / B), b = (int)(ab % B);
   const long col = (long)(b / (B / G)) * AG + a;
-  const int e0 = POINTWISE ? 0 : koffsets[k];
-  const int e1 = POINTWISE ? params[0] : koffsets[k + 1];
   float acc = 0.0f;
   for (int e = e0; e < e1; ++e) {
     const long g = POINTWISE ? e : gidx[e];
     const long r = POINTWISE ? e : ridx[e];
     acc += static_cast<float>(x[g * A + col]) * static_cast<float>(ct[r * B + b]);
   }
-  dw[idx] = static_cast<T>(acc);
+  partial[c * AB + ab] = acc;
 """
 
 
@@ -326,13 +336,13 @@ def _kernel(name: str, shared_memory: int = 0):
     spec = {
         "fetch_on_demand": (["x", "w", "offsets", "gather", "kidx", "params"], ["y"], FETCH_ON_DEMAND_SOURCE),
         "sorted_mma": (["x", "w", "reorder", "sorted_map", "tile_masks", "params"], ["y"], SORTED_MMA_SOURCE),
-        "wgrad_direct": (["x", "ct", "koffsets", "gidx", "ridx", "params"], ["dw"], WGRAD_DIRECT_SOURCE),
+        "wgrad_direct": (["x", "ct", "chunks", "gidx", "ridx", "params"], ["partial"], WGRAD_DIRECT_SOURCE),
         "wgrad_mma": (["x", "ct", "gidx", "ridx", "chunks", "params"], ["partial"], WGRAD_MMA_SOURCE),
         "wgrad_reduce": (["partial", "first", "params"], ["dw"], WGRAD_REDUCE_SOURCE),
         "grouped_fetch_on_demand": (
             ["x", "w", "offsets", "gather", "kidx", "params"], ["y"], GROUPED_FETCH_ON_DEMAND_SOURCE,
         ),
-        "grouped_wgrad": (["x", "ct", "koffsets", "gidx", "ridx", "params"], ["dw"], GROUPED_WGRAD_SOURCE),
+        "grouped_wgrad": (["x", "ct", "chunks", "gidx", "ridx", "params"], ["partial"], GROUPED_WGRAD_SOURCE),
     }[name]
     return jit.kernel(
         name=f"mlx_lattice_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],

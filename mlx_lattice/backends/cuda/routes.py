@@ -18,18 +18,9 @@ from .view import View
 def _csr_edges(x, view: View | None):
     """(rows, CSR offsets, gathered rows, kernel offsets) of the output rows."""
     if view is None:
-        empty = mx.zeros((1,), mx.int32)
+        empty = jit.params(0)
         return x.shape[0], empty, empty, empty
     return (view.rows, *view.csr())
-
-
-def _kernel_major_edges(x, view: View | None):
-    """(kernel offsets, input rows, output rows, pointwise rows) of a weight gradient."""
-    if view is None:
-        empty = mx.zeros((1,), mx.int32)
-        return empty, empty, empty, x.shape[0]
-    km = view.rel.kernel_major()
-    return km.offsets, km.in_idx, km.out_idx, 0
 
 
 # The conv routes read the weight as autodiff.conv's ``flip`` says:
@@ -84,16 +75,55 @@ def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, f
     )[0]
 
 
-def wgrad_direct(x, ct, view: View | None, k):
-    """One thread per weight element over the kernel-major edges."""
-    a, b = x.shape[1], ct.shape[1]
-    ko, gi, ri, n = _kernel_major_edges(x, view)
-    return _kernel("wgrad_direct")(
-        inputs=[x, ct, ko, gi, ri, jit.params(n, a, b, k)],
-        template=[("T", x.dtype), ("POINTWISE", view is None)],
-        grid=(max(k * a * b, 1), 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=[(k, a, b)], output_dtypes=[x.dtype],
+def direct_chunk(edges: int, a: int, b: int) -> int:
+    """Edges per chunk of the direct weight gradients: 256, doubled while
+    the float partial sums (A x B per chunk) would pass 2**22 values."""
+    size = 256
+    while (edges // size + 1) * a * b > 1 << 22 and size < edges:
+        size *= 2
+    return size
+
+
+def _split_wgrad(name, x, ct, view: View | None, k, out_shape, template, params=()):
+    """A direct weight gradient (`name`: wgrad_direct or grouped_wgrad) split
+    over chunks of edges, then reduced per offset in chunk order."""
+    ab = out_shape[1] * out_shape[2]
+    n = x.shape[0] if view is None else view.rel.edges
+    if n == 0:
+        return mx.zeros(out_shape, dtype=x.dtype)
+    size = direct_chunk(n, *out_shape[1:])
+    if view is None:  # pointwise: rows in chunks of `size`, one offset
+        slots = -(-n // size)
+        chunks = gidx = ridx = jit.params(0)  # placeholders
+        first = jit.params(0, slots)
+    else:
+        chunks, first, km = view.wgrad_chunks(size)
+        slots, gidx, ridx = chunks.shape[0], km.in_idx, km.out_idx
+    tpb = min(256, 32 * -(-ab // 32))
+    partial = _kernel(name)(
+        inputs=[x, ct, chunks, gidx, ridx, jit.params(n, *params, slots, size)],
+        template=[("T", x.dtype), *template, ("POINTWISE", view is None)],
+        grid=(slots * -(-ab // tpb) * tpb, 1, 1), threadgroup=(tpb, 1, 1),
+        output_shapes=[(slots, *out_shape[1:])], output_dtypes=[mx.float32],
     )[0]
+    return _reduce(partial, first, out_shape, x.dtype)
+
+
+def _reduce(partial, first, out_shape, dtype):
+    """dW (K, A, B) from per-chunk partial sums, each offset's in chunk order."""
+    k, a, b = out_shape
+    return _kernel("wgrad_reduce")(
+        inputs=[partial, first, jit.params(a, b, k)],
+        template=[("T", dtype)],
+        grid=(k * a * b, 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[out_shape], output_dtypes=[dtype],
+    )[0]
+
+
+def wgrad_direct(x, ct, view: View | None, k):
+    """One thread per weight element over chunks of the kernel-major edges."""
+    a, b = x.shape[1], ct.shape[1]
+    return _split_wgrad("wgrad_direct", x, ct, view, k, (k, a, b), (), (a, b))
 
 
 def wgrad_chunk(a: int, b: int) -> int:
@@ -126,12 +156,7 @@ def wgrad_mma(x, ct, view: View | None, k, ta: int | None = None, tb: int | None
         grid=(n_chunks * (a // ta) * (b // tb) * 128, 1, 1), threadgroup=(128, 1, 1),
         output_shapes=[(n_chunks, a, b)], output_dtypes=[mx.float32],
     )[0]
-    return _kernel("wgrad_reduce")(
-        inputs=[partial, first, jit.params(a, b, k)],
-        template=[("T", x.dtype)],
-        grid=(k * a * b, 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=[(k, a, b)], output_dtypes=[x.dtype],
-    )[0]
+    return _reduce(partial, first, (k, a, b), x.dtype)
 
 
 def grouped_fetch_on_demand(x, w, view: View | None, groups: int):
@@ -149,17 +174,12 @@ def grouped_fetch_on_demand(x, w, view: View | None, groups: int):
 
 
 def grouped_wgrad(x, ct, view: View | None, k, groups: int):
-    """dW (K, A / groups, B) of a grouped product: one thread per element."""
+    """dW (K, A / groups, B) of a grouped product: one thread per element
+    over chunks of the kernel-major edges."""
     a, b = x.shape[1], ct.shape[1]
     ag = a // groups
-    ko, gi, ri, n = _kernel_major_edges(x, view)
-    return _kernel("grouped_wgrad")(
-        inputs=[x, ct, ko, gi, ri, jit.params(n)],
-        template=[("T", x.dtype), ("A", a), ("AG", ag), ("B", b), ("G", groups), ("K", k),
-                  ("POINTWISE", view is None)],
-        grid=(max(k * ag * b, 1), 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=[(k, ag, b)], output_dtypes=[x.dtype],
-    )[0]
+    return _split_wgrad("grouped_wgrad", x, ct, view, k, (k, ag, b),
+                        (("A", a), ("AG", ag), ("B", b), ("G", groups)))
 
 
 # ------------------------------------------------------------------ variants
