@@ -696,8 +696,8 @@ register(Route(
     name="metal.grouped_wgrad", backend="metal", priority=0,
     conditions=(DENSE, METAL_ALL_DTYPES), grouped=True, passes=("wgrad",),
     kernel_file="metal/grouped.metal",
-    summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over the "
-    "kernel-major edges",
+    summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over chunks "
+    "of the kernel-major edges, partial sums reduced in order",
 ))
 
 
@@ -710,8 +710,8 @@ register(Route(
 register(Route(
     name="cuda.grouped_wgrad", backend="cuda", priority=0, conditions=(DENSE,),
     grouped=True, passes=("wgrad",), kernel_file="mlx_lattice/backends/cuda/kernels.py",
-    summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over the "
-    "kernel-major edges",
+    summary="one thread per element of the (K, C_in / groups, C_out) weight gradient over chunks "
+    "of the kernel-major edges, partial sums reduced in order",
 ))
 
 
@@ -753,7 +753,8 @@ register(Route(
 register(Route(
     name="cuda.wgrad_direct", backend="cuda", priority=0, conditions=(DENSE,),
     passes=("wgrad",), kernel_file="mlx_lattice/backends/cuda/kernels.py",
-    summary="one thread per weight element over the kernel-major edges",
+    summary="one thread per weight element over chunks of the kernel-major edges (256 or more), "
+    "partial sums reduced in order",
 ))
 
 
