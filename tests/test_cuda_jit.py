@@ -54,7 +54,7 @@ def test_shipped_manifest_names_this_package_kernels():
     assert [jit._entry(k, key) for k, key in parsed] == [json.dumps(json.loads(line)) for line in lines]
     names = {k.name for k, _ in parsed}
     assert {"mlx_lattice_sorted_mma", "mlx_lattice_wgrad_mma", "mlx_lattice_map_insert",
-            "mlx_lattice_norm_stats", "mlx_lattice_plan_mask"} <= names
+            "mlx_lattice_norm_stats", "mlx_lattice_map_rows"} <= names
     # each feature dtype of a training step is listed, and every kernel
     # serving all dtypes carries no T
     assert {str(jit._dtype(key)) for _, key in parsed} == {"None", str(mx.float16), str(mx.bfloat16),

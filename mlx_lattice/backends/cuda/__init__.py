@@ -43,9 +43,9 @@ class CudaBackend(Backend):
         return fn(table, geometry)
 
     def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
-        native, max_out, max_in, symmetric = find("cuda.hash_map", "map").run(
+        native, max_out, max_in, symmetric, rows = find("cuda.hash_map", "map").run(
             table, out_coords, geometry, transposed, kind)
-        return native, Plans(native), max_out, max_in, symmetric
+        return native, Plans(native, rows=rows), max_out, max_in, symmetric
 
     def syncs(self):
         return maps.SYNCS

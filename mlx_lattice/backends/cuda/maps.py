@@ -149,12 +149,46 @@ SYMMETRIC_SOURCE = """
   }
 """
 
-# One thread per (output row, offset) hit: count it for its input row.
-IN_DEGREE_SOURCE = """
-  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (long)params[0] * params[1]) return;
-  const int p = nmap[idx];
-  if (p >= 0) atomicAdd(&deg[p], 1);
+# One thread per row of a neighbour map (M, K): its hit count at counts[r + 1]
+# (counts[0] stays 0, so that the cumulative sum is the CSR offsets); where
+# params[2], its neighbour bitmask and the sorted plan's first key (the low
+# 32 mask bits above the row index); and, reduced per warp into stats, the
+# edge count [0], the most edges of a row [1] and, where DEGREE, the most
+# edges of an input row [2], from deg's integer atomics (neither the counts
+# nor their maximum depend on scheduling). No thread returns before the
+# warp's shuffles.
+ROWS_SOURCE = """
+  const long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int m = params[0];
+  const int kv = params[1];
+  const bool bits = params[2] != 0;
+  int count = 0, most_in = 0;
+  if (r < m) {
+    unsigned long long mask = 0ull;
+    for (int k = 0; k < kv; ++k) {
+      const int p = nmap[r * kv + k];
+      if (p < 0) continue;
+      ++count;
+      if (bits) mask |= 1ull << k;
+      if (DEGREE) most_in = max(most_in, atomicAdd(&deg[p], 1) + 1);
+    }
+    counts[r + 1] = count;
+    if (bits) {
+      reinterpret_cast<unsigned long long*>(masks)[r] = mask;
+      reinterpret_cast<unsigned long long*>(key)[r] = ((mask & 0xffffffffull) << 32) | (unsigned long long)r;
+    }
+  }
+  int total = count, most = count;
+  for (int o = 16; o > 0; o >>= 1) {
+    total += __shfl_xor_sync(0xffffffffu, total, o);
+    most = max(most, __shfl_xor_sync(0xffffffffu, most, o));
+    most_in = max(most_in, __shfl_xor_sync(0xffffffffu, most_in, o));
+  }
+  if ((threadIdx.x & 31) == 0 && total > 0) {
+    atomicAdd(&stats[0], total);
+    atomicMax(&stats[1], most);
+    if (DEGREE) atomicMax(&stats[2], most_in);
+  }
 """
 
 # One thread per output row: the row's hits in offset order at its offset.
@@ -214,29 +248,36 @@ UNPACK_SOURCE = """
 # Supports by hashing: one thread per (input row, offset) inserts the output
 # key it reaches into a table of twice as many slots as candidates; the
 # insert that claims a key's slot marks its candidate the key's winner;
-# flags[0] when a candidate lies outside the range.
+# flags[0] when a candidate lies outside the range, flags[1] the winners
+# (the support's size), summed per warp (no thread returns before the
+# warp's shuffles).
 SUPPORT_INSERT_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int n = params[0];
   const int kv = params[1];
-  if (idx >= (long)n * kv) return;
-  const unsigned long long mask = (unsigned long long)(unsigned int)params[2];
-  bool overflow = false;
-  const unsigned long long key = lattice_key(
-      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
-  if (overflow) atomicExch(&flags[0], 1);
+  const bool live = idx < (long)n * kv;
   int won = 0;
-  if (key != kEmptyKey) {
-    unsigned long long* ks = reinterpret_cast<unsigned long long*>(keys);
-    unsigned long long h = key_hash(key) & mask;
-    for (;;) {
-      const unsigned long long prev = atomicCAS(ks + h, 0ull, key + 1ull);
-      if (prev == 0ull) { won = 1; break; }
-      if (prev == key + 1ull) break;
-      h = (h + 1ull) & mask;
+  if (live) {
+    const unsigned long long mask = (unsigned long long)(unsigned int)params[2];
+    bool overflow = false;
+    const unsigned long long key = lattice_key(
+        coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
+    if (overflow) atomicExch(&flags[0], 1);
+    if (key != kEmptyKey) {
+      unsigned long long* ks = reinterpret_cast<unsigned long long*>(keys);
+      unsigned long long h = key_hash(key) & mask;
+      for (;;) {
+        const unsigned long long prev = atomicCAS(ks + h, 0ull, key + 1ull);
+        if (prev == 0ull) { won = 1; break; }
+        if (prev == key + 1ull) break;
+        h = (h + 1ull) & mask;
+      }
     }
+    winner[idx] = won;
   }
-  winner[idx] = won;
+  int total = won;
+  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+  if ((threadIdx.x & 31) == 0 && total > 0) atomicAdd(&flags[1], total);
 """
 
 # One thread per candidate: each winner writes its key at its rank (the
@@ -268,7 +309,7 @@ def _kernel(name: str):
         "insert": (["coords", "params"], ["keys", "vals", "flags"], INSERT_SOURCE),
         "lookup": (["keys", "vals", "out_coords", "params"], ["nmap"], LOOKUP_SOURCE),
         "symmetric": (["keys", "vals", "coords", "params"], ["nmap"], SYMMETRIC_SOURCE),
-        "in_degree": (["nmap", "params"], ["deg"], IN_DEGREE_SOURCE),
+        "rows": (["nmap", "params"], ["counts", "stats", "masks", "key", "deg"], ROWS_SOURCE),
         "compact": (["nmap", "offsets", "params"], ["in_idx", "k_idx"], COMPACT_SOURCE),
         "candidates": (["coords", "params"], ["cand", "flags"], CANDIDATES_SOURCE),
         "first": (["sorted", "params"], ["first"], FIRST_SOURCE),
@@ -293,6 +334,8 @@ def _read(what: str, *arrays) -> list[int]:
     global SYNCS
     SYNCS += 1
     READS[what] += 1
+    if len(arrays) == 1 and arrays[0].ndim == 1 and arrays[0].dtype == mx.int32:
+        return np.array(arrays[0]).tolist()
     flat = mx.concatenate([mx.reshape(a, (-1,)).astype(mx.int32) for a in arrays])  # int32: no casts
     return np.array(flat).tolist()
 
@@ -387,15 +430,15 @@ def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
     params = jit.params(n, kv, cap - 1, *_geometry_params(*geometry))
     tmpl = [("TRANSPOSED", not generative)]
     _, winner, flags = _launch(
-        "support_insert", total, [table.coords, params], [(cap,), (total,), (1,)],
+        "support_insert", total, [table.coords, params], [(cap,), (total,), (2,)],
         [mx.uint64, mx.int32, mx.int32], template=tmpl, init_value=0,
     )
-    rank = mx.cumsum(winner)
-    m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
+    bad, m = _read("support size", flags)  # the one synchronisation of a support
     if bad:
         _support_error(table, geometry, generative)
     if m == 0:
         return mx.zeros((0, 4), mx.int32)
+    rank = mx.cumsum(winner)
     uniq = _launch("support_compact", total, [table.coords, winner, rank, params], [(m,)], [mx.uint64],
                    template=tmpl)[0]
     return _launch("unpack_unique", m, [mx.sort(uniq), jit.params(m)], [(m, 4)], [mx.int32])[0]
@@ -423,6 +466,21 @@ def _symmetric(table: CudaTable, out_coords, geometry, transposed: bool) -> bool
     )
 
 
+def row_summary(nmap: mx.array, n_in: int | None = None):
+    """(counts (M + 1), stats (4,), (masks, key) or None) of a neighbour map
+    (M, K), one kernel: see ROWS_SOURCE. ``n_in``: count the input rows' edges
+    too (stats[2]); masks and keys where K <= 64."""
+    m, kv = nmap.shape
+    bits = kv <= 64
+    degree = bool(n_in)
+    counts, stats, masks, key, _ = _launch(
+        "rows", m, [nmap, jit.params(m, kv, bits)],
+        [(m + 1,), (4,), (m if bits else 1,), (m if bits else 1,), (n_in if degree else 1,)],
+        [mx.int32, mx.int32, mx.uint64, mx.uint64, mx.int32], template=[("DEGREE", degree)], init_value=0,
+    )
+    return counts, stats, ((masks, key) if bits else None)
+
+
 def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
     """The native relation of ``_ext.build_relation``, built on the GPU."""
     return build(table, out_coords, geometry, transposed, kind)[0]
@@ -430,10 +488,12 @@ def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed:
 
 def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
     """(the native relation, the most edges of an output row, the most edges
-    of an input row, whether it is symmetric), built on the GPU with one
-    synchronisation (route ``cuda.hash_map``). Symmetric: a centred odd
-    kernel at stride 1 onto the table's own rows, so that edge (q, p, k)
-    exists exactly when (p, q, K - 1 - k) does."""
+    of an input row, whether it is symmetric, its rows' (masks, sort keys)
+    or None), built on the GPU in four kernels and one synchronisation
+    (route ``cuda.hash_map``): the neighbour map, its row summary (counts,
+    sizes, masks), the offsets' cumulative sum and the compaction.
+    Symmetric: a centred odd kernel at stride 1 onto the table's own rows,
+    so that edge (q, p, k) exists exactly when (p, q, K - 1 - k) does."""
     for k in geometry[0]:
         if k > 64:
             raise ValueError("kernel sizes above 64 are not supported")
@@ -456,19 +516,17 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
             [table.keys, table.vals, mx.contiguous(out_coords), jit.params(m, kv, table.mask, *gp)],
             [(m, kv)], [mx.int32], template=[("TRANSPOSED", transposed)],
         )[0]
-    counts = (nmap >= 0).astype(mx.int32).sum(axis=1)
-    offsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(counts)])
-    largest = counts.max() if m else mx.zeros((), mx.int32)
-    if m and not symmetric and table.size:
-        # Edges per input row (the swapped relation's rows): integer atomics,
-        # so the counts do not depend on scheduling.
-        largest_in = _launch(
-            "in_degree", m * kv, [nmap, jit.params(m, kv)], [(table.size,)], [mx.int32], init_value=0,
-        )[0].max()
+    if m == 0:
+        offsets, rows = mx.zeros((1,), mx.int32), None
+        edges = max_out = max_in = 0
     else:
-        largest_in = largest  # symmetric: as many edges per input row as per output row
-    # The one synchronisation of a relation: its edge count and largest rows.
-    edges, max_out, max_in = _read("relation size", offsets[-1], largest, largest_in)
+        degree = not symmetric and table.size > 0
+        counts, stats, rows = row_summary(nmap, table.size if degree else None)
+        # The one synchronisation of a relation: its edge count and largest rows.
+        edges, max_out, max_in = _read("relation size", stats)[:3]
+        if not degree:
+            max_in = max_out  # symmetric: as many edges per input row as per output row
+        offsets = mx.cumsum(counts)
     if edges:
         in_idx, k_idx = _launch(
             "compact", m, [nmap, offsets, jit.params(m, kv)], [(edges,), (edges,)], [mx.int32, mx.int32]
@@ -480,4 +538,4 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
     # them first.
     native = _ext.Relation(kind, table.size, m, kv, offsets, in_idx, k_idx)
     native.set_neighbor_map(nmap)
-    return native, max_out, max_in, bool(symmetric)
+    return native, max_out, max_in, bool(symmetric), rows

@@ -5,11 +5,14 @@ views, the swapped relation, the sorted plan and the weight-gradient chunks.
 Every array equals the CPU one (src/core/relation.cpp) element for element. The
 stable sorts of the CPU become ranks: an edge's place in the kernel-major
 view is its offset's start plus the number of earlier rows that reach the
-same offset (a column prefix sum of the hit map), and likewise per input row
-for the input-major view; the row order of the sorted plan is an argsort of
-keys made unique by the row index (a 32-bit mask digit per pass). Integer
-prefix sums and unique-key sorts make the result independent of scheduling.
-Nothing here reads data on the host.
+same offset (a column prefix sum of the hit map), and in the input-major
+view its input row's start plus the row's earlier hits (one thread per row
+walks them in order); the row order of the sorted plan is an argsort of
+keys made unique by the row index (a 32-bit mask digit per pass), the keys
+and masks coming from the relation's row summary (maps.row_summary).
+Integer prefix sums and unique-key sorts make the result independent of
+scheduling. Nothing here reads data on the host; each view is one or two
+kernels beside MLX's scan or sort.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import mlx.core as mx
 
 from ... import _ext
 from ..base import Views
-from . import jit
+from . import jit, maps
 
 # One thread per output row: the row of each of its edges.
 OUT_IDX_SOURCE = """
@@ -29,22 +32,31 @@ OUT_IDX_SOURCE = """
   for (int e = offsets[r]; e < offsets[r + 1]; ++e) out_idx[e] = (int)r;
 """
 
-# One thread per (row, offset) hit: its place in the kernel-major view
-# (offset start + earlier rows of the same offset); perm is the edge id
-# (row start + earlier hits of the same row).
+# One thread per output row: its edges at their kernel-major places, the
+# offset's start plus the earlier rows reaching the offset (colinc, the
+# column-wise inclusive count of hits, less one); perm is the edge id (the
+# row's start plus its earlier hits). The offsets' starts are the column
+# totals (colinc's last row) summed as the thread walks the offsets; row 0
+# writes them out.
 KERNEL_MAJOR_SOURCE = """
-  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int m = params[0];
   const int kv = params[1];
-  if (idx >= (long)m * kv) return;
-  const int p = nmap[idx];
-  if (p < 0) return;
-  const int r = (int)(idx / kv);
-  const int k = (int)(idx % kv);
-  const int pos = koffsets[k] + col_rank[idx];
-  perm[pos] = offsets[r] + row_rank[idx];
-  in_idx[pos] = p;
-  out_idx[pos] = r;
+  if (r >= m) return;
+  const int* last = colinc + (long)(m - 1) * kv;
+  int start = 0, e = offsets[r];
+  for (int k = 0; k < kv; ++k) {
+    if (r == 0) koffsets[k] = start;
+    const int p = nmap[r * kv + k];
+    if (p >= 0) {
+      const int pos = start + colinc[r * kv + k] - 1;
+      perm[pos] = e++;
+      in_idx[pos] = p;
+      out_idx[pos] = (int)r;
+    }
+    start += last[k];
+  }
+  if (r == 0) koffsets[kv] = start;
 """
 
 # One thread per (output row, offset) hit: the input row's entry of the
@@ -58,33 +70,26 @@ INPUT_MAP_SOURCE = """
   if (p >= 0) in_map[(long)p * kv + idx % kv] = (int)(idx / kv);
 """
 
-# One thread per (input row, offset) hit: its place in the input-major view.
+# One thread per input row: its edges in offset order from its start; perm
+# is the edge id in the output-major relation (the output row's start plus
+# that row's hits before the offset, counted in the neighbour map).
 INPUT_MAJOR_SOURCE = """
-  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int n = params[0];
   const int kv = params[1];
-  if (idx >= (long)n * kv) return;
-  const int q = in_map[idx];
-  if (q < 0) return;
-  const int i = (int)(idx / kv);
-  const int k = (int)(idx % kv);
-  const int pos = in_offsets[i] + in_rank[idx];
-  perm[pos] = offsets[q] + row_rank[(long)q * kv + k];
-  out_idx[pos] = q;
-  k_idx[pos] = k;
-"""
-
-# One thread per output row: its neighbour bitmask and the first sort key
-# (low 32 mask bits above the row index).
-MASK_SOURCE = """
-  const long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  const int m = params[0];
-  const int kv = params[1];
-  if (r >= m) return;
-  unsigned long long bits = 0ull;
-  for (int k = 0; k < kv; ++k) bits |= (unsigned long long)(nmap[r * kv + k] >= 0) << k;
-  reinterpret_cast<unsigned long long*>(masks)[r] = bits;
-  reinterpret_cast<unsigned long long*>(key)[r] = ((bits & 0xffffffffull) << 32) | (unsigned long long)r;
+  if (i >= n) return;
+  int e = in_offsets[i];
+  for (int k = 0; k < kv; ++k) {
+    const int q = in_map[i * kv + k];
+    if (q < 0) continue;
+    const int* row = nmap + (long)q * kv;
+    int rank = 0;
+    for (int j = 0; j < k; ++j) rank += row[j] >= 0;
+    perm[e] = offsets[q] + rank;
+    out_idx[e] = q;
+    k_idx[e] = k;
+    ++e;
+  }
 """
 
 # One thread per sorted place: the second key (high 32 mask bits above the
@@ -96,51 +101,53 @@ HIGH_KEY_SOURCE = """
   reinterpret_cast<unsigned long long*>(key)[i] = ((bits >> 32) << 32) | (unsigned long long)i;
 """
 
-# One thread per (sorted place, offset): the sorted map. Its offset-major
-# layout (the plan's sorted_kv_out_in_map) is left to a lazy transpose, which
-# no CUDA route reads: a training step never allocates it.
+# One thread per (sorted place, offset): the sorted map; each place's first
+# thread ORs its row's mask into its tile's (tiles start at 0: OR commutes,
+# so the result does not depend on scheduling). The map's offset-major
+# layout (the plan's sorted_kv_out_in_map) is left to a lazy transpose,
+# which no CUDA route reads: a training step never allocates it.
 PLAN_GATHER_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int m = params[0];
   const int kv = params[1];
+  const int tile = params[2];
   if (idx >= (long)m * kv) return;
   const long i = idx / kv;
   const int k = (int)(idx % kv);
-  const int v = nmap[(long)reorder[i] * kv + k];
-  sorted_map[idx] = v;
-"""
-
-# One thread per tile: the OR of its rows' masks.
-TILE_SOURCE = """
-  const long t = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  const int m = params[0];
-  const int tile = params[1];
-  if (t >= (m + tile - 1) / tile) return;
-  const unsigned long long* mk = reinterpret_cast<const unsigned long long*>(masks);
-  unsigned long long bits = 0ull;
-  const long end = min((long)m, (t + 1) * tile);
-  for (long i = t * tile; i < end; ++i) bits |= mk[reorder[i]];
-  reinterpret_cast<unsigned long long*>(tiles)[t] = bits;
+  const long q = reorder[i];
+  sorted_map[idx] = nmap[q * kv + k];
+  if (k == 0) {
+    atomicOr(reinterpret_cast<unsigned long long*>(tiles) + i / tile,
+             reinterpret_cast<const unsigned long long*>(masks)[q]);
+  }
 """
 
 # One thread per chunk slot: [k, e0, e1] of the slot's chunk of kernel-major
-# edges; slots past the last chunk are [-1, 0, 0] (empty).
+# edges (each offset's edges in chunks of `size`, in order); slots past the
+# last chunk are [-1, 0, 0] (empty). Slot 0 writes first (the first chunk
+# of each offset, K + 1 values), which every slot counts for itself.
 CHUNKS_SOURCE = """
   const long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int slots = params[0];
   const int kv = params[1];
   const int size = params[2];
   if (c >= slots) return;
-  if (c >= first[kv]) {
+  int start = 0, lo = -1, base = 0;
+  for (int k = 0; k < kv; ++k) {
+    const int n = (koffsets[k + 1] - koffsets[k] + size - 1) / size;
+    if (c == 0) first[k] = start;
+    if (lo < 0 && c < start + n) {
+      lo = k;
+      base = start;
+    }
+    start += n;
+  }
+  if (c == 0) first[kv] = start;
+  if (lo < 0) {
     chunks[3 * c] = -1; chunks[3 * c + 1] = 0; chunks[3 * c + 2] = 0;
     return;
   }
-  int lo = 0, hi = kv;  // first[lo] <= c < first[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (first[mid] <= c) lo = mid; else hi = mid;
-  }
-  const int e0 = koffsets[lo] + (int)(c - first[lo]) * size;
+  const int e0 = koffsets[lo] + (int)(c - base) * size;
   chunks[3 * c] = lo;
   chunks[3 * c + 1] = e0;
   chunks[3 * c + 2] = min(e0 + size, koffsets[lo + 1]);
@@ -152,17 +159,15 @@ def _kernel(name: str):
     spec = {
         "out_idx": (["offsets", "params"], ["out_idx"], OUT_IDX_SOURCE),
         "kernel_major": (
-            ["nmap", "offsets", "koffsets", "col_rank", "row_rank", "params"],
-            ["perm", "in_idx", "out_idx"], KERNEL_MAJOR_SOURCE),
+            ["nmap", "offsets", "colinc", "params"], ["koffsets", "perm", "in_idx", "out_idx"],
+            KERNEL_MAJOR_SOURCE),
         "input_map": (["nmap", "params"], ["in_map"], INPUT_MAP_SOURCE),
         "input_major": (
-            ["in_map", "offsets", "in_offsets", "in_rank", "row_rank", "params"],
-            ["perm", "out_idx", "k_idx"], INPUT_MAJOR_SOURCE),
-        "mask": (["nmap", "params"], ["masks", "key"], MASK_SOURCE),
+            ["in_map", "nmap", "offsets", "in_offsets", "params"], ["perm", "out_idx", "k_idx"],
+            INPUT_MAJOR_SOURCE),
         "high_key": (["masks", "order", "params"], ["key"], HIGH_KEY_SOURCE),
-        "plan_gather": (["nmap", "reorder", "params"], ["sorted_map"], PLAN_GATHER_SOURCE),
-        "tiles": (["masks", "reorder", "params"], ["tiles"], TILE_SOURCE),
-        "chunks": (["first", "koffsets", "params"], ["chunks"], CHUNKS_SOURCE),
+        "plan_gather": (["nmap", "reorder", "masks", "params"], ["sorted_map", "tiles"], PLAN_GATHER_SOURCE),
+        "chunks": (["koffsets", "params"], ["chunks", "first"], CHUNKS_SOURCE),
     }[name]
     return jit.kernel(
         name=f"mlx_lattice_plan_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],
@@ -185,20 +190,24 @@ class Plans(Views):
     swapped back all share two sets of derived arrays, whatever kind each
     is labelled with."""
 
-    def __init__(self, native, swapped_of: "Plans | None" = None):
+    def __init__(self, native, swapped_of: "Plans | None" = None, rows=None):
         super().__init__(native)
         self.n_in, self.n_out = native.n_in, native.n_out
         self.k, self.edges = native.kernel_volume, native.edges
         self._swapped = swapped_of
+        # (masks, first sort keys) of the rows, from the row summary that
+        # built the relation (maps.row_summary), else made on first use
+        self._rows = rows
+        self._in_rows = None  # the same of the input rows (the swapped relation's)
 
     @property
     def nmap(self):
         return self.native.neighbor_map
 
-    def _row_rank(self):
-        # Earlier hits in the same output row: the edge id within the row.
-        return self._once(
-            "row_rank", lambda: mx.cumsum((self.nmap >= 0).astype(mx.int32), axis=1, inclusive=False))
+    def _masks(self):
+        if self._rows is None:
+            self._rows = maps.row_summary(self.nmap)[2]
+        return self._rows
 
     def out_idx(self):
         def build():
@@ -215,15 +224,11 @@ class Plans(Views):
             if e == 0:  # no kernels on empty arrays
                 empty = mx.zeros((0,), mx.int32)
                 return mx.zeros((kv + 1,), mx.int32), empty, empty, empty
-            hit = (self.nmap >= 0).astype(mx.int32)
-            koffsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(hit.sum(axis=0))])
-            col_rank = mx.cumsum(hit, axis=0, inclusive=False)
-            perm, in_idx, out_idx = _launch(
-                "kernel_major", m * kv,
-                [self.nmap, self.native.out_offsets, koffsets, col_rank, self._row_rank(), jit.params(m, kv)],
-                [(e,), (e,), (e,)], [mx.int32] * 3,
-            )
-            return koffsets, perm, in_idx, out_idx
+            colinc = mx.cumsum(self.nmap >= 0, axis=0)  # int32
+            return tuple(_launch(
+                "kernel_major", m, [self.nmap, self.native.out_offsets, colinc, jit.params(m, kv)],
+                [(kv + 1,), (e,), (e,), (e,)], [mx.int32] * 4,
+            ))
         return self._once("kernel_major", build)
 
     def input_map(self):
@@ -244,12 +249,11 @@ class Plans(Views):
                 empty = mx.zeros((0,), mx.int32)
                 return mx.zeros((n + 1,), mx.int32), empty, empty, empty
             in_map = self.input_map()
-            in_hit = (in_map >= 0).astype(mx.int32)
-            in_offsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(in_hit.sum(axis=1))])
-            in_rank = mx.cumsum(in_hit, axis=1, inclusive=False)
+            counts, _, self._in_rows = maps.row_summary(in_map)
+            in_offsets = mx.cumsum(counts)
             perm, out_idx, k_idx = _launch(
-                "input_major", n * kv,
-                [in_map, self.native.out_offsets, in_offsets, in_rank, self._row_rank(), jit.params(n, kv)],
+                "input_major", n,
+                [in_map, self.nmap, self.native.out_offsets, in_offsets, jit.params(n, kv)],
                 [(e,), (e,), (e,)], [mx.int32] * 3,
             )
             return in_offsets, perm, out_idx, k_idx
@@ -264,7 +268,7 @@ class Plans(Views):
             offsets, _, out_idx, k_idx = self.input_major()
             native = _ext.Relation(kind, self.n_out, self.n_in, self.k, offsets, out_idx, k_idx)
             native.set_neighbor_map(self.input_map())
-            self._swapped = Plans(native, swapped_of=self)
+            self._swapped = Plans(native, swapped_of=self, rows=self._in_rows)
         other = self._swapped
         native = other.native
         if native.kind != kind:  # the same arrays under another label
@@ -283,28 +287,25 @@ class Plans(Views):
             if m == 0:
                 return (mx.zeros((0,), mx.int32), mx.zeros((0, kv), mx.int32),
                         mx.zeros((kv, 0), mx.int32), mx.zeros((0,), mx.uint64))
-            masks, key = _launch("mask", m, [self.nmap, jit.params(m, kv)], [(m,), (m,)], [mx.uint64] * 2)
+            masks, key = self._masks()
             order = mx.argsort(key).astype(mx.int32)  # unique keys: a stable sort by the low bits
             if kv > 32:
                 key = _launch("high_key", m, [masks, order, jit.params(m)], [(m,)], [mx.uint64])[0]
                 order = order[mx.argsort(key).astype(mx.int32)]
-            sorted_map = _launch(
-                "plan_gather", m * kv, [self.nmap, order, jit.params(m, kv)], [(m, kv)], [mx.int32])[0]
-            kv_map = mx.swapaxes(sorted_map, 0, 1)
             n_tiles = -(-m // tile)
-            tiles = _launch("tiles", n_tiles, [masks, order, jit.params(m, tile)], [(n_tiles,)], [mx.uint64])[0]
-            return order, sorted_map, kv_map, tiles
+            sorted_map, tiles = _launch(
+                "plan_gather", m * kv, [self.nmap, order, masks, jit.params(m, kv, tile)],
+                [(m, kv), (n_tiles,)], [mx.int32, mx.uint64], init_value=0)
+            return order, sorted_map, mx.swapaxes(sorted_map, 0, 1), tiles
         return self._once("sorted_plan", build)
 
 
 def wgrad_chunks(koffsets: mx.array, edges: int, k: int, size: int = 256):
     """Chunks of at most `size` kernel-major edges of one offset:
-    ((slots, 3) [k, e0, e1], first chunk per offset (K+1)). The chunk count is
-    not read back: there are edges // size + K slots (at least as many as
-    chunks), the ones past ``first[K]`` empty."""
-    counts = koffsets[1:] - koffsets[:-1]
-    first = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum((counts + size - 1) // size)])
+    ((slots, 3) [k, e0, e1], first chunk per offset (K+1)), one kernel. The
+    chunk count is not read back: there are edges // size + K slots (at
+    least as many as chunks), the ones past ``first[K]`` empty."""
     slots = edges // size + k
-    chunks = _launch("chunks", slots, [first, koffsets, jit.params(slots, k, size)],
-                     [(slots, 3)], [mx.int32])[0]
+    chunks, first = _launch("chunks", slots, [koffsets, jit.params(slots, k, size)],
+                            [(slots, 3), (k + 1,)], [mx.int32, mx.int32])
     return chunks, first

@@ -238,7 +238,8 @@ def variants(route: str, a: int, b: int) -> list[dict]:
 class Route:
     op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k);
     # "map": run(table, out_coords, geometry, transposed, kind)
-    #   -> (native relation, max output-row edges, max input-row edges, symmetric)
+    #   -> (native relation, max output-row edges, max input-row edges, symmetric,
+    #       the rows' (masks, sort keys) or None)
     run: Callable
     grouped: bool = False  # run takes groups as its last argument
     flipped: bool = False  # run reads a flipped weight in place (keyword flip)
