@@ -32,29 +32,41 @@ OUT_IDX_SOURCE = """
   for (int e = offsets[r]; e < offsets[r + 1]; ++e) out_idx[e] = (int)r;
 """
 
+# One thread per (offset, output row): the hit map transposed, (K, M), so
+# that the count of earlier rows reaching each offset is a scan along rows
+# (MLX scans a contiguous axis fast, a strided one many times slower).
+HITS_T_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int m = params[0];
+  const int kv = params[1];
+  if (idx >= (long)m * kv) return;
+  const long k = idx / m;
+  const long r = idx % m;
+  hits_t[idx] = nmap[r * kv + k] >= 0 ? 1 : 0;
+"""
+
 # One thread per output row: its edges at their kernel-major places, the
 # offset's start plus the earlier rows reaching the offset (colinc, the
-# column-wise inclusive count of hits, less one); perm is the edge id (the
-# row's start plus its earlier hits). The offsets' starts are the column
-# totals (colinc's last row) summed as the thread walks the offsets; row 0
-# writes them out.
+# inclusive count of hits along each offset's row of hits_t, less one);
+# perm is the edge id (the row's start plus its earlier hits). The
+# offsets' starts are the totals (colinc's last column) summed as the
+# thread walks the offsets; row 0 writes them out.
 KERNEL_MAJOR_SOURCE = """
   const long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int m = params[0];
   const int kv = params[1];
   if (r >= m) return;
-  const int* last = colinc + (long)(m - 1) * kv;
   int start = 0, e = offsets[r];
   for (int k = 0; k < kv; ++k) {
     if (r == 0) koffsets[k] = start;
     const int p = nmap[r * kv + k];
     if (p >= 0) {
-      const int pos = start + colinc[r * kv + k] - 1;
+      const int pos = start + colinc[(long)k * m + r] - 1;
       perm[pos] = e++;
       in_idx[pos] = p;
       out_idx[pos] = (int)r;
     }
-    start += last[k];
+    start += colinc[(long)k * m + m - 1];
   }
   if (r == 0) koffsets[kv] = start;
 """
@@ -158,6 +170,7 @@ CHUNKS_SOURCE = """
 def _kernel(name: str):
     spec = {
         "out_idx": (["offsets", "params"], ["out_idx"], OUT_IDX_SOURCE),
+        "hits_t": (["nmap", "params"], ["hits_t"], HITS_T_SOURCE),
         "kernel_major": (
             ["nmap", "offsets", "colinc", "params"], ["koffsets", "perm", "in_idx", "out_idx"],
             KERNEL_MAJOR_SOURCE),
@@ -224,7 +237,8 @@ class Plans(Views):
             if e == 0:  # no kernels on empty arrays
                 empty = mx.zeros((0,), mx.int32)
                 return mx.zeros((kv + 1,), mx.int32), empty, empty, empty
-            colinc = mx.cumsum(self.nmap >= 0, axis=0)  # int32
+            hits_t = _launch("hits_t", m * kv, [self.nmap, jit.params(m, kv)], [(kv, m)], [mx.int32])[0]
+            colinc = mx.cumsum(hits_t, axis=1)
             return tuple(_launch(
                 "kernel_major", m, [self.nmap, self.native.out_offsets, colinc, jit.params(m, kv)],
                 [(kv + 1,), (e,), (e,), (e,)], [mx.int32] * 4,
