@@ -247,10 +247,8 @@ UNPACK_SOURCE = """
 
 # Supports by hashing: one thread per (input row, offset) inserts the output
 # key it reaches into a table of twice as many slots as candidates; the
-# insert that claims a key's slot writes the key at the next place of uniq
-# (flags[1] counts them: the support's size). Those places depend on
-# scheduling, the sort after it does not. flags[0] when a candidate lies
-# outside the range.
+# insert that claims a key's slot marks its candidate the key's winner;
+# flags[0] when a candidate lies outside the range.
 SUPPORT_INSERT_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int n = params[0];
@@ -261,18 +259,30 @@ SUPPORT_INSERT_SOURCE = """
   const unsigned long long key = lattice_key(
       coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
   if (overflow) atomicExch(&flags[0], 1);
-  if (key == kEmptyKey) return;
-  unsigned long long* ks = reinterpret_cast<unsigned long long*>(keys);
-  unsigned long long h = key_hash(key) & mask;
-  for (;;) {
-    const unsigned long long prev = atomicCAS(ks + h, 0ull, key + 1ull);
-    if (prev == 0ull) {
-      reinterpret_cast<unsigned long long*>(uniq)[atomicAdd(&flags[1], 1)] = key;
-      return;
+  int won = 0;
+  if (key != kEmptyKey) {
+    unsigned long long* ks = reinterpret_cast<unsigned long long*>(keys);
+    unsigned long long h = key_hash(key) & mask;
+    for (;;) {
+      const unsigned long long prev = atomicCAS(ks + h, 0ull, key + 1ull);
+      if (prev == 0ull) { won = 1; break; }
+      if (prev == key + 1ull) break;
+      h = (h + 1ull) & mask;
     }
-    if (prev == key + 1ull) return;
-    h = (h + 1ull) & mask;
   }
+  winner[idx] = won;
+"""
+
+# One thread per candidate: each winner writes its key at its rank (the
+# winners' order depends on scheduling; the sort after it does not).
+SUPPORT_COMPACT_SOURCE = """
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = params[0];
+  const int kv = params[1];
+  if (idx >= (long)n * kv || winner[idx] == 0) return;
+  bool overflow = false;
+  reinterpret_cast<unsigned long long*>(uniq)[rank[idx] - 1] = lattice_key(
+      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
 """
 
 # One thread per sorted unique key: its coordinates.
@@ -297,7 +307,8 @@ def _kernel(name: str):
         "candidates": (["coords", "params"], ["cand", "flags"], CANDIDATES_SOURCE),
         "first": (["sorted", "params"], ["first"], FIRST_SOURCE),
         "unpack": (["sorted", "rank", "params"], ["out"], UNPACK_SOURCE),
-        "support_insert": (["coords", "params"], ["keys", "uniq", "flags"], SUPPORT_INSERT_SOURCE),
+        "support_insert": (["coords", "params"], ["keys", "winner", "flags"], SUPPORT_INSERT_SOURCE),
+        "support_compact": (["coords", "winner", "rank", "params"], ["uniq"], SUPPORT_COMPACT_SOURCE),
         "unpack_unique": (["sorted", "params"], ["out"], UNPACK_UNIQUE_SOURCE),
     }[name]
     return jit.kernel(
@@ -410,16 +421,20 @@ def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
     if cap > 2**31:
         raise ValueError(f"{n} rows times a kernel volume of {kv} is more than 2**30 candidate outputs")
     params = jit.params(n, kv, cap - 1, *_geometry_params(*geometry))
-    _, uniq, flags = _launch(
-        "support_insert", total, [table.coords, params], [(cap,), (total,), (2,)],
-        [mx.uint64, mx.uint64, mx.int32], template=[("TRANSPOSED", not generative)], init_value=0,
+    tmpl = [("TRANSPOSED", not generative)]
+    _, winner, flags = _launch(
+        "support_insert", total, [table.coords, params], [(cap,), (total,), (1,)],
+        [mx.uint64, mx.int32, mx.int32], template=tmpl, init_value=0,
     )
-    bad, m = _read("support size", flags)  # the one synchronisation of a support
+    rank = mx.cumsum(winner)
+    m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
     if bad:
         _support_error(table, geometry, generative)
     if m == 0:
         return mx.zeros((0, 4), mx.int32)
-    return _launch("unpack_unique", m, [mx.sort(uniq[:m]), jit.params(m)], [(m, 4)], [mx.int32])[0]
+    uniq = _launch("support_compact", total, [table.coords, winner, rank, params], [(m,)], [mx.uint64],
+                   template=tmpl)[0]
+    return _launch("unpack_unique", m, [mx.sort(uniq), jit.params(m)], [(m, 4)], [mx.int32])[0]
 
 
 def forward_support(table: CudaTable, geometry, dedup: str | None = None) -> mx.array:
