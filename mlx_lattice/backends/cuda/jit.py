@@ -532,24 +532,28 @@ class Kernel:
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=(),
                  init_value=None, stream=None, **kw):
-        template = list(template)
+        # A training step makes hundreds of these calls: the common path
+        # (a specialisation built before) builds its key with list
+        # comprehensions, not generators, and nothing else.
         if self._uses_other_info or kw:
             return self._mlx_kernel()(inputs=inputs, output_shapes=output_shapes, output_dtypes=output_dtypes,
-                                      grid=grid, threadgroup=threadgroup, template=template,
+                                      grid=grid, threadgroup=threadgroup, template=list(template),
                                       init_value=init_value, stream=stream, **kw)
-        key = (tuple((a.dtype, a.ndim) for a in inputs), tuple(output_dtypes),
-               tuple((k, v) for k, v in template))
+        key = (tuple([(a.dtype, a.ndim) for a in inputs]), tuple(output_dtypes), tuple(template))
         built = self._built.get(key)
         if built is None:
+            template = [(k, v) for k, v in template]
+            key = key[:2] + (tuple(template),)
             built = self._build(key, inputs, output_dtypes, template) or ("", b"")
             self._built[key] = built
             BUILT.append((self, key))
         name, cubin = built
         if not cubin:
             return self._mlx_kernel()(inputs=inputs, output_shapes=output_shapes, output_dtypes=output_dtypes,
-                                      grid=grid, threadgroup=threadgroup, template=template,
+                                      grid=grid, threadgroup=threadgroup, template=list(template),
                                       init_value=init_value, stream=stream)
-        scalars = [int(d) for n, a in zip(self.input_names, inputs) if n in self.shaped for d in a.shape]
+        scalars = ([int(d) for n, a in zip(self.input_names, inputs) if n in self.shaped for d in a.shape]
+                   if self.shaped else [])
         return mx.fast.precompiled_cuda_kernel(
             name=name, compiled_source=cubin, inputs=inputs, output_shapes=output_shapes,
             output_dtypes=output_dtypes, scalars=scalars, grid=grid, threadgroup=threadgroup,

@@ -514,7 +514,25 @@ def norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, ac
         prims += [mean, var]
     if residual is not None:
         prims.append(residual)
-    return _function(spec)(*prims)
+    if seg is not None:
+        return _function(spec)(*prims)
+    # Without segments a call is fixed by its sizes and flags: its custom
+    # function is made once (a step's norms then skip remaking it).
+    key = (n, c, n_segments, training, residual is not None, float(eps), low)
+    f = _FUNCTIONS.get(key)
+    if f is None:
+        if len(_FUNCTIONS) >= 1024:
+            _FUNCTIONS.clear()
+        f = _FUNCTIONS[key] = _function(spec)
+    return f(*prims)
+
+
+_FUNCTIONS: dict = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _coefficients(keep: float, mu: float, ratio: float) -> mx.array:
+    return mx.array(np.array((keep, mu, ratio), np.float32))
 
 
 def running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio):
@@ -529,7 +547,7 @@ def running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio):
             raise ValueError(f"running_stats: {name} must hold {c} values, got shape {tuple(a.shape)}")
     if c == 0:
         return mean, var
-    coef = mx.array(np.array((keep, mu, ratio), np.float32))
+    coef = _coefficients(float(keep), float(mu), float(ratio))
     return _kernel("running_stats")(
         inputs=[mean, var, batch_mean, batch_var, jit.params(c), coef],
         grid=(c, 1, 1), threadgroup=(min(256, c), 1, 1),
