@@ -188,9 +188,8 @@ def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | Non
 # channels, a classifier's 4 classes) still fills the GPU; one thread per
 # element over all of an offset's edges ran a classifier's gradient in a
 # single block.
-WGRAD_DIRECT_SOURCE = """
-  const int n = params[0], A = params[1], B = params[2], slots = params[3], size = params[4];
-  const long AB = (long)A * B;
+_SPLIT_WGRAD = """
+SIZES
   const long tiles = (AB + blockDim.x - 1) / blockDim.x;
   const long c = blockIdx.x / tiles;
   const long ab = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
@@ -198,14 +197,18 @@ WGRAD_DIRECT_SOURCE = """
   const int e0 = POINTWISE ? (int)(c * size) : chunks[3 * c + 1];
   const int e1 = POINTWISE ? min(n, e0 + size) : chunks[3 * c + 2];
   const int a = (int)(ab / B), b = (int)(ab % B);
+  const long col = COLUMN;
   float acc = 0.0f;
   for (int e = e0; e < e1; ++e) {
     const long g = POINTWISE ? e : gidx[e];
     const long r = POINTWISE ? e : ridx[e];
-    acc += static_cast<float>(x[g * A + a]) * static_cast<float>(ct[r * B + b]);
+    acc += static_cast<float>(x[g * A + col]) * static_cast<float>(ct[r * B + b]);
   }
   partial[c * AB + ab] = acc;
 """
+WGRAD_DIRECT_SOURCE = _SPLIT_WGRAD.replace("SIZES", """\
+  const int n = params[0], A = params[1], B = params[2], slots = params[3], size = params[4];
+  const long AB = (long)A * B;""").replace("COLUMN", "a")
 
 # Weight gradient on tensor cores: one block per (chunk of edges of one
 # offset, TA x TB block of dW); gathered rows of x and ct go through shared
@@ -310,25 +313,9 @@ GROUPED_FETCH_ON_DEMAND_SOURCE = """
 
 # dW (K, AG, B) of a grouped product, split over chunks of edges as
 # WGRAD_DIRECT: element (a, b) reads input channel (b / (B / G)) * AG + a.
-GROUPED_WGRAD_SOURCE = """
+GROUPED_WGRAD_SOURCE = _SPLIT_WGRAD.replace("SIZES", """\
   const int n = params[0], slots = params[1], size = params[2];
-  constexpr long AB = (long)AG * B;
-  const long tiles = (AB + blockDim.x - 1) / blockDim.x;
-  const long c = blockIdx.x / tiles;
-  const long ab = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
-  if (c >= slots || ab >= AB) return;
-  const int e0 = POINTWISE ? (int)(c * size) : chunks[3 * c + 1];
-  const int e1 = POINTWISE ? min(n, e0 + size) : chunks[3 * c + 2];
-  const int a = (int)(ab / B), b = (int)(ab % B);
-  const long col = (long)(b / (B / G)) * AG + a;
-  float acc = 0.0f;
-  for (int e = e0; e < e1; ++e) {
-    const long g = POINTWISE ? e : gidx[e];
-    const long r = POINTWISE ? e : ridx[e];
-    acc += static_cast<float>(x[g * A + col]) * static_cast<float>(ct[r * B + b]);
-  }
-  partial[c * AB + ab] = acc;
-"""
+  constexpr long AB = (long)AG * B;""").replace("COLUMN", "(long)(b / (B / G)) * AG + a")
 
 
 @functools.lru_cache(maxsize=None)
