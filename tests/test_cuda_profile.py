@@ -46,7 +46,9 @@ def test_profile_of_a_step_on_cuda(rng, on_gpu):
     # four strided); the decoder's relations are the encoder's, swapped.
     assert built[4] == {"table flags": 1, "support size": 4, "relation size": 9}
     assert cached[4] == {}
-    assert p["conv_forward_s"] > 0 and p["adam_compiled_s"] > 0 and p["eval_floor_s"] > 0
+    assert p["products"] and all(q.forward_s > 0 and q.dgrad_s > 0 and q.wgrad_s > 0 for q in p["products"])
+    assert all(r.startswith("cuda.") for q in p["products"] for r in q.routes)
+    assert p["adam_compiled_s"] > 0 and p["eval_floor_s"] > 0
     assert all(t > 0 for t in p["map_stages_s"].values())
 
 
@@ -90,7 +92,14 @@ def test_conv_calls_replay_what_the_ops_pass_to_cuda(rng, monkeypatch):
     assert f is x.feats and (route, view, groups, variant) == (call[0], call[3], call[4], call[5])
     # autodiff hands the kernels the same arrays, cut from the graph
     assert mx.array_equal(call[1], f) and mx.array_equal(call[2], wm)
-    cuda_profile.conv_device_times(step, x, repeats=1)
+    (times,) = cuda_profile.conv_device_times(step, x, repeats=1)
+    # one convolution, its three products timed, each with the route that ran it
+    assert (times.layer, times.c_in, times.c_out, times.rows) == ("submanifold k3 s1", 8, 8, coords.shape[0])
+    assert times.edges == view.rel.edges and min(times.forward_s, times.dgrad_s, times.wgrad_s) > 0
+    assert times.routes[0] == route and times.routes[1] in cuda.ROUTES and times.routes[2] in cuda.ROUTES
+    assert cuda.ROUTES[times.routes[2]].op == "weight_grad"
+    lines = cuda_profile.format_products([times], top=2)
+    assert "weight gradients" in lines[0] and len(lines) == 3 and times.routes[2] in "".join(lines)
     # the replay's products: forward on the recorded route and variant, and
     # the backward products on the flipped view (input gradient) and the view
     forward = [c for c in calls[1:] if c[6] == "conv" and not c[3].is_flipped]

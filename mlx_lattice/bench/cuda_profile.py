@@ -16,11 +16,12 @@ import io
 import re
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import mlx.core as mx
 
-from .. import autodiff, ops
+from .. import autodiff, diagnostics, ops
 from ..nn import normalization
 from ..relation import KernelGeometry, Relation
 from ..tensor import SparseTensor
@@ -92,20 +93,73 @@ def _conv_calls(step, tensor):
     return rec
 
 
-def conv_device_times(step, tensor, repeats):
-    """Isolated seconds of every product of the step: forward, and both
-    gradients (input and weight) together, each evaluated on its own."""
+@dataclass(frozen=True)
+class ProductTimes:
+    """One convolution of the step, its three products each evaluated on its
+    own: seconds and the route that ran each pass."""
+
+    layer: str  # "submanifold k3 s1", ...
+    c_in: int
+    c_out: int
+    rows: int
+    edges: int  # rows for a pointwise product
+    forward_s: float
+    dgrad_s: float
+    wgrad_s: float
+    routes: tuple  # (forward, dgrad, wgrad)
+
+    def passes(self):
+        """(pass, seconds, route) of each product."""
+        return zip(("forward", "dgrad", "wgrad"), (self.forward_s, self.dgrad_s, self.wgrad_s), self.routes)
+
+
+def _ran(fn, direction: str) -> str:
+    """The route of the last `direction` product `fn` runs (from the route log)."""
+    with diagnostics.record() as log:
+        mx.eval(fn())
+    ran = [r["route"] for r in log if r.get("direction") == direction]
+    return ran[-1] if ran else "?"
+
+
+def conv_device_times(step, tensor, repeats) -> list[ProductTimes]:
+    """Every convolution of the step's forward pass with the isolated
+    seconds of its forward product, input gradient and weight gradient,
+    each evaluated on its own, and the routes that ran them."""
     cuda = cuda_backend()
-    fwd = bwd = 0.0
+    out = []
     for route, x, w, view, groups, variant in _conv_calls(step, tensor):
         f = lambda a, b, route=route, view=view, groups=groups, variant=variant: autodiff.conv(  # noqa: E731
             cuda.BACKEND, route, a, b, view, groups, variant)
         y = f(x, w)
         ct = mx.random.normal(y.shape).astype(y.dtype)
         mx.eval(y, ct)
-        fwd += best_time(lambda: mx.eval(f(x, w)), repeats)
-        bwd += best_time(lambda: mx.eval(mx.vjp(f, [x, w], [ct])[1]), repeats)
-    return fwd, bwd
+        dgrad = lambda: mx.vjp(lambda a: f(a, w), [x], [ct])[1]  # noqa: E731
+        wgrad = lambda: mx.vjp(lambda b: f(x, b), [w], [ct])[1]  # noqa: E731
+        rel = None if view is None else view.rel
+        kind = "pointwise" if rel is None else f"{rel.kind} k{rel.geometry.kernel_size[0]} s{rel.geometry.stride[0]}"
+        out.append(ProductTimes(
+            layer=kind, c_in=x.shape[1], c_out=y.shape[1], rows=y.shape[0],
+            edges=x.shape[0] if rel is None else rel.edges,
+            forward_s=best_time(lambda: mx.eval(f(x, w)), repeats),
+            dgrad_s=best_time(lambda: mx.eval(dgrad()), repeats),
+            wgrad_s=best_time(lambda: mx.eval(wgrad()), repeats),
+            routes=(route, _ran(dgrad, "dgrad"), _ran(wgrad, "wgrad")),
+        ))
+    return out
+
+
+def format_products(products: list[ProductTimes], top: int = 5) -> list[str]:
+    """The products' totals by pass and the `top` slowest products."""
+    tot = [sum(t for p in products for name, t, _ in p.passes() if name == want)
+           for want in ("forward", "dgrad", "wgrad")]
+    lines = [f"isolated products of the step ({len(products)} convolutions): forward {tot[0]*1e3:.1f} ms, "
+             f"input gradients {tot[1]*1e3:.1f} ms, weight gradients {tot[2]*1e3:.1f} ms; the slowest:"]
+    each = sorted(((t, name, r, p) for p in products for name, t, r in p.passes()), key=lambda e: -e[0])
+    for t, name, r, p in each[:top]:
+        unit = "rows " if p.layer == "pointwise" else "edges"
+        lines.append(f"   {name:<8} {r:<22} {p.layer:<22} {p.c_in:>5} -> {p.c_out:<5} {p.edges:>10,} {unit} "
+                     f"{t*1e3:8.3f} ms")
+    return lines
 
 
 def map_stages(coords, repeats: int) -> dict:
@@ -308,7 +362,7 @@ def profile(step, repeats: int = 5) -> dict:
 
     small_eval()
     eval_floor = min(small_eval() for _ in range(repeats))
-    fwd, bwd = conv_device_times(step, cached_x, repeats)
+    products = conv_device_times(step, cached_x, repeats)
     # Adam alone on fixed gradients, as MLX ops and compiled into fused kernels.
     _, grads = step.loss_grad(step.model, cached_x)
     mx.eval(grads)
@@ -330,7 +384,7 @@ def profile(step, repeats: int = 5) -> dict:
     t_chain = best_time(chain, repeats)
     return {
         "step_built_s": step_built, "step_cached_s": step_cached, "eval_floor_s": eval_floor,
-        "phases": out, "conv_forward_s": fwd, "conv_backward_s": bwd, "adam_s": t_adam,
+        "phases": out, "products": products, "adam_s": t_adam,
         "adam_compiled_s": t_adam_compiled, "primitive_s": t_chain / 1000,
         "map_stages_s": map_stages(step.coords, repeats), "memory": mem,
     }
@@ -339,9 +393,8 @@ def profile(step, repeats: int = 5) -> dict:
 def format_profile(p: dict) -> str:
     lines = [
         f"step with maps built: {p['step_built_s']*1e3:.1f} ms; with maps cached: {p['step_cached_s']*1e3:.1f} ms",
-        f"isolated products of the step: forward {p['conv_forward_s']*1e3:.1f} ms, "
-        f"input + weight gradients {p['conv_backward_s']*1e3:.1f} ms; Adam alone {p['adam_s']*1e3:.1f} ms "
-        f"(compiled: {p['adam_compiled_s']*1e3:.1f} ms)",
+        *format_products(p["products"]),
+        f"Adam alone {p['adam_s']*1e3:.1f} ms (compiled: {p['adam_compiled_s']*1e3:.1f} ms)",
         f"one small primitive (a chain of 1000 adds): {p['primitive_s']*1e6:.1f} us",
         f"evaluation of the step (maps cached) on every 16th row: {p['eval_floor_s']*1e3:.1f} ms "
         "(about what dispatching the step's primitives costs, whatever the rows)",
