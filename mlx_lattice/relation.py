@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -91,6 +92,8 @@ class Relation:
         self._stats = None
         self._views = Views(native) if views is None else views
         self._max = (max_neighbors, max_in_neighbors)
+        self._swapped = None  # {(kind, geometry): Relation}, made on first use
+        self._swapped_of = None  # weak reference to the relation this one swaps
 
     kind = property(lambda self: self._native.kind)
     n_in = property(lambda self: self._native.n_in)
@@ -131,10 +134,25 @@ class Relation:
         return dict(self._stats)
 
     def swapped(self, kind: str, geometry: KernelGeometry) -> "Relation":
-        """The relation with input and output roles exchanged, labelled ``kind``."""
-        native, views = self._views.swapped(kind, geometry)
-        return Relation(native, geometry, self.backend, views,
-                        max_neighbors=self._max[1], max_in_neighbors=self._max[0])
+        """The relation with input and output roles exchanged, labelled
+        ``kind``: made once per label and kept by this relation; swapped
+        back, this relation itself while it lives. The link back is weak, so
+        that the pair is freed with its last user, without waiting for the
+        garbage collector (a sample's maps hold GPU memory)."""
+        back = self._swapped_of() if self._swapped_of is not None else None
+        if back is not None and back.kind == kind and back.geometry == geometry:
+            return back
+        key = (kind, geometry)
+        if self._swapped is None:
+            self._swapped = {}
+        rel = self._swapped.get(key)
+        if rel is None:
+            native, views = self._views.swapped(kind, geometry)
+            rel = Relation(native, geometry, self.backend, views,
+                           max_neighbors=self._max[1], max_in_neighbors=self._max[0])
+            rel._swapped_of = weakref.ref(self)
+            self._swapped[key] = rel
+        return rel
 
     def __repr__(self) -> str:
         s = self.stats()

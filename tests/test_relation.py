@@ -335,3 +335,55 @@ def test_tiled_relation_with_and_without_the_output_table(rng):
     for r in runs[1:]:
         for a, b in zip(runs[0], r):
             np.testing.assert_array_equal(a, b)
+
+
+def _network_pass(rng, dtype):
+    """A U-Net-like pass over one sample (submanifold, strided and
+    transposed layers, their input and weight gradients)."""
+    from mlx_lattice import nn as lnn
+
+    coords = oracle.random_coords(rng, 300, 10, 2)
+    x = ml.SparseTensor(coords, rng.standard_normal((len(coords), 16)).astype(np.float32)).astype(dtype)
+    layers = [lnn.SubmConv3d(16, 16, 3), lnn.Conv3d(16, 32, 2, stride=2), lnn.SubmConv3d(32, 32, 3),
+              lnn.ConvTranspose3d(32, 16, 2, stride=2)]
+    for layer in layers:
+        layer.set_dtype(dtype)
+
+    def loss(params, x):
+        for layer, p in zip(layers, params):
+            layer.update(p)
+        y = x
+        for layer in layers:
+            y = layer(y)
+        return y.feats.astype(mx.float32).sum()
+
+    params = [layer.parameters() for layer in layers]
+    value, grads = mx.value_and_grad(loss)(params, x)
+    mx.eval(value, grads)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_sample_maps_freed_without_collector(rng, device):
+    """A sample's relations (with the arrays they hold, GPU memory on a GPU)
+    are freed when its last tensor goes, by reference counting: no cycle
+    among relations, their swaps and views waits for the garbage collector."""
+    import gc
+
+    from mlx_lattice.backends import cuda
+    from mlx_lattice.relation import Relation
+
+    if device == "gpu" and not cuda.available():
+        pytest.skip("needs MLX's CUDA backend and an NVIDIA GPU")
+    dtype = mx.float16 if device == "gpu" else mx.float32
+    live = lambda: sum(isinstance(o, Relation) for o in gc.get_objects())  # noqa: E731
+    previous = mx.default_device()
+    mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
+    gc.collect()
+    gc.disable()
+    try:
+        before = live()
+        _network_pass(rng, dtype)
+        assert live() == before
+    finally:
+        gc.enable()
+        mx.set_default_device(previous)

@@ -18,6 +18,7 @@ kernels beside MLX's scan or sort.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import mlx.core as mx
 
@@ -201,13 +202,15 @@ class Plans(Views):
     linked both ways: a decoder's transposed relation (the encoder's,
     swapped), the input gradients of both layers and the swapped relation
     swapped back all share two sets of derived arrays, whatever kind each
-    is labelled with."""
+    is labelled with. The link from the swapped Plans back is weak (no
+    reference cycle holds a sample's maps after its last user)."""
 
     def __init__(self, native, swapped_of: "Plans | None" = None, rows=None):
         super().__init__(native)
         self.n_in, self.n_out = native.n_in, native.n_out
         self.k, self.edges = native.kernel_volume, native.edges
-        self._swapped = swapped_of
+        self._swapped = None  # the swapped Plans, made by swapped()
+        self._swapped_of = None if swapped_of is None else weakref.ref(swapped_of)
         # (masks, first sort keys) of the rows, from the row summary that
         # built the relation (maps.row_summary), else made on first use
         self._rows = rows
@@ -278,12 +281,14 @@ class Plans(Views):
         Plans). Its neighbour map is this one's input map; its arrays stay
         lazy (no synchronisation): a host read through the native relation
         evaluates them first."""
-        if self._swapped is None:
+        other = self._swapped
+        if other is None and self._swapped_of is not None:
+            other = self._swapped_of()  # the Plans this one swaps, while it lives
+        if other is None:
             offsets, _, out_idx, k_idx = self.input_major()
             native = _ext.Relation(kind, self.n_out, self.n_in, self.k, offsets, out_idx, k_idx)
             native.set_neighbor_map(self.input_map())
-            self._swapped = Plans(native, swapped_of=self, rows=self._in_rows)
-        other = self._swapped
+            other = self._swapped = Plans(native, swapped_of=self, rows=self._in_rows)
         native = other.native
         if native.kind != kind:  # the same arrays under another label
             native = _ext.Relation(kind, other.n_in, other.n_out, other.k, native.out_offsets,

@@ -9,12 +9,18 @@ from . import plans
 class View(ProductView):
     """A CSR view of a relation for CUDA products: rows, gathered rows and the
     sorted plan, plus the view with roles exchanged (for input gradients).
-    For a relation built on CUDA all of them are built there too."""
+    For a relation built on CUDA all of them are built there too.
 
-    def __init__(self, relation, flipped=None):
+    A view holds nothing but its relation: the derived arrays (the swapped
+    relation's included) are kept by the relation's views object
+    (cuda/plans.py), so no reference cycle keeps a sample's maps alive
+    after its tensors are gone (a cycle waits for the garbage collector,
+    and the GPU memory with it)."""
+
+    __slots__ = ("rel",)
+
+    def __init__(self, relation):
         self.rel = relation  # mlx_lattice.relation.Relation (may be a swapped one)
-        self._flipped = flipped
-        self._chunks = {}
 
     @property
     def relation(self):
@@ -25,11 +31,7 @@ class View(ProductView):
         return self.rel.n_out
 
     def flipped(self) -> "View":
-        if self._flipped is None:
-            swapped = self.rel.swapped(self.rel.kind, self.rel.geometry)
-            self._flipped = View(swapped, flipped=self)
-            swapped._cuda_view = self._flipped
-        return self._flipped
+        return View(self.rel.swapped(self.rel.kind, self.rel.geometry))
 
     def csr(self):
         return self.rel.out_offsets, self.rel.in_idx, self.rel.k_idx
@@ -40,24 +42,18 @@ class View(ProductView):
     def wgrad_chunks(self, size=256):
         """((slots, 3) [k, e0, e1] over the kernel-major edges, first chunk per
         k, the kernel-major view), per chunk size: built on the GPU
-        (cuda/plans.py)."""
-        if size not in self._chunks:
-            def build():
-                km = self.rel.kernel_major()
-                chunks, first = plans.wgrad_chunks(km.offsets, self.rel.edges, self.rel.kernel_volume, size)
-                return chunks, first, km
-            # A relation built on CUDA keeps them with its derived arrays
-            # (shared by the relations with the same arrays under other labels).
-            views = self.rel._views
-            self._chunks[size] = views._once(("wgrad_chunks", size), build)
-        return self._chunks[size]
+        (cuda/plans.py), kept with the relation's derived arrays (shared by
+        the relations with the same arrays under other labels)."""
+        rel = self.rel
+
+        def build():
+            km = rel.kernel_major()
+            chunks, first = plans.wgrad_chunks(km.offsets, rel.edges, rel.kernel_volume, size)
+            return chunks, first, km
+        return rel._views._once(("wgrad_chunks", size), build)
 
 
 def view_of(relation) -> View:
-    """The relation's CUDA view, kept on the relation so that the swapped
-    relation and sorted plans are built once per relation, not per call."""
-    v = getattr(relation, "_cuda_view", None)
-    if v is None:
-        v = View(relation)
-        relation._cuda_view = v
-    return v
+    """The relation's CUDA view (the relation's views object keeps what the
+    view derives, so a view is made per call)."""
+    return View(relation)
