@@ -736,7 +736,7 @@ register(Route(
     kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="output-stationary implicit GEMM on tensor cores (WMMA 16x16x16, fp32 accumulation) "
     "over the sorted plan, 64 rows (128 as a tuner variant) by up to 128 output channels per "
-    "block; offsets absent from a block's masks are skipped; the input gradient reads W "
+    "block (fewer where a layer's few rows would leave the GPU under-filled); offsets absent from a block's masks are skipped; the input gradient reads W "
     "transposed and mirrored where it lies",
 ))
 register(Route(

@@ -591,21 +591,24 @@ def test_cuda_variants_reach_the_kernels(monkeypatch):
     table.sorted_mma(x, w, view)
     table.sorted_mma(x, w, view, bn=32, ak=16)
     (_, s0, t0, g0), (_, s1, t1, g1) = launched[-2:]
-    assert (t0["BN"], t0["AK"]) == (kernels.channel_tile(128), kernels.input_chunk(64))
+    # the default output tile fills the GPU: two row tiles, so 16 channels a block
+    assert (t0["BN"], t0["AK"]) == (kernels.output_tile(128, 2), kernels.input_chunk(64)) == (16, 64)
     assert (t1["BN"], t1["AK"]) == (32, 16) and s1 == kernels.sorted_mma_shared_bytes(64, 128, 16, 32)
     assert g1[0] == 2 * (128 // 32) * 128  # two 64-row tiles, four 32-channel blocks each
     with pytest.raises(ValueError, match="BN=48"):
         table.sorted_mma(x, w, view, bn=48)
     # the row tile: 64 by default, 128 asked for (one 128-row tile, 256 threads)
-    assert t0["TM"] == 64 and g0[0] == 2 * (128 // 128) * 128
+    assert t0["TM"] == 64 and g0[0] == 2 * (128 // 16) * 128
     table.sorted_mma(x, w, view, tm=128)
     _, s2, t2, g2 = launched[-1]
-    assert t2["TM"] == 128 and g2[0] == 1 * 1 * 256 and s2 == kernels.sorted_mma_shared_bytes(64, 128, tm=128)
+    assert t2["TM"] == 128 and g2[0] == 1 * (128 // 16) * 256
+    assert s2 == kernels.sorted_mma_shared_bytes(64, 128, bn=16, tm=128)
     with pytest.raises(ValueError, match="TM=32"):
         table.sorted_mma(x, w, view, tm=32)
-    # channels that are no power of two keep their default tiles (all of them)
+    # channels that are no power of two: the output tile halves while it
+    # stays a multiple of 16 (96 -> 48), the input chunk is all of them
     table.sorted_mma(mx.zeros((100, 48), mx.float16), mx.zeros((27, 48, 96), mx.float16), view)
-    assert (launched[-1][2]["BN"], launched[-1][2]["AK"]) == (96, 48)
+    assert (launched[-1][2]["BN"], launched[-1][2]["AK"]) == (48, 48)
     assert [c.kwargs for c in tuning.candidates(cuda_ctx(c_in=48, c_out=96))[2:]] == [
         {"tm": 128}, {"bn": 96, "ak": 16}, {"bn": 48, "ak": 48}, {"bn": 48, "ak": 16}, {"bn": 32, "ak": 48},
         {"bn": 32, "ak": 16}, {"bn": 16, "ak": 48}, {"bn": 16, "ak": 16}]

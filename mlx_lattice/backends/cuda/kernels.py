@@ -153,6 +153,25 @@ def channel_tile(c: int) -> int:
     return next(t for t in (128, 64, 32, 16) if c % t == 0)
 
 
+# Blocks the sorted GEMM's default output tile launches at least where it
+# can: two per multiprocessor of the largest NVIDIA parts (132 on an H100 or
+# H200). A deep layer has a few thousand rows, tens of 64-row tiles: with all
+# of its output channels per block it ran on a fraction of the GPU, and its
+# input gradients were the step's slowest products.
+FILL_BLOCKS = 264
+
+
+def output_tile(b: int, tiles: int) -> int:
+    """The sorted GEMM's default output channels per block over ``tiles`` row
+    tiles: channel_tile(b), halved (down to 16) while the launch would have
+    fewer than FILL_BLOCKS blocks. Every output element sums the same
+    products in the same order whatever the tile: results are the same bits."""
+    bn = channel_tile(b)
+    while tiles * (b // bn) < FILL_BLOCKS and bn % 32 == 0:
+        bn //= 2
+    return bn
+
+
 def input_chunk(a: int) -> int:
     """Input channels staged at a time by the sorted GEMM: all up to 128,
     else 64-wide chunks (or the largest of 32, 16 dividing a)."""

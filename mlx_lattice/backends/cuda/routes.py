@@ -9,7 +9,7 @@ from typing import Callable
 import mlx.core as mx
 
 from . import jit, maps
-from .kernels import ROW_TILE, _kernel, channel_tile, input_chunk, sorted_mma_shared_bytes
+from .kernels import ROW_TILE, _kernel, channel_tile, input_chunk, output_tile, sorted_mma_shared_bytes
 from .view import View
 
 
@@ -55,18 +55,18 @@ def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, f
                tm: int | None = None):
     """Output-stationary implicit GEMM on tensor cores over the sorted plan;
     `bn` output channels per block, `ak` input channels staged at a time
-    and `tm` rows per block (defaults: channel_tile(B), input_chunk(A),
-    ROW_TILE; see :func:`variants`)."""
+    and `tm` rows per block (defaults: output_tile(B, row tiles),
+    input_chunk(A), ROW_TILE; see :func:`variants`)."""
     k, a, b = _conv_shape(x, w, flip)
     plan = view.plan()
     rows = view.rows
-    bn = channel_tile(b) if bn is None else _check_tile("BN", bn, b)
-    ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
     if tm is None:
         tm = ROW_TILE
     elif tm not in (64, 128):
         raise ValueError(f"TM={tm}: the sorted GEMM's row tile is 64 or 128")
     tiles = -(-rows // tm)
+    bn = output_tile(b, tiles) if bn is None else _check_tile("BN", bn, b)
+    ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
     return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn, tm))(
         inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows, a, b, k, *flip)],
         template=[("T", x.dtype), ("AK", ak), ("BN", bn), ("TM", tm)],
