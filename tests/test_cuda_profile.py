@@ -98,8 +98,13 @@ def test_conv_calls_replay_what_the_ops_pass_to_cuda(rng, monkeypatch):
     assert times.edges == view.rel.edges and min(times.forward_s, times.dgrad_s, times.wgrad_s) > 0
     assert times.routes[0] == route and times.routes[1] in cuda.ROUTES and times.routes[2] in cuda.ROUTES
     assert cuda.ROUTES[times.routes[2]].op == "weight_grad"
-    lines = cuda_profile.format_products([times], top=2)
-    assert "weight gradients" in lines[0] and len(lines) == 3 and times.routes[2] in "".join(lines)
+    # the slowest first, at most `top` of them (which are slowest is the
+    # timing's: all three are listed here)
+    lines = cuda_profile.format_products([times], top=3)
+    assert "weight gradients" in lines[0] and len(lines) == 4 and times.routes[2] in "".join(lines)
+    secs = [float(line.split()[-2]) for line in lines[1:]]
+    assert secs == sorted(secs, reverse=True)
+    assert len(cuda_profile.format_products([times], top=2)) == 3
     # the replay's products: forward on the recorded route and variant, and
     # the backward products on the flipped view (input gradient) and the view
     forward = [c for c in calls[1:] if c[6] == "conv" and not c[3].is_flipped]

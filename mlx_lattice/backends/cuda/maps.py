@@ -83,6 +83,26 @@ __device__ inline unsigned long long lattice_key(
   }
   return valid ? key : kEmptyKey;
 }
+
+// Candidate idx of a support: (row, offset) over every offset of every row,
+// or with ONE (kernel size == stride, dilation 1, not generative: each row
+// reaches exactly one output) one per row, through the offset its
+// coordinates select, d = (c + p) mod s per axis. *q is set to the row.
+template <bool ONE>
+__device__ inline int support_candidate(long idx, int kv, const int* coords, const int* spec, const int** q) {
+  if (!ONE) {
+    *q = coords + 4 * (idx / kv);
+    return (int)(idx % kv);
+  }
+  *q = coords + 4 * idx;
+  int k = 0;
+  for (int a = 0; a < 3; ++a) {
+    long long r = ((long long)(*q)[a + 1] + spec[6 + a]) % spec[3 + a];
+    if (r < 0) r += spec[3 + a];
+    k = k * spec[a] + (int)r;
+  }
+  return k;
+}
 """
 
 # One thread per row: insert key + 1 with atomicCAS; flags[0] on a row
@@ -214,10 +234,11 @@ CANDIDATES_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int n = params[0];
   const int kv = params[1];
-  if (idx >= (long)n * kv) return;
+  if (idx >= (long)n * (ONE ? 1 : kv)) return;
   bool overflow = false;
-  const unsigned long long key = lattice_key(
-      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
+  const int* q;
+  const int k = support_candidate<ONE>(idx, kv, coords, params + 3, &q);
+  const unsigned long long key = lattice_key(q, k, params + 3, TRANSPOSED, &overflow);
   if (overflow) atomicExch(&flags[0], 1);
   reinterpret_cast<unsigned long long*>(cand)[idx] = key;
 """
@@ -253,11 +274,12 @@ SUPPORT_INSERT_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int n = params[0];
   const int kv = params[1];
-  if (idx >= (long)n * kv) return;
+  if (idx >= (long)n * (ONE ? 1 : kv)) return;
   const unsigned long long mask = (unsigned long long)(unsigned int)params[2];
   bool overflow = false;
-  const unsigned long long key = lattice_key(
-      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
+  const int* q;
+  const int k = support_candidate<ONE>(idx, kv, coords, params + 3, &q);
+  const unsigned long long key = lattice_key(q, k, params + 3, TRANSPOSED, &overflow);
   if (overflow) atomicExch(&flags[0], 1);
   int won = 0;
   if (key != kEmptyKey) {
@@ -279,10 +301,11 @@ SUPPORT_COMPACT_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   const int n = params[0];
   const int kv = params[1];
-  if (idx >= (long)n * kv || winner[idx] == 0) return;
+  if (idx >= (long)n * (ONE ? 1 : kv) || winner[idx] == 0) return;
   bool overflow = false;
-  reinterpret_cast<unsigned long long*>(uniq)[rank[idx] - 1] = lattice_key(
-      coords + 4 * (idx / kv), (int)(idx % kv), params + 3, TRANSPOSED, &overflow);
+  const int* q;
+  const int k = support_candidate<ONE>(idx, kv, coords, params + 3, &q);
+  reinterpret_cast<unsigned long long*>(uniq)[rank[idx] - 1] = lattice_key(q, k, params + 3, TRANSPOSED, &overflow);
 """
 
 # One thread per sorted unique key: its coordinates.
@@ -384,6 +407,19 @@ def _support_error(table: CudaTable, geometry, generative: bool):
     raise AssertionError("GPU support flagged a range error the CPU builder accepts")
 
 
+def _one_per_row(geometry, generative: bool) -> bool:
+    """Whether each input row reaches exactly one output of the support: a
+    strided (not generative) layer whose kernel tiles the grid (kernel size ==
+    stride, dilation 1), as a U-Net's k2s2 downsampling. Its supports then
+    have N candidates, not N * K."""
+    kernel_size, stride, _, dilation = geometry
+    return not generative and tuple(kernel_size) == tuple(stride) and all(d == 1 for d in dilation)
+
+
+def _support_template(geometry, generative: bool):
+    return [("TRANSPOSED", not generative), ("ONE", _one_per_row(geometry, generative))]
+
+
 def _support(table: CudaTable, geometry, generative: bool, dedup: str | None = None) -> mx.array:
     dedup = SUPPORT_DEDUP if dedup is None else dedup
     if dedup not in ("hash", "sort"):
@@ -394,12 +430,12 @@ def _support(table: CudaTable, geometry, generative: bool, dedup: str | None = N
     if dedup == "hash":
         return _support_by_hash(table, geometry, generative)
     params = jit.params(n, kv, 0, *_geometry_params(*geometry))
+    total = n if _one_per_row(geometry, generative) else n * kv
     cand, flags = _launch(
-        "candidates", n * kv, [table.coords, params], [(n * kv,), (1,)], [mx.uint64, mx.int32],
-        template=[("TRANSPOSED", not generative)], init_value=0,
+        "candidates", total, [table.coords, params], [(total,), (1,)], [mx.uint64, mx.int32],
+        template=_support_template(geometry, generative), init_value=0,
     )
     srt = mx.sort(cand)
-    total = n * kv
     first = _launch("first", total, [srt, jit.params(total)], [(total,)], [mx.int32])[0]
     rank = mx.cumsum(first)
     m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
@@ -414,14 +450,14 @@ def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
     """The support through a table of the candidates: only the M unique keys
     are sorted (M is read in the support's one synchronisation)."""
     n, kv = table.size, int(np.prod(geometry[0]))
-    total = n * kv
+    total = n if _one_per_row(geometry, generative) else n * kv
     cap = 16
     while cap < 2 * total:
         cap *= 2
     if cap > 2**31:
         raise ValueError(f"{n} rows times a kernel volume of {kv} is more than 2**30 candidate outputs")
     params = jit.params(n, kv, cap - 1, *_geometry_params(*geometry))
-    tmpl = [("TRANSPOSED", not generative)]
+    tmpl = _support_template(geometry, generative)
     _, winner, flags = _launch(
         "support_insert", total, [table.coords, params], [(cap,), (total,), (1,)],
         [mx.uint64, mx.int32, mx.int32], template=tmpl, init_value=0,
