@@ -9,7 +9,8 @@ from typing import Callable
 import mlx.core as mx
 
 from . import jit, maps
-from .kernels import ROW_TILE, _kernel, channel_tile, input_chunk, output_tile, sorted_mma_shared_bytes
+from .kernels import (FILL_BLOCKS, ROW_TILE, _kernel, channel_tile, input_chunk, output_tile,
+                      sorted_mma_shared_bytes)
 from .view import View
 
 
@@ -126,18 +127,25 @@ def wgrad_direct(x, ct, view: View | None, k):
     return _split_wgrad("wgrad_direct", x, ct, view, k, (k, a, b), (), (a, b))
 
 
-def wgrad_chunk(a: int, b: int) -> int:
+def wgrad_chunk(a: int, b: int, edges: int = 0, tiles: int = 1) -> int:
     """Edges per chunk of the tensor-core weight gradient: 256, longer for
     wider channels, so that the float partial sums stay within about as
-    many bytes as 256-edge chunks of 128 x 128 channels."""
-    return 256 * max(1, (a * b) // (128 * 128))
+    many bytes as 256-edge chunks of 128 x 128 channels; with the product's
+    ``edges`` (and dW ``tiles`` per chunk), doubled while the longer chunks
+    would still launch FILL_BLOCKS blocks: a layer with many edges then
+    keeps the GPU as full with fewer float partial sums (A x B each: up to
+    tens of MiB a layer, alive until reduced), and a shorter reduction."""
+    size = 256 * max(1, (a * b) // (128 * 128))
+    while (edges // (2 * size)) * tiles >= FILL_BLOCKS:
+        size *= 2
+    return size
 
 
 def wgrad_mma(x, ct, view: View | None, k, ta: int | None = None, tb: int | None = None,
               chunk: int | None = None):
     """Per-offset x^T ct on tensor cores over chunks of edges, reduced in
     order; `ta` x `tb` of dW per block and `chunk` edges per chunk
-    (defaults: channel_tile(A), channel_tile(B), wgrad_chunk(A, B); see
+    (defaults: channel_tile(A), channel_tile(B), wgrad_chunk(A, B, edges, tiles); see
     :func:`variants`)."""
     if view is None:
         # A pointwise product has no kernel-major chunks: its single offset
@@ -148,7 +156,8 @@ def wgrad_mma(x, ct, view: View | None, k, ta: int | None = None, tb: int | None
         return mx.zeros((k, a, b), dtype=x.dtype)
     ta = channel_tile(a) if ta is None else _check_tile("TA", ta, a)
     tb = channel_tile(b) if tb is None else _check_tile("TB", tb, b)
-    chunks, first, km = view.wgrad_chunks(chunk or wgrad_chunk(a, b))
+    chunk = chunk or wgrad_chunk(a, b, view.rel.edges, (a // ta) * (b // tb))
+    chunks, first, km = view.wgrad_chunks(chunk)
     n_chunks = chunks.shape[0]  # slots; the empty ones past first[K] are not reduced
     partial = _kernel("wgrad_mma")(
         inputs=[x, ct, km.in_idx, km.out_idx, chunks, jit.params(a, b)],
