@@ -20,7 +20,7 @@ from mlx_lattice.bench.cuda_profile import graph_nodes
 from mlx_lattice.models import MinkUNet
 from mlx_lattice.nn.normalization import fused_norms
 
-from conftest import TOLERANCES, check_statistics_gradients, needs_cuda, to_np
+from conftest import TOLERANCES, assert_same, check_statistics_gradients, needs_cuda, to_np
 
 ACTS = {"none": (None, 1.0), "relu": (nn.ReLU(), 0.0), "leaky": (nn.LeakyReLU(0.2), 0.2)}
 EPS = 1e-5
@@ -186,8 +186,8 @@ def test_matches_op_path(rng, dtype, kind):
 @pytest.mark.usefixtures("on_gpu")
 def test_hook_takes_the_cuda_kernels(rng, monkeypatch):
     calls = []
-    orig = cuda_norm.norm_act
-    monkeypatch.setattr(cuda_norm, "norm_act", lambda *a: calls.append(1) or orig(*a))
+    orig = cuda_norm.norm_act_layer
+    monkeypatch.setattr(cuda_norm, "norm_act_layer", lambda *a: calls.append(1) or orig(*a))
     xs = sparse(features(rng, 50, 4, mx.float32), batch_ids(rng, 50, 2))
     nn.norm_act(nn.BatchNorm(4), xs, nn.ReLU())
     nn.norm_act(nn.InstanceNorm(4), xs, nn.LeakyReLU(0.1))
@@ -242,6 +242,37 @@ def test_gradients_against_finite_differences(rng, kind):
         np.testing.assert_allclose(to_np(grads[k]), fd, rtol=2e-3, atol=2e-3, err_msg=f"argument {i}")
         if i < 4:
             np.testing.assert_allclose(closed[i], fd, rtol=1e-5, atol=1e-5, err_msg=f"oracle {i}")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.parametrize("kind", ["batch", "instance", "batch-eval"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_layer_form_equals_the_contract_bitwise(rng, kind, residual):
+    """norm_act_layer (the layers' form: statistics without gradient, one
+    output to differentiate) gives the same bits as norm_act for y, the
+    statistics, every gradient of y and its forward-mode derivative."""
+    n, c, s = 300, 5, 3 if kind == "instance" else 1
+    seg = mx.array(batch_ids(rng, n, s)) if kind == "instance" else None
+    st = [mx.array(rng.standard_normal(c).astype(np.float32)), mx.array(rng.uniform(0.5, 2, c).astype(np.float32))] \
+        if kind == "batch-eval" else [None, None]
+    prim = [mx.array(rng.standard_normal(a).astype(np.float32)).astype(mx.float16)
+            for a in ((n, c), (c,), (c,), (n, c))]
+    ct = mx.array(rng.standard_normal((n, c)).astype(np.float32)).astype(mx.float16)
+
+    def run(fn):
+        def y(x, w, b, r):
+            return fn(x, w, b, r if residual else None, seg, s, *st, EPS, 2, 0.3)[0]
+        outs = fn(*prim[:3], prim[3] if residual else None, seg, s, *st, EPS, 2, 0.3)
+        _, vjps = mx.vjp(lambda *a: [y(*a)], prim, [ct])
+        _, jvps = mx.jvp(lambda *a: [y(*a)], prim, [p * 0.5 for p in prim])
+        return [*outs, *vjps[:3], *(vjps[3:] if residual else []), *jvps]
+
+    full, layer = run(cuda_norm.norm_act), run(cuda_norm.norm_act_layer)
+    assert len(full) == len(layer)
+    for a, b in zip(full, layer):
+        assert_same(a, b)
 
 
 @pytest.mark.cuda

@@ -82,8 +82,10 @@ class Backend:
         return None
 
     def fused_norm(self):
-        """The fused norm + activation (+ residual) of this backend
-        (``_ext.norm_act``'s arguments and results)."""
+        """The fused norm + activation (+ residual) the normalisation layers
+        call on this backend (``_ext.norm_act``'s arguments and results; a
+        backend may return a training call's statistics without gradient,
+        since the layers read them only for their running statistics)."""
         return _ext.norm_act
 
     def running_stats(self, mean, var, batch_mean, batch_var, keep: float, mu: float, ratio: float):

@@ -30,11 +30,15 @@ act'(z) comes from the sign of z recomputed from x with the forward pass's
 own expression, or from y's sign when a residual was added (the residual is
 not an input of the backward pass), as on the CPU. The graph of one norm is
 three kernel primitives forward (one in eval) and three backward, plus the
-custom function's node, stop-gradients of its inputs (they keep forward-mode
-tracing out of the kernels) and the zero cotangents MLX makes for unused
-statistics outputs. In a MinkUNet step that is about 44 primitives fewer per
-norm than the MLX-op path (forward and backward; docs/benchmarks.md).
-Forward mode (JVP) is built from MLX ops.
+custom function's node and stop-gradients of its inputs (they keep
+forward-mode tracing out of the kernels). ``norm_act`` keeps the contract of
+``_ext.norm_act`` (differentiable statistics outputs, for which reverse mode
+makes zero cotangents when nothing reads them); the layers call
+``norm_act_layer``, whose statistics come without gradient from outside the
+custom function (they only feed the running statistics), so its one output
+needs none. In a MinkUNet step that is about 50 primitives fewer per norm
+than the MLX-op path (forward and backward; docs/benchmarks.md). Forward
+mode (JVP) is built from MLX ops.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ __device__ __forceinline__ void lattice_chan(
 
 # Runs of equal segment ids in a chunk [i0, i1): the body sees s, a, b.
 _RUNS = """
+#pragma unroll 1
   for (long a = i0; a < i1;) {
     const int s = SEGMENTED ? seg[a] : 0;
     long b = i1;
@@ -111,7 +116,7 @@ _RUNS = """
 _FLAGS = """
   [[maybe_unused]] const int S = params[0];
   [[maybe_unused]] const bool SEGMENTED = params[1] != 0, RESIDUAL = params[2] != 0,
-      TRAINING = params[3] != 0;
+      TRAINING = params[3] != 0, STAT_CT = params[4] != 0;
   [[maybe_unused]] const float eps = fparams[0], low = fparams[1];
 """
 _ROWS = _FLAGS + """
@@ -136,6 +141,7 @@ _CHUNK_THREAD = _ROWS + """
 # Per chunk and segment: sum of x - x0, sum of squares about the chunk's
 # float32 mean, x0, row count (planes 0-3 of part).
 STATS_SOURCE = _CHUNK_THREAD + """
+#pragma unroll 1
   for (int s = 0; s < S; ++s) {
     for (int q = 0; q < 4; ++q) slot[s * C + q * plane] = 0.0f;
   }
@@ -149,6 +155,7 @@ STATS_SOURCE = _CHUNK_THREAD + """
       x0 = p[2 * plane];
     }
     float acc = 0.0f;
+#pragma unroll 4
     for (long i = a; i < b; ++i) acc = __fadd_rn(acc, __fsub_rn(static_cast<float>(x[i * C + c]), x0));
     p[0] = __fadd_rn(p[0], acc);
     p[3 * plane] = __fadd_rn(p[3 * plane], (float)(b - a));
@@ -156,6 +163,7 @@ STATS_SOURCE = _CHUNK_THREAD + """
     float* p = slot + s * C;
     const float mu = lattice_chunk_mean(p[2 * plane], p[0], p[3 * plane]);
     float acc = 0.0f;
+#pragma unroll 4
     for (long i = a; i < b; ++i) {
       const float d = __fsub_rn(static_cast<float>(x[i * C + c]), mu);
       acc = __fmaf_rn(d, d, acc);
@@ -173,6 +181,7 @@ MERGE_SOURCE = _PARTS + """
   const long plane = (long)P * S * C;
   for (int s = 0; s < S; ++s) {
     double na = 0.0, ma = 0.0, qa = 0.0;
+#pragma unroll 1
     for (int k = t; k < P; k += NT) {
       const long j = ((long)k * S + s) * C + c;
       const float cnt = part[3 * plane + j];
@@ -186,6 +195,7 @@ MERGE_SOURCE = _PARTS + """
     }
     sn[t] = na; sm[t] = ma; sq[t] = qa;
     __syncthreads();
+#pragma unroll 1
     for (int h = NT / 2; h > 0; h >>= 1) {
       if (t < h) {
         double a0 = sn[t], a1 = sm[t], a2 = sq[t];
@@ -227,6 +237,7 @@ _GATE = """
 
 # Per chunk and segment: sum of g, sum of g * xhat, row count (planes 0-2).
 GRAD_STATS_SOURCE = _CHUNK_THREAD + """
+#pragma unroll 1
   for (int s = 0; s < S; ++s) {
     for (int q = 0; q < 3; ++q) slot[s * C + q * plane] = 0.0f;
   }
@@ -237,6 +248,7 @@ GRAD_STATS_SOURCE = _CHUNK_THREAD + """
     float scale, shift;
     lattice_scale_shift(static_cast<float>(w[c]), static_cast<float>(bias[c]), mu, inv, scale, shift);
     float sa = 0.0f, sb = 0.0f;
+#pragma unroll 4
     for (long i = a; i < b; ++i) {""" + _GATE + """
       sa = __fadd_rn(sa, g);
       sb = __fmaf_rn(g, __fmul_rn(__fsub_rn(xv, mu), inv), sb);
@@ -261,6 +273,7 @@ GRAD_MERGE_SOURCE = _PARTS + """
   double dw_acc = 0.0, db_acc = 0.0;
   for (int s = 0; s < S; ++s) {
     double a0 = 0.0, b0 = 0.0, n0 = 0.0;
+#pragma unroll 1
     for (int k = t; k < P; k += NT) {
       const long j = ((long)k * S + s) * C + c;
       a0 += part[j];
@@ -269,6 +282,7 @@ GRAD_MERGE_SOURCE = _PARTS + """
     }
     sa[t] = a0; sb[t] = b0; sn[t] = n0;
     __syncthreads();
+#pragma unroll 1
     for (int h = NT / 2; h > 0; h >>= 1) {
       if (t < h) {
         sa[t] += sa[t + h];
@@ -285,8 +299,10 @@ GRAD_MERGE_SOURCE = _PARTS + """
       if (TRAINING) {
         const double rn = sn[0] > 0.0 ? 1.0 / sn[0] : 0.0;
         const double wi = (double)wc * inv;
-        coef[S * C + j] = (float)(2.0 * ct_var[j] * rn - wi * inv * sb[0] * rn);
-        coef[2 * S * C + j] = (float)(ct_mean[j] * rn - wi * sa[0] * rn);
+        // STAT_CT: the statistics were outputs with cotangents of their own
+        const double cv = STAT_CT ? 2.0 * ct_var[j] * rn : 0.0, cm = STAT_CT ? ct_mean[j] * rn : 0.0;
+        coef[S * C + j] = (float)(cv - wi * inv * sb[0] * rn);
+        coef[2 * S * C + j] = (float)(cm - wi * sa[0] * rn);
       } else {
         coef[S * C + j] = 0.0f;
         coef[2 * S * C + j] = 0.0f;
@@ -381,11 +397,15 @@ def _placeholder(dtype=np.float32) -> mx.array:
 class _Spec:
     """What one norm call computes (fixed for its forward and backward)."""
 
-    def __init__(self, n, c, segments, n_segments, training, residual, eps, low):
+    def __init__(self, n, c, segments, n_segments, training, residual, eps, low, stat_ct=True):
         self.n, self.c = n, c
         self.segments = segments  # int32 (N,) or None
         self.s = n_segments
         self.training, self.residual = training, residual
+        # training: the statistics are outputs of the custom function with
+        # cotangents of their own (the _ext.norm_act contract), or inputs
+        # made outside it without gradient (norm_act_layer)
+        self.stat_ct = training and stat_ct
         self.eps, self.low = eps, low
         self.chunks = max(1, -(-n // CHUNK_ROWS))
 
@@ -396,7 +416,7 @@ class _Spec:
         return list(dtypes.items()) + [("R", CHUNK_ROWS), ("MERGE_THREADS", MERGE_THREADS)]
 
     def params(self) -> list[mx.array]:
-        ints = (self.s, self.segments is not None, self.residual, self.training)
+        ints = (self.s, self.segments is not None, self.residual, self.training, self.stat_ct)
         return [_constant(ints, np.int32), _constant((self.eps, self.low), np.float32)]
 
     def seg(self) -> mx.array:
@@ -439,7 +459,7 @@ def _backward(spec: _Spec, x, y, ct, w, b, mean, var, ct_mean, ct_var):
         grid=(p * spec.c, 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(3, p, spec.s, spec.c)], output_dtypes=[mx.float32],
     )
-    if not spec.training:
+    if not spec.stat_ct:
         ct_mean = ct_var = _placeholder()
     coef, dw, db = _kernel("norm_grad_merge")(
         inputs=[part, w, var, ct_mean, ct_var, *spec.params()], template=spec.template(W=w.dtype, M=var.dtype),
@@ -498,33 +518,51 @@ def norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, ac
     x, float32 (n_segments, C)), ``[y]`` in eval mode (given (C,)
     statistics, any float dtype). ``act``: 0 identity, 1 ReLU, 2
     LeakyReLU(slope >= 0)."""
+    return _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope, True)
+
+
+def norm_act_layer(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope):
+    """:func:`norm_act` for the normalisation layers, which read a training
+    call's statistics only for their running statistics: those come without
+    gradient (made outside the custom function, from x cut from the graph),
+    the same values. The custom function then has one output, so reverse
+    mode makes no zero cotangents for the statistics (four primitives and
+    two cut outputs fewer per norm in a training step)."""
+    return _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope, False)
+
+
+def _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope, stat_ct):
     _check(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope)
     training = mean is None
     n, c = x.shape
     low = 1.0 if act == 0 else 0.0 if act == 1 else float(slope)
     seg = None if segments is None else segments.astype(mx.int32)
-    spec = _Spec(n, c, seg, n_segments, training, residual is not None, float(eps), low)
+    spec = _Spec(n, c, seg, n_segments, training, residual is not None, float(eps), low, stat_ct)
     if n == 0:
         stats = mx.zeros((n_segments, c), mx.float32)
         return [x, stats, stats] if training else [x]
     # weight, bias and given statistics in their own dtypes (the kernels
     # widen them), so that no casts join the graph
     prims = [x, weight, bias]
-    if not training:
+    if training and not spec.stat_ct:
+        mean, var = _statistics(spec, mx.stop_gradient(x))
+    if not spec.stat_ct:
         prims += [mean, var]
     if residual is not None:
         prims.append(residual)
     if seg is not None:
-        return _function(spec)(*prims)
-    # Without segments a call is fixed by its sizes and flags: its custom
-    # function is made once (a step's norms then skip remaking it).
-    key = (n, c, n_segments, training, residual is not None, float(eps), low)
-    f = _FUNCTIONS.get(key)
-    if f is None:
-        if len(_FUNCTIONS) >= 1024:
-            _FUNCTIONS.clear()
-        f = _FUNCTIONS[key] = _function(spec)
-    return f(*prims)
+        f = _function(spec)
+    else:
+        # Without segments a call is fixed by its sizes and flags: its custom
+        # function is made once (a step's norms then skip remaking it).
+        key = (n, c, n_segments, training, residual is not None, float(eps), low, spec.stat_ct)
+        f = _FUNCTIONS.get(key)
+        if f is None:
+            if len(_FUNCTIONS) >= 1024:
+                _FUNCTIONS.clear()
+            f = _FUNCTIONS[key] = _function(spec)
+    out = f(*prims)
+    return [out[0], mean, var] if training and not spec.stat_ct else out
 
 
 _FUNCTIONS: dict = {}
@@ -559,7 +597,7 @@ def _unpack(spec: _Spec, prims):
     x, w, b = prims[:3]
     rest = list(prims[3:])
     mean = var = None
-    if not spec.training:
+    if not spec.stat_ct:  # given (eval) or made outside without gradient (norm_act_layer)
         mean, var = rest[:2]
         rest = rest[2:]
     r = rest[0] if spec.residual else None
@@ -572,7 +610,7 @@ def _function(spec: _Spec):
         # JVP is f_jvp); reverse mode goes through f_vjp. Three kernels in
         # training, one in eval mode.
         x, w, b, mean, var, r = (None if a is None else mx.stop_gradient(a) for a in _unpack(spec, prims))
-        if spec.training:
+        if spec.stat_ct:
             mean, var = _statistics(spec, x)
             return [_apply(spec, x, w, b, mean, var, r), mean, var]
         return [_apply(spec, x, w, b, mean, var, r)]
@@ -583,7 +621,7 @@ def _function(spec: _Spec):
     def f_vjp(prims, cotangents, outputs):
         x, w, b, mean, var, r = _unpack(spec, prims)
         y = outputs[0]
-        if spec.training:
+        if spec.stat_ct:
             mean, var = outputs[1], outputs[2]
             ct_mean, ct_var = _f32(cotangents[1]), _f32(cotangents[2])
         else:
@@ -597,6 +635,11 @@ def _function(spec: _Spec):
             wi = w.astype(mx.float32) * inv
             dw32, db32 = dw.astype(mx.float32), db.astype(mx.float32)
             grads += [(-(wi * db32)).astype(mean.dtype), (wi * inv * (dw32 * -0.5)).astype(var.dtype)]
+        elif not spec.stat_ct:
+            # statistics made without gradient: x's gradient carries their
+            # dependence on x; MLX asks nothing for these two (their own
+            # arrays stand in, no new nodes)
+            grads += [mean, var]
         if spec.residual:
             grads.append(g)
         return grads
@@ -612,7 +655,7 @@ def _jvp(spec: _Spec, forward, prims, tangents):
     """Forward mode from MLX ops (as the CPU primitive's JVP)."""
     x, w, b, mean, var, r = _unpack(spec, prims)
     outs = forward(*prims)
-    if spec.training:
+    if spec.stat_ct:
         mean, var = outs[1], outs[2]
     seg = spec.segments
     mean, var = mean.astype(mx.float32), var.astype(mx.float32)
@@ -635,7 +678,7 @@ def _jvp(spec: _Spec, forward, prims, tangents):
     t_x, t_w, t_b = tangents[:3]
     rest = list(tangents[3:])
     t_mean = t_var = None
-    if not spec.training:
+    if not spec.stat_ct:
         t_mean, t_var = rest[:2]
         rest = rest[2:]
     t_r = rest[0] if spec.residual else None
@@ -664,4 +707,4 @@ def _jvp(spec: _Spec, forward, prims, tangents):
     dz = dz + w.astype(mx.float32) * dxhat
     slope = mx.where(outs[0] > 0, 1.0, spec.low)
     dy = (dz * slope).astype(x.dtype)
-    return [dy, d_mean, d_var] if spec.training else [dy]
+    return [dy, d_mean, d_var] if spec.stat_ct else [dy]
