@@ -181,6 +181,14 @@ def test_relation_sizes_and_synchronisations(rng):
         c = _ext.build_relation(cpu_table, _ext.forward_support(cpu_table, *geometry), *geometry, False, "forward")
         assert max_out == c.max_neighbors
         assert max_in == c.swapped("transposed").max_neighbors
+        # onto its own support: a kernel that tiles the grid has one edge per
+        # input row, so nothing is read (its largest output row stays unread)
+        maps.READS.clear()
+        native, max_out, max_in, _, _ = maps.build(table, out, geometry, False, "forward", onto_support=True)
+        tiles = geometry[0] == geometry[1] and geometry[3] == (1, 1, 1)
+        assert dict(maps.READS) == ({} if tiles else {"relation size": 1})
+        assert (max_out, max_in) == ((None, 1) if tiles else (c.max_neighbors, c.swapped("transposed").max_neighbors))
+        same_relation(native, c)
         for kind, out in (("submanifold", coords), ("target", voxel_cloud(rng, 300, batches=3))):
             maps.READS.clear()
             native, max_out, max_in, _, _ = maps.build(table, out, geometry, False, kind)
@@ -191,9 +199,10 @@ def test_relation_sizes_and_synchronisations(rng):
 
 def test_manager_synchronisations(rng, on_gpu):
     """A set given by the user: one synchronisation (its error flags); a
-    strided map: two (support size, relation size), its output set none; a
-    submanifold map: one; a transposed map onto the encoder set, the swapped
-    relation and every plan of a layer: none."""
+    strided map: one for its support's size, and none for its relation where
+    the kernel tiles the grid (k2s2: an edge per input row), its output set
+    none; a submanifold map: one; a transposed map onto the encoder set, the
+    swapped relation and every plan of a layer: none."""
     from mlx_lattice.backends import cuda as cuda_routes
     from mlx_lattice.relation import KernelGeometry
 
@@ -208,4 +217,5 @@ def test_manager_synchronisations(rng, on_gpu):
     for r in (rel, sub, up):
         view = cuda_routes.view_of(r)
         mx.eval(vars(view.plan()), vars(view.flipped().plan()), view.wgrad_chunks()[:2])
-    assert dict(maps.READS) == {"table flags": 1, "support size": 1, "relation size": 2}
+    assert dict(maps.READS) == {"table flags": 1, "support size": 1, "relation size": 1}
+    assert rel.edges == s.size  # one edge per input row, known without a read

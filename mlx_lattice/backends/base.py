@@ -69,7 +69,9 @@ class Backend:
     def relation(self, table, out_coords, geometry, transposed: bool, kind: str, out_table=None):
         """(native relation, views, max output-row edges or None, max
         input-row edges or None, symmetric): one relation and the object
-        its views are read from (:class:`Views`)."""
+        its views are read from (:class:`Views`). ``out_table``: given only
+        where ``out_coords`` is ``table``'s own forward support under this
+        geometry (a strided layer's outputs), as that set's table."""
         raise NotImplementedError
 
     def syncs(self) -> int | None:

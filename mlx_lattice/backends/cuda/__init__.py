@@ -44,7 +44,7 @@ class CudaBackend(Backend):
 
     def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
         native, max_out, max_in, symmetric, rows = find("cuda.hash_map", "map").run(
-            table, out_coords, geometry, transposed, kind)
+            table, out_coords, geometry, transposed, kind, onto_support=out_table is not None)
         return native, Plans(native, rows=rows), max_out, max_in, symmetric
 
     def syncs(self):

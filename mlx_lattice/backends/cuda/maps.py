@@ -515,14 +515,19 @@ def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed:
     return build(table, out_coords, geometry, transposed, kind)[0]
 
 
-def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str):
+def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str,
+          onto_support: bool = False):
     """(the native relation, the most edges of an output row, the most edges
     of an input row, whether it is symmetric, its rows' (masks, sort keys)
     or None), built on the GPU in four kernels and one synchronisation
     (route ``cuda.hash_map``): the neighbour map, its row summary (counts,
     sizes, masks), the offsets' cumulative sum and the compaction.
     Symmetric: a centred odd kernel at stride 1 onto the table's own rows,
-    so that edge (q, p, k) exists exactly when (p, q, K - 1 - k) does."""
+    so that edge (q, p, k) exists exactly when (p, q, K - 1 - k) does.
+    ``onto_support``: ``out_coords`` is the table's own forward support under
+    ``geometry``. Where that kernel tiles the grid (k2s2), every input row
+    has exactly one edge, so the size is known without a synchronisation
+    (the largest output row is then left unread: None)."""
     for k in geometry[0]:
         if k > 64:
             raise ValueError("kernel sizes above 64 are not supported")
@@ -531,6 +536,8 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
     m, kv = out_coords.shape[0], int(np.prod(geometry[0]))
     gp = _geometry_params(*geometry)
     symmetric = _symmetric(table, out_coords, geometry, transposed)
+    # one edge per input row: a tiling kernel onto the support it made
+    tiled = onto_support and not transposed and _one_per_row(geometry, False)
     if m == 0:
         nmap = mx.zeros((0, kv), mx.int32)
     elif symmetric:
@@ -549,12 +556,15 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
         offsets, rows = mx.zeros((1,), mx.int32), None
         edges = max_out = max_in = 0
     else:
-        degree = not symmetric and table.size > 0
+        degree = not symmetric and not tiled and table.size > 0
         counts, stats, rows = row_summary(nmap, table.size if degree else None)
-        # The one synchronisation of a relation: its edge count and largest rows.
-        edges, max_out, max_in = _read("relation size", stats)[:3]
-        if not degree:
-            max_in = max_out  # symmetric: as many edges per input row as per output row
+        if tiled:
+            edges, max_out, max_in = table.size, None, 1
+        else:
+            # The one synchronisation of a relation: its edge count and largest rows.
+            edges, max_out, max_in = _read("relation size", stats)[:3]
+            if not degree:
+                max_in = max_out  # symmetric: as many edges per input row as per output row
         offsets = mx.cumsum(counts)
     if edges:
         in_idx, k_idx = _launch(

@@ -246,7 +246,7 @@ def variants(route: str, a: int, b: int) -> list[dict]:
 @dataclass(frozen=True)
 class Route:
     op: str  # "conv": run(x, w, view); "weight_grad": run(x, ct, view, k);
-    # "map": run(table, out_coords, geometry, transposed, kind)
+    # "map": run(table, out_coords, geometry, transposed, kind, onto_support=False)
     #   -> (native relation, max output-row edges, max input-row edges, symmetric,
     #       the rows' (masks, sort keys) or None)
     run: Callable
