@@ -49,10 +49,14 @@ def map_rows(wl, coords, repeats, spconv_maps=None) -> list[dict]:
             return maps.build_relation(t, out, geom, False, kind)
 
         def gpu_plans():
+            # as a layer's coordinate manager builds them: a strided layer's
+            # output set gets its own (trusted) table, and the relation onto
+            # it is known to be onto the input's support
             t = maps.CudaTable(c)
             out = c if stride == 1 else maps.forward_support(t, geom)
+            out_table = None if stride == 1 else maps.CudaTable(out, trusted=True)
             kind = "submanifold" if stride == 1 else "forward"
-            native, plans, max_out, max_in, sym = cuda.BACKEND.relation(t, out, geom, False, kind)
+            native, plans, max_out, max_in, sym = cuda.BACKEND.relation(t, out, geom, False, kind, out_table)
             view = cuda.view_of(Relation(native, KernelGeometry(*geom), "cuda", plans, symmetric=sym,
                                          max_neighbors=max_out, max_in_neighbors=max_in))
             back = view if view.symmetric else view.flipped()  # input gradients' view
