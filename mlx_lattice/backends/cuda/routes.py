@@ -10,7 +10,7 @@ import mlx.core as mx
 
 from . import jit, maps
 from .kernels import (FILL_BLOCKS, ROW_TILE, _kernel, channel_tile, input_chunk, output_tile,
-                      sorted_mma_shared_bytes)
+                      sorted_mma_shared_bytes, staged_chunk)
 from .view import View
 
 
@@ -57,7 +57,7 @@ def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, f
     """Output-stationary implicit GEMM on tensor cores over the sorted plan;
     `bn` output channels per block, `ak` input channels staged at a time
     and `tm` rows per block (defaults: output_tile(B, row tiles),
-    input_chunk(A), ROW_TILE; see :func:`variants`)."""
+    staged_chunk(A, bn, tm), ROW_TILE; see :func:`variants`)."""
     k, a, b = _conv_shape(x, w, flip)
     plan = view.plan()
     rows = view.rows
@@ -67,7 +67,7 @@ def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, f
         raise ValueError(f"TM={tm}: the sorted GEMM's row tile is 64 or 128")
     tiles = -(-rows // tm)
     bn = output_tile(b, tiles) if bn is None else _check_tile("BN", bn, b)
-    ak = input_chunk(a) if ak is None else _check_tile("AK", ak, a)
+    ak = staged_chunk(a, bn, tm) if ak is None else _check_tile("AK", ak, a)
     return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn, tm))(
         inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows, a, b, k, *flip)],
         template=[("T", x.dtype), ("AK", ak), ("BN", bn), ("TM", tm)],
