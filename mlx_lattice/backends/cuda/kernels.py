@@ -226,10 +226,14 @@ def sorted_mma_shared_bytes(a: int, b: int, ak: int | None = None, bn: int | Non
     staged_chunk(a, bn, tm), channel_tile(b), ROW_TILE)."""
     bn, tm = bn or channel_tile(b), tm or ROW_TILE
     ak = ak or staged_chunk(a, bn, tm)
-    # two stages of the x tile and the weight block (AK x (BN + 8), or
-    # BN x (AK + 8) read transposed), or the float output tile after them
-    staged = 2 * (tm * (ak + 8) + max(ak * (bn + 8), bn * (ak + 8))) * 2
-    return max(staged, tm * (bn + 4) * 4)
+    # the two stages, or the float output tile after them
+    return max(_staged_bytes(ak, bn, tm), tm * (bn + 4) * 4)
+
+
+def _staged_bytes(ak: int, bn: int, tm: int) -> int:
+    """Two stages of the x tile and the weight block (AK x (BN + 8), or
+    BN x (AK + 8) read transposed), half-precision."""
+    return 2 * (tm * (ak + 8) + max(ak * (bn + 8), bn * (ak + 8))) * 2
 
 
 # Shared memory the default input chunk keeps the sorted GEMM's two stages
@@ -242,8 +246,7 @@ def staged_chunk(a: int, bn: int, tm: int = ROW_TILE) -> int:
     halved (while it stays a multiple of 16 dividing a) while its two
     stages would pass STAGED_LIMIT."""
     ak = input_chunk(a)
-    while (ak // 2) % 16 == 0 and a % (ak // 2) == 0 and \
-            2 * (tm * (ak + 8) + max(ak * (bn + 8), bn * (ak + 8))) * 2 > STAGED_LIMIT:
+    while (ak // 2) % 16 == 0 and a % (ak // 2) == 0 and _staged_bytes(ak, bn, tm) > STAGED_LIMIT:
         ak //= 2
     return ak
 
