@@ -14,7 +14,7 @@ naming the same routes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Callable
 
 
@@ -122,12 +122,27 @@ class Route:
 GROUPED_TEXT = "groups > 1 (grouped or depthwise)"
 
 
-@dataclass
 class Selection:
-    route: Route
-    rejected: list = field(default_factory=list)
-    fallback: str | None = None
-    variant: dict | None = None  # tile shapes of the route, where the tuner chose them
+    """A context's route, why the others were passed over (``rejected``,
+    fresh records built when first read: a network asks for a route on every
+    product of every step, and with a new sample's sizes every context is
+    new), any fallback and the tuner's tile shapes."""
+
+    __slots__ = ("route", "fallback", "variant", "_rejected", "_ctx")
+
+    def __init__(self, route: Route, rejected: list | None = None, fallback: str | None = None,
+                 variant: dict | None = None, ctx: RouteContext | None = None):
+        self.route, self.fallback, self.variant = route, fallback, variant
+        self._rejected, self._ctx = rejected, ctx
+
+    @property
+    def rejected(self) -> list:
+        if self._rejected is None:
+            self._rejected = [] if self._ctx is None else [dict(r) for r in _rejections(self._ctx)]
+        return self._rejected
+
+    def __repr__(self) -> str:
+        return f"Selection(route={self.route.name!r}, fallback={self.fallback!r}, variant={self.variant!r})"
 
 
 _REGISTRY: dict[str, Route] = {}
@@ -136,8 +151,10 @@ _REGISTRY: dict[str, Route] = {}
 # autodiff products of each layer). Emptied when a route is registered, and
 # when full: contexts hold sizes (rows, edges), so data whose sizes change
 # every step would otherwise grow it without bound.
-_SELECTED: dict[RouteContext, tuple[Route, tuple, str | None]] = {}
+_SELECTED: dict[RouteContext, tuple[Route, str | None]] = {}
 _SELECTED_MAX = 4096
+# Their rejection records, made when a caller reads them (diagnostics).
+_REJECTED: dict[RouteContext, tuple] = {}
 
 
 def register(route: Route) -> Route:
@@ -147,6 +164,7 @@ def register(route: Route) -> Route:
         raise ValueError(f"unknown backend {route.backend!r}")
     _REGISTRY[route.name] = route
     _SELECTED.clear()
+    _REJECTED.clear()
     return route
 
 
@@ -173,15 +191,35 @@ def list_routes() -> list[dict]:
     ]
 
 
-def _pick(ctx: RouteContext, rejected: list) -> Route | None:
-    chosen = None
+# Each backend's routes, highest priority first (registration order among
+# equals), rebuilt when the registry changes.
+_ORDER: tuple = (None, 0, {})
+
+
+def _ordered(backend: str) -> tuple[Route, ...]:
+    global _ORDER
+    registry, size, by_backend = _ORDER
+    if registry is not _REGISTRY or size != len(_REGISTRY):
+        ranked = sorted(_REGISTRY.values(), key=lambda r: -r.priority)
+        by_backend = {b: tuple(r for r in ranked if r.backend == b) for b in BACKENDS}
+        _ORDER = (_REGISTRY, len(_REGISTRY), by_backend)
+    return by_backend[backend]
+
+
+def _pick(ctx: RouteContext) -> Route | None:
+    for r in _ordered(ctx.backend):
+        if r.failed(ctx) is None:
+            return r
+    return None
+
+
+def _reasons(ctx: RouteContext, chosen: Route | None) -> list:
+    """Every route but ``chosen``, with why it was not taken on ctx."""
+    out = []
     for r in sorted(_REGISTRY.values(), key=lambda r: -r.priority):
-        reason = r.failed(ctx)
-        if reason is None and chosen is None:
-            chosen = r
-        elif r is not chosen:
-            rejected.append({"route": r.name, "reason": reason or f"lower priority than {chosen.name}"})
-    return chosen
+        if r is not chosen:
+            out.append({"route": r.name, "reason": r.failed(ctx) or f"lower priority than {chosen.name}"})
+    return out
 
 
 def select(ctx: RouteContext) -> Selection:
@@ -190,33 +228,44 @@ def select(ctx: RouteContext) -> Selection:
     When no route of a GPU backend applies, the CPU routes are asked and the
     selection says so in ``fallback``; nothing falls back silently.
     """
-    chosen, rejected, fallback = _cached(ctx)
-    # Fresh records: the caller's to keep.
-    return Selection(chosen, [dict(r) for r in rejected], fallback)
+    chosen, fallback = _cached(ctx)
+    return Selection(chosen, None, fallback, ctx=ctx)
 
 
-def _cached(ctx: RouteContext) -> tuple[Route, tuple, str | None]:
+def _cached(ctx: RouteContext) -> tuple[Route, str | None]:
     hit = _SELECTED.get(ctx)
     if hit is None:
         if len(_SELECTED) >= _SELECTED_MAX:
             _SELECTED.clear()
-        hit = _SELECTED[ctx] = _select(ctx)
+        chosen, _, fallback = _select(ctx, reasons=False)
+        hit = _SELECTED[ctx] = (chosen, fallback)
     return hit
 
 
-def _select(ctx: RouteContext) -> tuple[Route, tuple, str | None]:
-    rejected: list = []
-    chosen = _pick(ctx, rejected)
+def _select(ctx: RouteContext, reasons: bool = True) -> tuple[Route, tuple, str | None]:
+    """(route, rejection records, fallback) of ctx; the records only when
+    ``reasons`` (they name every registered route)."""
+    chosen = _pick(ctx)
     if chosen is not None:
-        return chosen, tuple(rejected), None
+        return chosen, tuple(_reasons(ctx, chosen)) if reasons else (), None
     if ctx.backend != "cpu":
         cpu_ctx = RouteContext(**{**ctx.as_dict(), "backend": "cpu", "tier": "cpu"})
-        rejected_cpu: list = []
-        chosen = _pick(cpu_ctx, rejected_cpu)
+        chosen = _pick(cpu_ctx)
         if chosen is not None:
             note = f"no {ctx.backend} route accepts this call; running on the CPU"
-            return chosen, tuple(rejected), note
+            # the GPU context's records: why no route of its backend applied
+            return chosen, tuple(_reasons(ctx, None)) if reasons else (), note
     raise ValueError(f"no route accepts {ctx}")
+
+
+def _rejections(ctx: RouteContext) -> tuple:
+    """ctx's rejection records (shared; Selection.rejected copies them)."""
+    hit = _REJECTED.get(ctx)
+    if hit is None:
+        if len(_REJECTED) >= _SELECTED_MAX:
+            _REJECTED.clear()
+        hit = _REJECTED[ctx] = _select(ctx)[1]
+    return hit
 
 
 def context(op: str, backend: str, **fields) -> RouteContext:
@@ -247,9 +296,8 @@ def choose(ctx: RouteContext, fallback: str | None = None, probe=None) -> Select
     kernels). The static selection goes through the route tuner, which may
     take another eligible route (a cached or measured choice, or one named
     explicitly); ``probe``: the call's data, for the tuner to measure on."""
-    # The memo's rejection records, shared (a tuple): copied into the log
-    # entry below, read-only for the caller.
-    sel = Selection(*_cached(ctx))
+    chosen, static_fallback = _cached(ctx)
+    sel = Selection(chosen, None, static_fallback, ctx=ctx)
     tuned = None
     if _choice_hook is not None:
         sel, tuned = _choice_hook(ctx, sel, probe)

@@ -49,6 +49,7 @@ not bit for bit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -349,8 +350,12 @@ def _pointwise(ctx: routes.RouteContext) -> bool:
     )
 
 
-def _variants(route: routes.Route, ctx: routes.RouteContext) -> list[dict]:
-    return backends.get(route.backend).variants(route.name, ctx.c_in, ctx.c_out)
+@functools.lru_cache(maxsize=1024)
+def _variant_items(backend: str, route: str, a: int, b: int) -> tuple[tuple, ...]:
+    """The route's variants for A -> B channels as sorted (name, value)
+    pairs, the default (()) first: a function of the channel counts alone,
+    so kept (a new sample's sizes make every context new)."""
+    return tuple(tuple(sorted(v.items())) for v in backends.get(backend).variants(route, a, b))
 
 
 def candidates(ctx: routes.RouteContext, static: routes.Route | None = None) -> list[Candidate]:
@@ -362,15 +367,25 @@ def candidates(ctx: routes.RouteContext, static: routes.Route | None = None) -> 
     if static.backend != ctx.backend or _pointwise(ctx):
         return [Candidate(static.name)]
     eligible = [static] + [
-        r for r in sorted(routes._REGISTRY.values(), key=lambda r: -r.priority)
-        if r is not static and r.backend == ctx.backend and r.failed(ctx) is None
-        and (r.deterministic or not static.deterministic)
+        r for r in routes._ordered(ctx.backend)
+        if r is not static and r.failed(ctx) is None and (r.deterministic or not static.deterministic)
     ]
-    out = [Candidate(r.name) for r in eligible]
-    for r in eligible:
-        for v in _variants(r, ctx)[1:]:
-            out.append(Candidate(r.name, tuple(sorted(v.items()))))
-    return out
+    return list(_candidate_list(tuple(r.name for r in eligible), ctx.c_in, ctx.c_out))
+
+
+@functools.lru_cache(maxsize=1024)
+def _candidate_list(eligible: tuple[str, ...], a: int, b: int) -> tuple[Candidate, ...]:
+    """Each eligible route's default, then each route's other variants."""
+    out = [Candidate(name) for name in eligible]
+    for name in eligible:
+        route = routes.get(name)
+        out += [Candidate(name, v) for v in _variant_items(route.backend, name, a, b)[1:]]
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _labels(cands: tuple[Candidate, ...]) -> str:
+    return ",".join(sorted(c.label for c in cands))
 
 
 def shape_of(ctx: routes.RouteContext) -> dict:
@@ -392,7 +407,7 @@ def key_of(ctx: routes.RouteContext, cands: list[Candidate], device: str | None 
     ]
     if ctx.quantized:
         parts.append(f"quantized group {ctx.group_size} {ctx.weight_layout}")
-    parts.append(",".join(sorted(c.label for c in cands)))
+    parts.append(_labels(tuple(cands)))
     return " | ".join(parts)
 
 
