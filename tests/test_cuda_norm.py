@@ -435,6 +435,37 @@ def test_running_statistics_kernel(rng, c):
     assert "Gather" not in nodes and "Multiply" not in nodes and "Add" not in nodes, nodes
 
 
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.parametrize("c,residual", [(1, False), (33, True), (300, False)])
+def test_running_statistics_from_the_merge_kernel(rng, c, residual):
+    """A BatchNorm training call forms its running statistics in the
+    statistics' merge kernel: the bits running_stats gives on the same
+    call's batch statistics, y as norm_act_layer gives it, and no kernel of
+    their own in the graph."""
+    n, mu = 700, 0.1
+    x = features(rng, n, c, mx.float32, offset=5.0)
+    r = features(rng, n, c, mx.float32) if residual else None
+    bn = nn.BatchNorm(c, momentum=mu)
+    bn.running_mean = mx.array(rng.standard_normal(c).astype(np.float32))
+    bn.running_var = mx.array(rng.random(c).astype(np.float32) + 0.5)
+    rm, rv = bn.running_mean, bn.running_var
+    y = nn.norm_act(bn, sparse(x, np.zeros(n, np.int32)), nn.ReLU(),
+                    residual=None if r is None else sparse(r, np.zeros(n, np.int32)))
+    nodes = graph_nodes(bn.running_mean, bn.running_var)
+    kernels = sum(v for k, v in nodes.items() if "Custom" in k)
+    assert kernels == 2, nodes  # the statistics and their merge
+    y_ref, mean, var = cuda_norm.norm_act_layer(x, bn.weight, bn.bias, r, None, 1, None, None, bn.eps, 1, 0.0)
+    want = cuda_norm.running_stats(rm, rv, mean, var, 1 - mu, mu, n / (n - 1))
+    assert to_np(y.feats).tobytes() == to_np(y_ref).tobytes()
+    for got, w in zip((bn.running_mean, bn.running_var), want):
+        assert got.shape == (c,) and got.dtype == mx.float32
+        assert to_np(got).tobytes() == to_np(w).tobytes()
+    with pytest.raises(ValueError, match="running_var must be float32 of shape"):
+        cuda_norm.norm_act_running(x, bn.weight, bn.bias, None, bn.eps, 1, 0.0, rm, rv[:-1], 0.9, 0.1, 1.0)
+
+
 def test_running_statistics_arguments():
     """Checked before any kernel runs (so on every machine)."""
     f, h = mx.zeros((4,)), mx.zeros((4,), mx.float16)

@@ -90,6 +90,15 @@ class Backend:
         since the layers read them only for their running statistics)."""
         return _ext.norm_act
 
+    def norm_running(self, x, weight, bias, residual, eps, act, slope, running_mean, running_var,
+                     keep: float, mu: float, ratio: float):
+        """A batch norm layer's training call with float32 (C,) running
+        statistics: ``[y, new running mean, new running var]``, the fused
+        norm then :meth:`running_stats` (a backend may do both in fewer
+        kernels, with the same bits)."""
+        y, mean, var = self.fused_norm()(x, weight, bias, residual, None, 1, None, None, eps, act, slope)
+        return [y, *self.running_stats(running_mean, running_var, mean, var, keep, mu, ratio)]
+
     def running_stats(self, mean, var, batch_mean, batch_var, keep: float, mu: float, ratio: float):
         """(keep * mean + mu * batch_mean, keep * var + mu * batch_var * ratio):
         a batch norm's float32 running statistics after a training call

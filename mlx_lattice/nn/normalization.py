@@ -207,6 +207,12 @@ class BatchNorm(mnn.Module):
         w, b = _affine(self, f.shape[1])
         n = f.shape[0]
         if self.training or not self.track_running_stats:
+            rm, rv = (self.running_mean, self.running_var) if self.track_running_stats else (None, None)
+            if self.training and rm is not None and n > 1 and rm.dtype == rv.dtype == mx.float32:
+                mu = self.momentum
+                y, self.running_mean, self.running_var = backends.current().norm_running(
+                    f, w, b, residual, self.eps, code, slope, rm, rv, 1 - mu, mu, n / (n - 1))
+                return y
             y, mean, var = _fused_op()(f, w, b, residual, None, 1, None, None, self.eps, code, slope)
             if self.training and self.track_running_stats and n > 1:
                 self._update_running(mean, var, n)
@@ -218,18 +224,14 @@ class BatchNorm(mnn.Module):
 
     def _update_running(self, mean, var, n):
         """running = (1 - momentum) * running + momentum * batch statistic
-        (the variance unbiased), from the fused kernel's (1, C) statistics.
-        The backend forms both with MLX's float32 roundings (the same bits
-        as these expressions in MLX ops, which put about 15 small nodes per
-        norm into the step's graph): one primitive on the CPU and on CUDA.
-        Running statistics in another dtype (a model cast with set_dtype)
-        take the expressions once; their result is float32."""
+        (the variance unbiased), from the fused kernel's (1, C) statistics,
+        for running statistics in another dtype than float32 (a model cast
+        with set_dtype): MLX's expressions, once; their result is float32.
+        Float32 ones are the backend's (``norm_running``: one primitive on
+        the CPU, none of its own on CUDA, where the statistics' kernel forms
+        them, with MLX's float32 roundings)."""
         mu = self.momentum
         rm, rv = self.running_mean, self.running_var
-        if rm.dtype == mx.float32 and rv.dtype == mx.float32:
-            self.running_mean, self.running_var = backends.current().running_stats(
-                rm, rv, mean, var, 1 - mu, mu, n / (n - 1))
-            return
         mean, var = mx.stop_gradient(mean[0]), mx.stop_gradient(var[0])
         self.running_mean = (1 - mu) * rm + mu * mean
         self.running_var = (1 - mu) * rv + mu * (var * (n / (n - 1)))

@@ -60,6 +60,13 @@ class CudaBackend(Backend):
 
         return norm.norm_act_layer  # statistics without gradient: one output to differentiate
 
+    def norm_running(self, x, weight, bias, residual, eps, act, slope, running_mean, running_var, keep, mu, ratio):
+        from . import norm
+
+        # the running statistics from the statistics' merge kernel
+        return norm.norm_act_running(x, weight, bias, residual, eps, act, slope, running_mean, running_var,
+                                     keep, mu, ratio)
+
     def running_stats(self, mean, var, batch_mean, batch_var, keep, mu, ratio):
         from . import norm
 

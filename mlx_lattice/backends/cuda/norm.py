@@ -116,7 +116,7 @@ _RUNS = """
 _FLAGS = """
   [[maybe_unused]] const int S = params[0];
   [[maybe_unused]] const bool SEGMENTED = params[1] != 0, RESIDUAL = params[2] != 0,
-      TRAINING = params[3] != 0, STAT_CT = params[4] != 0;
+      TRAINING = params[3] != 0, STAT_CT = params[4] != 0, RUNNING = params[5] != 0;
   [[maybe_unused]] const float eps = fparams[0], low = fparams[1];
 """
 _ROWS = _FLAGS + """
@@ -205,8 +205,16 @@ MERGE_SOURCE = _PARTS + """
       __syncthreads();
     }
     if (t == 0) {
-      mean[s * C + c] = sn[0] > 0.0 ? (float)sm[0] : 0.0f;
-      var[s * C + c] = sn[0] > 0.0 ? (float)(fmax(sq[0], 0.0) / sn[0]) : 0.0f;
+      const float m = sn[0] > 0.0 ? (float)sm[0] : 0.0f;
+      const float v = sn[0] > 0.0 ? (float)(fmax(sq[0], 0.0) / sn[0]) : 0.0f;
+      mean[s * C + c] = m;
+      var[s * C + c] = v;
+      if (RUNNING) {
+        // the running statistics (one segment), as RUNNING_SOURCE forms them
+        const float keep = rcoef[0], mu = rcoef[1], ratio = rcoef[2];
+        new_mean[c] = __fadd_rn(__fmul_rn(keep, rmean[c]), __fmul_rn(mu, m));
+        new_var[c] = __fadd_rn(__fmul_rn(keep, rvar[c]), __fmul_rn(mu, __fmul_rn(v, ratio)));
+      }
     }
     __syncthreads();
   }
@@ -358,7 +366,8 @@ _SPECS = {
     "running_stats": (["mean", "var", "batch_mean", "batch_var", "params", "coef"], ["new_mean", "new_var"],
                       RUNNING_SOURCE),
     "norm_stats": (["x", "seg", "params", "fparams"], ["part"], STATS_SOURCE),
-    "norm_merge": (["part", "params", "fparams"], ["mean", "var"], MERGE_SOURCE),
+    "norm_merge": (["part", "params", "fparams", "rmean", "rvar", "rcoef"], ["mean", "var", "new_mean", "new_var"],
+                   MERGE_SOURCE),
     "norm_apply": (["x", "w", "b", "mean", "var", "r", "seg", "params", "fparams"], ["y"], APPLY_SOURCE),
     "norm_grad_stats": (
         ["x", "y", "ct", "w", "bias", "mean", "var", "seg", "params", "fparams"], ["part"], GRAD_STATS_SOURCE,
@@ -415,28 +424,37 @@ class _Spec:
         fixed sizes."""
         return list(dtypes.items()) + [("R", CHUNK_ROWS), ("MERGE_THREADS", MERGE_THREADS)]
 
-    def params(self) -> list[mx.array]:
-        ints = (self.s, self.segments is not None, self.residual, self.training, self.stat_ct)
+    def params(self, running: bool = False) -> list[mx.array]:
+        ints = (self.s, self.segments is not None, self.residual, self.training, self.stat_ct, running)
         return [_constant(ints, np.int32), _constant((self.eps, self.low), np.float32)]
 
     def seg(self) -> mx.array:
         return self.segments if self.segments is not None else _placeholder(np.int32)
 
 
-def _statistics(spec: _Spec, x):
-    """(mean, biased variance), float32 (S, C), of x's rows per segment."""
+def _statistics(spec: _Spec, x, running=None):
+    """(mean, biased variance), float32 (S, C), of x's rows per segment;
+    ``running`` (one segment): (running mean, running var, keep, mu, ratio),
+    float32 (C,) statistics updated in the same kernel as ``running_stats``
+    would, then returned too: (mean, var, new mean, new var)."""
     p = spec.chunks
     (part,) = _kernel("norm_stats")(
         inputs=[x, spec.seg(), *spec.params()], template=spec.template(T=x.dtype),
         grid=(p * spec.c, 1, 1), threadgroup=(256, 1, 1),
         output_shapes=[(4, p, spec.s, spec.c)], output_dtypes=[mx.float32],
     )
-    mean, var = _kernel("norm_merge")(
-        inputs=[part, *spec.params()], template=spec.template(),
+    if running is None:
+        rm = rv = rc = _placeholder()
+        size = 1
+    else:
+        rm, rv = running[:2]
+        rc, size = _coefficients(*(float(v) for v in running[2:])), spec.c
+    mean, var, new_mean, new_var = _kernel("norm_merge")(
+        inputs=[part, *spec.params(running is not None), rm, rv, rc], template=spec.template(),
         grid=(spec.c * MERGE_THREADS, 1, 1), threadgroup=(MERGE_THREADS, 1, 1),
-        output_shapes=[(spec.s, spec.c), (spec.s, spec.c)], output_dtypes=[mx.float32, mx.float32],
+        output_shapes=[(spec.s, spec.c), (spec.s, spec.c), (size,), (size,)], output_dtypes=[mx.float32] * 4,
     )
-    return mean, var
+    return (mean, var) if running is None else (mean, var, new_mean, new_var)
 
 
 def _apply(spec: _Spec, x, w, b, mean, var, r):
@@ -531,7 +549,22 @@ def norm_act_layer(x, weight, bias, residual, segments, n_segments, mean, var, e
     return _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope, False)
 
 
-def _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope, stat_ct):
+def norm_act_running(x, weight, bias, residual, eps, act, slope, running_mean, running_var, keep, mu, ratio):
+    """A batch norm layer's training call with its running statistics:
+    ``[y, new running mean, new running var]``, :func:`norm_act_layer` with
+    float32 (C,) running statistics updated in the statistics' merge kernel
+    (the bits of :func:`running_stats`, one kernel fewer)."""
+    c = x.shape[1] if isinstance(x, mx.array) and x.ndim == 2 else -1
+    for name, a in (("running_mean", running_mean), ("running_var", running_var)):
+        if a.dtype != mx.float32 or a.shape != (c,):
+            raise ValueError(f"norm_act_running: {name} must be float32 of shape (C,) with C = x.shape[1], "
+                             f"got {a.dtype} {tuple(a.shape)}")
+    return _norm_act(x, weight, bias, residual, None, 1, None, None, eps, act, slope, False,
+                     (running_mean, running_var, keep, mu, ratio))
+
+
+def _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope, stat_ct,
+              running=None):
     _check(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope)
     training = mean is None
     n, c = x.shape
@@ -539,13 +572,16 @@ def _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, a
     seg = None if segments is None else segments.astype(mx.int32)
     spec = _Spec(n, c, seg, n_segments, training, residual is not None, float(eps), low, stat_ct)
     if n == 0:
+        if running is not None:
+            return [x, *running[:2]]
         stats = mx.zeros((n_segments, c), mx.float32)
         return [x, stats, stats] if training else [x]
     # weight, bias and given statistics in their own dtypes (the kernels
     # widen them), so that no casts join the graph
     prims = [x, weight, bias]
     if training and not spec.stat_ct:
-        mean, var = _statistics(spec, mx.stop_gradient(x))
+        stats = _statistics(spec, mx.stop_gradient(x), running)
+        mean, var = stats[:2]
     if not spec.stat_ct:
         prims += [mean, var]
     if residual is not None:
@@ -562,6 +598,8 @@ def _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, a
                 _FUNCTIONS.clear()
             f = _FUNCTIONS[key] = _function(spec)
     out = f(*prims)
+    if running is not None:
+        return [out[0], *stats[2:]]
     return [out[0], mean, var] if training and not spec.stat_ct else out
 
 
