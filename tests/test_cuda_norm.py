@@ -185,17 +185,20 @@ def test_matches_op_path(rng, dtype, kind):
 @needs_cuda
 @pytest.mark.usefixtures("on_gpu")
 def test_hook_takes_the_cuda_kernels(rng, monkeypatch):
+    # a training batch norm with running statistics: norm_act_running;
+    # without, and an instance norm: norm_act_layer
     calls = []
-    orig = cuda_norm.norm_act_layer
-    monkeypatch.setattr(cuda_norm, "norm_act_layer", lambda *a: calls.append(1) or orig(*a))
+    for name in ("norm_act_layer", "norm_act_running"):
+        monkeypatch.setattr(cuda_norm, name, lambda *a, f=getattr(cuda_norm, name): calls.append(1) or f(*a))
     xs = sparse(features(rng, 50, 4, mx.float32), batch_ids(rng, 50, 2))
     nn.norm_act(nn.BatchNorm(4), xs, nn.ReLU())
+    nn.norm_act(nn.BatchNorm(4, track_running_stats=False), xs, nn.ReLU())
     nn.norm_act(nn.InstanceNorm(4), xs, nn.LeakyReLU(0.1))
-    assert len(calls) == 2
+    assert len(calls) == 3
     with fused_norms(False):
         nn.norm_act(nn.BatchNorm(4), xs, nn.ReLU())
     nn.norm_act(nn.BatchNorm(4), xs, nn.GELU())  # no fused GELU: MLX ops
-    assert len(calls) == 2
+    assert len(calls) == 3
 
 
 @pytest.mark.cuda

@@ -208,6 +208,10 @@ _NAMED_DTYPES = {n: getattr(mx, n) for n in (
     "float32", "float16", "bfloat16", "bool_", "int8", "int16", "int32", "int64",
     "uint8", "uint16", "uint32", "uint64")}
 _DTYPE_NAMES = {v: k for k, v in _NAMED_DTYPES.items()}
+# A ``params`` input given as :class:`Params`: its values are passed by
+# value (int scalars), its key entry is (SCALARS, how many).
+SCALARS = "scalars"
+_NAMED_DTYPES[SCALARS] = SCALARS
 
 
 def _entry(kernel: "Kernel", key: tuple) -> str:
@@ -442,6 +446,7 @@ class Kernel:
         # Inputs whose shapes the source reads (``x_shape[i]``): their sizes
         # become int scalars (MLX would pass a Shape struct).
         self.shaped = [n for n in self.input_names if f"{n}_shape" in source]
+        self._params_at = self.input_names.index("params") if "params" in self.input_names else None
         self._uses_other_info = any(f"{n}_strides" in source or f"{n}_ndim" in source for n in self.input_names)
         self._mlx = None
         self._built: dict[tuple, tuple[str, bytes]] = {}
@@ -457,7 +462,8 @@ class Kernel:
     def _specialised(self, inputs, output_dtypes, template) -> str:
         params = []
         for n, a in zip(self.input_names, inputs):
-            params.append(f"    const {_CUDA_TYPES[a.dtype]}* {n}")
+            if a.dtype != SCALARS:
+                params.append(f"    const {_CUDA_TYPES[a.dtype]}* {n}")
         for n, dt in zip(self.output_names, output_dtypes):
             params.append(f"    {_CUDA_TYPES[dt]}* {n}")
         shape_lines = []
@@ -466,6 +472,11 @@ class Kernel:
                 params += [f"    int {n}_shape_{i}" for i in range(a.ndim)]
                 dims = ", ".join(f"{n}_shape_{i}" for i in range(a.ndim))
                 shape_lines.append(f"  const int {n}_shape[{max(a.ndim, 1)}] = {{{dims}}};")
+        for n, a in zip(self.input_names, inputs):
+            if a.dtype == SCALARS:  # read as before, from a local array of the values
+                params += [f"    int {n}_{i}" for i in range(a.ndim)]
+                vals = ", ".join(f"{n}_{i}" for i in range(a.ndim))
+                shape_lines.append(f"  [[maybe_unused]] const int {n}[{max(a.ndim, 1)}] = {{{vals}}};")
         consts = []
         for key, value in template:
             if isinstance(value, bool):
@@ -536,9 +547,13 @@ class Kernel:
         # (a specialisation built before) builds its key with list
         # comprehensions, not generators, and nothing else.
         if self._uses_other_info or kw:
-            return self._mlx_kernel()(inputs=inputs, output_shapes=output_shapes, output_dtypes=output_dtypes,
-                                      grid=grid, threadgroup=threadgroup, template=list(template),
-                                      init_value=init_value, stream=stream, **kw)
+            return self._mlx_kernel()(inputs=_arrays(inputs), output_shapes=output_shapes,
+                                      output_dtypes=output_dtypes, grid=grid, threadgroup=threadgroup,
+                                      template=list(template), init_value=init_value, stream=stream, **kw)
+        # A Params given for ``params`` is passed by value; for any other
+        # input, as its array.
+        inputs = [a if type(a) is not Params or n == "params" else a.array()
+                  for n, a in zip(self.input_names, inputs)]
         key = (tuple([(a.dtype, a.ndim) for a in inputs]), tuple(output_dtypes), tuple(template))
         built = self._built.get(key)
         if built is None:
@@ -549,11 +564,16 @@ class Kernel:
             BUILT.append((self, key))
         name, cubin = built
         if not cubin:
-            return self._mlx_kernel()(inputs=inputs, output_shapes=output_shapes, output_dtypes=output_dtypes,
-                                      grid=grid, threadgroup=threadgroup, template=list(template),
-                                      init_value=init_value, stream=stream)
+            return self._mlx_kernel()(inputs=_arrays(inputs), output_shapes=output_shapes,
+                                      output_dtypes=output_dtypes, grid=grid, threadgroup=threadgroup,
+                                      template=list(template), init_value=init_value, stream=stream)
         scalars = ([int(d) for n, a in zip(self.input_names, inputs) if n in self.shaped for d in a.shape]
                    if self.shaped else [])
+        at = self._params_at
+        if at is not None and type(inputs[at]) is Params:
+            scalars += inputs[at]
+            scalars += _ZEROS[len(inputs[at]):]
+            inputs = inputs[:at] + inputs[at + 1:]
         return mx.fast.precompiled_cuda_kernel(
             name=name, compiled_source=cubin, inputs=inputs, output_shapes=output_shapes,
             output_dtypes=output_dtypes, scalars=scalars, grid=grid, threadgroup=threadgroup,
@@ -566,11 +586,36 @@ def kernel(name, input_names, output_names, source, header="", shared_memory=0) 
     return Kernel(name, input_names, output_names, source, header, shared_memory)
 
 
-def params(*vals) -> mx.array:
-    """Scalar kernel parameters as one int32 array, made once per distinct
-    values (a leaf that later launches reuse where it already lies: a
-    training step asks for the same sizes every time)."""
-    return _params(tuple(int(v) for v in vals))
+class Params(tuple):
+    """Scalar kernel parameters. Given for a kernel's ``params`` input, a
+    precompiled kernel gets them by value (int scalars its source reads as
+    ``params[i]``), so a launch uploads nothing: a new sample's sizes would
+    otherwise make a small array for the GPU to fetch at every launch.
+    Given for another input (a placeholder), or to a kernel MLX compiles,
+    they are an int32 array made once per distinct values."""
+
+    __slots__ = ()
+    dtype = SCALARS
+    # every kernel takes the same number (zeros after the values given), so
+    # that a specialisation does not depend on how many a call site passes
+    ndim = 16
+
+    def array(self) -> mx.array:
+        return _params(tuple(self))
+
+
+def params(*vals) -> Params:
+    """Scalar kernel parameters, at most 16 (see :class:`Params`)."""
+    if len(vals) > Params.ndim:
+        raise ValueError(f"a kernel takes at most {Params.ndim} scalar parameters, got {len(vals)}")
+    return Params(int(v) for v in vals)
+
+
+_ZEROS = (0,) * Params.ndim
+
+
+def _arrays(inputs) -> list:
+    return [a.array() if type(a) is Params else a for a in inputs]
 
 
 @functools.lru_cache(maxsize=4096)
