@@ -19,8 +19,9 @@ results repeat bit for bit; no atomics):
   the sum of squares about the chunk's mean, per segment) -> ``norm_merge``
   (one block per channel: the chunks merged in float64 with the pairwise
   update of Chan, Golub and LeVeque, each thread over a fixed stride of
-  chunks and then a fixed tree; exact where mean^2 >> var) -> ``norm_apply``
-  (one thread per element). Eval: ``norm_apply`` alone.
+  chunks and then a fixed tree; exact where mean^2 >> var; for a batch norm
+  layer in training also its new running statistics, ``norm_act_running``)
+  -> ``norm_apply`` (one thread per element). Eval: ``norm_apply`` alone.
 - backward: ``norm_grad_stats`` (per chunk and channel: sum of g and of
   g * xhat, g = ct * act'(z)) -> ``norm_grad_merge`` (per channel: the sums,
   dweight, dbias and the coefficients of dx = k0 g + k1 (x - mean) + k2) ->
