@@ -7,14 +7,20 @@ state). On the CPU a float32 parameter is updated by one multithreaded
 primitive that reads the parameter, its gradient and both moments once and
 writes the three results, where MLX runs about a dozen elementwise ops with a temporary each. The
 results are bitwise those of the MLX optimizers: every step rounds to
-float32 in MLX's order. Other dtypes and GPU streams take MLX's update.
+float32 in MLX's order. Other dtypes and Metal streams take MLX's update.
 
     import mlx_lattice.optimizers as optim
     opt = optim.Adam(learning_rate=1e-3)
     opt.update(model, grads)
 
+On CUDA, ``Adam`` and ``AdamW`` update up to sixteen parameters of one
+dtype and rank per kernel launch (``backends/cuda/adam.py``), where MLX
+launches a kernel or more per parameter; float32 updates give the bits of
+MLX's eager update.
+
 ``compiled_update(model, opt)`` is the same update under ``mx.compile``
-(one fused kernel per parameter on GPUs).
+(one fused kernel per parameter on Metal; on CUDA these classes' grouped
+update as it is).
 
 Half precision: Adam's ``eps`` (1e-8) and squared gradients underflow in
 float16, so Adam on float16 parameters gives NaN within a step or two (these
@@ -76,7 +82,47 @@ class _FusedAdam:
             self._scalars = mx.stack([c1, c2, decay.astype(mx.float32)])
         return self._scalars
 
-    def apply_single(self, gradient: mx.array, parameter: mx.array, state: dict):
+    def apply_gradients(self, gradients: dict, parameters: dict):
+        """MLX's ``apply_gradients``; on CUDA the parameters go through
+        ``backends.cuda.adam`` up to sixteen per launch (one dtype and rank
+        each) instead of a kernel each."""
+        if backends.current().name != "cuda":
+            return super().apply_gradients(gradients, parameters)
+        if not self._initialized:
+            self.init(gradients)
+        leaves: list = []
+        slots: list = []
+        try:
+            tree = _gather(gradients, parameters, self.state, leaves, slots)
+        except _NotATree:
+            tree = _LEAF
+        if tree is _LEAF:  # not a tree of dicts and lists
+            return super().apply_gradients(gradients, parameters)
+        for param, scheduler in self._schedulers.items():
+            self.state[param] = scheduler(self.step)
+        self.state["step"] = self.step + 1
+        from .backends.cuda import adam
+
+        grouped = [n for n, (g, p, s) in enumerate(leaves) if adam.eligible(g, p, s)]
+        if grouped:
+            self._warn_float16(leaves[grouped[0]][1])
+            b1, b2 = self.betas
+            new = adam.update([(leaves[n][0], leaves[n][1], leaves[n][2]["m"], leaves[n][2]["v"]) for n in grouped],
+                              self._step_scalars(), b1, b2, self.eps, bool(self.bias_correction),
+                              bool(self._decay))
+            for n, (p, m, v) in zip(grouped, new):
+                leaves[n][2]["m"], leaves[n][2]["v"] = m, v
+                container, key = slots[n]
+                container[key] = p
+        done = set(grouped)
+        # any other parameter (a dtype or shape the kernel does not take): MLX's update
+        for n, (g, p, s) in enumerate(leaves):
+            if n not in done:
+                container, key = slots[n]
+                container[key] = self.apply_single(g, p, s)
+        return tree
+
+    def _warn_float16(self, parameter):
         if parameter.dtype == mx.float16 and not getattr(self, "_warned_float16", False):
             self._warned_float16 = True
             warnings.warn(
@@ -84,8 +130,11 @@ class _FusedAdam:
                 "gradients underflow in float16, which turns the update into NaN within a few steps. "
                 "Keep float32 master weights: mlx_lattice.optimizers.MixedPrecision("
                 f"{type(self).__name__}(...)) (docs/mixed_precision.md)",
-                stacklevel=2,
+                stacklevel=4,
             )
+
+    def apply_single(self, gradient: mx.array, parameter: mx.array, state: dict):
+        self._warn_float16(parameter)
         if not _fusable(gradient, parameter, state):
             return super().apply_single(gradient, parameter, state)
         b1, b2 = self.betas
@@ -109,6 +158,39 @@ class AdamW(_FusedAdam, mopt.AdamW):
     @property
     def _decay(self):
         return self.weight_decay
+
+
+_LEAF = object()
+
+
+class _NotATree(Exception):
+    """A gradient tree with containers other than dicts and lists."""
+
+
+def _gather(g, p, s, leaves: list, slots: list):
+    """The gradient tree's structure (dicts and lists, walked as ``tree_map``
+    walks it, with the parameters and the state beside it), each leaf left
+    as a slot to fill: ``leaves`` gets (gradient, parameter, state) and
+    ``slots`` (container, key), in the same order. One walk where
+    ``tree_map`` makes two."""
+    if isinstance(g, dict):
+        out: dict = {}
+        for k, v in g.items():
+            out[k] = _gather(v, p[k], s[k], leaves, slots)
+            if out[k] is _LEAF:
+                slots.append((out, k))
+        return out
+    if type(g) is list:
+        out_l: list = []
+        for i, v in enumerate(g):
+            out_l.append(_gather(v, p[i], s[i], leaves, slots))
+            if out_l[i] is _LEAF:
+                slots.append((out_l, i))
+        return out_l
+    if not isinstance(g, mx.array):
+        raise _NotATree
+    leaves.append((g, p, s))
+    return _LEAF
 
 
 def _masters(grads, params, masters, dtype):
@@ -232,16 +314,26 @@ def compiled_update(model, optimizer):
     form MLX's training loops use). On GPU streams MLX then fuses each
     parameter's update into one kernel, where the eager update dispatches
     about two dozen elementwise ops per parameter (3,600 primitives a
-    MinkUNet step); on the CPU the fused float32 update above runs as it is.
-    The results are the eager update's to a few ulps on GPUs (fused
-    multiply-adds may contract) and bitwise on the CPU.
+    MinkUNet step); on the CPU the fused float32 update above runs as it is,
+    and so does the grouped update of ``Adam`` / ``AdamW`` on CUDA (the
+    returned function is then the eager update). Under ``mx.compile`` the
+    results are the eager update's to a few ulps (fused multiply-adds may
+    contract).
 
         update = optim.compiled_update(model, opt)
         loss, grads = loss_and_grad(model, x)
         update(grads)
         mx.eval(loss, model.state, opt.state)
     """
-    if not getattr(getattr(optimizer, "optimizer", optimizer), "_initialized", True):
+    base = getattr(optimizer, "optimizer", optimizer)
+    if isinstance(base, _FusedAdam) and backends.current().name == "cuda":
+        # sixteen parameters a launch already (apply_gradients); under
+        # mx.compile the call would only add its tracing and inputs
+        def eager(grads):
+            optimizer.update(model, grads)
+
+        return eager
+    if not getattr(base, "_initialized", True):
         # The state made now, not inside the first call: a state that changes
         # shape after the first call makes mx.compile trace (and, on GPUs,
         # build its kernels) a second time.

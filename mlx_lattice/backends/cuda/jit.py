@@ -237,11 +237,11 @@ class _Standin:
 def _find_kernel(name: str) -> "Kernel | None":
     """The kernel named ``name``, made by the module that owns it."""
     if name not in _KERNELS:
-        from . import kernels, maps, neighbors, norm, plans
+        from . import adam, kernels, maps, neighbors, norm, plans
 
         for mod, prefix in ((maps, "mlx_lattice_map_"), (plans, "mlx_lattice_plan_"),
                             (neighbors, "mlx_lattice_neighbors_"), (norm, "mlx_lattice_"),
-                            (kernels, "mlx_lattice_")):
+                            (kernels, "mlx_lattice_"), (adam, "mlx_lattice_")):
             if name.startswith(prefix):
                 try:
                     mod._kernel(name[len(prefix):])
