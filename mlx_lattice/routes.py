@@ -793,6 +793,13 @@ register(Route(
     summary="one thread per (row, output channel) over the CSR edges",
 ))
 register(Route(
+    name="cuda.pointwise_wgrad", backend="cuda", priority=100,
+    conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, HALF),
+    passes=("wgrad",), uses_relation=False, kernel_file="mlx_lattice/backends/cuda/routes.py",
+    summary="dW[0] = x^T G with mx.matmul (cuBLAS reads x transposed in place); half precision "
+    "only, as cuda.pointwise",
+))
+register(Route(
     name="cuda.wgrad_mma", backend="cuda", priority=80,
     conditions=(DENSE, HALF, MMA_CHANNELS), passes=("wgrad",), kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="per-offset X^T G on tensor cores over edge chunks (256 edges at 128 x 128 channels, "

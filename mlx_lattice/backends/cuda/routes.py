@@ -40,6 +40,13 @@ def pointwise(x, w, view: None, flip=NO_FLIP):
     return mx.matmul(x, mx.swapaxes(w[0], 0, 1) if flip[0] else w[0])
 
 
+def pointwise_wgrad(x, ct, view: None, k):
+    """dW[0] = x^T ct with mx.matmul (cuBLAS reads x transposed in place):
+    a pointwise product's one offset, its rows the reduction; the registry
+    admits half precision only."""
+    return mx.matmul(mx.swapaxes(x, 0, 1), ct)[None]
+
+
 def fetch_on_demand(x, w, view: View | None, flip=NO_FLIP):
     """One thread per (row, output channel) over the CSR edges (any view)."""
     k, a, b = _conv_shape(x, w, flip)
@@ -258,6 +265,7 @@ ROUTES = {
     "cuda.pointwise": Route("conv", pointwise, flipped=True),
     "cuda.sorted_mma": Route("conv", sorted_mma, flipped=True),
     "cuda.fetch_on_demand": Route("conv", fetch_on_demand, flipped=True),
+    "cuda.pointwise_wgrad": Route("weight_grad", pointwise_wgrad),
     "cuda.wgrad_mma": Route("weight_grad", wgrad_mma),
     "cuda.wgrad_direct": Route("weight_grad", wgrad_direct),
     "cuda.grouped_fetch_on_demand": Route("conv", grouped_fetch_on_demand, grouped=True),
