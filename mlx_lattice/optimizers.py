@@ -92,11 +92,8 @@ class _FusedAdam:
             self.init(gradients)
         leaves: list = []
         slots: list = []
-        try:
-            tree = _gather(gradients, parameters, self.state, leaves, slots)
-        except _NotATree:
-            tree = _LEAF
-        if tree is _LEAF:  # not a tree of dicts and lists
+        tree = _gather(gradients, parameters, self.state, leaves, slots)
+        if tree is None:  # not a tree of dicts and lists
             return super().apply_gradients(gradients, parameters)
         for param, scheduler in self._schedulers.items():
             self.state[param] = scheduler(self.step)
@@ -160,37 +157,30 @@ class AdamW(_FusedAdam, mopt.AdamW):
         return self.weight_decay
 
 
-_LEAF = object()
-
-
-class _NotATree(Exception):
-    """A gradient tree with containers other than dicts and lists."""
-
-
 def _gather(g, p, s, leaves: list, slots: list):
     """The gradient tree's structure (dicts and lists, walked as ``tree_map``
     walks it, with the parameters and the state beside it), each leaf left
     as a slot to fill: ``leaves`` gets (gradient, parameter, state) and
     ``slots`` (container, key), in the same order. One walk where
-    ``tree_map`` makes two."""
+    ``tree_map`` makes two. None where the tree holds anything else (or is
+    a single array)."""
     if isinstance(g, dict):
         out: dict = {}
-        for k, v in g.items():
+        keys = g.items()
+    elif type(g) is list:
+        out = [None] * len(g)
+        keys = enumerate(g)
+    else:
+        return None
+    for k, v in keys:
+        if isinstance(v, mx.array):
+            leaves.append((v, p[k], s[k]))
+            slots.append((out, k))
+        else:
             out[k] = _gather(v, p[k], s[k], leaves, slots)
-            if out[k] is _LEAF:
-                slots.append((out, k))
-        return out
-    if type(g) is list:
-        out_l: list = []
-        for i, v in enumerate(g):
-            out_l.append(_gather(v, p[i], s[i], leaves, slots))
-            if out_l[i] is _LEAF:
-                slots.append((out_l, i))
-        return out_l
-    if not isinstance(g, mx.array):
-        raise _NotATree
-    leaves.append((g, p, s))
-    return _LEAF
+            if out[k] is None:
+                return None
+    return out
 
 
 def _masters(grads, params, masters, dtype):

@@ -191,17 +191,18 @@ def list_routes() -> list[dict]:
     ]
 
 
-# Each backend's routes, highest priority first (registration order among
-# equals), rebuilt when the registry changes.
+# The routes, highest priority first (registration order among equals):
+# all of them (None) and each backend's, rebuilt when the registry changes.
 _ORDER: tuple = (None, 0, {})
 
 
-def _ordered(backend: str) -> tuple[Route, ...]:
+def _ordered(backend: str | None) -> tuple[Route, ...]:
     global _ORDER
     registry, size, by_backend = _ORDER
     if registry is not _REGISTRY or size != len(_REGISTRY):
-        ranked = sorted(_REGISTRY.values(), key=lambda r: -r.priority)
+        ranked = tuple(sorted(_REGISTRY.values(), key=lambda r: -r.priority))
         by_backend = {b: tuple(r for r in ranked if r.backend == b) for b in BACKENDS}
+        by_backend[None] = ranked
         _ORDER = (_REGISTRY, len(_REGISTRY), by_backend)
     return by_backend[backend]
 
@@ -216,7 +217,7 @@ def _pick(ctx: RouteContext) -> Route | None:
 def _reasons(ctx: RouteContext, chosen: Route | None) -> list:
     """Every route but ``chosen``, with why it was not taken on ctx."""
     out = []
-    for r in sorted(_REGISTRY.values(), key=lambda r: -r.priority):
+    for r in _ordered(None):
         if r is not chosen:
             out.append({"route": r.name, "reason": r.failed(ctx) or f"lower priority than {chosen.name}"})
     return out

@@ -91,17 +91,20 @@ def test_cuda_weight_gradient_routes(rng):
     with ml.diagnostics.record() as log:
         mx.eval(mx.grad(lambda w: fn(x, w).feats.sum())(w))
     assert any(r["route"] == "cuda.wgrad_direct" for r in log)
-    # a pointwise product's weight gradient: cuBLAS, against the oracle
-    x, w, fn, edges, sup = case(rng, "pointwise", 48, 64, mx.float16)
-    g = mx.array(rng.standard_normal((len(sup), 64)).astype(np.float32)).astype(mx.float16)
-    with ml.diagnostics.record() as log:
-        y = fn(x, w)
-        perm = oracle.match_rows(np.array(y.coords), sup)
-        dw = mx.grad(lambda w: (fn(x, w).feats.astype(mx.float32) * g.astype(mx.float32)).sum())(w)
-        mx.eval(dw)
-    assert [r["route"] for r in log if r["direction"] == "wgrad"] == ["cuda.pointwise_wgrad"]
-    _, ew, _ = oracle.grads(edges, to_np(x.feats), to_np(w), to_np(g)[perm])
-    np.testing.assert_allclose(to_np(dw), ew, **TOL[mx.float16])
+    # a pointwise product's weight gradient: cuBLAS in half precision, the
+    # direct kernel in float32; against the oracle
+    for dtype, route in ((mx.float16, "cuda.pointwise_wgrad"), (mx.bfloat16, "cuda.pointwise_wgrad"),
+                         (mx.float32, "cuda.wgrad_direct")):
+        x, w, fn, edges, sup = case(rng, "pointwise", 48, 64, dtype)
+        g = mx.array(rng.standard_normal((len(sup), 64)).astype(np.float32)).astype(dtype)
+        with ml.diagnostics.record() as log:
+            y = fn(x, w)
+            perm = oracle.match_rows(np.array(y.coords), sup)
+            dw = mx.grad(lambda w: (fn(x, w).feats.astype(mx.float32) * g.astype(mx.float32)).sum())(w)
+            mx.eval(dw)
+        assert [r["route"] for r in log if r["direction"] == "wgrad"] == [route]
+        _, ew, _ = oracle.grads(edges, to_np(x.feats), to_np(w), to_np(g)[perm])
+        np.testing.assert_allclose(to_np(dw), ew, **TOL[dtype])
 
 
 def test_cuda_jvp_and_compile(rng):

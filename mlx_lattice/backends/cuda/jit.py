@@ -550,10 +550,6 @@ class Kernel:
             return self._mlx_kernel()(inputs=_arrays(inputs), output_shapes=output_shapes,
                                       output_dtypes=output_dtypes, grid=grid, threadgroup=threadgroup,
                                       template=list(template), init_value=init_value, stream=stream, **kw)
-        # A Params given for ``params`` is passed by value; for any other
-        # input, as its array.
-        inputs = [a if type(a) is not Params or n == "params" else a.array()
-                  for n, a in zip(self.input_names, inputs)]
         key = (tuple([(a.dtype, a.ndim) for a in inputs]), tuple(output_dtypes), tuple(template))
         built = self._built.get(key)
         if built is None:
@@ -587,12 +583,11 @@ def kernel(name, input_names, output_names, source, header="", shared_memory=0) 
 
 
 class Params(tuple):
-    """Scalar kernel parameters. Given for a kernel's ``params`` input, a
+    """Scalar kernel parameters, for a kernel's ``params`` input. A
     precompiled kernel gets them by value (int scalars its source reads as
     ``params[i]``), so a launch uploads nothing: a new sample's sizes would
-    otherwise make a small array for the GPU to fetch at every launch.
-    Given for another input (a placeholder), or to a kernel MLX compiles,
-    they are an int32 array made once per distinct values."""
+    otherwise make a small array for the GPU to fetch at every launch. A
+    kernel MLX compiles gets them as an int32 array (:func:`constant`)."""
 
     __slots__ = ()
     dtype = SCALARS
@@ -601,7 +596,7 @@ class Params(tuple):
     ndim = 16
 
     def array(self) -> mx.array:
-        return _params(tuple(self))
+        return constant(*self)
 
 
 def params(*vals) -> Params:
@@ -615,11 +610,19 @@ _ZEROS = (0,) * Params.ndim
 
 
 def _arrays(inputs) -> list:
+    """The inputs as MLX's compiled kernels take them (Params as arrays)."""
     return [a.array() if type(a) is Params else a for a in inputs]
 
 
+def constant(*vals) -> mx.array:
+    """Small int32 values as an array input (a placeholder, or offsets that
+    never change), made once per distinct values: a leaf that later launches
+    reuse where it already lies."""
+    return _constant(tuple(int(v) for v in vals))
+
+
 @functools.lru_cache(maxsize=4096)
-def _params(vals: tuple) -> mx.array:
+def _constant(vals: tuple) -> mx.array:
     return mx.array(np.array(vals, dtype=np.int32))
 
 

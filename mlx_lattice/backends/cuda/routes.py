@@ -19,7 +19,7 @@ from .view import View
 def _csr_edges(x, view: View | None):
     """(rows, CSR offsets, gathered rows, kernel offsets) of the output rows."""
     if view is None:
-        empty = jit.params(0)
+        empty = jit.constant(0)
         return x.shape[0], empty, empty, empty
     return (view.rows, *view.csr())
 
@@ -102,8 +102,8 @@ def _split_wgrad(name, x, ct, view: View | None, k, out_shape, template, params=
     size = direct_chunk(n, *out_shape[1:])
     if view is None:  # pointwise: rows in chunks of `size`, one offset
         slots = -(-n // size)
-        chunks = gidx = ridx = jit.params(0)  # placeholders
-        first = jit.params(0, slots)
+        chunks = gidx = ridx = jit.constant(0)  # placeholders
+        first = jit.constant(0, slots)
     else:
         chunks, first, km = view.wgrad_chunks(size)
         slots, gidx, ridx = chunks.shape[0], km.in_idx, km.out_idx
