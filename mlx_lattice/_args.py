@@ -32,7 +32,14 @@ def triple(value, name: str, *, minimum: int) -> tuple[int, int, int]:
 
 
 def dtype_name(dtype) -> str:
-    return str(dtype).replace("mlx.core.", "")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("mlx.core.", "")
+    return name
+
+
+# Asked for every convolution product: str() of an MLX dtype is slow.
+_DTYPE_NAMES: dict = {}
 
 
 def as_coords(coords, name: str = "coords") -> mx.array:

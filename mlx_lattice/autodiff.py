@@ -26,6 +26,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from . import _ext, backends, routes
+from ._args import dtype_name
 
 
 def context(backend: str, direction: str, view, k: int, a: int, b: int, rows_in: int, dtype,
@@ -38,7 +39,7 @@ def context(backend: str, direction: str, view, k: int, a: int, b: int, rows_in:
         f"{direction} of {from_route}",
         backend,
         map_kind="forward" if pointwise else view.kind,
-        dtype=dtype if isinstance(dtype, str) else str(dtype).replace("mlx.core.", ""),
+        dtype=dtype if isinstance(dtype, str) else dtype_name(dtype),
         kernel_size=(1, 1, 1) if pointwise else None,
         k=k, c_in=a, c_out=b, n_in=rows_in,
         n_out=rows_in if pointwise else view.rows,

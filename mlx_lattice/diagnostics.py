@@ -121,7 +121,15 @@ def record(maps: bool = False):
 def listening() -> bool:
     """Whether a record emitted now goes anywhere (a ``record`` block or
     ``$MLX_LATTICE_ROUTE_LOG``)."""
-    return bool(_active) or bool(os.environ.get("MLX_LATTICE_ROUTE_LOG"))
+    return bool(_active) or bool(_env_get(_LOG_KEY))
+
+
+# The route log's variable, read as os.environ keeps it (os.environ.get
+# encodes its key at every call, and this is asked for every product).
+try:
+    _env_get, _LOG_KEY = os.environ._data.get, os.environ.encodekey("MLX_LATTICE_ROUTE_LOG")
+except AttributeError:  # an os.environ without its mapping of encoded keys
+    _env_get, _LOG_KEY = os.environ.get, "MLX_LATTICE_ROUTE_LOG"
 
 
 def emit(entry: dict) -> None:

@@ -29,7 +29,7 @@ TIERS = {
     "m5": ("applegpu_g17s", "26.2"),
 }
 
-_FIELDS = {f for f in routes.RouteContext.__dataclass_fields__}
+_FIELDS = set(routes.RouteContext._fields)
 
 
 def load(path) -> list[dict]:

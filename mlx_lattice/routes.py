@@ -14,8 +14,8 @@ naming the same routes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 
 from . import _ext, backends, diagnostics
@@ -24,10 +24,7 @@ BACKENDS = ("cpu", "metal", "cuda")
 DIRECTIONS = ("forward", "dgrad", "wgrad")
 
 
-@dataclass(frozen=True)
-class RouteContext:
-    """The checklist of a convolution call, as route predicates see it."""
-
+class _ContextFields(NamedTuple):
     op: str
     map_kind: str
     dtype: str
@@ -52,18 +49,27 @@ class RouteContext:
     group_size: int = 0  # quantized weights: input channels per scale/bias
     groups: int = 1  # channel groups (grouped / depthwise convolution)
 
-    def __post_init__(self):
+
+class RouteContext(_ContextFields):
+    """The checklist of a convolution call, as route predicates see it:
+    immutable and hashable (the route memo's key). A named tuple: a network
+    makes one for every product of every step, and a frozen dataclass took
+    five times as long to build and twice as long to hash."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args, **fields):
+        self = _ContextFields.__new__(cls, *args, **fields)
         if self.k == 0 and self.kernel_size is not None:
             a, b, c = self.kernel_size
-            object.__setattr__(self, "k", a * b * c)
+            self = self._replace(k=a * b * c)
+        return self
 
     def as_dict(self) -> dict:
-        # Shallow: every field is immutable (dataclasses.asdict deep-copies,
-        # ten times the cost on a call that runs for every convolution).
-        return {name: getattr(self, name) for name in _CONTEXT_FIELDS}
+        return self._asdict()
 
 
-_CONTEXT_FIELDS = tuple(f.name for f in fields(RouteContext))
+_CONTEXT_FIELDS = RouteContext._fields
 
 
 @dataclass(frozen=True)
@@ -273,9 +279,25 @@ def context(op: str, backend: str, **fields) -> RouteContext:
     """The RouteContext of a call on `backend`: the one place that derives the
     capability tier and whether TensorOps kernels can run (the GPU's tier and
     this build's Metal 4 library)."""
-    device = backends.get(backend)
-    tensor_ops = backend == "metal" and device.tensor_ops()
-    return RouteContext(op=op, backend=backend, tier=device.tier(), tensor_ops=bool(tensor_ops), **fields)
+    caps = _CAPS.get(backend)
+    if caps is None:
+        device = backends.get(backend)
+        caps = (device.tier(), bool(backend == "metal" and device.tensor_ops()))
+        if backend == "cuda":  # fixed for the process (a CPU's follows its instruction-set path)
+            _CAPS[backend] = caps
+    ks = fields.get("kernel_size")
+    if ks is not None and not fields.get("k"):
+        fields["k"] = ks[0] * ks[1] * ks[2]
+    # RouteContext's own __new__ (which derives k) costs a repacking of the
+    # arguments: this is the call a network makes for every product
+    return _new_context(RouteContext, op=op, backend=backend, tier=caps[0], tensor_ops=caps[1], **fields)
+
+
+_new_context = _ContextFields.__new__
+
+
+# (tier, tensor_ops) of the CUDA backend, asked once.
+_CAPS: dict = {}
 
 
 # The route tuner (mlx_lattice/tuning.py) installs itself here: given the

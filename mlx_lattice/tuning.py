@@ -413,13 +413,14 @@ def key_of(ctx: routes.RouteContext, cands: list[Candidate], device: str | None 
 
 def _key_info(ctx: routes.RouteContext, static: routes.Route):
     """(key, candidates) of ctx, or None when there is nothing to choose."""
-    device = device_id(ctx.backend, ctx.tier)
-    memo = (ctx, device)
+    # the device's name is fixed per backend, but a CPU's key holds the
+    # thread count, which may change between calls
+    memo = (ctx, _ext.num_threads() if ctx.backend == "cpu" else 0)
     hit = _state.keys.get(memo, False)
     if hit is not False:
         return hit
     cands = candidates(ctx, static)
-    info = (key_of(ctx, cands, device), cands) if len(cands) > 1 else None
+    info = (key_of(ctx, cands, device_id(ctx.backend, ctx.tier)), cands) if len(cands) > 1 else None
     if len(_state.keys) >= _KEYS_MAX:
         _state.keys.clear()
     _state.keys[memo] = info

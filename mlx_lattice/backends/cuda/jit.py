@@ -446,10 +446,11 @@ class Kernel:
         # Inputs whose shapes the source reads (``x_shape[i]``): their sizes
         # become int scalars (MLX would pass a Shape struct).
         self.shaped = [n for n in self.input_names if f"{n}_shape" in source]
+        self._shaped_at = tuple(i for i, n in enumerate(self.input_names) if n in self.shaped)
         self._params_at = self.input_names.index("params") if "params" in self.input_names else None
         self._uses_other_info = any(f"{n}_strides" in source or f"{n}_ndim" in source for n in self.input_names)
         self._mlx = None
-        self._built: dict[tuple, tuple[str, bytes]] = {}
+        self._built: dict[tuple, tuple[str, bytes]] = {}  # by the call's specialisation
         _KERNELS.setdefault(name, self)
 
     def _mlx_kernel(self):
@@ -550,21 +551,25 @@ class Kernel:
             return self._mlx_kernel()(inputs=_arrays(inputs), output_shapes=output_shapes,
                                       output_dtypes=output_dtypes, grid=grid, threadgroup=threadgroup,
                                       template=list(template), init_value=init_value, stream=stream, **kw)
-        key = (tuple([(a.dtype, a.ndim) for a in inputs]), tuple(output_dtypes), tuple(template))
-        built = self._built.get(key)
+        # What fixes the specialisation: the inputs' dtypes, the ranks of
+        # those whose shapes the source reads, the outputs' dtypes and the
+        # template (the manifest's key, with every input's rank, is made
+        # on a miss only).
+        fast = (tuple([a.dtype for a in inputs]), tuple([inputs[i].ndim for i in self._shaped_at]),
+                tuple(output_dtypes), tuple(template))
+        built = self._built.get(fast)
         if built is None:
             template = [(k, v) for k, v in template]
-            key = key[:2] + (tuple(template),)
+            key = (tuple([(a.dtype, a.ndim) for a in inputs]), tuple(output_dtypes), tuple(template))
             built = self._build(key, inputs, output_dtypes, template) or ("", b"")
-            self._built[key] = built
+            self._built[fast] = built
             BUILT.append((self, key))
         name, cubin = built
         if not cubin:
             return self._mlx_kernel()(inputs=_arrays(inputs), output_shapes=output_shapes,
                                       output_dtypes=output_dtypes, grid=grid, threadgroup=threadgroup,
                                       template=list(template), init_value=init_value, stream=stream)
-        scalars = ([int(d) for n, a in zip(self.input_names, inputs) if n in self.shaped for d in a.shape]
-                   if self.shaped else [])
+        scalars = [d for i in self._shaped_at for d in inputs[i].shape]
         at = self._params_at
         if at is not None and type(inputs[at]) is Params:
             scalars += inputs[at]

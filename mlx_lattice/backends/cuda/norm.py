@@ -418,19 +418,30 @@ class _Spec:
         self.stat_ct = training and stat_ct
         self.eps, self.low = eps, low
         self.chunks = max(1, -(-n // CHUNK_ROWS))
+        # a spec without segments is kept with its custom function (one per
+        # norm of a network): what its launches pass is made once
+        self._params = {}
 
     def template(self, **dtypes):
         """Compile-time arguments: the dtypes a kernel reads or writes (T the
         features', W the weight's and bias's, M the statistics') and the
         fixed sizes."""
-        return list(dtypes.items()) + [("R", CHUNK_ROWS), ("MERGE_THREADS", MERGE_THREADS)]
+        return _template(tuple(dtypes.items()))
 
     def params(self, running: bool = False) -> list[mx.array]:
-        ints = (self.s, self.segments is not None, self.residual, self.training, self.stat_ct, running)
-        return [_constant(ints, np.int32), _constant((self.eps, self.low), np.float32)]
+        hit = self._params.get(running)
+        if hit is None:
+            ints = (self.s, self.segments is not None, self.residual, self.training, self.stat_ct, running)
+            hit = self._params[running] = [_constant(ints, np.int32), _constant((self.eps, self.low), np.float32)]
+        return hit
 
     def seg(self) -> mx.array:
         return self.segments if self.segments is not None else _placeholder(np.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _template(dtypes: tuple) -> tuple:
+    return dtypes + (("R", CHUNK_ROWS), ("MERGE_THREADS", MERGE_THREADS))
 
 
 def _statistics(spec: _Spec, x, running=None):
@@ -569,14 +580,28 @@ def _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, a
     _check(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope)
     training = mean is None
     n, c = x.shape
-    low = 1.0 if act == 0 else 0.0 if act == 1 else float(slope)
-    seg = None if segments is None else segments.astype(mx.int32)
-    spec = _Spec(n, c, seg, n_segments, training, residual is not None, float(eps), low, stat_ct)
     if n == 0:
         if running is not None:
             return [x, *running[:2]]
         stats = mx.zeros((n_segments, c), mx.float32)
         return [x, stats, stats] if training else [x]
+    low = 1.0 if act == 0 else 0.0 if act == 1 else float(slope)
+    if segments is None:
+        # Without segments a call is fixed by its sizes and flags: its spec
+        # and custom function are made once (a step's norms then skip
+        # remaking them).
+        key = (n, c, n_segments, training, residual is not None, float(eps), low, stat_ct)
+        hit = _FUNCTIONS.get(key)
+        if hit is None:
+            if len(_FUNCTIONS) >= 1024:
+                _FUNCTIONS.clear()
+            spec = _Spec(n, c, None, n_segments, training, residual is not None, float(eps), low, stat_ct)
+            hit = _FUNCTIONS[key] = (spec, _function(spec))
+        spec, f = hit
+    else:
+        seg = segments.astype(mx.int32)
+        spec = _Spec(n, c, seg, n_segments, training, residual is not None, float(eps), low, stat_ct)
+        f = None
     # weight, bias and given statistics in their own dtypes (the kernels
     # widen them), so that no casts join the graph
     prims = [x, weight, bias]
@@ -587,18 +612,7 @@ def _norm_act(x, weight, bias, residual, segments, n_segments, mean, var, eps, a
         prims += [mean, var]
     if residual is not None:
         prims.append(residual)
-    if seg is not None:
-        f = _function(spec)
-    else:
-        # Without segments a call is fixed by its sizes and flags: its custom
-        # function is made once (a step's norms then skip remaking it).
-        key = (n, c, n_segments, training, residual is not None, float(eps), low, spec.stat_ct)
-        f = _FUNCTIONS.get(key)
-        if f is None:
-            if len(_FUNCTIONS) >= 1024:
-                _FUNCTIONS.clear()
-            f = _FUNCTIONS[key] = _function(spec)
-    out = f(*prims)
+    out = (f or _function(spec))(*prims)
     if running is not None:
         return [out[0], *stats[2:]]
     return [out[0], mean, var] if training and not spec.stat_ct else out
