@@ -166,7 +166,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         # Identity geometry on a route that wants edges: the 1x1x1 relation.
         relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
     runner = backends.get(route.backend)
-    w = weight if quantized else mapped_weight(weight)
+    w = weight if quantized else runner.mapped_weight(weight)
     view = runner.product_view(relation)
     if quantized:
         y = runner.quantized_conv(route.name, x.feats, w, relation)

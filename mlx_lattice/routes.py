@@ -795,6 +795,13 @@ MMA_CHANNELS = _cond(
 K_LE_64 = _cond("K <= 64", lambda c: c.k <= 64)
 
 register(Route(
+    name="cuda.pointwise_mma", backend="cuda", priority=110,
+    conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, HALF, MMA_CHANNELS),
+    passes=("forward", "dgrad"), uses_relation=False, kernel_file="mlx_lattice/backends/cuda/kernels.py",
+    summary="x @ W[0] on tensor cores: cuda.sorted_mma's kernel over the rows in order (no plan); "
+    "one kernel where cuBLAS's matmul costs the host several launches' time",
+))
+register(Route(
     name="cuda.pointwise", backend="cuda", priority=100,
     conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, HALF),
     passes=("forward", "dgrad"), uses_relation=False, kernel_file="mlx_lattice/backends/cuda/routes.py",
@@ -814,6 +821,13 @@ register(Route(
     name="cuda.fetch_on_demand", backend="cuda", priority=0, conditions=(DENSE,),
     passes=("forward", "dgrad"), kernel_file="mlx_lattice/backends/cuda/kernels.py",
     summary="one thread per (row, output channel) over the CSR edges",
+))
+register(Route(
+    name="cuda.pointwise_wgrad_mma", backend="cuda", priority=110,
+    conditions=(DENSE, KERNEL_1, STRIDE_1, NO_PAD_DIL, NO_TARGET, FORWARD_KIND, HALF, MMA_CHANNELS),
+    passes=("wgrad",), uses_relation=False, kernel_file="mlx_lattice/backends/cuda/kernels.py",
+    summary="dW[0] = x^T G on tensor cores: cuda.wgrad_mma's kernel over chunks of rows, partial "
+    "sums reduced in order",
 ))
 register(Route(
     name="cuda.pointwise_wgrad", backend="cuda", priority=100,

@@ -58,7 +58,10 @@ def case(rng, op, c_in, c_out, dtype, n=400):
         ("up", 64, 32, mx.bfloat16, "cuda.sorted_mma"),
         ("subm", 24, 40, mx.float16, "cuda.fetch_on_demand"),
         ("subm", 7, 13, mx.float32, "cuda.fetch_on_demand"),
-        ("pointwise", 32, 16, mx.float16, "cuda.pointwise"),
+        ("pointwise", 32, 16, mx.float16, "cuda.pointwise_mma"),
+        # more rows than one 64-row tile and one 256-row weight-gradient chunk
+        ("pointwise", 48, 64, mx.bfloat16, "cuda.pointwise_mma"),
+        ("pointwise", 24, 40, mx.float16, "cuda.pointwise"),
         ("pointwise", 12, 20, mx.float32, "cuda.fetch_on_demand"),
     ],
 )
@@ -91,12 +94,15 @@ def test_cuda_weight_gradient_routes(rng):
     with ml.diagnostics.record() as log:
         mx.eval(mx.grad(lambda w: fn(x, w).feats.sum())(w))
     assert any(r["route"] == "cuda.wgrad_direct" for r in log)
-    # a pointwise product's weight gradient: cuBLAS in half precision, the
-    # direct kernel in float32; against the oracle
-    for dtype, route in ((mx.float16, "cuda.pointwise_wgrad"), (mx.bfloat16, "cuda.pointwise_wgrad"),
-                         (mx.float32, "cuda.wgrad_direct")):
-        x, w, fn, edges, sup = case(rng, "pointwise", 48, 64, dtype)
-        g = mx.array(rng.standard_normal((len(sup), 64)).astype(np.float32)).astype(dtype)
+    # a pointwise product's weight gradient: tensor cores in half precision
+    # (cuBLAS where the channels are no multiples of 16), the direct kernel
+    # in float32; against the oracle
+    for dtype, c_in, c_out, route in ((mx.float16, 48, 64, "cuda.pointwise_wgrad_mma"),
+                                      (mx.bfloat16, 48, 64, "cuda.pointwise_wgrad_mma"),
+                                      (mx.bfloat16, 24, 40, "cuda.pointwise_wgrad"),
+                                      (mx.float32, 48, 64, "cuda.wgrad_direct")):
+        x, w, fn, edges, sup = case(rng, "pointwise", c_in, c_out, dtype)
+        g = mx.array(rng.standard_normal((len(sup), c_out)).astype(np.float32)).astype(dtype)
         with ml.diagnostics.record() as log:
             y = fn(x, w)
             perm = oracle.match_rows(np.array(y.coords), sup)
@@ -148,7 +154,8 @@ def test_symmetric_input_gradient_needs_no_flipped_view(rng):
         ("subm", 32, 48, mx.float16, "cuda.sorted_mma"),  # W read transposed and mirrored
         ("down", 32, 16, mx.float16, "cuda.sorted_mma"),  # transposed, flipped view
         ("subm", 7, 13, mx.float32, "cuda.fetch_on_demand"),
-        ("pointwise", 32, 16, mx.float16, "cuda.pointwise"),
+        ("pointwise", 32, 16, mx.float16, "cuda.pointwise_mma"),
+        ("pointwise", 24, 40, mx.float16, "cuda.pointwise"),
     ],
 )
 def test_input_gradient_reads_weight_in_place_to_second_order(rng, op, c_in, c_out, dtype, route):

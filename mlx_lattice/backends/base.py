@@ -16,7 +16,7 @@ import functools
 
 import mlx.core as mx
 
-from .. import _ext
+from .. import _ext, layout
 
 
 class Backend:
@@ -111,6 +111,12 @@ class Backend:
         """The tile shapes of ``route`` the tuner may ask for; the CPU and
         Metal routes choose their tiles inside the extension: none."""
         return [{}]
+
+    def mapped_weight(self, weight: mx.array) -> mx.array:
+        """A dense 5D weight as the kernel-major (K, C_in, C_out) its products
+        read: a transposed view, which the extension's kernels read through
+        its strides."""
+        return layout.mapped_weight(weight)
 
     def reads_flipped(self, route: str) -> bool:
         """Whether ``route``'s conv product reads a weight transposed and / or

@@ -78,6 +78,13 @@ class CudaBackend(Backend):
     def product_view(self, relation):
         return None if relation is None else view_of(relation)
 
+    def mapped_weight(self, weight):
+        # Made contiguous once: a kernel given the transposed view copies it
+        # at every launch (the forward product and the input gradient's),
+        # and the weight gradient comes back in the parameter's own layout
+        # (routes._reduce), so no copy follows it to the optimizer.
+        return mx.contiguous(super().mapped_weight(weight))
+
     def reads_flipped(self, route):
         entry = routes.ROUTES.get(route)
         return entry is not None and entry.flipped

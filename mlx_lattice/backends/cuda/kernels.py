@@ -65,6 +65,8 @@ FETCH_ON_DEMAND_SOURCE = """
 # weight stored (K, B, A) and read transposed (its BN x AK block staged as
 # it lies and multiplied as a column-major operand, so the input gradient
 # needs no transposed copy) / its offsets mirrored (W[K - 1 - k]).
+# params[6]: a pointwise product (cuda.pointwise_mma): row r reads input row
+# r, through offset 0 only, and the plan's arrays are not read.
 SORTED_MMA_SOURCE = """
   using namespace nvcuda;
   constexpr int NT = TM * 2;  // threads
@@ -78,6 +80,7 @@ SORTED_MMA_SOURCE = """
   constexpr int WS = (AK * LDW > BN * LDWT) ? AK * LDW : BN * LDWT;  // one staged W block
   const int rows = params[0], A = params[1], B = params[2], K = params[3];
   const bool wt = params[4] != 0, mirror = params[5] != 0;
+  const bool pointwise = params[6] != 0;  // rows in order, each its own input row, one offset
   const int NB = B / BN;
   extern __shared__ __align__(128) unsigned char smem[];
   T* staged = reinterpret_cast<T*>(smem);  // two buffers of XS + WS
@@ -87,8 +90,8 @@ SORTED_MMA_SOURCE = """
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int n64 = (rows + 63) / 64;
-  unsigned long long mask = 0ull;
-  for (int t = tile * (TM / 64); t < (tile + 1) * (TM / 64) && t < n64; ++t) mask |= tile_masks[t];
+  unsigned long long mask = pointwise ? 1ull : 0ull;
+  for (int t = tile * (TM / 64); !pointwise && t < (tile + 1) * (TM / 64) && t < n64; ++t) mask |= tile_masks[t];
   // Stages (k, c0): the offsets of the mask in order, AK input channels at
   // a time. The next stage's rows and W block are copied asynchronously into
   // the other buffer while this one multiplies.
@@ -99,7 +102,7 @@ SORTED_MMA_SOURCE = """
     for (int i = tid; i < TM * VA; i += NT) {
       const int rr = i / VA, v = i % VA;
       const int row = tile * TM + rr;
-      const int in = row < rows ? sorted_map[(long)row * K + k] : -1;
+      const int in = row >= rows ? -1 : pointwise ? row : sorted_map[(long)row * K + k];
       lattice_cp_async16(xs + rr * LDX + v * 8, in >= 0 ? x + (long)in * A + c0 + v * 8 : x, in >= 0 ? 16 : 0);
     }
     if (wt) {
@@ -171,7 +174,7 @@ SORTED_MMA_SOURCE = """
   for (int i = tid; i < TM * BN; i += NT) {
     const int row = tile * TM + i / BN;
     if (row < rows) {
-      y[(long)reorder[row] * B + n0 + i % BN] = static_cast<T>(os[(i / BN) * LDO + i % BN]);
+      y[(long)(pointwise ? row : reorder[row]) * B + n0 + i % BN] = static_cast<T>(os[(i / BN) * LDO + i % BN]);
     }
   }
 """
@@ -285,7 +288,8 @@ WGRAD_DIRECT_SOURCE = _SPLIT_WGRAD.replace("SIZES", """\
 # offset, TA x TB block of dW); gathered rows of x and ct go through shared
 # memory 32 edges at a time (16-byte loads), dW_chunk = X^T G accumulates in
 # fragments spread over four warps. Partial sums are reduced per offset, in
-# chunk order, by WGRAD_REDUCE.
+# chunk order, by WGRAD_REDUCE. A pointwise product's edges are its rows, in
+# chunks of params[4] (cuda.pointwise_wgrad_mma).
 WGRAD_MMA_SOURCE = """
   using namespace nvcuda;
   constexpr int SE = 32;
@@ -296,6 +300,10 @@ WGRAD_MMA_SOURCE = """
   constexpr int TILES = (TA / 16) * (TB / 16);
   constexpr int PER_WARP = (TILES + 3) / 4;
   const int A = params[0], B = params[1];
+  // pointwise (params[2]): chunk c is rows [c * size, (c + 1) * size) of n,
+  // each row its own edge
+  const bool pointwise = params[2] != 0;
+  const int n = params[3], size = params[4];
   const int NA = A / TA, NB = B / TB;
   __shared__ __align__(32) T xs[SE * LDX];
   __shared__ __align__(32) T gs[SE * LDG];
@@ -304,8 +312,8 @@ WGRAD_MMA_SOURCE = """
   const int b0 = (blockIdx.x % NB) * TB;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
-  const int e0 = chunks[3 * chunk + 1];
-  const int e1 = chunks[3 * chunk + 2];
+  const int e0 = pointwise ? chunk * size : chunks[3 * chunk + 1];
+  const int e1 = pointwise ? min(n, e0 + size) : chunks[3 * chunk + 2];
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[PER_WARP];
   for (int t = 0; t < PER_WARP; ++t) wmma::fill_fragment(acc[t], 0.0f);
   for (int s = e0; s < e1; s += SE) {
@@ -313,13 +321,13 @@ WGRAD_MMA_SOURCE = """
     for (int i = tid; i < SE * VA; i += 128) {
       const int e = s + i / VA, v = i % VA;
       uint4 val = make_uint4(0u, 0u, 0u, 0u);
-      if (e < e1) val = reinterpret_cast<const uint4*>(x + (long)gidx[e] * A + a0)[v];
+      if (e < e1) val = reinterpret_cast<const uint4*>(x + (long)(pointwise ? e : gidx[e]) * A + a0)[v];
       *reinterpret_cast<uint4*>(xs + (i / VA) * LDX + v * 8) = val;
     }
     for (int i = tid; i < SE * VB; i += 128) {
       const int e = s + i / VB, v = i % VB;
       uint4 val = make_uint4(0u, 0u, 0u, 0u);
-      if (e < e1) val = reinterpret_cast<const uint4*>(ct + (long)ridx[e] * B + b0)[v];
+      if (e < e1) val = reinterpret_cast<const uint4*>(ct + (long)(pointwise ? e : ridx[e]) * B + b0)[v];
       *reinterpret_cast<uint4*>(gs + (i / VB) * LDG + v * 8) = val;
     }
     __syncthreads();
@@ -345,16 +353,20 @@ WGRAD_MMA_SOURCE = """
   }
 """
 
+# dW is written as the parameter lies, (B, K, A) (B, Kx, Ky, Kz, A flattened):
+# the route returns its (K, A, B) transposed view, which the parameter's
+# gradient undoes without a copy.
 WGRAD_REDUCE_SOURCE = """
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  const long AB = (long)params[0] * params[1];
+  const int A = params[0], B = params[1];
+  const long AB = (long)A * B;
   const int K = params[2];
   if (idx >= K * AB) return;
   const int k = (int)(idx / AB);
   const long ab = idx % AB;
   float acc = 0.0f;
   for (int c = first[k]; c < first[k + 1]; ++c) acc += partial[(long)c * AB + ab];
-  dw[idx] = static_cast<T>(acc);
+  dw[((ab % B) * K + k) * A + ab / B] = static_cast<T>(acc);
 """
 
 # Grouped products (groups > 1): W is (K, AG, B); output channel c reads the

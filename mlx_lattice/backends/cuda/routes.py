@@ -3,9 +3,11 @@ with the function that computes its product."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import mlx.core as mx
 
 from . import jit, maps
@@ -59,15 +61,31 @@ def fetch_on_demand(x, w, view: View | None, flip=NO_FLIP):
     )[0]
 
 
-def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, flip=NO_FLIP,
+@functools.lru_cache(maxsize=None)
+def _plan_placeholders():
+    """A pointwise product's stand-ins for the sorted plan's arrays (reorder,
+    neighbour map, tile masks), never read: with their ranks and dtypes,
+    so that it runs the same compiled kernels as the plans' products."""
+    return (jit.constant(0), mx.array(np.zeros((1, 1), np.int32)), mx.array(np.zeros((1,), np.uint64)))
+
+
+def sorted_mma(x, w, view: View | None, bn: int | None = None, ak: int | None = None, flip=NO_FLIP,
                tm: int | None = None):
     """Output-stationary implicit GEMM on tensor cores over the sorted plan;
     `bn` output channels per block, `ak` input channels staged at a time
     and `tm` rows per block (defaults: output_tile(B, row tiles),
-    staged_chunk(A, bn, tm), ROW_TILE; see :func:`variants`)."""
+    staged_chunk(A, bn, tm), ROW_TILE; see :func:`variants`). A pointwise
+    product (view None) runs its rows in order, each its own input row: no
+    plan, and one kernel where cuBLAS's matmul costs the host about five
+    launches' time (cuda.pointwise_mma)."""
     k, a, b = _conv_shape(x, w, flip)
-    plan = view.plan()
-    rows = view.rows
+    if view is None:
+        rows, pointwise = x.shape[0], True
+        reorder, smap, masks = _plan_placeholders()
+    else:
+        plan = view.plan()
+        rows, pointwise = view.rows, False
+        reorder, smap, masks = plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks
     if tm is None:
         tm = ROW_TILE
     elif tm not in (64, 128):
@@ -76,7 +94,7 @@ def sorted_mma(x, w, view: View, bn: int | None = None, ak: int | None = None, f
     bn = output_tile(b, tiles) if bn is None else _check_tile("BN", bn, b)
     ak = staged_chunk(a, bn, tm) if ak is None else _check_tile("AK", ak, a)
     return _kernel("sorted_mma", sorted_mma_shared_bytes(a, b, ak, bn, tm))(
-        inputs=[x, w, plan.reorder_rows, plan.sorted_out_in_map, plan.tile_masks, jit.params(rows, a, b, k, *flip)],
+        inputs=[x, w, reorder, smap, masks, jit.params(rows, a, b, k, *flip, pointwise)],
         template=[("T", x.dtype), ("AK", ak), ("BN", bn), ("TM", tm)],
         grid=(max(tiles, 1) * (b // bn) * 2 * tm, 1, 1), threadgroup=(2 * tm, 1, 1),
         output_shapes=[(rows, b)], output_dtypes=[x.dtype],
@@ -118,14 +136,15 @@ def _split_wgrad(name, x, ct, view: View | None, k, out_shape, template, params=
 
 
 def _reduce(partial, first, out_shape, dtype):
-    """dW (K, A, B) from per-chunk partial sums, each offset's in chunk order."""
+    """dW (K, A, B) from per-chunk partial sums, each offset's in chunk order:
+    the transposed view of a (B, K, A) array, the parameter's own layout."""
     k, a, b = out_shape
     return _kernel("wgrad_reduce")(
         inputs=[partial, first, jit.params(a, b, k)],
         template=[("T", dtype)],
         grid=(k * a * b, 1, 1), threadgroup=(256, 1, 1),
-        output_shapes=[out_shape], output_dtypes=[dtype],
-    )[0]
+        output_shapes=[(b, k, a)], output_dtypes=[dtype],
+    )[0].transpose(1, 2, 0)
 
 
 def wgrad_direct(x, ct, view: View | None, k):
@@ -154,20 +173,26 @@ def wgrad_mma(x, ct, view: View | None, k, ta: int | None = None, tb: int | None
     order; `ta` x `tb` of dW per block and `chunk` edges per chunk
     (defaults: channel_tile(A), channel_tile(B), wgrad_chunk(A, B, edges, tiles); see
     :func:`variants`)."""
-    if view is None:
-        # A pointwise product has no kernel-major chunks: its single offset
-        # is the direct kernel's x^T ct.
-        return wgrad_direct(x, ct, view, k)
     a, b = x.shape[1], ct.shape[1]
-    if view.rel.edges == 0:
+    edges = x.shape[0] if view is None else view.rel.edges
+    if edges == 0:
         return mx.zeros((k, a, b), dtype=x.dtype)
     ta = channel_tile(a) if ta is None else _check_tile("TA", ta, a)
     tb = channel_tile(b) if tb is None else _check_tile("TB", tb, b)
-    chunk = chunk or wgrad_chunk(a, b, view.rel.edges, (a // ta) * (b // tb))
-    chunks, first, km = view.wgrad_chunks(chunk)
-    n_chunks = chunks.shape[0]  # slots; the empty ones past first[K] are not reduced
+    chunk = chunk or wgrad_chunk(a, b, edges, (a // ta) * (b // tb))
+    if view is None:
+        # A pointwise product (cuda.pointwise_wgrad_mma): its rows are the
+        # edges of its one offset, chunk c rows [c * chunk, (c + 1) * chunk).
+        n_chunks = -(-edges // chunk)
+        first = jit.constant(0, n_chunks)
+        gidx, chunks, _ = _plan_placeholders()  # never read
+        ridx = gidx
+    else:
+        chunks, first, km = view.wgrad_chunks(chunk)
+        n_chunks = chunks.shape[0]  # slots; the empty ones past first[K] are not reduced
+        gidx, ridx = km.in_idx, km.out_idx
     partial = _kernel("wgrad_mma")(
-        inputs=[x, ct, km.in_idx, km.out_idx, chunks, jit.params(a, b)],
+        inputs=[x, ct, gidx, ridx, chunks, jit.params(a, b, view is None, edges, chunk)],
         template=[("T", x.dtype), ("TA", ta), ("TB", tb)],
         grid=(n_chunks * (a // ta) * (b // tb) * 128, 1, 1), threadgroup=(128, 1, 1),
         output_shapes=[(n_chunks, a, b)], output_dtypes=[mx.float32],
@@ -262,9 +287,11 @@ class Route:
 
 
 ROUTES = {
+    "cuda.pointwise_mma": Route("conv", sorted_mma, flipped=True),
     "cuda.pointwise": Route("conv", pointwise, flipped=True),
     "cuda.sorted_mma": Route("conv", sorted_mma, flipped=True),
     "cuda.fetch_on_demand": Route("conv", fetch_on_demand, flipped=True),
+    "cuda.pointwise_wgrad_mma": Route("weight_grad", wgrad_mma),
     "cuda.pointwise_wgrad": Route("weight_grad", pointwise_wgrad),
     "cuda.wgrad_mma": Route("weight_grad", wgrad_mma),
     "cuda.wgrad_direct": Route("weight_grad", wgrad_direct),
