@@ -662,7 +662,12 @@ def _function(spec: _Spec):
         # stop_gradient keeps forward-mode tracing out of the kernels (the
         # JVP is f_jvp); reverse mode goes through f_vjp. Three kernels in
         # training, one in eval mode.
-        x, w, b, mean, var, r = (None if a is None else mx.stop_gradient(a) for a in _unpack(spec, prims))
+        x, w, b, mean, var, r = _unpack(spec, prims)
+        x, w, b = mx.stop_gradient(x), mx.stop_gradient(w), mx.stop_gradient(b)
+        if r is not None:
+            r = mx.stop_gradient(r)
+        if not spec.training:  # given statistics (a training call's were made without gradient)
+            mean, var = mx.stop_gradient(mean), mx.stop_gradient(var)
         if spec.stat_ct:
             mean, var = _statistics(spec, x)
             return [_apply(spec, x, w, b, mean, var, r), mean, var]
