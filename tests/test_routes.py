@@ -22,6 +22,21 @@ def ctx(**kw):
     return RouteContext(**base)
 
 
+def test_context_fields_derived_and_immutable():
+    # Built directly or through routes.context (dispatch's fast path): the
+    # kernel volume is derived from the kernel size unless given, and the two
+    # are the same key.
+    direct = ctx(kernel_size=(3, 1, 2), c_in=16, c_out=32)
+    assert direct.k == 6 and ctx(kernel_size=None, k=27).k == 27
+    made = routes.context("conv3d", "cpu", map_kind="forward", dtype="float32", kernel_size=(3, 1, 2),
+                          c_in=16, c_out=32)
+    assert made.k == 6 and made.tier == ml.diagnostics.capability_tier("cpu")
+    assert made == direct._replace(tier=made.tier) and hash(made) == hash(direct._replace(tier=made.tier))
+    assert made.as_dict()["k"] == 6 and RouteContext(**made.as_dict()) == made
+    with pytest.raises(AttributeError):
+        made.k = 1
+
+
 def test_list_routes_and_docs_in_sync():
     rows = routes.list_routes()
     names = [r["name"] for r in rows]
