@@ -61,8 +61,7 @@ class RouteContext(_ContextFields):
     def __new__(cls, *args, **fields):
         self = _ContextFields.__new__(cls, *args, **fields)
         if self.k == 0 and self.kernel_size is not None:
-            a, b, c = self.kernel_size
-            self = self._replace(k=a * b * c)
+            self = self._replace(k=_volume(self.kernel_size))
         return self
 
     def as_dict(self) -> dict:
@@ -70,6 +69,12 @@ class RouteContext(_ContextFields):
 
 
 _CONTEXT_FIELDS = RouteContext._fields
+
+
+def _volume(kernel_size) -> int:
+    """K, a context's kernel volume, where it is derived from the kernel size."""
+    a, b, c = kernel_size
+    return a * b * c
 
 
 @dataclass(frozen=True)
@@ -287,7 +292,7 @@ def context(op: str, backend: str, **fields) -> RouteContext:
             _CAPS[backend] = caps
     ks = fields.get("kernel_size")
     if ks is not None and not fields.get("k"):
-        fields["k"] = ks[0] * ks[1] * ks[2]
+        fields["k"] = _volume(ks)
     # RouteContext's own __new__ (which derives k) costs a repacking of the
     # arguments: this is the call a network makes for every product
     return _new_context(RouteContext, op=op, backend=backend, tier=caps[0], tensor_ops=caps[1], **fields)

@@ -62,7 +62,6 @@ import numpy as np
 import mlx.core as mx
 
 from . import _ext, autodiff, backends, diagnostics, routes
-from .layout import mapped_weight
 from .quantized import QuantizedWeight
 from .tuning_cache import FORMAT_VERSION, TuningCache
 
@@ -579,7 +578,8 @@ class CallProbe:
             codes, scales, biases = self.weight.kernel_major()
             mx.eval(codes, scales, biases)
         else:
-            w = _concrete(mapped_weight(self.weight), 2)
+            # the weight as the call's products read it (contiguous on CUDA)
+            w = _concrete(backend.mapped_weight(self.weight), 2)
             view = backend.product_view(self.relation)
             back, mirrored = autodiff.input_gradient_view(view)
             d.update(w=w, flip=(True, mirrored), view=view, back=back,
