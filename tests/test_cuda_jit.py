@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -160,3 +161,27 @@ def test_prebuild_fills_the_cache_for_a_named_arch(tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache" / "sm_90").glob("*.cubin"))) == 2
     again = jit.prebuild([mx.bfloat16], arch="sm_90", workers=1, manifests=[listed])
     assert (again["compiled"], again["cached"]) == (0, 2)
+
+
+@needs_cuda
+def test_a_training_step_leaves_no_kernels_for_mlx_to_compile(tmp_path):
+    # MLX compiles some kernels of its own at run time (gathers, fused
+    # kernels of mx.compile) and keeps them in MLX_PTX_CACHE_DIR; each took
+    # seconds of a machine's first step. A MinkUNet step (maps, products,
+    # norms, the compiled Adam update, the first step's running statistics
+    # of a half-precision model) needs none of them.
+    code = (
+        "import mlx.core as mx\n"
+        "from mlx_lattice import scenes\n"
+        "from mlx_lattice.bench.training_step import TrainingStep\n"
+        "mx.set_default_device(mx.gpu)\n"
+        "v, f = scenes.procedural_closed_mesh()\n"
+        "coords = scenes.surface_voxels(v, f, resolution=48)\n"
+        "for dt in (mx.float16, mx.float32):\n"
+        "    step = TrainingStep(coords, width=0.5, dtype=dt)\n"
+        "    step(); step()\n"
+    )
+    env = dict(os.environ, MLX_PTX_CACHE_DIR=str(tmp_path / "mlx"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "mlx").rglob("*") if p.is_file()) == []

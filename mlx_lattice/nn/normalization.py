@@ -232,7 +232,7 @@ class BatchNorm(mnn.Module):
         them, with MLX's float32 roundings)."""
         mu = self.momentum
         rm, rv = self.running_mean, self.running_var
-        mean, var = mx.stop_gradient(mean[0]), mx.stop_gradient(var[0])
+        mean, var = mx.stop_gradient(mean.reshape(-1)), mx.stop_gradient(var.reshape(-1))
         self.running_mean = (1 - mu) * rm + mu * mean
         self.running_var = (1 - mu) * rv + mu * (var * (n / (n - 1)))
 

@@ -438,7 +438,7 @@ def _support(table: CudaTable, geometry, generative: bool, dedup: str | None = N
     srt = mx.sort(cand)
     first = _launch("first", total, [srt, jit.params(total)], [(total,)], [mx.int32])[0]
     rank = mx.cumsum(first)
-    m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
+    m, bad = _read("support size", rank[-1:], flags)  # the one synchronisation of a support
     if bad:
         _support_error(table, geometry, generative)
     if m == 0:
@@ -463,7 +463,7 @@ def _support_by_hash(table: CudaTable, geometry, generative: bool) -> mx.array:
         [mx.uint64, mx.int32, mx.int32], template=tmpl, init_value=0,
     )
     rank = mx.cumsum(winner)
-    m, bad = _read("support size", rank[-1], flags[0])  # the one synchronisation of a support
+    m, bad = _read("support size", rank[-1:], flags)  # the one synchronisation of a support
     if bad:
         _support_error(table, geometry, generative)
     if m == 0:

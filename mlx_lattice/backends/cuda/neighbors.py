@@ -282,7 +282,7 @@ def _query(q, qb, p, pb, k: int, radius: float):
         per_query = _launch("radius_count", nq, [q, qb, p, cells, order, ip, fp], [(max(nq, 1),)], [mx.int32])[0]
     offsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(per_query[:nq])])
     mx.eval(offsets)  # the one synchronisation: the edge count
-    edges = int(offsets[-1].item())
+    edges = int(offsets[-1:].item())
     if edges > np.iinfo(np.int32).max:
         raise ValueError(f"the relation would hold {edges} edges, more than int32 offsets address")
     if edges == 0:

@@ -38,8 +38,10 @@ def _conv_shape(x, w, flip) -> tuple[int, int, int]:
 
 def pointwise(x, w, view: None, flip=NO_FLIP):
     """x @ W[0] with mx.matmul (cuBLAS reads a transposed operand in
-    place); the registry admits half precision only."""
-    return mx.matmul(x, mx.swapaxes(w[0], 0, 1) if flip[0] else w[0])
+    place); the registry admits half precision only. W[0] as a view: an
+    integer index would be a gather, a kernel MLX compiles at run time."""
+    w0 = mx.squeeze(w, 0)
+    return mx.matmul(x, mx.swapaxes(w0, 0, 1) if flip[0] else w0)
 
 
 def pointwise_wgrad(x, ct, view: None, k):
