@@ -346,7 +346,9 @@ READS: Counter = Counter()  # the same, by what was read (tests, the step profil
 
 def _read(what: str, *arrays) -> list[int]:
     """Evaluate small integer arrays and read them on the host: one
-    synchronisation, counted in SYNCS and in READS under `what`."""
+    synchronisation, counted in SYNCS and in READS under `what`. Callers
+    pass slices (``a[-1:]``), not integer indices: MLX makes ``a[-1]`` a
+    gather, a kernel it compiles at run time."""
     global SYNCS
     SYNCS += 1
     READS[what] += 1
