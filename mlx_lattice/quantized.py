@@ -14,7 +14,39 @@ import mlx.core as mx
 from ._args import FLOAT_DTYPES, dtype_name
 
 BITS = (4, 8)
+# The group sizes MLX's affine kernels (mx.quantize, mx.dequantize,
+# mx.quantized_matmul) take; 16 and smaller are refused there.
 GROUP_SIZES = (32, 64, 128)
+# What ``group_size=None`` picks, in order: MLX's own default where it
+# divides C_in, else 32, which every multiple of 32 channels (32, 96, 160...)
+# takes, and which the Metal sorted routes read at 32 and 64 channels.
+DEFAULT_GROUP_SIZES = (64, 32)
+
+
+def default_group_size(c_in: int):
+    """The group size ``group_size=None`` picks for ``c_in`` input channels:
+    64 where it divides them, else 32; None where neither does (fewer than 32
+    channels, or a count such as 16, 48 or 80 that MLX's affine scheme cannot
+    group)."""
+    for g in DEFAULT_GROUP_SIZES:
+        if c_in % g == 0:
+            return g
+    return None
+
+
+def unquantizable_reason(c_in: int, group_size=None):
+    """Why a weight of ``c_in`` input channels cannot be quantized with
+    ``group_size`` (None: the default choice), or None when it can."""
+    if group_size is None:
+        if default_group_size(c_in) is not None:
+            return None
+        return (
+            f"C_in = {c_in} is not a multiple of 32 (MLX's affine quantization groups 32, 64 or 128 "
+            f"input channels)"
+        )
+    if c_in % group_size:
+        return f"group_size {group_size} does not divide C_in = {c_in}"
+    return None
 
 
 class QuantizedWeight:
@@ -48,22 +80,25 @@ class QuantizedWeight:
         self.bits, self.group_size = bits, group_size
 
     @classmethod
-    def from_float(cls, weight: mx.array, bits: int = 4, group_size: int = 64) -> "QuantizedWeight":
-        """Quantize a float 5D weight along C_in (``mx.quantize`` packing)."""
+    def from_float(cls, weight: mx.array, bits: int = 4, group_size: int | None = None) -> "QuantizedWeight":
+        """Quantize a float 5D weight along C_in (``mx.quantize`` packing).
+        ``group_size=None`` takes 64 where it divides C_in, else 32
+        (:func:`default_group_size`)."""
         if not isinstance(weight, mx.array) or weight.ndim != 5:
             raise ValueError("weight must be a 5D mx.array (C_out, Kx, Ky, Kz, C_in)")
         if weight.dtype not in FLOAT_DTYPES:
             raise TypeError(f"weight must be float32, float16 or bfloat16, got {dtype_name(weight.dtype)}")
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
-        if group_size not in GROUP_SIZES:
-            raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r}")
+        if group_size is not None and group_size not in GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {GROUP_SIZES} or None, got {group_size!r}")
         c_in = weight.shape[4]
-        if c_in % group_size:
-            raise ValueError(
-                f"group_size {group_size} does not divide C_in = {c_in}; choose a group size that "
-                f"divides the input channels (or pad C_in)"
-            )
+        reason = unquantizable_reason(c_in, group_size)
+        if reason is not None:
+            hint = ("pad C_in to a multiple of 32 or keep this weight float" if group_size is None
+                    else "choose a group size that divides the input channels (or group_size=None), or pad C_in")
+            raise ValueError(f"{reason}; {hint}")
+        group_size = group_size or default_group_size(c_in)
         codes, scales, biases = mx.quantize(weight, group_size=group_size, bits=bits)
         return cls(codes, scales, biases, bits=bits, group_size=group_size)
 

@@ -117,6 +117,8 @@ def test_quantized_validation(rng):
         QuantizedWeight.from_float(mx.zeros((4, 3, 3, 3, 64)), bits=3, group_size=32)
     with pytest.raises(ValueError, match="group_size must be one of"):
         QuantizedWeight.from_float(mx.zeros((4, 3, 3, 3, 64)), bits=4, group_size=16)
+    with pytest.raises(ValueError, match="C_in = 48 is not a multiple of 32"):
+        QuantizedWeight.from_float(w, bits=4)  # no group size MLX takes divides 48
     q = QuantizedWeight.from_float(mx.zeros((4, 3, 3, 3, 64)), bits=4, group_size=32)
     with pytest.raises(TypeError, match="codes must be uint32"):
         QuantizedWeight(q.codes.astype(mx.int32), q.scales, q.biases, bits=4, group_size=32)
@@ -139,7 +141,8 @@ def test_quantized_layers_and_model(rng, tmp_path):
     model = MinkUNet(4, 3, width=0.5)
     model.eval()
     y_float = model(x).feats
-    snn.quantize(model, bits=8, group_size=32)
+    with pytest.warns(snn.QuantizationWarning, match=r"C_in=4\): group_size 32 does not divide C_in = 4"):
+        snn.quantize(model, bits=8, group_size=32)
     layers = [m for _, m in model.named_modules() if isinstance(m, snn.QuantizedSubmConv3d)]
     assert layers, "no layer was quantized"
     # the stem (4 input channels) cannot be grouped by 32 and stays float
@@ -154,7 +157,8 @@ def test_quantized_layers_and_model(rng, tmp_path):
     model.save_weights(path)
     other = MinkUNet(4, 3, width=0.5)
     other.eval()
-    snn.quantize(other, bits=8, group_size=32)
+    with pytest.warns(snn.QuantizationWarning):
+        snn.quantize(other, bits=8, group_size=32)
     other.load_weights(path)
     np.testing.assert_array_equal(np.array(other(x).feats), np.array(y_q))
 
@@ -178,3 +182,146 @@ def test_quantized_layer_from_float(rng):
         assert ref.shape == q(x).feats.shape
     with pytest.raises(TypeError, match="needs a SubmConv3d"):
         snn.QuantizedSubmConv3d.from_float(snn.Conv3d(64, 8, 3))
+
+
+# ------------------------------------------------ default group sizes, and saying what was done
+@pytest.mark.parametrize("c_in,group", [(16, None), (32, 32), (48, None), (64, 64), (96, 32), (128, 64),
+                                        (160, 32), (192, 64), (256, 64), (4, None), (80, None)])
+def test_default_group_size(c_in, group):
+    from mlx_lattice.quantized import default_group_size
+
+    assert default_group_size(c_in) == group
+    w = mx.array(np.linspace(-1, 1, 2 * c_in, dtype=np.float32).reshape(2, 1, 1, 1, c_in))
+    if group is None:
+        with pytest.raises(ValueError, match=f"C_in = {c_in} is not a multiple of 32"):
+            QuantizedWeight.from_float(w)
+    else:
+        q = QuantizedWeight.from_float(w, bits=8)
+        assert q.group_size == group and q.scales.shape[-1] == c_in // group
+        # the packing of MLX's quantize at that group size
+        codes, _, _ = mx.quantize(w, group_size=group, bits=8)
+        assert np.array_equal(np.array(q.codes), np.array(codes))
+
+
+def _net(c):
+    from mlx_lattice import nn as snn
+
+    mx.random.seed(5)
+    return snn.Sequential(snn.SubmConv3d(c, c, 3), snn.ReLU(), snn.Conv3d(c, c, 2, stride=2), snn.ReLU(),
+                          snn.ConvTranspose3d(c, c, 2, stride=2), snn.Linear(c, 8))
+
+
+@pytest.mark.parametrize("c,group", [(32, 32), (96, 32), (64, 64)])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantize_default_takes_common_channel_counts(rng, c, group, bits):
+    """nn.quantize(model) with the defaults quantizes every layer of a
+    32-, 64- or 96-channel model, and the result is the oracle's product of
+    the dequantized codes (unpacked here independently of MLX)."""
+    from mlx_lattice import nn as snn
+    import warnings
+
+    coords = oracle.random_coords(rng, 120, 8, 2)
+    feats = rng.standard_normal((len(coords), c)).astype(np.float32)
+    x = ml.SparseTensor(coords, feats)
+    model = _net(c)
+    model.eval()
+    y_float = np.array(model(x).feats)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing left float, so nothing to warn about
+        assert snn.quantize(model, bits=bits) is model
+    kinds = [type(m).__name__ for m in model.layers]
+    assert kinds == ["QuantizedSubmConv3d", "ReLU", "QuantizedConv3d", "ReLU", "QuantizedConvTranspose3d",
+                     "QuantizedLinear"]
+    assert all(m.group_size == group and m.bits == bits for m in model.layers if "Quantized" in type(m).__name__)
+    y_q = model(x)
+    # the oracle: layer by layer on the dequantized weights, in float64
+    sub, down, up, lin = (model.layers[i] for i in (0, 2, 4, 5))
+    h = oracle.apply(oracle.conv_edges(coords, coords, 3, 1, 1), feats, dequant_reference(sub.quantized_weight()),
+                     len(coords), to_np(sub.bias))
+    h = np.maximum(h, 0)
+    coarse = oracle.forward_support(coords, 2, 2)
+    h = oracle.apply(oracle.conv_edges(coords, coarse, 2, 2), h, dequant_reference(down.quantized_weight()),
+                     len(coarse), to_np(down.bias))
+    h = np.maximum(h, 0)
+    h = oracle.apply(oracle.transposed_edges(coarse, coords, 2, 2), h, dequant_reference(up.quantized_weight()),
+                     len(coords), to_np(up.bias))
+    ref = oracle.apply(oracle.conv_edges(coords, coords, 1), h, dequant_reference(lin.quantized_weight()),
+                       len(coords), to_np(lin.bias))
+    assert np.array_equal(np.array(y_q.coords), coords)
+    np.testing.assert_allclose(np.array(y_q.feats), ref, rtol=1e-4, atol=1e-4)
+    # and the quantization error is that of the bits
+    rel = np.abs(ref - y_float).max() / np.abs(y_float).max()
+    assert 0 < rel < (0.2 if bits == 4 else 0.02)
+
+
+def test_quantize_names_the_layers_it_leaves_float(rng, caplog):
+    import logging
+
+    from mlx_lattice import nn as snn
+
+    model = snn.Sequential(snn.SubmConv3d(4, 32, 3), snn.ReLU(), snn.SubmConv3d(32, 48, 3),
+                           snn.SubmConv3d(48, 16, 3), snn.SubmConv3d(16, 64, 3, groups=4),
+                           snn.Sequential(snn.Linear(64, 96), snn.Linear(96, 3)))
+    plan = snn.quantization_plan(model, bits=4)
+    assert [(d.path, d.group_size) for d in plan.layers] == [
+        ("layers.0", None), ("layers.2", 32), ("layers.3", None), ("layers.4", None),
+        ("layers.5.layers.0", 64), ("layers.5.layers.1", 32)]
+    assert [d.c_in for d in plan.layers] == [4, 32, 48, 16, 64, 96]
+    assert "3 of 6" in str(plan) and "layers.3  SubmConv3d(C_in=48)  float" in str(plan)
+    assert isinstance(model.layers[0], snn.SubmConv3d)  # the plan changes nothing
+    with caplog.at_level(logging.INFO, logger="mlx_lattice.quantize"):
+        with pytest.warns(snn.QuantizationWarning) as caught:
+            snn.quantize(model, bits=4)
+    message = str(caught[0].message)
+    assert "left 3 of 6" in message
+    assert "layers.0 (SubmConv3d, C_in=4): C_in = 4 is not a multiple of 32" in message
+    assert "layers.3 (SubmConv3d, C_in=48): C_in = 48 is not a multiple of 32" in message
+    assert "layers.4 (SubmConv3d, C_in=16): groups=4: grouped convolutions take float weights" in message
+    assert "3 of 6 convolution/Linear layers quantized" in caplog.text
+    kinds = [type(m).__name__ for m in model.layers[:5]] + [type(m).__name__ for m in model.layers[5].layers]
+    assert kinds == ["SubmConv3d", "ReLU", "QuantizedSubmConv3d", "SubmConv3d", "SubmConv3d",
+                     "QuantizedLinear", "QuantizedLinear"]
+    # an explicit group size applies where it divides, and says where it does not
+    other = snn.Sequential(snn.Linear(64, 32), snn.Linear(32, 8))
+    with pytest.warns(snn.QuantizationWarning, match=r"layers.1 \(Linear, C_in=32\): group_size 64 does not divide"):
+        snn.quantize(other, bits=8, group_size=64)
+    assert [type(m).__name__ for m in other.layers] == ["QuantizedLinear", "Linear"]
+
+
+def test_quantize_that_would_do_nothing_raises():
+    from mlx_lattice import nn as snn
+
+    with pytest.raises(ValueError, match=r"would quantize no layer(.|\n)*layers.1  SubmConv3d\(C_in=16\)"):
+        snn.quantize(snn.Sequential(snn.SubmConv3d(16, 16, 3), snn.SubmConv3d(16, 48, 3)))
+    with pytest.raises(ValueError, match="group_size 128 does not divide C_in = 32"):
+        snn.quantize(snn.Sequential(snn.SubmConv3d(32, 32, 3)), group_size=128)
+    done = snn.Sequential(snn.SubmConv3d(32, 32, 3))
+    snn.quantize(done)
+    with pytest.raises(ValueError, match="already quantized"):
+        snn.quantize(done)
+    with pytest.raises(ValueError, match="no mlx_lattice.nn convolution or Linear"):
+        snn.quantize(snn.Sequential(snn.ReLU()))
+    with pytest.raises(TypeError, match="from_module"):
+        snn.quantize(snn.SubmConv3d(32, 32, 3))
+    with pytest.raises(ValueError, match="bits must be one of"):
+        snn.quantize(snn.Sequential(snn.SubmConv3d(32, 32, 3)), bits=2)
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        snn.quantization_plan(snn.Sequential(snn.SubmConv3d(32, 32, 3)), group_size=16)
+    with pytest.raises(TypeError, match="mlx.nn.Module"):
+        snn.quantization_plan([snn.SubmConv3d(32, 32, 3)])
+
+
+def test_mlx_nn_quantize_defaults(rng):
+    """mlx.nn.quantize(model) with MLX's defaults (group_size=None) reaches
+    each layer's to_quantized: 32-channel layers take groups of 32; a layer
+    no group size fits raises, naming what does fit."""
+    import mlx.nn as mnn
+
+    from mlx_lattice import nn as snn
+
+    model = _net(32)
+    mnn.quantize(model)
+    assert [m.group_size for m in model.layers if "Quantized" in type(m).__name__] == [32, 32, 32, 32]
+    assert all(m.bits == 4 for m in model.layers if "Quantized" in type(m).__name__)
+    with pytest.raises(ValueError, match=r"C_in = 4 is not a multiple of 32.*to_quantized.*nn.quantize"):
+        mnn.quantize(snn.Sequential(snn.SubmConv3d(4, 32, 3), snn.SubmConv3d(32, 32, 3)))

@@ -61,7 +61,8 @@ def test_quantized_linear(rng, bits, group_size, bias):
 
 def test_quantized_linear_conversion_and_errors(rng):
     model = snn.Sequential(snn.Linear(64, 32), snn.ReLU(), snn.Linear(32, 8), snn.Linear(8, 4))
-    snn.quantize(model, bits=8, group_size=32)
+    with pytest.warns(snn.QuantizationWarning, match=r"layers.3 \(Linear, C_in=8\)"):
+        snn.quantize(model, bits=8, group_size=32)
     kinds = [type(m).__name__ for m in model.layers]
     assert kinds == ["QuantizedLinear", "ReLU", "QuantizedLinear", "Linear"]  # 8 inputs stay float
     assert isinstance(snn.from_module(snn.Linear(64, 4), 4, 64), snn.QuantizedLinear)

@@ -27,7 +27,10 @@ from .quantized import (
     QuantizedGenerativeConvTranspose3d,
     QuantizedLinear,
     QuantizedSubmConv3d,
+    QuantizationPlan,
+    QuantizationWarning,
     from_module,
+    quantization_plan,
     quantize,
 )
 
@@ -79,4 +82,7 @@ __all__ = [
     "QuantizedLinear",
     "from_module",
     "quantize",
+    "quantization_plan",
+    "QuantizationPlan",
+    "QuantizationWarning",
 ]
