@@ -183,19 +183,34 @@ def _gather(g, p, s, leaves: list, slots: list):
     return out
 
 
-def _masters(grads, params, masters, dtype):
+def _masters(grads, params, masters, dtype, path: str, missing: list):
     """The master copy of every parameter the gradient tree names: the one
-    kept from earlier steps when it has the parameter's shape, else the
-    parameter cast to ``dtype`` (first step, or a parameter that began
-    training since)."""
+    kept from earlier steps, else the parameter cast to ``dtype`` (first
+    step, a parameter that began training since, or one a restored state
+    lacks), whose name then goes to ``missing``. Lists match by position,
+    and a shorter one is not a mismatch: ``tree_flatten`` writes nothing for
+    a parameter-free layer (a ReLU in a Sequential), so ``tree_unflatten``
+    of a saved state drops the trailing ones."""
     if isinstance(grads, dict):
         masters = masters if isinstance(masters, dict) else {}
-        return {k: _masters(g, params[k], masters.get(k), dtype) for k, g in grads.items()}
+        return {k: _masters(g, params[k], masters.get(k), dtype, f"{path}{k}.", missing) for k, g in grads.items()}
     if isinstance(grads, (list, tuple)):
-        ok = isinstance(masters, (list, tuple)) and len(masters) == len(grads)
-        return [_masters(g, params[i], masters[i] if ok else None, dtype) for i, g in enumerate(grads)]
-    if isinstance(masters, mx.array) and masters.shape == params.shape:
+        if isinstance(masters, dict):  # a list written as a dict of indices
+            masters = [masters.get(str(i)) for i in range(len(grads))]
+        masters = masters if isinstance(masters, (list, tuple)) else ()
+        return [
+            _masters(g, params[i], masters[i] if i < len(masters) else None, dtype, f"{path}{i}.", missing)
+            for i, g in enumerate(grads)
+        ]
+    if isinstance(masters, mx.array):
+        if masters.shape != params.shape:
+            raise ValueError(
+                f"MixedPrecision: the master copy of {path[:-1]!r} has shape {tuple(masters.shape)}, the "
+                f"parameter {tuple(params.shape)}; after changing the model, remake the master copy with "
+                f"opt.init(model.trainable_parameters())"
+            )
         return masters
+    missing.append(path[:-1])
     return params.astype(dtype)
 
 
@@ -225,8 +240,12 @@ class MixedPrecision:
     after loading other weights into the model (``load_weights``, a
     converter), call ``init`` again, or the next update overwrites them.
     ``state`` holds the master copy and the optimizer's state, so saving and
-    loading it (``tree_flatten`` / ``tree_unflatten``) resumes training
-    exactly, and ``mx.compile`` takes it as captured state like any
+    loading it (``tree_flatten`` / ``tree_unflatten``, through
+    ``mx.save_safetensors`` / ``mx.load`` or not) resumes training bitwise
+    as the uninterrupted run; a parameter the restored state has no master
+    copy of gets one from the model's half-precision values, with a warning
+    naming it, and a master copy of the wrong shape raises. ``mx.compile``
+    takes the state as captured state like any
     optimizer's (call ``init(model.trainable_parameters())`` first, then
     ``state = [model.state, opt.state]``). Gradients are those of
     the half-precision model: compute the loss in float32
@@ -284,7 +303,20 @@ class MixedPrecision:
         """Parameters after one step, each in its own dtype, shaped as
         ``gradients`` (``parameters`` may hold more, e.g. the model)."""
         dtype = self.master_dtype
-        master = _masters(gradients, parameters, self._state["master"], dtype)
+        missing: list = []
+        master = _masters(gradients, parameters, self._state["master"], dtype, "", missing)
+        if missing and self._state["master"] is not None:
+            # Never silent: made from the half-precision values, these
+            # masters have lost what the float32 copy held, so a resumed run
+            # would drift from the uninterrupted one.
+            names = ", ".join(repr(n) for n in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            warnings.warn(
+                f"MixedPrecision: the state holds no master copy of {names}; made from the model's "
+                f"{_dtype_names(parameters, missing)} values. Expected for a parameter that began training since "
+                f"the state was made; after loading a saved state it means the state lacks it, and training "
+                f"does not resume exactly",
+                stacklevel=2,
+            )
         grads = tree_map(lambda g: g.astype(dtype), gradients)
         master = self.optimizer.apply_gradients(grads, master)
         self._state["master"] = master
@@ -296,6 +328,14 @@ class MixedPrecision:
 
     def __repr__(self) -> str:
         return f"MixedPrecision({type(self.optimizer).__name__})"
+
+
+def _dtype_names(parameters, paths) -> str:
+    from mlx.utils import tree_flatten
+
+    flat = dict(tree_flatten(parameters))
+    names = sorted({str(flat[p].dtype).removeprefix("mlx.core.") for p in paths if p in flat})
+    return "/".join(names) or "own"
 
 
 def compiled_update(model, optimizer):

@@ -299,3 +299,108 @@ def test_learning_rate_set_between_steps(rng):
         b = ref.apply_gradients(g, b)
         mx.eval(a, b)
         np.testing.assert_array_equal(np.array(a["w"]), np.array(b["w"]))
+
+
+# ------------------------------------------------ saving and resuming MixedPrecision
+def _resume_net():
+    from mlx_lattice import nn
+
+    mx.random.seed(11)
+    # The inner Sequential ends in a ReLU: tree_flatten writes nothing for
+    # it, so tree_unflatten of a saved state gives that list one entry less.
+    return nn.Sequential(nn.Sequential(nn.SubmConv3d(4, 16, 3, bias=False), nn.BatchNorm(16), nn.ReLU()),
+                         nn.SubmConv3d(16, 16, 3), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _resume_case(dtype):
+    import oracle
+
+    rng = np.random.default_rng(8)
+    coords = oracle.random_coords(rng, 300, extent=10, low=0)
+    x = ml.SparseTensor(coords, rng.standard_normal((len(coords), 4)).astype(np.float32)).astype(dtype)
+    labels = mx.array(rng.integers(0, 3, len(coords)))
+
+    def build():
+        model = _resume_net()
+        model.set_dtype(dtype)
+        opt = optim.Adam(learning_rate=mopt.cosine_decay(1e-2, 20), bias_correction=True)
+        return model, (opt if dtype == mx.float32 else optim.MixedPrecision(opt))
+
+    def train(model, opt, steps):
+        step = mnn.value_and_grad(model, lambda m: mnn.losses.cross_entropy(
+            m(x).feats.astype(mx.float32), labels, reduction="mean"))
+        for _ in range(steps):
+            _, grads = step(model)
+            opt.update(model, grads)
+            mx.eval(model.state, opt.state)
+
+    return build, train
+
+
+def _bits(tree):
+    return {k: (str(v.dtype), np.array(v.astype(mx.float32) if v.dtype == mx.bfloat16 else v))
+            for k, v in tree_flatten(tree) if isinstance(v, mx.array)}
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+@pytest.mark.parametrize("via", ["tree", "safetensors"])
+def test_resume_is_bitwise_the_uninterrupted_run(tmp_path, dtype, via):
+    """Train 3 steps, save the model and the optimizer state, restore both
+    into new objects, train 3 more: bitwise the 6-step run (float32 master
+    weights, moments, step and schedule included). MixedPrecision wraps the
+    half-precision cases; float32 is plain Adam."""
+    import warnings
+
+    from mlx.utils import tree_unflatten
+
+    build, train = _resume_case(dtype)
+    ref_model, ref_opt = build()
+    train(ref_model, ref_opt, 6)
+
+    model, opt = build()
+    train(model, opt, 3)
+    flat = dict(tree_flatten(opt.state))
+    weights = str(tmp_path / "model.safetensors")
+    model.save_weights(weights)
+    if via == "safetensors":  # what a checkpoint on disk holds
+        mx.save_safetensors(str(tmp_path / "opt.safetensors"), flat)
+        flat = mx.load(str(tmp_path / "opt.safetensors"))
+    del model, opt
+    model, opt = build()
+    model.load_weights(weights)
+    opt.state = tree_unflatten(list(flat.items()))
+    if dtype != mx.float32:
+        assert len(opt.state["master"]["layers"][0]["layers"]) == 2  # the trailing ReLU's entry is gone
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no master copy is remade
+        train(model, opt, 3)
+    want, got = _bits(ref_model.parameters()), _bits(model.parameters())  # running statistics included
+    assert want.keys() == got.keys()
+    for k in want:
+        assert want[k][0] == got[k][0] and np.array_equal(want[k][1], got[k][1]), k
+    want, got = _bits(ref_opt.state), _bits(opt.state)
+    assert want.keys() == got.keys() and len(want) > 10
+    for k in want:
+        assert want[k][0] == got[k][0] and np.array_equal(want[k][1], got[k][1]), k
+
+
+def test_resume_never_remakes_master_weights_silently():
+    from mlx.utils import tree_unflatten
+
+    build, train = _resume_case(mx.float16)
+    model, opt = build()
+    train(model, opt, 2)
+    flat = dict(tree_flatten(opt.state))
+    # a state that lacks a master copy: the update says which, and from what
+    lacking = {k: v for k, v in flat.items() if k != "master.layers.1.weight"}
+    other, opt2 = build()
+    other.update(model.parameters())
+    opt2.state = tree_unflatten(list(lacking.items()))
+    with pytest.warns(UserWarning, match=r"no master copy of 'layers.1.weight'; made from the model's float16"):
+        train(other, opt2, 1)
+    # a master copy of another shape is another model's: an error naming it
+    wrong = dict(flat, **{"master.layers.3.weight": mx.zeros((2, 16))})
+    other, opt3 = build()
+    opt3.state = tree_unflatten(list(wrong.items()))
+    with pytest.raises(ValueError, match=r"master copy of 'layers.3.weight' has shape \(2, 16\), the parameter \(3, 16\)"):
+        train(other, opt3, 1)
