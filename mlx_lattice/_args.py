@@ -67,6 +67,19 @@ def as_coords(coords, name: str = "coords") -> mx.array:
     return mx.array(np.ascontiguousarray(arr, dtype=np.int32))
 
 
+def row_contiguous(coords: mx.array) -> mx.array:
+    """Coordinates from :func:`as_coords` laid out as the coordinate hash
+    table reads them (row-contiguous). as_coords keeps an int32 mx.array as
+    is, transposed or sliced too (coordinate sets are keyed by identity)."""
+    return mx.contiguous(coords)
+
+
+def as_table_coords(coords, name: str = "coords") -> mx.array:
+    """:func:`as_coords`, row-contiguous: coordinates read by the hash table
+    without being registered (set operations' arguments and queries)."""
+    return row_contiguous(as_coords(coords, name))
+
+
 def as_feats(feats, n_rows: int) -> mx.array:
     if not isinstance(feats, mx.array):
         arr = np.asarray(feats)

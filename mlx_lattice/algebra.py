@@ -81,7 +81,7 @@ def _new_tensor(manager: CoordinateManager, coords: np.ndarray, feats: mx.array,
     """A tensor on a new set of ``manager``; ``num_batches``: the batch size
     it keeps (its source's, so empty trailing batch items survive)."""
     cset = manager.register(mx.array(np.ascontiguousarray(coords, dtype=np.int32)), stride)
-    cset.declare_batches(num_batches)
+    cset._declare_batches(num_batches)  # a new set: no tensor holds it yet
     return SparseTensor._from_set(cset, feats, manager)
 
 
@@ -515,5 +515,5 @@ def sparse_collate(items, *, manager=None) -> SparseTensor:
     feats = mx.concatenate(feats_parts, axis=0)
     out = SparseTensor(as_coords(coords), feats, stride=stride or 1, manager=manager)
     # Every item keeps its batch index, empty trailing ones included.
-    out.coordinate_set.declare_batches(offset)
+    out.coordinate_set._declare_batches(offset)  # a set made here
     return out

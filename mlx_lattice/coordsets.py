@@ -1,7 +1,9 @@
 """Set operations on coordinates: lookup, membership, union, intersection.
 
 Each argument is a SparseTensor, a :class:`~mlx_lattice.CoordinateSet`, or
-an ``(N, 4)`` integer array of unique rows ``(batch, x, y, z)``. Lookups go
+an ``(N, 4)`` integer array of unique rows ``(batch, x, y, z)`` in any layout
+the SparseTensor constructor takes (lists, NumPy or MLX arrays of any
+integer dtype, transposed or sliced views). Lookups go
 through the coordinate hash table (a tensor's own table when it has one), so
 nothing is sorted and the row order of the inputs is kept. Coordinates are
 compared as they are: the sets must share a stride for the answer to mean
@@ -14,7 +16,7 @@ import numpy as np
 import mlx.core as mx
 
 from . import _ext
-from ._args import as_coords
+from ._args import as_table_coords
 from .manager import CoordinateSet
 from .tensor import SparseTensor
 
@@ -26,7 +28,7 @@ def _table(s, name):
         return s.coordinate_set.table, s.coords, s.stride
     if isinstance(s, CoordinateSet):
         return s.table, s.coords, s.stride
-    coords = as_coords(s, name)
+    coords = as_table_coords(s, name)
     return _ext.CoordTable(coords), coords, None
 
 
@@ -35,7 +37,7 @@ def _coords(q, name):
         return q.coords, q.stride
     if isinstance(q, CoordinateSet):
         return q.coords, q.stride
-    return as_coords(q, name), None
+    return as_table_coords(q, name), None
 
 
 def _strides(a, b):

@@ -4,7 +4,8 @@
 - :func:`downsample`: coarsen coordinates by ``s`` (deduplicated), reducing
   the features that merge.
 - :func:`prune_by_logits`: keep the voxels whose logit clears a threshold
-  and/or the ``k`` best per batch item.
+  and/or the ``k`` best per batch item, plus any given voxels (``keep=``,
+  the targets while training).
 - :func:`upsample`: trilinear interpolation onto a finer coordinate set.
 
 The coordinate sets come from the tensor's ``CoordinateManager`` with the
@@ -23,8 +24,9 @@ import itertools
 import numpy as np
 import mlx.core as mx
 
-from . import algebra, pooling
-from ._args import as_coords, triple
+from . import algebra, coordsets, pooling
+from ._args import as_coords, as_table_coords, triple
+from .manager import CoordinateSet
 from ._segment import accumulation_dtype
 from .relation import KernelGeometry
 from .tensor import SparseTensor
@@ -73,26 +75,65 @@ def downsample(x: SparseTensor, stride=2, reduce="mean") -> SparseTensor:
     return _REDUCE[reduce](x, s, s)
 
 
-def prune_by_logits(x: SparseTensor, logits, threshold=0.0, *, k=None) -> SparseTensor:
+def prune_by_logits(x: SparseTensor, logits, threshold=0.0, *, k=None, keep=None) -> SparseTensor:
     """The voxels of ``x`` kept by their occupancy logits, in row order.
 
     ``logits``: a one-channel SparseTensor on ``x``'s coordinate set, or
     ``(N,)`` / ``(N, 1)`` numbers. A voxel is kept when its logit is above
     ``threshold`` (``None``: no threshold) and, when ``k`` is given, it is
     among the ``k`` highest logits of its batch item (ties to the lower
-    row). NaN logits are never kept by the threshold. The selection is not
-    differentiated; gradients flow to the kept rows' features.
+    row). NaN logits are never kept by the threshold.
+
+    ``keep``: voxels kept whatever their logits (the target voxels when
+    training a completion decoder, so every level sees the true surface):
+    a SparseTensor or CoordinateSet of ``x``'s stride, or an ``(M, 4)``
+    integer array in ``x``'s grid units (rows may repeat; rows not in ``x``
+    are ignored, nothing is added). A voxel is then kept when it passes the
+    logits as above *or* is in ``keep``.
+
+    The selection is not differentiated; gradients flow to the kept rows'
+    features.
     """
     _check("prune_by_logits", x)
     scores = algebra._scores(x, logits, "prune_by_logits")
-    keep = np.ones(len(x), dtype=bool)
+    mask = np.ones(len(x), dtype=bool)
     if threshold is not None:
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.number)):
             raise TypeError(f"prune_by_logits: threshold must be a number or None, got {threshold!r}")
-        keep &= scores > float(threshold)
+        mask &= scores > float(threshold)
     if k is not None:
-        keep &= algebra.top_k_mask(x, k, scores)
-    return algebra.prune(x, keep)
+        mask &= algebra.top_k_mask(x, k, scores)
+    if keep is not None:
+        mask |= _members(x, keep)
+    return algebra.prune(x, mask)
+
+
+def _members(x: SparseTensor, keep) -> np.ndarray:
+    """(N,) booleans: which rows of ``x`` are voxels of ``keep``."""
+    if isinstance(keep, (SparseTensor, CoordinateSet)) and keep.stride != x.stride:
+        raise ValueError(
+            f"prune_by_logits: keep has stride {keep.stride} but x has stride {x.stride}; keep must "
+            "hold voxels of x's grid"
+        )
+    # Looked up in x's table: keep's rows may repeat and may lie outside x.
+    rows = np.array(coordsets.lookup(x, _as_queries(keep))).astype(np.int64)
+    found = np.zeros(len(x), dtype=bool)
+    found[rows[rows >= 0]] = True
+    return found
+
+
+def _as_queries(keep):
+    if isinstance(keep, (SparseTensor, CoordinateSet)):
+        return keep.coords
+    try:
+        return as_table_coords(keep, "keep")
+    except TypeError as e:
+        raise TypeError(
+            f"prune_by_logits: keep must be a SparseTensor, a CoordinateSet or an (M, 4) integer "
+            f"coordinate array; {e}"
+        ) from None
+    except ValueError as e:
+        raise ValueError(f"prune_by_logits: {e}") from None
 
 
 def _target(x: SparseTensor, coordinates, stride):

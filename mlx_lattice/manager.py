@@ -16,6 +16,7 @@ import numpy as np
 import mlx.core as mx
 
 from . import _ext, backends, diagnostics
+from ._args import row_contiguous
 from .relation import KernelGeometry, Relation
 
 
@@ -44,9 +45,11 @@ class CoordinateSet:
 
     def __init__(self, coords: mx.array, stride: tuple[int, int, int], source=None, trusted=False):
         self.id = next(CoordinateSet._ids)
-        self.coords = coords
-        self.source = source  # the array the user registered, if copied
-        self.stride = stride
+        # Read-only (properties below): every tensor on this set, and every
+        # relation cached for it, reads these.
+        self._coords = coords
+        self._source = source  # the array the user registered, if copied
+        self._stride = tuple(stride)
         # Hashing validates range and uniqueness up front, by the backend
         # that builds maps now (its relations are then built there too). An
         # output support (``trusted``) is valid by construction: a GPU table
@@ -65,6 +68,21 @@ class CoordinateSet:
         self._declared_batches = 0
         self._batch_parent = None
         self._manager = None  # weak reference to the owning manager
+
+    @property
+    def coords(self) -> mx.array:
+        """``(N, 4)`` int32 rows, shared by every tensor on this set."""
+        return self._coords
+
+    @property
+    def source(self):
+        """The array the user registered when it was copied to be
+        row-contiguous, else None."""
+        return self._source
+
+    @property
+    def stride(self) -> tuple[int, int, int]:
+        return self._stride
 
     @property
     def manager(self):
@@ -90,9 +108,12 @@ class CoordinateSet:
         was derived from."""
         return len(self.batch_counts())
 
-    def declare_batches(self, n: int) -> None:
+    def _declare_batches(self, n: int) -> None:
         """Record that this set spans at least ``n`` batch items (the last
-        ones may hold no voxel)."""
+        ones may hold no voxel). Only for a set no tensor holds yet: the
+        batch size of a set is part of what its tensors see, so a tensor
+        wanting another one gets its own set
+        (:meth:`CoordinateManager.with_batches`)."""
         if n > self._declared_batches:
             self._declared_batches = int(n)
 
@@ -102,14 +123,27 @@ class CoordinateSet:
             n = max(n, self._batch_parent._min_batches())
         return n
 
-    def batch_counts(self) -> np.ndarray:
-        """Rows per batch item, ``(num_batches,)`` int64 (zeros for empty items)."""
+    def column_counts(self) -> np.ndarray:
+        """Rows per batch index of the batch column alone, up to the largest
+        index (read-only: cached and shared by the set's tensors)."""
         if self._batch_counts is None:
             b = np.array(self.coords[:, 0]) if self.size else np.zeros(0, np.int32)
-            self._batch_counts = np.bincount(b, minlength=int(b.max()) + 1 if b.size else 0).astype(np.int64)
-        counts = self._batch_counts
+            counts = np.bincount(b, minlength=int(b.max()) + 1 if b.size else 0).astype(np.int64)
+            counts.setflags(write=False)
+            self._batch_counts = counts
+        return self._batch_counts
+
+    def batch_counts(self) -> np.ndarray:
+        """Rows per batch item, ``(num_batches,)`` int64 (zeros for empty
+        items). Read-only: writing into it would change what every tensor on
+        the set sees."""
+        counts = self.column_counts()
         extra = self._min_batches() - len(counts)
-        return np.pad(counts, (0, extra)) if extra > 0 else counts
+        if extra <= 0:
+            return counts
+        padded = np.pad(counts, (0, extra))
+        padded.setflags(write=False)
+        return padded
 
 
 # Every live coordinate set by the id of its coordinate arrays (the stored
@@ -157,6 +191,8 @@ class CoordinateManager:
         self._relations: dict[tuple, tuple[Relation, CoordinateSet | None]] = {}
         # (coarse set id, stride) -> (fine set, geometry of the relation)
         self._parents: dict[tuple, tuple[CoordinateSet, KernelGeometry]] = {}
+        # (set id, batch size) -> the set's rows with that batch size
+        self._variants: dict[tuple, CoordinateSet] = {}
         self._lock = threading.RLock()
         self.builds = 0
         self.hits = 0
@@ -169,7 +205,7 @@ class CoordinateManager:
             s = self._sets.get(id(coords))
             if s is not None and (s.coords is coords or s.source is coords):
                 return s
-            contiguous = mx.contiguous(coords)
+            contiguous = row_contiguous(coords)
             s = CoordinateSet(contiguous, tuple(stride), source=coords)
             # Both arrays stay referenced by the set, so their ids stay unique.
             self._sets[id(coords)] = s
@@ -184,6 +220,38 @@ class CoordinateManager:
             if s is not None and (s.coords is coords or s.source is coords):
                 return s
             return None
+
+    def with_batches(self, s: CoordinateSet, n: int) -> CoordinateSet:
+        """``s``'s rows as a set of exactly ``n`` batch items (``n`` at least
+        one past ``s``'s largest batch index): ``s`` itself when it has that
+        batch size, else a set of its own, made once per ``(s, n)``.
+
+        The batch size belongs to the set (what is computed from a tensor
+        keeps it), so a tensor declaring another batch size on ``s``'s rows
+        (``SparseTensor(t.coords, f, batch_counts=...)``) cannot share ``s``
+        without changing what ``s``'s tensors see. The new set has its own
+        coordinate array (an alias of ``s``'s rows, so
+        ``SparseTensor(v.coords, f)`` joins it) and relations, and inherits
+        the finer sets recorded for ``s``, so a transposed convolution from
+        it lands where one from ``s`` would."""
+        if s.num_batches == n:
+            return s
+        key = (s.id, int(n))
+        with self._lock:
+            v = self._variants.get(key)
+            if v is not None:
+                return v
+            # A new array object on the same rows: sets are found by identity.
+            alias = mx.contiguous(s.coords)
+            v = CoordinateSet(alias, s.stride, trusted=True)
+            v._declare_batches(n)
+            self._sets[id(alias)] = v
+            _record_owner(v, self)
+            for (sid, step), parent in list(self._parents.items()):
+                if sid == s.id:
+                    self._parents[(v.id, step)] = parent
+            self._variants[key] = v
+            return v
 
     def _new_set(self, coords: mx.array, stride, trusted=False, parent=None) -> CoordinateSet:
         """A set this manager derived (an op's output); ``parent``: the set

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import mlx.core as mx
 
-from ._args import as_coords, as_feats, triple
+from ._args import FLOAT_DTYPES, INT_DTYPES, as_coords, as_feats, triple
 from .manager import CoordinateManager, CoordinateSet, owner_of
 
 # Attribute names of other sparse libraries' tensors (spconv's
@@ -16,8 +16,10 @@ _LIBRARY_NAMES = {
     "F": "`.feats` (the (N, C) features)",
     "indices": "`.coords` ((N, 4) int32 rows (batch, x, y, z); spconv models fed (batch, z, y, x) "
                "convert with mlx_lattice.convert.source_coordinates(idx, axes='zyx'))",
-    "C": "`.coords` ((N, 4) int32 rows (batch, x, y, z))",
-    "coordinates": "`.coords` ((N, 4) int32 rows (batch, x, y, z))",
+    "C": "`.coords` ((N, 4) int32 rows (batch, x, y, z) in the tensor's own grid units; "
+         "`.finest_coords()` gives MinkowskiEngine's finest-grid units)",
+    "coordinates": "`.coords` ((N, 4) int32 rows (batch, x, y, z) in the tensor's own grid units; "
+                   "`.finest_coords()` gives MinkowskiEngine's finest-grid units)",
     "replace_feature": "`.replace(feats)` (same coordinates and coordinate manager, new features)",
     "dense": "`mlx_lattice.to_dense(t)` (a (B, X, Y, Z, C) array, channels last)",
     "spatial_shape": "nothing: coordinates are unbounded here; `mlx_lattice.to_dense(t, shape)` takes a grid "
@@ -67,9 +69,17 @@ class SparseTensor:
         set (so the new tensor shares its rows, relations and the encoder
         voxels a later ``conv_transpose3d`` lands on, exactly as
         ``t.replace(f)``); else a new manager.
+
+    A new tensor never changes what an existing one sees: given another
+    tensor's coordinates with a ``batch_counts`` that sets another batch
+    size, it gets a coordinate set of its own on the same manager (same rows;
+    a transposed convolution from it lands where one from ``t`` would; its
+    relations are built anew). A set's coordinates, stride and batch counts
+    are read-only; do not assign into ``t.coords`` (the array is shared by
+    every tensor on the set and hashed once): build a new tensor instead.
     """
 
-    __slots__ = ("_set", "feats", "manager")
+    __slots__ = ("_set", "feats", "_manager")
 
     def __init__(self, coords, feats, stride=None, batch_counts=None, manager=None):
         if manager is not None and not isinstance(manager, CoordinateManager):
@@ -80,7 +90,11 @@ class SparseTensor:
                 manager = owner[0]
         if manager is None:
             manager = CoordinateManager()
-        coords = as_coords(coords)
+        try:
+            coords = as_coords(coords)
+        except TypeError:
+            _check_order(coords, feats)
+            raise
         feats = as_feats(feats, coords.shape[0])
         known = manager.find(coords)
         if stride is None:
@@ -94,24 +108,35 @@ class SparseTensor:
             )
         if batch_counts is not None:
             given = _as_counts(batch_counts)
-            actual = cset.batch_counts()
+            actual = cset.column_counts()
             n = max(len(given), len(actual))
             if not np.array_equal(np.pad(given, (0, n - len(given))), np.pad(actual, (0, n - len(actual)))):
                 raise ValueError(
                     f"batch_counts {given.tolist()} do not match the batch column of coords {actual.tolist()}"
                 )
-            cset.declare_batches(len(given))
+            if known is None:
+                cset._declare_batches(n)  # a set made by this call: no other tensor sees it
+            else:
+                # Another tensor's set: its batch size is what that tensor
+                # sees, so another batch size takes a set of its own.
+                cset = manager.with_batches(cset, n)
         self._set = cset
         self.feats = feats
-        self.manager = manager
+        self._manager = manager
 
     @classmethod
     def _from_set(cls, cset: CoordinateSet, feats: mx.array, manager: CoordinateManager):
         t = object.__new__(cls)
         t._set = cset
         t.feats = feats
-        t.manager = manager
+        t._manager = manager
         return t
+
+    @property
+    def manager(self) -> CoordinateManager:
+        """The CoordinateManager holding this tensor's coordinate set and
+        relations (read-only: the set belongs to it)."""
+        return self._manager
 
     @property
     def coords(self) -> mx.array:
@@ -147,6 +172,24 @@ class SparseTensor:
     def __len__(self) -> int:
         return self._set.size
 
+    def finest_coords(self) -> mx.array:
+        """``(N, 4)`` int32 rows ``(batch, sx*x, sy*y, sz*z)``: the
+        coordinates in finest-grid units (``s = self.stride``), the units
+        MinkowskiEngine gives a strided tensor's coordinates. ``self.coords``
+        are in this tensor's own grid units (neighbours differ by 1)."""
+        return _to_int32(_coords64(self.coords) * np.array([1, *self.stride], np.int64), "finest_coords")
+
+    def grid_coords(self, coords) -> mx.array:
+        """Finest-grid coordinates (MinkowskiEngine's units) to this
+        tensor's grid units: ``(b, x // sx, y // sy, z // sz)``, the voxel of
+        this tensor's grid that contains each finest voxel (exact for a
+        multiple of the stride, as MinkowskiEngine's coordinates of a strided
+        tensor are). The result can be looked up in this tensor
+        (:func:`mlx_lattice.lookup`). ``coords``: ``(M, 4)`` integers, any
+        layout the constructor takes."""
+        c = _coords64(as_coords(coords, "coords"))
+        return _to_int32(np.floor_divide(c, np.array([1, *self.stride], np.int64)), "grid_coords")
+
     def replace(self, feats) -> "SparseTensor":
         """Same coordinates, new (N, C') features."""
         feats = as_feats(feats, len(self))
@@ -168,6 +211,47 @@ class SparseTensor:
             f"SparseTensor(n={len(self)}, channels={self.feats.shape[1]}, "
             f"dtype={self.feats.dtype}, stride={self.stride}, batches={self.num_batches})"
         )
+
+
+def _kind(a):
+    """('float' | 'int' | None, shape) of an array-like, without copying an mx.array."""
+    if isinstance(a, mx.array):
+        dt = a.dtype
+        kind = "float" if dt in FLOAT_DTYPES or dt == mx.float64 else "int" if dt in INT_DTYPES else None
+        return kind, tuple(a.shape)
+    try:
+        arr = np.asarray(a)
+    except Exception:  # noqa: BLE001  (not array-like: no hint to give)
+        return None, ()
+    if np.issubdtype(arr.dtype, np.floating):
+        return "float", arr.shape
+    return ("int" if np.issubdtype(arr.dtype, np.integer) else None), arr.shape
+
+
+def _check_order(coords, feats) -> None:
+    """Raise a TypeError that says so when ``(coords, feats)`` look like
+    ``(feats, coords)`` (TorchSparse's argument order): floats first, an
+    integer ``(N, 4)`` array second."""
+    c_kind, c_shape = _kind(coords)
+    f_kind, f_shape = _kind(feats)
+    if c_kind == "float" and f_kind == "int" and len(f_shape) == 2 and f_shape[1] == 4:
+        raise TypeError(
+            f"coords must have an integer dtype, but the first argument holds floats {c_shape} and the "
+            f"second integers {f_shape}: the arguments look swapped. mlx_lattice takes coordinates first, "
+            "SparseTensor(coords, feats), with coords (N, 4) integer rows (batch, x, y, z) and feats "
+            "(N, C) floats (TorchSparse's SparseTensor(feats, coords) has them the other way round)"
+        )
+
+
+def _coords64(coords: mx.array) -> np.ndarray:
+    return np.array(coords).astype(np.int64).reshape(-1, 4)
+
+
+def _to_int32(c: np.ndarray, op: str) -> mx.array:
+    lim = np.iinfo(np.int32)
+    if c.size and (c.min() < lim.min or c.max() > lim.max):
+        raise ValueError(f"{op}: coordinates do not fit in int32")
+    return mx.array(np.ascontiguousarray(c, dtype=np.int32))
 
 
 def _as_counts(batch_counts) -> np.ndarray:

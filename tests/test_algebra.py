@@ -179,3 +179,35 @@ def test_record_calls_collects_cat_and_fork_features(rng):
     assert [op for op, _ in calls] == ["fork", "cat", "fork"]
     assert calls[0][1][0] is x.feats and calls[2][1][0] is x.feats
     assert calls[1][1][0] is a.feats and calls[1][1][1] is b.feats
+
+
+# ------------------------------------------------ finest-grid coordinates
+@pytest.mark.parametrize("stride", [1, 2, (2, 3, 4)])
+def test_finest_and_grid_coords(rng, stride):
+    """t.finest_coords() multiplies by the stride (MinkowskiEngine's units);
+    t.grid_coords() floor-divides back, against NumPy, negatives included."""
+    coords = oracle.random_coords(rng, 60, 8, 2)  # x/y/z in [-4, 4)
+    t = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32), stride=stride)
+    s = np.array([1, *t.stride])
+    fine = t.finest_coords()
+    assert fine.dtype == mx.int32
+    np.testing.assert_array_equal(np.array(fine), coords.astype(np.int64) * s)
+    np.testing.assert_array_equal(np.array(t.grid_coords(fine)), coords)
+    # any finest voxel: the coarse voxel containing it (floor, not truncation)
+    pts = np.concatenate([rng.integers(0, 2, (50, 1)), rng.integers(-20, 20, (50, 3))], axis=1)
+    want = np.array([[p[0]] + [int(np.floor(p[a] / s[a])) for a in (1, 2, 3)] for p in pts])
+    for layout in (pts, pts.tolist(), mx.array(pts.astype(np.int32)), mx.array(np.ascontiguousarray(pts.T)).T):
+        np.testing.assert_array_equal(np.array(t.grid_coords(layout)), want)
+    rows = np.array(ml.lookup(t, t.grid_coords(fine)))
+    np.testing.assert_array_equal(rows, np.arange(len(t)))
+
+
+def test_grid_coords_errors(rng):
+    x, _, _ = make(rng, n=10)
+    with pytest.raises(TypeError, match="coords must have an integer dtype"):
+        x.grid_coords(np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"coords must have shape \(N, 4\)"):
+        x.grid_coords(np.zeros((2, 3), np.int32))
+    big = ml.SparseTensor(np.array([[0, 65535, 0, 0]], np.int32), np.zeros((1, 1), np.float32), stride=2**16)
+    with pytest.raises(ValueError, match="finest_coords: coordinates do not fit in int32"):
+        big.finest_coords()

@@ -138,6 +138,70 @@ def test_prune_by_logits_errors_and_edges(rng):
         decoder.prune_by_logits(x, other.replace(mx.zeros((len(other), 1))))
 
 
+@pytest.mark.parametrize("threshold,k", [(0.0, None), (0.5, 2), (None, 1), (None, None)])
+@pytest.mark.parametrize("kind", ["tensor", "set", "array", "array_view", "list"])
+def test_prune_by_logits_keeps_targets(rng, threshold, k, kind):
+    """keep=: a voxel survives when its logits pass (threshold, top k) or it
+    is a target voxel; against a NumPy oracle."""
+    x, coords, feats = make(rng, n=70, batches=3)
+    logits = np.round(rng.standard_normal(len(coords)), 1).astype(np.float32)
+    # targets: some of x's voxels (repeated), and voxels x does not hold
+    chosen = coords[rng.random(len(coords)) < 0.3]
+    outside = oracle.random_coords(rng, 30, 6, 3, low=20)
+    target = np.concatenate([chosen, outside, chosen[:3]])
+    unique_target = np.unique(target, axis=0)
+    given = {
+        "tensor": ml.SparseTensor(unique_target, np.zeros((len(unique_target), 1), np.float32)),
+        "set": ml.SparseTensor(unique_target, np.zeros((len(unique_target), 1), np.float32)).coordinate_set,
+        "array": target,
+        "array_view": mx.array(np.ascontiguousarray(target.T)).T,
+        "list": target.tolist(),
+    }[kind]
+    passed = set(_prune_ref(coords, logits, threshold, k))
+    in_target = {tuple(r) for r in target.tolist()}
+    want = [i for i in range(len(coords)) if i in passed or tuple(coords[i].tolist()) in in_target]
+    y = decoder.prune_by_logits(x, mx.array(logits), threshold, k=k, keep=given)
+    assert rows(y) == [tuple(coords[i].tolist()) for i in want]
+    np.testing.assert_array_equal(np.array(y.feats), feats[want])
+    # the layer takes it too, and gradients reach the kept rows only
+    layer = snn.Prune(threshold, k)
+    g = mx.grad(lambda f: layer(x.replace(f), mx.array(logits), keep=given).feats.sum())(x.feats)
+    ref = np.zeros_like(feats)
+    ref[want] = 1
+    np.testing.assert_array_equal(np.array(g), ref)
+
+
+def test_prune_by_logits_keep_errors(rng):
+    x, coords, _ = make(rng, n=30)
+    logits = np.zeros(len(coords), np.float32)
+    strided = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32), stride=2)
+    with pytest.raises(ValueError, match=r"keep has stride \(2, 2, 2\) but x has stride \(1, 1, 1\)"):
+        decoder.prune_by_logits(x, logits, keep=strided)
+    with pytest.raises(ValueError, match="stride"):
+        decoder.prune_by_logits(x, logits, keep=strided.coordinate_set)
+    with pytest.raises(TypeError, match="keep must be a SparseTensor.*integer"):
+        decoder.prune_by_logits(x, logits, keep=coords.astype(np.float32))
+    with pytest.raises(ValueError, match=r"prune_by_logits: keep must have shape \(N, 4\)"):
+        decoder.prune_by_logits(x, logits, keep=coords[:, 1:])
+    # nothing kept by the logits and an empty target: nothing kept
+    assert len(decoder.prune_by_logits(x, logits, keep=np.zeros((0, 4), np.int32))) == 0
+    # every voxel a target: x itself
+    assert decoder.prune_by_logits(x, logits, keep=x) is x
+
+
+def test_decoder_doc_training_example_runs():
+    """The keep= example of docs/decoder.md, run as written."""
+    from pathlib import Path
+    import re
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "decoder.md").read_text()
+    section = page.split("### Training a completion decoder")[1].split("\n## ")[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert blocks and all("keep=" in b for b in blocks)
+    for code in blocks:
+        exec(compile(code, "docs/decoder.md", "exec"), {"__name__": "docs_decoder"})
+
+
 # ------------------------------------------------------------------ upsample
 def upsample_ref(coarse, feats, s, fine, t):
     """Hat-function weights over every active coarse voxel, in world units

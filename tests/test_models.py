@@ -181,6 +181,21 @@ def test_autoencoder_teacher_forcing_and_training():
     assert isinstance(out, ml.SparseTensor) and out.stride == (1, 1, 1)
 
 
+def test_autoencoder_doc_example_runs(capsys):
+    """The SparseVoxelAutoencoder example of docs/decoder.md, run as written
+    (it asserts the latent stride, teacher forcing and a falling loss)."""
+    import re
+
+    page = (ROOT / "docs" / "decoder.md").read_text()
+    section = page.split("## A complete model: `models.SparseVoxelAutoencoder`")[1].split("\n## ")[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1 and "SparseVoxelAutoencoder(" in blocks[0]
+    namespace = {"__name__": "docs_decoder_autoencoder"}
+    exec(compile(blocks[0], "docs/decoder.md (autoencoder)", "exec"), namespace)
+    assert isinstance(namespace["predicted"], ml.SparseTensor)
+    capsys.readouterr()
+
+
 def load_example():
     spec = importlib.util.spec_from_file_location("train_segmentation", ROOT / "examples" / "train_segmentation.py")
     mod = importlib.util.module_from_spec(spec)

@@ -60,6 +60,62 @@ def test_union_intersection(rng, kind):
     assert np.array_equal(np.array(ml.intersection(a, b)), np.array(ml.mul(a, b, mode="intersection").coords))
 
 
+def _layouts(c):
+    """``c`` ((N, 4) int32 NumPy) in every layout the SparseTensor constructor
+    takes: lists, NumPy and MLX arrays of other dtypes, transposed, sliced,
+    reversed and column-picked views."""
+    wide = np.concatenate([c + 7, c], axis=1)  # c in columns 4:8
+    wide_mx = mx.array(wide)
+    return {
+        "list": c.tolist(),
+        "np_int64": c.astype(np.int64),
+        "np_int16": c.astype(np.int16),
+        "np_fortran": np.asfortranarray(c),
+        "np_transposed": np.ascontiguousarray(c.T).T,
+        "np_column_slice": wide[:, 4:],
+        "np_reversed": c[::-1].copy()[::-1],
+        "mx_int32": mx.array(c),
+        "mx_int64": mx.array(c.astype(np.int64)),
+        "mx_transposed": mx.array(np.ascontiguousarray(c.T)).T,
+        "mx_column_slice": wide_mx[:, 4:],
+        "mx_reversed": mx.array(c[::-1].copy())[::-1],
+        "mx_row_step": mx.array(np.repeat(c, 2, axis=0))[::2],
+    }
+
+
+LAYOUTS = sorted(_layouts(np.zeros((1, 4), np.int32)))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_set_ops_take_every_constructor_layout(rng, layout):
+    """Against a brute-force NumPy oracle: each argument of lookup,
+    contains, union and intersection in each layout the constructor takes."""
+    ca = oracle.random_coords(rng, 60, 6, 2)
+    cb = oracle.random_coords(rng, 60, 6, 2)
+    queries = np.concatenate([cb, ca[::3], cb[:4]])  # repeats, hits and misses
+    # what the constructor makes of the layout: the same rows
+    t = ml.SparseTensor(_layouts(ca)[layout], np.zeros((len(ca), 1), np.float32))
+    np.testing.assert_array_equal(np.array(t.coords), ca)
+
+    def brute_lookup(c, q):  # row of each query in c by comparing every pair
+        eq = (np.asarray(q)[:, None, :] == np.asarray(c)[None, :, :]).all(axis=2)
+        return np.where(eq.any(axis=1), eq.argmax(axis=1), -1)
+
+    for coords_arg in (_layouts(ca)[layout], t, ca):
+        got = ml.lookup(coords_arg, _layouts(queries)[layout])
+        np.testing.assert_array_equal(np.array(got), brute_lookup(ca, queries))
+        np.testing.assert_array_equal(np.array(ml.contains(coords_arg, _layouts(queries)[layout])),
+                                      brute_lookup(ca, queries) >= 0)
+    in_a = brute_lookup(ca, cb) >= 0
+    in_b = brute_lookup(cb, ca) >= 0
+    want_union = np.concatenate([ca, cb[~in_a]])
+    want_inter = ca[in_b]
+    for a_arg, b_arg in ((_layouts(ca)[layout], _layouts(cb)[layout]), (t, _layouts(cb)[layout]),
+                         (_layouts(ca)[layout], cb)):
+        np.testing.assert_array_equal(np.array(ml.union(a_arg, b_arg)), want_union)
+        np.testing.assert_array_equal(np.array(ml.intersection(a_arg, b_arg)), want_inter)
+
+
 def test_set_errors(rng):
     a, ca, _ = make(rng)
     b = ml.SparseTensor(ca, np.zeros((len(ca), 1), np.float32), stride=2)

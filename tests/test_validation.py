@@ -52,6 +52,35 @@ def test_bad_feats():
         ml.SparseTensor(c, np.zeros((2, 1), np.float32), stride=0)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "mlx", "list", "float16", "int64"])
+def test_swapped_coords_and_feats_are_named(rng, kind):
+    """TorchSparse's order, SparseTensor(feats, coords): the error says the
+    arguments look swapped, whatever the array kind."""
+    coords = oracle.random_coords(rng, 20, 5, 2)
+    feats = rng.standard_normal((len(coords), 3)).astype(np.float32)
+    f, c = {
+        "numpy": (feats, coords),
+        "mlx": (mx.array(feats), mx.array(coords)),
+        "list": (feats.tolist(), coords.tolist()),
+        "float16": (mx.array(feats).astype(mx.float16), coords),
+        "int64": (feats.astype(np.float64), coords.astype(np.int64)),
+    }[kind]
+    with pytest.raises(TypeError, match=r"coords must have an integer dtype.*arguments look swapped.*"
+                                        r"SparseTensor\(coords, feats\)"):
+        ml.SparseTensor(f, c)
+    # the right order works with the same arrays
+    assert len(ml.SparseTensor(c, f)) == len(coords)
+
+
+def test_float_coords_alone_are_not_called_swapped(rng):
+    # float coordinates with float features (or features that are not (N, 4)
+    # integers) are a plain dtype error, without the swap hint
+    for feats in (np.zeros((3, 2), np.float32), np.zeros((3, 3), np.int32), np.zeros((3, 4, 1), np.int32)):
+        with pytest.raises(TypeError, match="coords must have an integer dtype") as e:
+            ml.SparseTensor(np.zeros((3, 4), np.float32), feats)
+        assert "swapped" not in str(e.value)
+
+
 def test_bad_weights(x):
     with pytest.raises(ValueError, match=r"weight must have shape \(C_out, Kx, Ky, Kz, C_in\)"):
         ops.conv3d(x, mx.zeros((4, 27, 3)))

@@ -57,8 +57,9 @@ class Downsample(mnn.Module):
 
 
 class Prune(mnn.Module):
-    """Keep voxels by occupancy logits: ``layer(x, logits)``, see
-    :func:`mlx_lattice.decoder.prune_by_logits`."""
+    """Keep voxels by occupancy logits: ``layer(x, logits, keep=None)``
+    (``keep``: voxels kept whatever their logits, e.g. the targets in
+    training), see :func:`mlx_lattice.decoder.prune_by_logits`."""
 
     def __init__(self, threshold=0.0, k=None):
         super().__init__()
@@ -68,5 +69,5 @@ class Prune(mnn.Module):
     def _extra_repr(self):
         return f"threshold={self.threshold}, k={self.k}"
 
-    def __call__(self, x, logits):
-        return decoder.prune_by_logits(x, logits, self.threshold, k=self.k)
+    def __call__(self, x, logits, keep=None):
+        return decoder.prune_by_logits(x, logits, self.threshold, k=self.k, keep=keep)
