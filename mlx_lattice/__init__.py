@@ -99,6 +99,7 @@ from .coordsets import contains, intersection, lookup, union  # noqa: E402
 from .decoder import downsample, expand, prune_by_logits, upsample  # noqa: E402
 from .pooling import pool_transpose3d  # noqa: E402
 from .points import devoxelize, sparse_quantize, voxelize  # noqa: E402
+from .compile import sparse_compile  # noqa: E402
 
 __all__ += [
     "nn",
@@ -133,4 +134,5 @@ __all__ += [
     "sparse_quantize",
     "voxelize",
     "devoxelize",
+    "sparse_compile",
 ]
