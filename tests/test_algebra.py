@@ -5,7 +5,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import algebra, ops
+from mlx_lattice import algebra, ops, pooling
 
 import oracle
 from conftest import to_np
@@ -211,3 +211,207 @@ def test_grid_coords_errors(rng):
     big = ml.SparseTensor(np.array([[0, 65535, 0, 0]], np.int32), np.zeros((1, 1), np.float32), stride=2**16)
     with pytest.raises(ValueError, match="finest_coords: coordinates do not fit in int32"):
         big.finest_coords()
+
+
+# ------------------------------------------------ docs/semantics.md, claim by claim
+def _rows(t):
+    return [tuple(map(int, r)) for r in np.array(t.coords)]
+
+
+def test_claim_coords_are_int32_rows_of_any_integer_input(rng):
+    c = oracle.random_coords(rng, 20, 5, 2)
+    for given in (c.astype(np.int64), c.astype(np.int16), mx.array(c.astype(np.int64)), c.tolist()):
+        t = ml.SparseTensor(given, np.zeros((len(c), 1), np.float32))
+        assert t.coords.dtype == mx.int32 and t.coords.shape == (len(c), 4)
+        np.testing.assert_array_equal(np.array(t.coords), c)
+
+
+@pytest.mark.parametrize("row,ok", [((4095, 0, 0, 0), True), ((4096, 0, 0, 0), False), ((-1, 0, 0, 0), False),
+                                    ((0, 65535, -65536, 0), True), ((0, 65536, 0, 0), False),
+                                    ((0, 0, -65537, 0), False), ((0, 0, 0, 65536), False)])
+def test_claim_coordinate_range(row, ok):
+    make_it = lambda: ml.SparseTensor(np.array([row], np.int32), np.zeros((1, 1), np.float32))  # noqa: E731
+    if ok:
+        assert len(make_it()) == 1
+    else:
+        with pytest.raises(ValueError, match=r"batch in \[0, 4096\), x/y/z in \[-65536, 65535\]"):
+            make_it()
+
+
+def test_claim_generated_coordinates_out_of_range_raise():
+    x = ml.SparseTensor(np.array([[0, 0, 65535, 0]], np.int32), np.ones((1, 1), np.float32))
+    with pytest.raises(ValueError, match="leaves the supported range"):
+        ops.generative_conv_transpose3d(x, mx.ones((1, 2, 2, 2, 1)), stride=2)
+
+
+def test_claim_duplicates_raise_naming_both_rows():
+    c = np.array([[0, 1, 2, 3], [0, 0, 0, 0], [1, 1, 2, 3], [0, 1, 2, 3]], np.int32)
+    with pytest.raises(ValueError, match=r"duplicate rows 0 and 3 at \(0, 1, 2, 3\)"):
+        ml.SparseTensor(c, np.zeros((4, 1), np.float32))
+
+
+def test_claim_computed_tensors_keep_the_batch_size(rng):
+    c = oracle.random_coords(rng, 60, 6, 2, low=0)
+    x = ml.SparseTensor(c, rng.standard_normal((len(c), 2)).astype(np.float32),
+                        batch_counts=[*np.bincount(c[:, 0]), 0, 0])
+    w2 = mx.ones((2, 2, 2, 2, 2))
+    kept = [ops.conv3d(x, w2, stride=2), ops.subm_conv3d(x, mx.ones((2, 3, 3, 3, 2))),
+            ops.generative_conv_transpose3d(x, w2, stride=2), ops.conv_transpose3d(x, w2, stride=2),
+            pooling.max_pool3d(x, 2), ml.prune(x, np.arange(len(x)) % 2 == 0), ml.crop(x, (0, 0, 0), (2, 2, 2)),
+            ml.add(x, ml.crop(x, (0, 0, 0), (3, 3, 3)), mode="intersection"),
+            ml.maximum(x, ml.crop(x, (0, 0, 0), (3, 3, 3)), mode="union")]
+    assert [t.num_batches for t in kept] == [4] * len(kept)
+    # an output placed on given coordinates has the batch size of those coordinates
+    assert ops.conv3d(x, mx.ones((2, 3, 3, 3, 2)), padding=1, coordinates=c[c[:, 0] == 0]).num_batches == 1
+
+
+def test_claim_feature_dtypes_and_matching_weights(rng):
+    c = oracle.random_coords(rng, 20, 4, 1)
+    x = ml.SparseTensor(c, rng.standard_normal((len(c), 2)).astype(np.float16))
+    assert x.dtype == mx.float16
+    y = ops.subm_conv3d(x, mx.ones((3, 3, 3, 3, 2), mx.float16), mx.zeros((3,), mx.float16))
+    assert y.dtype == mx.float16
+    with pytest.raises(TypeError, match="weight dtype"):
+        ops.subm_conv3d(x, mx.ones((3, 3, 3, 3, 2)))
+    with pytest.raises(TypeError, match="bias dtype"):
+        ops.subm_conv3d(x, mx.ones((3, 3, 3, 3, 2), mx.float16), mx.zeros((3,)))
+    with pytest.raises(TypeError, match="feats must be"):
+        ml.SparseTensor(c, np.zeros((len(c), 2), np.int32))
+
+
+def test_claim_flat_kernel_offset_order_breaks_max_ties():
+    # inputs of one 2x2x2 cell at offsets (0,1,0) k=2, (1,0,0) k=4, (0,0,1) k=1,
+    # all equal: k = (dx * Ky + dy) * Kz + dz = 1 wins and alone gets the gradient
+    c = np.array([[0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1]], np.int32)
+    x = ml.SparseTensor(c, np.ones((3, 1), np.float32))
+    g = mx.grad(lambda f: pooling.max_pool3d(x.replace(f), 2).feats.sum())(x.feats)
+    np.testing.assert_array_equal(np.array(g)[:, 0], [0, 0, 1])
+
+
+def test_claim_supports_of_the_ops_table(rng):
+    c = oracle.random_coords(rng, 50, 6, 2)
+    perm = rng.permutation(len(c))
+    x = ml.SparseTensor(c[perm], rng.standard_normal((len(c), 2)).astype(np.float32))
+    w = lambda k, o=2: mx.array(rng.standard_normal((o, k, k, k, 2)).astype(np.float32))  # noqa: E731
+    y = ops.conv3d(x, w(3), stride=2, padding=1)
+    assert _rows(y) == sorted(_rows(y)) == sorted(map(tuple, np.asarray(oracle.forward_support(c, 3, 2, 1)).tolist()))
+    assert ops.conv3d(x, w(1)).coordinate_set is x.coordinate_set  # 1x1x1, stride 1, no padding
+    target = c[rng.permutation(len(c))[:20]]
+    assert _rows(ops.conv3d(x, w(3), padding=1, coordinates=target)) == [tuple(r) for r in target.tolist()]
+    assert ops.subm_conv3d(x, w(3)).coordinate_set is x.coordinate_set
+    gen = ops.generative_conv_transpose3d(x, w(3), stride=2)
+    assert _rows(gen) == sorted(set(_rows(gen))) == sorted(map(tuple, np.asarray(oracle.generative_support(c, 3, 2)).tolist()))
+    lone = ml.SparseTensor(c, np.ones((len(c), 2), np.float32))  # nothing recorded: lands on s * p
+    assert _rows(ops.conv_transpose3d(lone, w(2), stride=2)) == [tuple(r) for r in (c * [1, 2, 2, 2]).tolist()]
+
+
+def test_claim_even_submanifold_kernel_reads_itself_and_the_next_voxel(rng):
+    c = oracle.random_coords(rng, 60, 5, 1)
+    f = rng.standard_normal((len(c), 2)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 2, 2, 2)).astype(np.float32)
+    y = ops.subm_conv3d(ml.SparseTensor(c, f), mx.array(w))
+    np.testing.assert_allclose(np.array(y.feats), oracle.dense_conv(c, f, w, c, stride=1, padding=0),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_claim_output_strides(rng):
+    c = oracle.random_coords(rng, 30, 6, 1, low=0)
+    x = ml.SparseTensor(c, np.ones((len(c), 1), np.float32), stride=(4, 3, 2))
+    w = mx.ones((1, 2, 2, 2, 1))
+    assert ops.conv3d(x, w, stride=2).stride == (8, 6, 4)
+    assert ops.conv_transpose3d(x, w, stride=2).stride == (2, 1, 1)  # 3 / 2: not divisible, 1
+    assert ops.generative_conv_transpose3d(x, w, stride=2).stride == (2, 1, 1)
+    fine = ml.SparseTensor(c, np.ones((len(c), 1), np.float32), stride=3)
+    down = ops.conv3d(fine, w, stride=2)
+    assert down.stride == (6, 6, 6)
+    up = ops.conv_transpose3d(down, w, stride=2)
+    assert up.coordinate_set is fine.coordinate_set and up.stride == (3, 3, 3)  # the recorded set's
+
+
+def test_claim_groups_argument_errors(rng):
+    c = oracle.random_coords(rng, 10, 4, 1)
+    x = ml.SparseTensor(c, np.ones((len(c), 4), np.float32))
+    with pytest.raises(TypeError, match="groups must be an int"):
+        ops.subm_conv3d(x, mx.ones((4, 3, 3, 3, 2)), groups=2.0)
+    with pytest.raises(ValueError, match="groups=3 must divide"):
+        ops.subm_conv3d(x, mx.ones((6, 3, 3, 3, 1)), groups=3)
+    with pytest.raises(ValueError, match="groups"):
+        ops.subm_conv3d(x, mx.ones((4, 3, 3, 3, 4)), groups=0)
+
+
+def test_claim_empty_inputs_and_edgeless_targets(rng):
+    e = ml.SparseTensor(np.zeros((0, 4), np.int32), np.zeros((0, 2), np.float32))
+    w = mx.ones((3, 3, 3, 3, 2))
+    assert ops.subm_conv3d(e, w).shape == (0, 3) and ops.conv3d(e, w, stride=2).shape == (0, 3)
+    gw = mx.grad(lambda v: ops.subm_conv3d(e, v).feats.sum())(w)
+    np.testing.assert_array_equal(np.array(gw), np.zeros(w.shape))
+    x = ml.SparseTensor(np.array([[0, 0, 0, 0]], np.int32), np.ones((1, 2), np.float32))
+    far = np.array([[0, 9, 9, 9], [0, 0, 0, 1]], np.int32)  # the first has no incoming edge
+    b = mx.array([1.0, 2.0, 3.0])
+    y = ops.conv3d(x, w, b, padding=1, coordinates=far)
+    np.testing.assert_array_equal(np.array(y.feats)[0], [1, 2, 3])
+    np.testing.assert_array_equal(np.array(ops.conv3d(x, w, padding=1, coordinates=far).feats)[0], [0, 0, 0])
+
+
+def test_claim_dense_conversions(rng):
+    x, c, f = make(rng, n=40, extent=5, low=0)
+    with pytest.raises(ValueError, match="outside the grid"):
+        ml.to_dense(x, (2, 2, 2))
+    dense = np.zeros((1, 3, 3, 3, 2), np.float32)
+    dense[0, 2, 0, 1] = [0.5, 0.0]
+    dense[0, 0, 1, 2] = [0.0, -2.0]
+    dense[0, 1, 1, 1] = [0.1, 0.1]
+    t = ml.from_dense(mx.array(dense), threshold=0.2)
+    assert _rows(t) == [(0, 0, 1, 2), (0, 2, 0, 1)]  # |value| > 0.2 somewhere, rows sorted
+    assert _rows(ml.from_dense(mx.array(dense), origin=(1, 0, 0))) == [(0, 1, 1, 2), (0, 2, 1, 1), (0, 3, 0, 1)]
+
+
+def test_claim_cat_any_row_order_keeps_the_first_set(rng):
+    x, c, f = make(rng)
+    perm = rng.permutation(len(c))
+    other = ml.SparseTensor(c[perm], f[perm])
+    y = ml.cat([x, other])
+    assert y.coordinate_set is x.coordinate_set
+    np.testing.assert_array_equal(np.array(y.feats), np.concatenate([f, f], axis=1))
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "maximum", "minimum"])
+def test_claim_different_voxels_without_a_mode_raise_naming_mode(rng, op):
+    # docs/semantics.md once said mul defaulted to an intersection: no op has a
+    # default support; the error names the mode argument and both choices
+    a, _, _ = make(rng, n=30)
+    b = ml.prune(a, np.arange(len(a)) % 2 == 0)
+    with pytest.raises(ValueError, match=rf"{op}: a and b hold different voxels.*mode='union'.*mode='intersection'"):
+        getattr(ml, op)(a, b)
+    inter = getattr(ml, op)(b, a, mode="intersection")
+    assert inter.coordinate_set is b.coordinate_set  # the support equals b's: b's set kept
+    assert getattr(ml, op)(a, b, mode="union").coordinate_set is a.coordinate_set
+
+
+def test_claim_maximum_treats_a_missing_voxel_as_absent(rng):
+    a = ml.SparseTensor(np.array([[0, 0, 0, 0], [0, 1, 0, 0]], np.int32), -np.ones((2, 1), np.float32))
+    b = ml.SparseTensor(np.array([[0, 1, 0, 0], [0, 2, 0, 0]], np.int32), -2 * np.ones((2, 1), np.float32))
+    y = ml.maximum(a, b, mode="union")
+    assert _rows(y) == [(0, 0, 0, 0), (0, 1, 0, 0), (0, 2, 0, 0)]
+    np.testing.assert_array_equal(np.array(y.feats)[:, 0], [-1, -1, -2])  # not max(-2, 0)
+    np.testing.assert_array_equal(np.array(ml.add(a, b, mode="union").feats)[:, 0], [-1, -3, -2])
+
+
+def test_claim_row_selections_and_collation(rng):
+    x, c, f = make(rng, n=60, batches=2)
+    keep = rng.random(len(c)) < 0.5
+    assert _rows(ml.prune(x, keep)) == [tuple(r) for r in c[keep].tolist()]
+    start = np.array([[-3, -3, -3], [0, 0, 0]])
+    inside = ((c[:, 1:] >= start[c[:, 0]]) & (c[:, 1:] < 2)).all(axis=1)
+    assert _rows(ml.crop(x, start, (2, 2, 2))) == [tuple(r) for r in c[inside].tolist()]
+    y = ml.sparse_collate([x, x])
+    assert y.num_batches == 4
+    assert _rows(y) == [tuple(r) for r in c.tolist()] + [(b + 2, *p) for b, *p in c.tolist()]
+
+
+def test_claim_points_lie_in_floor_voxels():
+    pts = np.array([[-0.01, 0.0, 0.49], [0.5, -0.5, 1.0], [0.26, 0.0, 0.2]])
+    q = ml.sparse_quantize(pts, 0.25)
+    q = np.array(q[0] if isinstance(q, tuple) else q)
+    assert q.tolist() == sorted(np.unique(np.concatenate(
+        [np.zeros((3, 1), np.int64), np.floor(pts / 0.25).astype(np.int64)], axis=1), axis=0).tolist())
