@@ -40,7 +40,30 @@ def _check_mlx_release() -> None:
 
 _check_mlx_release()
 
+# Most CPU threads MLX_LATTICE_NUM_THREADS may ask for: more than any host
+# has cores, and far inside the C int the extension keeps the count in.
+_MAX_THREADS = 4096
+
+
+def _check_thread_count_variable() -> None:
+    """MLX_LATTICE_NUM_THREADS, checked before the extension reads it: its C
+    parse takes any text (``abc`` as unset, ``4x`` as 4, a number past
+    int's range as garbage), so a bad value fails the import here, as a bad
+    MLX_LATTICE_CPU_ISA does. 0, empty or unset: every core."""
+    import os
+    import re
+
+    v = os.environ.get("MLX_LATTICE_NUM_THREADS", "").strip()
+    if v and not (re.fullmatch(r"\+?[0-9]{1,5}", v) and 0 <= int(v) <= _MAX_THREADS):
+        raise ImportError(f"MLX_LATTICE_NUM_THREADS={v!r}: expected a whole number of CPU threads "
+                          f"from 1 to {_MAX_THREADS} (0, empty or unset: every core)")
+
+
+_check_thread_count_variable()
+
 from . import _ext, diagnostics, ops, routes  # noqa: E402
+
+_ext.num_threads()  # the thread pool reads its variable now, at import, not at the first call
 from .manager import CoordinateManager, CoordinateSet
 from .quantized import QuantizedWeight
 from .relation import MAP_KINDS, KernelGeometry, Relation

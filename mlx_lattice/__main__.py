@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     routes_cmd = sub.add_parser("routes", help="print the route registry")
     fmt = routes_cmd.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="the docs/routes.md table")
-    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--json", action="store_true", help="JSON: the registry, or with --mac the plan")
     routes_cmd.add_argument("--mac", choices=["m3", "m4", "m5"],
                             help="with --log: the Metal route each recorded call would take on this Mac tier, "
                             "and the share of multiply-adds on matrix units (docs/mac.md)")
@@ -86,10 +86,18 @@ def main(argv=None) -> int:
         if args.mac or args.log:
             if not (args.mac and args.log):
                 parser.error("routes: --mac and --log go together")
+            if args.markdown:
+                parser.error("routes: --markdown prints the registry; with --mac, ask for text or --json")
             from . import mac_plan
 
-            print(mac_plan.render(mac_plan.plan(mac_plan.load(args.log), args.mac, args.dtype)))
+            try:
+                p = mac_plan.plan(mac_plan.load(args.log), args.mac, args.dtype)
+            except (OSError, UnicodeDecodeError) as e:
+                parser.error(f"routes: cannot read --log {args.log}: {e}")
+            print(json.dumps(p, indent=2) if args.json else mac_plan.render(p))
             return 0
+        if args.dtype:
+            parser.error("routes: --dtype goes with --mac and --log")
         if args.markdown:
             sys.stdout.write(routes.markdown())
         elif args.json:
@@ -120,6 +128,9 @@ def main(argv=None) -> int:
             return 1
         print(f"{r['compiled']} kernels compiled for {r['arch']} in {r['seconds']:.1f} s, {r['cached']} "
               f"already there, {r['failed']} failed; kept in {r['directory']}")
+        if r["list_lines_dropped"]:
+            print(f"the cache's kernel list lost {r['list_lines_dropped']} lines this package cannot use "
+                  "(another release's kernels, damaged or repeated lines)")
         return 1 if r["failed"] else 0
     if args.command == "convert":
         from . import convert

@@ -6,7 +6,9 @@ convolution call; ``record(maps=True)`` also the map records (``op ==
 "map"``: a coordinate table, support or relation built, by which route, its
 sizes and host synchronisations; see :func:`map_record`).
 ``MLX_LATTICE_ROUTE_LOG=<path>`` appends every record, of both kinds, as a
-JSON line. A convolution record's ``choice`` says where its route came from
+JSON line (one write per line, so processes may share the file; a relative
+path is taken from the working directory at each record; empty means no
+file; a path that cannot be written is warned about once and skipped). A convolution record's ``choice`` says where its route came from
 (``static`` order, the route ``tuner``, the tuning ``cache``, or ``forced``
 by name), with ``timings_ms``, ``variant`` and ``tune_note`` (docs/tuning.md).
 """
@@ -17,6 +19,7 @@ import contextlib
 import json
 import os
 import threading
+import warnings
 
 
 _active: list[tuple["RouteLog", bool]] = []  # (log, whether it takes map records)
@@ -62,21 +65,31 @@ class RouteLog(list):
 
 
     def why(self) -> str:
-        """Each convolution call's route, and why each other route of the
-        same backend for that pass was not taken."""
+        """Each convolution call's route, and why each other route for that
+        pass on the call's device was not taken: a requirement it fails is
+        said to be unmet, with the call's values (``requires K == 27, not
+        met: k=8``). Routes of other backends, and of other passes, are
+        left out; a call that left its GPU says so, with the reasons of
+        that GPU's routes."""
         out = []
         for r in self:
             if r["op"] == "map":
                 continue
             out.append(f"{r['op']} ({r['map_kind']}, {r['dtype']}, K={r['k']}, "
                        f"{r['c_in']}->{r['c_out']}, {r['direction']}): {r['route']}")
-            family = r["route"].split(".")[0] + "."
             out += [f"  not {x['route']}: {x['reason']}" for x in r.get("rejected", [])
-                    if x["route"].startswith(family) and not x["reason"].startswith("route serves")]
+                    if not x["reason"].startswith(_OTHER_DEVICE_OR_PASS)]
+            if r.get("fallback"):
+                out.append(f"  ran on the CPU: {r['fallback']}")
             tuned = _tuning_line(r)
             if tuned:
                 out.append(tuned)
         return "\n".join(out)
+
+
+# Rejections why() leaves out: routes of another backend, or another pass
+# (the wording of routes.Route.failed).
+_OTHER_DEVICE_OR_PASS = ("backend is ", "route serves ")
 
 
 _CHOICES = {
@@ -132,16 +145,39 @@ except AttributeError:  # an os.environ without its mapping of encoded keys
     _env_get, _LOG_KEY = os.environ.get, "MLX_LATTICE_ROUTE_LOG"
 
 
+_log_warned: set = set()
+
+
+def _append(path: str, line: str) -> None:
+    """One record appended to the route log as one write to a file opened
+    for appending, so that the lines of processes sharing the file never
+    interleave (a buffered file may split a long record into several)."""
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+
+
 def emit(entry: dict) -> None:
     is_map = entry.get("op") == "map"
     with _lock:
         for log, maps in _active:
             if maps or not is_map:
                 log.append(entry)
-        path = os.environ.get("MLX_LATTICE_ROUTE_LOG")
+        path = os.environ.get("MLX_LATTICE_ROUTE_LOG", "").strip()
         if path:
-            with open(path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
+            try:
+                _append(path, json.dumps(entry))
+            except OSError as e:
+                # a log that cannot be written must not stop the convolution
+                # that reports to it: said once per path and error
+                if (path, e.errno) not in _log_warned:
+                    _log_warned.add((path, e.errno))
+                    warnings.warn(f"MLX_LATTICE_ROUTE_LOG={path!r}: cannot append to it ({e}); "
+                                  "records are not written there", RuntimeWarning, stacklevel=3)
 
 
 MAP_PRODUCTS = ("table", "support", "relation")

@@ -16,6 +16,7 @@ context (``routes.select``), so no Mac is needed to ask.
 from __future__ import annotations
 
 import json
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,18 +31,71 @@ TIERS = {
 }
 
 _FIELDS = set(routes.RouteContext._fields)
+# What a recorded convolution call must hold for its context to be rebuilt,
+# and the type every context field it holds must have.
+_REQUIRED = ("op", "map_kind", "dtype", "kernel_size", "c_in", "c_out", "n_out", "edges")
+_STRINGS = {"op", "map_kind", "dtype", "backend", "coord_dtype", "weight_layout", "tier", "direction"}
+_TRIPLES = {"kernel_size", "stride", "padding", "dilation"}
+_FLAGS = {"explicit_target", "quantized", "tensor_ops"}
+_COUNTS = {"c_in", "c_out", "n_in", "n_out", "edges", "k", "group_size", "groups"}
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def record_problem(record) -> str | None:
+    """Why a route record cannot be planned (a map record never is), or None."""
+    if not isinstance(record, dict):
+        return f"a record is a JSON object, got {type(record).__name__}"
+    if record.get("op") == "map":
+        return None
+    missing = [f for f in _REQUIRED if f not in record]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for f, v in record.items():
+        if f in _STRINGS and not isinstance(v, str):
+            return f"{f} is {v!r}, not a string"
+        if f in _COUNTS and not (_int(v) and v >= 0):
+            return f"{f} is {v!r}, not a count"
+        if f in _FLAGS and not isinstance(v, bool):
+            return f"{f} is {v!r}, not true or false"
+        if f in _TRIPLES and not (isinstance(v, (list, tuple)) and len(v) == 3 and all(_int(x) for x in v)) \
+                and not (f == "kernel_size" and v is None):  # products autodiff makes without one
+            return f"{f} is {v!r}, not three integers"
+    if record.get("direction", "forward") not in routes.DIRECTIONS:
+        return f"direction is {record['direction']!r}, not one of {routes.DIRECTIONS}"
+    return None
 
 
 def load(path) -> list[dict]:
     """Convolution records from a RouteLog dump (a JSON list) or a route log
-    of JSON lines; map records are left out."""
+    of JSON lines; map records are left out. A line that is not JSON, or a
+    record that cannot be planned (:func:`record_problem`), is skipped
+    with a warning naming the file and where in it."""
     text = Path(path).read_text()
     try:
         data = json.loads(text)
-        records = data if isinstance(data, list) else [data]
+        items = list(enumerate(data if isinstance(data, list) else [data]))
+        where = "record {}"
     except json.JSONDecodeError:
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return [r for r in records if r.get("op") != "map"]
+        items, where = [], "line {}"
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                items.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                warnings.warn(f"route log {path}: line {n} is not JSON ({e}); skipped", RuntimeWarning,
+                              stacklevel=2)
+    out = []
+    for n, r in items:
+        why = record_problem(r)
+        if why is not None:
+            warnings.warn(f"route log {path}: {where.format(n)}: {why}; skipped", RuntimeWarning, stacklevel=2)
+        elif r.get("op") != "map":
+            out.append(r)
+    return out
 
 
 def multiply_adds(record: dict) -> int:
@@ -69,7 +123,11 @@ def plan(records: list[dict], tier: str, dtype: str | None = None) -> dict:
     kinds = {"matrix": 0, "scalar": 0, "cpu": 0}
     fallbacks: dict[str, int] = defaultdict(int)
     for r in records:
-        sel = routes.select(mac_context(r, tier, dtype))
+        try:
+            sel = routes.select(mac_context(r, tier, dtype))
+        except ValueError as e:  # a context no route of any backend accepts
+            warnings.warn(f"Mac plan: a {r['op']} call is left out: {e}", RuntimeWarning, stacklevel=2)
+            continue
         route, macs = sel.route, multiply_adds(r)
         kind = "cpu" if route.backend != "metal" else "matrix" if route.matrix_unit else "scalar"
         row = by_route[route.name]

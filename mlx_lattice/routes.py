@@ -81,6 +81,32 @@ def _volume(kernel_size) -> int:
 class Condition:
     text: str
     test: Callable[[RouteContext], bool]
+    # The context fields the test reads (derived from its code when not
+    # given): a failed condition names their values.
+    reads: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.reads:
+            object.__setattr__(self, "reads", _fields_read(self.test))
+
+    def unmet(self, ctx: RouteContext) -> str:
+        """What a context that fails this condition is told: the requirement,
+        said to be unmet, and the values of the fields it read."""
+        values = ", ".join(f"{f}={getattr(ctx, f)}" for f in self.reads)
+        return f"requires {self.text}, not met: {values or 'this call'}"
+
+
+def _fields_read(fn) -> tuple[str, ...]:
+    """The RouteContext fields a predicate's code names (its own code and
+    any code nested in it), in the order they appear."""
+    names, stack = [], [getattr(fn, "__code__", None)]
+    while stack:
+        code = stack.pop()
+        if code is None:
+            continue
+        names += [n for n in code.co_names if n in _CONTEXT_FIELDS and n not in names]
+        stack += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return tuple(names)
 
 
 @dataclass(frozen=True)
@@ -114,23 +140,37 @@ class Route:
         texts += [c.text for c in self.conditions]
         return " and ".join(texts) or "any valid relation"
 
-    def failed(self, ctx: RouteContext) -> str | None:
-        """The first condition ctx fails, or None when the route applies."""
+    def _unmet(self, ctx: RouteContext):
+        """None when the route applies to ctx; else the reason (text) or
+        the first condition ctx fails."""
         if ctx.backend != self.backend:
             return f"backend is {ctx.backend}, route needs {self.backend}"
         if ctx.direction not in self.passes:
             return f"route serves {'/'.join(self.passes)}, not {ctx.direction}"
         if (ctx.groups > 1) != self.grouped:
-            return GROUPED_TEXT if self.grouped else "groups == 1 (grouped products take a grouped route)"
+            return _GROUPED if self.grouped else _UNGROUPED
         for c in self.conditions:
             if not c.test(ctx):
-                return c.text
+                return c
         return None
+
+    def applies(self, ctx: RouteContext) -> bool:
+        return self._unmet(ctx) is None
+
+    def failed(self, ctx: RouteContext) -> str | None:
+        """Why the route does not apply to ctx, or None when it does: the
+        backend or pass it lacks, or the first condition ctx fails, said to
+        be unmet with the values it read (``requires K == 27, not met:
+        k=8``)."""
+        why = self._unmet(ctx)
+        return why if why is None or isinstance(why, str) else why.unmet(ctx)
 
 
 # Grouped routes serve exactly the calls with groups > 1; every other route
 # exactly those with groups == 1 (checked in Route.failed, before conditions).
 GROUPED_TEXT = "groups > 1 (grouped or depthwise)"
+_GROUPED = Condition(GROUPED_TEXT, lambda c: c.groups > 1)
+_UNGROUPED = Condition("groups == 1 (grouped products take a grouped route)", lambda c: c.groups == 1)
 
 
 class Selection:
@@ -220,7 +260,7 @@ def _ordered(backend: str | None) -> tuple[Route, ...]:
 
 def _pick(ctx: RouteContext) -> Route | None:
     for r in _ordered(ctx.backend):
-        if r.failed(ctx) is None:
+        if r._unmet(ctx) is None:
             return r
     return None
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import sys
 import threading
 import time
@@ -126,7 +127,32 @@ class Decision:
         return Candidate(self.route, self.variant).label
 
 
+def _setting_problem(name: str, v) -> str | None:
+    """Why `v` is not a value of setting `name`, or None."""
+    real = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if name == "mode":
+        return None if isinstance(v, str) and v in MODES else f"one of {MODES}"
+    if name == "budget_s":  # inf: no limit
+        return None if real and v >= 0 else "a number of seconds >= 0 (inf: no limit)"
+    if name == "per_candidate_s":
+        return None if real and 0 <= v < float("inf") else "a finite number of seconds >= 0"
+    if name in ("min_rounds", "max_rounds"):
+        return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else "an int >= 1"
+    if name == "max_candidates":
+        return (None if isinstance(v, int) and not isinstance(v, bool) and v >= 2
+                else "an int >= 2 (the static route and at least one other)")
+    if name == "margin":
+        return None if real and 0 <= v < 1 else "a fraction in [0, 1)"
+    if name == "cache_path":
+        ok = v is None or (isinstance(v, (str, os.PathLike)) and str(os.fspath(v)).strip() != "")
+        return None if ok else "None or a file path"
+    return None
+
+
 def _env_settings() -> Settings:
+    """Settings from the environment. A bad value is refused with a warning
+    naming the variable, and the default stands: the variables are read at
+    import, where an exception would take the whole package down."""
     s = Settings()
     m = os.environ.get(ENV_MODE, "").strip().lower()
     if m:
@@ -134,16 +160,38 @@ def _env_settings() -> Settings:
             s.mode = m
         else:
             warnings.warn(f"{ENV_MODE}={m!r} is not one of {MODES}; using {DEFAULT_MODE!r}", RuntimeWarning)
-    b = os.environ.get(ENV_BUDGET)
+    b = os.environ.get(ENV_BUDGET, "").strip()
     if b:
         try:
-            s.budget_s = float(b)
+            budget = float(b)
         except ValueError:
-            warnings.warn(f"{ENV_BUDGET}={b!r} is not a number of seconds; using {s.budget_s}", RuntimeWarning)
+            budget = float("nan")
+        if budget == budget and budget >= 0:  # NaN would never be spent, a negative one always
+            s.budget_s = budget
+        else:
+            warnings.warn(f"{ENV_BUDGET}={b!r} is not a number of seconds >= 0 (inf: no limit); "
+                          f"using {s.budget_s}", RuntimeWarning)
     return s
 
 
+def _check_forced(direction: str, names) -> tuple:
+    if direction not in PASSES:
+        raise ValueError(f"pass must be one of {PASSES}, got {direction!r}")
+    names = (names,) if isinstance(names, str) else tuple(names)
+    for n in names:
+        try:
+            r = routes.get(n)
+        except KeyError:
+            raise ValueError(f"no route named {n!r}") from None
+        if direction not in r.passes:
+            raise ValueError(f"route {n} serves {'/'.join(r.passes)}, not {direction}")
+    return names
+
+
 def _env_forced() -> dict:
+    """Routes named per pass in the environment: a comma list of route
+    names. A list naming an unknown route, or one that does not serve the
+    pass, is refused whole with a warning (see :func:`_env_settings`)."""
     out = {}
     for p, var in ENV_FORCE.items():
         names = [n.strip() for n in os.environ.get(var, "").split(",") if n.strip()]
@@ -151,7 +199,7 @@ def _env_forced() -> dict:
             try:
                 out[p] = _check_forced(p, names)
             except ValueError as e:
-                warnings.warn(f"{var}: {e}; ignored", RuntimeWarning)
+                warnings.warn(f"{var}={os.environ[var]!r}: {e}; ignored", RuntimeWarning)
     return out
 
 
@@ -167,7 +215,7 @@ class _State:
         self.decisions: dict[str, Decision] = {}
         self.misses: dict[str, Decision] = {}  # static for want of a cached or measured choice
         self.keys: dict = {}
-        self.file: dict | None = None
+        self.file = None  # the cache file's Contents, read once
         self.spent_s = 0.0
         self.devices: dict = {}
 
@@ -198,27 +246,18 @@ def configure(**kw) -> None:
     unknown = set(kw) - names
     if unknown:
         raise TypeError(f"unknown tuning settings {sorted(unknown)}; known: {sorted(names)}")
-    if "mode" in kw and kw["mode"] not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {kw['mode']!r}")
+    for k, v in kw.items():
+        why = _setting_problem(k, v)
+        if why is not None:
+            raise ValueError(f"tuning setting {k} must be {why}, got {v!r}")
+    rounds = (kw.get("min_rounds", _state.settings.min_rounds), kw.get("max_rounds", _state.settings.max_rounds))
+    if rounds[0] > rounds[1]:
+        raise ValueError(f"tuning settings: min_rounds ({rounds[0]}) is more than max_rounds ({rounds[1]})")
     with _state.lock:
         if "cache_path" in kw and kw["cache_path"] != _state.settings.cache_path:
             _state.file = None
         for k, v in kw.items():
-            setattr(_state.settings, k, str(v) if k == "cache_path" and v is not None else v)
-
-
-def _check_forced(direction: str, names) -> tuple:
-    if direction not in PASSES:
-        raise ValueError(f"pass must be one of {PASSES}, got {direction!r}")
-    names = (names,) if isinstance(names, str) else tuple(names)
-    for n in names:
-        try:
-            r = routes.get(n)
-        except KeyError:
-            raise ValueError(f"no route named {n!r}") from None
-        if direction not in r.passes:
-            raise ValueError(f"route {n} serves {'/'.join(r.passes)}, not {direction}")
-    return names
+            setattr(_state.settings, k, os.fspath(v) if k == "cache_path" and v is not None else v)
 
 
 def set_forced(**per_pass) -> None:
@@ -367,7 +406,7 @@ def candidates(ctx: routes.RouteContext, static: routes.Route | None = None) -> 
         return [Candidate(static.name)]
     eligible = [static] + [
         r for r in routes._ordered(ctx.backend)
-        if r is not static and r.failed(ctx) is None and (r.deterministic or not static.deterministic)
+        if r is not static and r.applies(ctx) and (r.deterministic or not static.deterministic)
     ]
     return list(_candidate_list(tuple(r.name for r in eligible), ctx.c_in, ctx.c_out))
 
@@ -612,13 +651,42 @@ def probe(feats, weight, relation, groups: int = 1) -> CallProbe | None:
 
 # ------------------------------------------------------------------ deciding
 def _file_entries() -> dict:
+    """The cache file's usable entries (read once per process; see
+    :func:`_cache_entry` for the others)."""
     if _state.file is None:
-        _state.file = cache().load()
-    return _state.file
+        _state.file = cache().contents()  # warns about what it cannot use
+    return _state.file.entries
+
+
+def _candidate_of(entry: dict) -> Candidate:
+    return Candidate(entry["route"], tuple(sorted(entry.get("variant", {}).items())))
+
+
+def _cache_entry(key: str, cands: list[Candidate]) -> tuple[dict | None, str | None]:
+    """(the cache's entry for key if it names one of cands, why the file's
+    entry for key cannot be used), one of them None or both. An entry the
+    file holds but cannot serve is said once, naming the file and the key."""
+    entry = _file_entries().get(key)
+    if entry is not None:
+        c = _candidate_of(entry)
+        if c in cands:
+            return entry, None
+        known = c.route in routes._REGISTRY
+        why = (f"it names {c.label}, not one of this product's eligible routes ({_labels(tuple(cands))})"
+               if known else f"it names {c.route!r}, which is no registered route")
+    else:
+        why = _state.file.problems.get(key)
+        if why is None:
+            return None, None
+    from .tuning_cache import _warn_once
+
+    _warn_once(cache().path, f"entry {key!r}: {why}",
+               "not used (mode tune measures the product again and replaces it)")
+    return None, f"the tuning cache's entry cannot be used: {why}"
 
 
 def _from_entry(key: str, entry: dict, cands: list[Candidate], static: str, shape: dict, source="cache"):
-    c = Candidate(entry["route"], tuple(sorted(entry.get("variant", {}).items())))
+    c = _candidate_of(entry)
     if c not in cands:
         return None
     return Decision(key, c.route, c.variant, source, static, entry.get("timings_ms"),
@@ -646,14 +714,17 @@ def _measure_key(key: str, ctx, cands: list[Candidate], run) -> Decision:
         entry["dropped"] = m.dropped
     mine = Decision(key, m.winner.route, m.winner.variant, "tuner", static, timings, None, shape)
     try:
-        held = cache().merge({key: entry})[key]
+        # the file's entry for the key stays where it names a candidate (an
+        # earlier writer's choice); one that names none is replaced
+        held = cache().merge({key: entry}, keep=lambda k, e: _candidate_of(e) in cands)[key]
     except OSError as e:
         warnings.warn(f"route tuner: cannot write the cache {cache().path} ({e}); "
                       "the choice holds for this process only", RuntimeWarning)
         return mine
     if _state.file is not None:
-        _state.file[key] = held
-    if Candidate(held["route"], tuple(sorted(held.get("variant", {}).items()))) == m.winner:
+        _state.file.entries[key] = held
+        _state.file.problems.pop(key, None)
+    if _candidate_of(held) == m.winner:
         return mine
     # Another process wrote this key first: take its choice, as every
     # process sharing the cache does.
@@ -680,7 +751,7 @@ def _tune_probe(probe: CallProbe, ctx, from_route: str) -> None:
         if key in _state.decisions:
             continue
         _state.file = None  # another process may have measured it meanwhile
-        entry = _file_entries().get(key)
+        entry, _ = _cache_entry(key, cands)
         d = _from_entry(key, entry, cands, cands[0].route, shape_of(pctx)) if entry else None
         if d is None:
             if _state.spent_s >= _state.settings.budget_s:
@@ -707,7 +778,7 @@ def _decide(ctx, static: routes.Route, probe) -> Decision | None:
     miss = _state.misses.get(key)
     if miss is not None and _state.settings.mode == "cached":
         return miss
-    entry = _file_entries().get(key)
+    entry, unusable = _cache_entry(key, cands)
     d = _from_entry(key, entry, cands, static.name, shape_of(ctx)) if entry else None
     if d is not None:
         _state.decisions[key] = d
@@ -715,6 +786,8 @@ def _decide(ctx, static: routes.Route, probe) -> Decision | None:
     if miss is None:
         why = ("no entry in the tuning cache" if _state.settings.mode == "cached"
                else "not measured: no data at hand for this product")
+        if unusable:
+            why = f"{unusable}; {why}" if _state.settings.mode != "cached" else unusable
         miss = _state.misses[key] = Decision(key, static.name, (), "static", static.name, None, why,
                                              shape_of(ctx))
     return miss
@@ -814,10 +887,71 @@ def table(items=None) -> str:
 
 
 def cached_decisions(path=None) -> list[Decision]:
-    """The cache file's entries as decisions (every machine and version)."""
+    """The cache file's usable entries as decisions (every machine and
+    version; the others are warned about, see :func:`cache_report`)."""
     entries = TuningCache(path if path is not None else _state.settings.cache_path).load()
-    out = []
-    for key, e in sorted(entries.items()):
-        out.append(Decision(key, e["route"], tuple(sorted(e.get("variant", {}).items())), "cache",
-                            e.get("static", ""), e.get("timings_ms"), e.get("note"), e.get("shape") or {}))
-    return out
+    return [_cached_decision(key, e) for key, e in sorted(entries.items())]
+
+
+def _cached_decision(key: str, e: dict) -> Decision:
+    return Decision(key, e["route"], tuple(sorted(e.get("variant", {}).items())), "cache",
+                    e.get("static", ""), e.get("timings_ms"), e.get("note"), e.get("shape") or {})
+
+
+# A key's last field: its candidates' labels, joined by commas (a variant's
+# label holds commas of its own, inside brackets).
+_LABEL = re.compile(r"[^,\[\]]+(?:\[[^\]]*\])?")
+
+
+def stale_entry(key: str, entry: dict) -> str | None:
+    """Why a well-formed entry can never be used by this release, judged
+    from its key alone (the candidates it was measured among), or None.
+    Keys of other releases and format versions are not judged: another
+    install may read them."""
+    parts = key.split(" | ")
+    release = sys.modules[__package__].__version__
+    if len(parts) < 3 or parts[0] != f"v{FORMAT_VERSION}" or parts[1] != f"mlx_lattice {release}":
+        return None
+    labels = _LABEL.findall(parts[-1])
+    unknown = sorted({lb.split("[")[0] for lb in labels} - set(routes._REGISTRY))
+    if entry["route"] not in routes._REGISTRY:
+        return f"it names {entry['route']!r}, which is no registered route"
+    if unknown:
+        return f"its key lists routes that are not registered ({', '.join(unknown)}): no product has this key"
+    label = _candidate_of(entry).label
+    if label not in labels:
+        return f"it names {label}, not one of the key's eligible routes ({parts[-1]})"
+    return None
+
+
+def cache_report(path=None) -> dict:
+    """What a cache file holds, for ``python -m mlx_lattice tune --show``:
+    {"path", "state" and "reason" (see :class:`tuning_cache.Contents`),
+    "decisions" (usable entries), "unusable" (key -> why: malformed, or
+    stale for this release)}. Says nothing (no warnings)."""
+    c = TuningCache(path if path is not None else _state.settings.cache_path)
+    got = c.read()
+    unusable = dict(got.problems)
+    usable = []
+    for key, e in sorted(got.entries.items()):
+        why = stale_entry(key, e)
+        if why is None:
+            usable.append(_cached_decision(key, e))
+        else:
+            unusable[key] = why
+    return {"path": str(c.path), "state": got.state, "reason": got.reason, "decisions": usable,
+            "unusable": unusable}
+
+
+def repair_cache(path=None) -> dict:
+    """Make the cache file one this release reads whole (for ``python -m
+    mlx_lattice tune``): a file of another format or version is replaced by
+    an empty cache, and malformed and stale entries (:func:`stale_entry`)
+    are dropped. Returns {"path", "replaced", "dropped"} (see
+    :meth:`TuningCache.repair`)."""
+    c = TuningCache(path if path is not None else _state.settings.cache_path)
+    out = c.repair(stale_entry)
+    with _state.lock:
+        if c.path == cache().path:
+            _state.file = None
+    return {"path": str(c.path), **out}

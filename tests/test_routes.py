@@ -114,7 +114,9 @@ def test_selection_is_pure_and_explains_rejections():
     assert "backend is cpu" in reasons["metal.pointwise"]
     s2 = routes.select(ctx(kernel_size=(1, 1, 1), padding=(1, 0, 0), c_in=32))
     assert s2.route.name == "cpu.gather_gemm"
-    assert {r["route"]: r["reason"] for r in s2.rejected}["cpu.pointwise"] == "no padding/dilation"
+    # a failed requirement is said to be unmet, with the call's values
+    assert {r["route"]: r["reason"] for r in s2.rejected}["cpu.pointwise"] == (
+        "requires no padding/dilation, not met: padding=(1, 0, 0), dilation=(1, 1, 1)")
     assert routes.select(ctx(kernel_size=(1, 1, 1), explicit_target=True, map_kind="target", c_in=32)).route.name == "cpu.gather_gemm"
     # a Mac would take the Metal routes for the same shapes
     assert routes.select(ctx(backend="metal", kernel_size=(1, 1, 1))).route.name == "metal.pointwise"
@@ -125,7 +127,7 @@ def test_selection_is_pure_and_explains_rejections():
     s3 = routes.select(ctx(backend="metal", dtype="bfloat16", groups=2, c_in=8, c_out=8))
     assert s3.route.name == "metal.grouped_fetch_on_demand" and s3.fallback is None
     assert {r["route"]: r["reason"] for r in s3.rejected}["metal.grouped_csr_mma"] == (
-        "C_in / groups >= 8 and C_out / groups >= 8")
+        "requires C_in / groups >= 8 and C_out / groups >= 8, not met: c_in=8, groups=2, c_out=8")
     s4 = routes.select(ctx(backend="metal", dtype="bfloat16", groups=2, c_in=16, c_out=16))
     assert s4.route.name == "metal.grouped_csr_mma" and s4.fallback is None
 
@@ -142,7 +144,7 @@ def test_row_gather_takes_narrow_inputs():
     # wider inputs, or a panel past 32 KiB (8 x 64 x 27 x 4 bytes), keep the grouped traversal
     s = routes.select(ctx(c_in=16, c_out=16))
     assert s.route.name == "cpu.gather_gemm"
-    assert {r["route"]: r["reason"] for r in s.rejected}["cpu.row_gather"].startswith("(C_in <= 8")
+    assert {r["route"]: r["reason"] for r in s.rejected}["cpu.row_gather"].startswith("requires (C_in <= 8")
     assert routes.select(ctx(c_in=8, c_out=64)).route.name == "cpu.gather_gemm"
     assert routes.select(ctx(c_in=4, c_out=16, quantized=True)).route.name == "cpu.quantized_gather_gemm"
     # 1x1x1 products without a relation stay pointwise

@@ -300,9 +300,11 @@ def test_key_invalidated_by_a_new_route_and_a_new_version(rng, on_cpu, cache_fil
 # ------------------------------------------------------------------ the cache file
 def test_cache_corrupt_or_foreign_files_are_ignored_with_a_warning(rng, on_cpu, cache_file):
     x, w = strided(rng)
-    for text, match in [("{not json", "not valid JSON"), ('{"entries": {}}', "not a route tuning cache"),
-                        (json.dumps({"format": tuning_cache.FORMAT, "version": 999, "entries": {}}),
-                         "format version 999")]:
+    cases = [("{not json", "not valid JSON", False), ('{"entries": {}}', "not a route tuning cache", False),
+             (json.dumps({"format": tuning_cache.FORMAT, "version": 999, "entries": {}}),
+              "format version 999 \\(a newer mlx_lattice's\\)", False),
+             (json.dumps({"format": tuning_cache.FORMAT, "version": 0, "entries": {}}), "format version 0", True)]
+    for text, match, replaced in cases:
         cache_file.write_text(text)
         tuning.reset()
         tuning_cache._warned.clear()
@@ -310,17 +312,30 @@ def test_cache_corrupt_or_foreign_files_are_ignored_with_a_warning(rng, on_cpu, 
             with tuning.using(mode="cached"), diagnostics.record() as log:
                 run(x, w)
         assert convs(log)[0]["route"] == "cpu.row_gather"
-    # the next tuned entry rewrites it whole
-    tuning.reset()
-    with tuning.using(mode="tune", timer=FAST_GATHER):
-        run(x, w)
+        # mode tune: an older cache is rewritten whole; a file that is not
+        # a cache (someone else's?) or a newer release's is left as it is,
+        # and the choice holds for the process, with a warning
+        tuning.reset()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            with tuning.using(mode="tune", timer=FAST_GATHER), diagnostics.record() as log:
+                run(x, w)
+        assert convs(log)[0]["route"] == "cpu.gather_gemm"
+        if replaced:
+            data = json.loads(cache_file.read_text())
+            assert data["format"] == tuning_cache.FORMAT and data["version"] == tuning_cache.FORMAT_VERSION
+            assert len(data["entries"]) == 2
+        else:
+            assert cache_file.read_text() == text
+            assert any("cannot write the cache" in str(m.message) and str(cache_file) in str(m.message)
+                       for m in said)
+    # malformed entries are skipped (with a warning naming the file and the
+    # entry), the others kept
     data = json.loads(cache_file.read_text())
-    assert data["format"] == tuning_cache.FORMAT and data["version"] == tuning_cache.FORMAT_VERSION
-    assert len(data["entries"]) == 2
-    # malformed entries are skipped, the others kept
     data["entries"]["broken"] = {"variant": 3}
     cache_file.write_text(json.dumps(data))
-    assert len(TuningCache(cache_file).load()) == 2
+    with pytest.warns(RuntimeWarning, match=f"{cache_file}: entry 'broken': 'route' is None"):
+        assert len(TuningCache(cache_file).load()) == 2
     # an unreadable directory entry: a warning, no entries
     bad = TuningCache(cache_file.parent)
     with pytest.warns(RuntimeWarning, match="unreadable"):

@@ -136,27 +136,73 @@ def format_comparison(res: dict, title: str) -> str:
     return "\n".join(lines)
 
 
+def _show(path, as_json: bool) -> int:
+    """``tune --show``: the file's usable entries (stdout), and what it holds
+    that cannot be used, with why (stderr under --json)."""
+    rep = tuning.cache_report(path)
+    items, unusable = rep["decisions"], rep["unusable"]
+    notes = []
+    if rep["state"] not in ("missing", "ok"):
+        notes.append(f"{rep['path']}: {rep['reason']}; not read (python -m mlx_lattice tune replaces it)")
+    if unusable:
+        notes.append(f"{len(unusable)} entries cannot be used (python -m mlx_lattice tune drops them):")
+        notes += [f"  {key}: {why}" for key, why in sorted(unusable.items())]
+    if as_json:
+        print(json.dumps([vars(d) for d in items], indent=2, default=list))
+        for line in notes:
+            print(line, file=sys.stderr)
+        return 0
+    print(f"{rep['path']}: {len(items)} entries")
+    if items:
+        print(tuning.table(items))
+    for line in notes:
+        print(line)
+    return 0
+
+
 def main(args) -> int:
     """``python -m mlx_lattice tune`` (arguments parsed by __main__)."""
     path = args.cache
+    where = tuning.TuningCache(path).path
     if args.clear:
-        n = tuning.TuningCache(path).remove()
-        print(f"removed {n} entries from {tuning.TuningCache(path).path}")
+        try:
+            n = tuning.TuningCache(path).remove()
+        except OSError as e:
+            print(f"tune: cannot clear {where}: {e}", file=sys.stderr)
+            return 1
+        print(f"removed {n} entries from {where}")
         return 0
     if args.show:
-        items = tuning.cached_decisions(path)
-        if args.json:
-            print(json.dumps([vars(d) for d in items], indent=2, default=list))
-        else:
-            print(f"{tuning.TuningCache(path).path}: {len(items)} entries")
-            if items:
-                print(tuning.table(items))
-        return 0
+        return _show(path, args.json)
+    bad = [f"--{name.replace('_', '-')} must be {what}, got {v!r}" for name, v, ok, what in (
+        ("budget", args.budget, args.budget >= 0, "a number of seconds >= 0"),
+        ("steps", args.steps, args.steps >= 1, "at least 1"),
+        ("max_candidates", args.max_candidates, args.max_candidates is None or args.max_candidates >= 2,
+         "at least 2"),
+        ("width", args.width, args.width > 0, "positive")) if not ok]
+    if bad:
+        print("tune: " + "; ".join(bad), file=sys.stderr)
+        return 2
+    # What the cache holds that this release cannot use goes first: a file
+    # of another format is replaced, malformed and stale entries dropped,
+    # so that the run measures their shapes once and for good.
+    try:
+        fixed = tuning.repair_cache(path)
+    except OSError as e:
+        print(f"tune: cannot write the tuning cache {where}: {e}", file=sys.stderr)
+        return 1
+    out = sys.stderr if args.json else sys.stdout
+    if fixed["replaced"]:
+        print(f"{where}: replaced by an empty cache ({fixed['replaced']})", file=out)
+    if fixed["dropped"]:
+        print(f"{where}: dropped {len(fixed['dropped'])} entries this release cannot use:", file=out)
+        for key, why in sorted(fixed["dropped"].items()):
+            print(f"  {key}: {why}", file=out)
     if args.device == "gpu":
         mx.set_default_device(mx.gpu)
     coords, desc = _coords(args)
     print(f"tuning a MinkUNet {args.width}x {'inference' if args.inference else 'training'} step, {desc}: "
-          f"{len(coords):,} voxels, {args.dtype}, budget {args.budget:g} s", flush=True)
+          f"{len(coords):,} voxels, {args.dtype}, budget {args.budget:g} s", file=out, flush=True)
     decisions, spent, total = tune_model(
         coords, width=args.width, dtype=_dtype(args.dtype), steps=args.steps, inference=args.inference,
         budget_s=args.budget, cache_path=path, max_candidates=args.max_candidates,

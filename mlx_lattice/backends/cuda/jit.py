@@ -13,13 +13,21 @@ disk. Where NVRTC or the headers cannot be found, it says so once and uses
 ``mx.fast.cuda_kernel`` (the same kernel, compiled per process).
 
 Cache: ``$MLX_LATTICE_CUDA_CACHE``, else ``$XDG_CACHE_HOME/mlx_lattice/cuda``
-(``~/.cache/mlx_lattice/cuda``); files are written whole and renamed into
-place, so concurrent processes and ranks share it safely.
-``MLX_LATTICE_CUDA_CACHE=off`` compiles through MLX instead.
+(``~/.cache/mlx_lattice/cuda``; see :func:`cache_dir`), one directory per
+GPU architecture. ``MLX_LATTICE_CUDA_CACHE=off`` compiles through MLX
+instead. Cubins are written whole (flushed to disk, renamed into place), so
+concurrent processes and ranks share the directory safely; each directory's
+``manifest.jsonl`` gets one line per kernel compiled, appended in one write
+under a lock. A cubin that is not whole (:func:`cubin_problem`: cut short,
+not an ELF file for CUDA) is never launched: it is compiled again and
+replaced, with a warning naming the file. Lines of the list this package
+cannot use are skipped with a warning naming the file and the lines;
+``python -m mlx_lattice cuda-prebuild`` rewrites the list without them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -57,14 +65,117 @@ _CUDA_TYPES = {
 
 
 def cache_dir() -> Path | None:
-    """Where compiled kernels are kept; None when switched off."""
-    env = os.environ.get("MLX_LATTICE_CUDA_CACHE")
-    if env == "off":
+    """Where compiled kernels are kept; None when switched off
+    (``MLX_LATTICE_CUDA_CACHE=off``, any case). A set variable names the
+    directory (``~`` expanded, a relative path taken from the working
+    directory); an empty one counts as unset: ``$XDG_CACHE_HOME`` where it
+    is an absolute path (a relative one is ignored, as the XDG rules say),
+    else ``~/.cache``, then ``mlx_lattice/cuda``."""
+    env = os.environ.get(ENV_CACHE, "").strip()
+    if env.lower() == "off":
         return None
     if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(os.path.abspath(os.path.expanduser(env)))
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "mlx_lattice" / "cuda"
+
+
+ENV_CACHE = "MLX_LATTICE_CUDA_CACHE"
+ENV_WORKERS = "MLX_LATTICE_CUDA_COMPILE_WORKERS"
+
+# A cubin is an ELF file for the CUDA machine (e_machine 190).
+_ELF_CUDA = 190
+
+
+def cubin_problem(data: bytes) -> str | None:
+    """Why ``data`` is not a whole cubin, or None: an ELF file for CUDA whose
+    header, program headers and section headers (and every section's
+    bytes) lie within it. A file cut short, or not a cubin at all, fails;
+    a torn write cannot pass (the tables sit at the end of the file)."""
+    import struct
+
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        return f"not an ELF file ({len(data)} bytes)"
+    if data[4] != 2 or data[5] != 1:
+        return "not a 64-bit little-endian ELF file"
+    (machine,) = struct.unpack_from("<H", data, 18)
+    if machine != _ELF_CUDA:
+        return f"an ELF file for machine {machine}, not CUDA ({_ELF_CUDA})"
+    phoff, shoff = struct.unpack_from("<QQ", data, 32)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 54)
+    size = len(data)
+    if shnum and shentsize < 64:
+        return f"section headers of {shentsize} bytes, not 64"
+    if phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
+        return f"cut short: its header tables end past its {size} bytes"
+    for i in range(shnum):
+        sh_type, = struct.unpack_from("<I", data, shoff + i * shentsize + 4)
+        offset, length = struct.unpack_from("<QQ", data, shoff + i * shentsize + 24)
+        if sh_type != 8 and offset + length > size:  # 8: SHT_NOBITS, no bytes in the file
+            return f"cut short: section {i} ends at byte {offset + length} of {size}"
+    return None
+
+
+_said: set = set()
+
+
+def _warn_once(what: str, stacklevel: int = 3) -> None:
+    with _lock:
+        if what in _said:
+            return
+        _said.add(what)
+    warnings.warn(f"mlx_lattice: {what}", RuntimeWarning, stacklevel=stacklevel)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` as a whole: a temporary file beside it, flushed
+    to disk and renamed into place (readers see the old file or the new
+    one, never a part); the temporary file is removed if anything fails."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@contextlib.contextmanager
+def _manifest_lock(directory: Path):
+    """An exclusive lock on a cache directory's list: appends and the
+    rewrite of cuda-prebuild do not lose each other's lines."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "manifest.jsonl.lock", "a+") as f:
+        try:
+            import fcntl
+        except ImportError:  # appends stay whole lines (one write each); a rewrite may lose one
+            yield
+            return
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _append_line(path: Path, line: str) -> None:
+    """One line appended in one write (whole, whatever else appends)."""
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 class _Nvrtc:
@@ -255,48 +366,121 @@ def _find_kernel(name: str) -> "Kernel | None":
 def _parse(line: str):
     """(kernel, key) of a manifest line, or None where it names nothing this
     package has (an older or newer package's line)."""
+    got = _read_line(line)
+    return None if isinstance(got, str) else got
+
+
+def _read_line(line: str):
+    """(kernel, key) of a manifest line, or why it cannot be used."""
     try:
         e = json.loads(line)
+    except ValueError:
+        return "not JSON"
+    try:
         kernel = _find_kernel(e["kernel"])
+        if kernel is None:
+            return f"no kernel {e['kernel']!r} in this package"
         key = (tuple((_NAMED_DTYPES[d], int(n)) for d, n in e["inputs"]),
                tuple(_NAMED_DTYPES[d] for d in e["outputs"]),
                tuple((str(k), _NAMED_DTYPES[v] if isinstance(v, str) else v) for k, v in e["template"]))
-        if (kernel is None or len(key[0]) != len(kernel.input_names) or len(key[1]) != len(kernel.output_names)
-                or not all(isinstance(v, (bool, int, mx.Dtype)) for _, v in key[2])):
-            return None
-        return kernel, key
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"not a kernel specialisation ({err.__class__.__name__}: {err})"
+    if len(key[0]) != len(kernel.input_names) or len(key[1]) != len(kernel.output_names):
+        return f"{kernel.name} takes {len(kernel.input_names)} inputs and {len(kernel.output_names)} outputs"
+    if not all(isinstance(v, (bool, int, mx.Dtype)) for _, v in key[2]):
+        return "a template value is not a dtype, an integer or a flag"
+    return kernel, key
+
+
+def _read_manifest(path) -> tuple[list, dict] | None:
+    """((kernel, key) of each usable line, {line number: why} of the
+    others) of one list, or None where there is no file."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as e:
+        _warn_once(f"the CUDA kernel list {path} is unreadable ({e}); not used")
+        return None
+    good, bad = [], {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        got = _read_line(line)
+        if isinstance(got, str):
+            bad[n] = got
+        else:
+            good.append(got)
+    return good, bad
+
+
+def _say_bad_lines(path, bad: dict) -> None:
+    if bad:
+        shown = "; ".join(f"line {n}: {why}" for n, why in list(bad.items())[:3])
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        _warn_once(f"the CUDA kernel list {path}: {len(bad)} lines cannot be used ({shown}{more}); "
+                   "skipped (python -m mlx_lattice cuda-prebuild rewrites the list without them)", stacklevel=4)
 
 
 def manifest(paths=None) -> list:
     """(kernel, key) of every specialisation listed in ``paths`` (default:
-    the package's list and this machine's cache's), each once."""
+    the package's list and this machine's cache's), each once. Lines this
+    package cannot use (another release's kernels, a damaged line) are
+    skipped with a warning naming the file and the lines."""
     if paths is None:
         comp, directory = _nvrtc(), cache_dir()
         paths = [_SHIPPED] + ([directory / comp.arch / "manifest.jsonl"] if comp and directory else [])
     seen, out = set(), []
     for p in paths:
-        try:
-            lines = Path(p).read_text().splitlines()
-        except OSError:
+        got = _read_manifest(p)
+        if got is None:
             continue
-        for line in lines:
-            parsed = _parse(line)
-            if parsed is not None and (parsed[0].name, parsed[1]) not in seen:
-                seen.add((parsed[0].name, parsed[1]))
-                out.append(parsed)
+        good, bad = got
+        _say_bad_lines(p, bad)
+        for kernel, key in good:
+            if (kernel.name, key) not in seen:
+                seen.add((kernel.name, key))
+                out.append((kernel, key))
     return out
+
+
+def tidy_manifest(directory: Path) -> int:
+    """Rewrite a cache directory's list without the lines this package
+    cannot use and without repeats; returns how many lines went."""
+    path = directory / "manifest.jsonl"
+    with _manifest_lock(directory):
+        try:
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        except FileNotFoundError:
+            return 0
+        kept, seen = [], set()
+        for line in lines:
+            got = _read_line(line)
+            if isinstance(got, str) or (got[0].name, got[1]) in seen:
+                continue
+            seen.add((got[0].name, got[1]))
+            kept.append(_entry(*got))
+        if len(kept) != len(lines):
+            _write_whole(path, "".join(k + "\n" for k in kept).encode())
+        return len(lines) - len(kept)
 
 
 # ----------------------------------------------------- the compiler processes
 def compile_workers() -> int:
-    """Compiler processes of a first miss: ``$MLX_LATTICE_CUDA_COMPILE_WORKERS``,
-    else one per core but one, at most 8 (0: none, every kernel compiles in
-    the process that needs it)."""
-    env = os.environ.get("MLX_LATTICE_CUDA_COMPILE_WORKERS")
-    if env is not None:
-        return max(0, int(env))
+    """Compiler processes of a first miss: ``$MLX_LATTICE_CUDA_COMPILE_WORKERS``
+    (a whole number >= 0; 0: none, every kernel compiles in the process that
+    needs it), else one per core but one, at most 8. Any other value raises
+    ValueError."""
+    env = os.environ.get(ENV_WORKERS, "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ValueError(f"{ENV_WORKERS}={env!r}: expected a whole number of compiler processes >= 0 "
+                             "(0: compile in the process that needs the kernel)")
+        return n
     return max(0, min(8, (os.cpu_count() or 1) - 1))
 
 
@@ -338,7 +522,7 @@ class _Pool:
         ins, outs, template = key
         name, text, path = kernel._target(self.comp, self.directory,
                                           [_Standin(d, n) for d, n in ins], list(outs), list(template))
-        if str(path) in self.done or path.exists():
+        if str(path) in self.done or _cached_cubin(path) is not None:
             return False
         self.done[str(path)] = threading.Event()
         self.jobs.put({"lib": self.comp.path, "options": self.comp.options, "name": name,
@@ -400,6 +584,8 @@ def prebuild(dtypes=(mx.float16, mx.bfloat16, mx.float32), arch: str | None = No
     comp = _Nvrtc(arch)
     if comp.path is None:
         raise OSError("the NVRTC library file is not found in this process")
+    # the cache's own list, without what this package cannot use
+    tidied = tidy_manifest(directory / comp.arch)
     entries = manifest(manifests if manifests is not None
                        else [_SHIPPED, directory / comp.arch / "manifest.jsonl"])
     t = time.perf_counter()
@@ -412,13 +598,32 @@ def prebuild(dtypes=(mx.float16, mx.bfloat16, mx.float32), arch: str | None = No
             event.wait()
     finally:
         pool.close()
-    failed = sum(1 for p in pool.done if not os.path.exists(p))
+    failed = sum(1 for p in pool.done if _cached_cubin(Path(p)) is None)
     return {"compiled": len(pool.done) - failed, "cached": listed - len(pool.done), "failed": failed,
-            "seconds": time.perf_counter() - t, "arch": comp.arch, "directory": str(directory / comp.arch)}
+            "seconds": time.perf_counter() - t, "arch": comp.arch, "directory": str(directory / comp.arch),
+            "list_lines_dropped": tidied}
 
 
 _the_pool: _Pool | None = None
 _pool_failed = False
+
+
+def _cached_cubin(path: Path) -> bytes | None:
+    """The cubin kept at ``path``, or None: absent, unreadable, or not a
+    whole cubin (said once per file; the next compile of it replaces it)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _warn_once(f"the cached CUDA kernel {path} is unreadable ({e}); compiling it again", stacklevel=4)
+        return None
+    why = cubin_problem(data)
+    if why is not None:
+        _warn_once(f"the cached CUDA kernel {path} is {why}; compiling it again (it is replaced)",
+                   stacklevel=4)
+        return None
+    return data
 
 
 def _pool(comp: _Nvrtc, directory: Path) -> _Pool | None:
@@ -505,10 +710,9 @@ class Kernel:
         if comp is None or directory is None:
             return None
         name, text, path = self._target(comp, directory, inputs, output_dtypes, template)
-        try:
-            return name, path.read_bytes()
-        except OSError:
-            pass
+        cubin = _cached_cubin(path)
+        if cubin is not None:
+            return name, cubin
         # A first miss: the kernels this machine's earlier processes used,
         # and those the package lists for this dtype, compile side by side
         # while the caller goes on; this one is waited for if queued there.
@@ -516,10 +720,9 @@ class Kernel:
         if pool is not None:
             pool.offer(_dtype(key))
             if pool.wait(str(path)):
-                try:
-                    return name, path.read_bytes()
-                except OSError:
-                    pass
+                cubin = _cached_cubin(path)
+                if cubin is not None:
+                    return name, cubin
         t = time.perf_counter()
         desc = ", ".join(f"{k}={v}" for k, v in template)
         print(f"mlx_lattice: compiling CUDA kernel {self.name} ({desc}) for {comp.arch}...",
@@ -532,12 +735,9 @@ class Kernel:
             return None
         print(f" {time.perf_counter() - t:.1f} s (kept in {directory})", file=sys.stderr, flush=True)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(cubin)
-            os.replace(tmp, path)
-            with open(path.parent / "manifest.jsonl", "a") as f:
-                f.write(_entry(self, key) + "\n")
+            _write_whole(path, cubin)
+            with _manifest_lock(path.parent):
+                _append_line(path.parent / "manifest.jsonl", _entry(self, key))
         except OSError as e:
             warnings.warn(f"mlx_lattice: could not keep a compiled CUDA kernel in {directory}: {e}", stacklevel=4)
         return name, cubin

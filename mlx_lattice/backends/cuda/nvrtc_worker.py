@@ -6,7 +6,8 @@ lock), so jit starts a few of these to compile a workload's kernels side by
 side. Requests arrive as JSON lines on stdin: {"lib": the NVRTC library,
 "options": [...], "name": ..., "source": ..., "path": where the cubin goes};
 each gets one JSON line back: {"path": ..., "error": null or the log}. The
-cubin is written whole and renamed into place, as jit does.
+cubin is written whole, flushed to disk and renamed into place, as jit does
+(a failed write leaves no temporary file behind).
 """
 
 import ctypes
@@ -49,9 +50,16 @@ def main() -> int:
                 path = req["path"]
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 tmp = f"{path}.{os.getpid()}.tmp"
-                with open(tmp, "wb") as f:
-                    f.write(cubin)
-                os.replace(tmp, path)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(cubin)
+                        f.flush()
+                        os.fsync(f.fileno())  # on disk before the rename
+                    os.replace(tmp, path)
+                except OSError:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                    raise
         except OSError as e:
             error = str(e)
         sys.stdout.write(json.dumps({"path": req["path"], "error": error}) + "\n")
