@@ -234,6 +234,9 @@ class CoordinateManager:
         ``SparseTensor(v.coords, f)`` joins it) and relations, and inherits
         the finer sets recorded for ``s``, so a transposed convolution from
         it lands where one from ``s`` would."""
+        least = len(s.column_counts())
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < least:
+            raise ValueError(f"with_batches: n must be an int >= {least} (one past the largest batch index), got {n!r}")
         if s.num_batches == n:
             return s
         key = (s.id, int(n))

@@ -300,7 +300,8 @@ def test_claim_supports_of_the_ops_table(rng):
     assert _rows(ops.conv3d(x, w(3), padding=1, coordinates=target)) == [tuple(r) for r in target.tolist()]
     assert ops.subm_conv3d(x, w(3)).coordinate_set is x.coordinate_set
     gen = ops.generative_conv_transpose3d(x, w(3), stride=2)
-    assert _rows(gen) == sorted(set(_rows(gen))) == sorted(map(tuple, np.asarray(oracle.generative_support(c, 3, 2)).tolist()))
+    want = sorted(map(tuple, np.asarray(oracle.generative_support(c, 3, 2)).tolist()))
+    assert _rows(gen) == sorted(set(_rows(gen))) == want
     lone = ml.SparseTensor(c, np.ones((len(c), 2), np.float32))  # nothing recorded: lands on s * p
     assert _rows(ops.conv_transpose3d(lone, w(2), stride=2)) == [tuple(r) for r in (c * [1, 2, 2, 2]).tolist()]
 

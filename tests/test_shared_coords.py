@@ -202,3 +202,15 @@ def test_ops_on_a_tensor_leave_every_tensor_on_its_set_alone(rng):
     assert all(isinstance(r, ml.SparseTensor) for r in results)
     assert _view(twin) == before and _view(x) == before
     assert np.array_equal(np.array(x.coords), coords)
+
+
+def test_with_batches_checks_its_batch_size(rng):
+    x, coords, _ = _tensor(rng)
+    m = x.manager
+    assert m.with_batches(x.coordinate_set, 2) is x.coordinate_set
+    v = m.with_batches(x.coordinate_set, 5)
+    assert v.num_batches == 5 and v.stride == x.stride and x.num_batches == 2
+    np.testing.assert_array_equal(np.array(v.coords), coords)
+    for bad in (1, 2.0, True):
+        with pytest.raises(ValueError, match=r"n must be an int >= 2"):
+            m.with_batches(x.coordinate_set, bad)
