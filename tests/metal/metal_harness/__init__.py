@@ -169,6 +169,8 @@ def run_kernel(
     strict: bool = True,
     timeout: float = 60.0,
     names: Sequence[str] | None = None,
+    include_dirs: Sequence[str | Path] = (),
+    version: int | None = None,
 ):
     """Run `kernel` from the .metal file `source` and return its buffers.
 
@@ -184,13 +186,16 @@ def run_kernel(
       between barriers; groups run in the same order.
     strict: threads that returned may not skip a barrier or collective
       that the rest of their threadgroup/simdgroup reaches.
+    include_dirs, version: header folders for the source's own includes and
+      its language version (__METAL_VERSION__, e.g. 400), where the source
+      is not one the project's build compiles.
 
     Returns arrays of the same shape as given: a list for a list, a dict for
     a dict (the params buffer excluded).
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}")
-    prog = load(source)
+    prog = load(source, include_dirs, version)
     if kernel not in prog.unit.instances:
         raise HarnessError(f"{prog.path.name} defines no kernel {kernel!r}; it has {prog.kernels}")
 

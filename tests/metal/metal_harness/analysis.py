@@ -273,22 +273,53 @@ _VARIES = {
     "simdgroup_index_in_threadgroup": "g", "quadgroup_index_in_threadgroup": "gs",
 }
 # Collectives: the group whose threads must all reach them (the letter of
-# _VARIES that must not control them).
+# _VARIES that must not control them). Apple's built-ins under the library
+# (__metal_simd_sum, ...) count as the functions they implement.
 _COLLECTIVE = [
     ("g", re.compile(r"threadgroup_barrier$")),
-    ("s", re.compile(r"simdgroup_barrier$|simd_\w+$|simdgroup_(?:load|store|multiply|multiply_accumulate)$")),
-    ("q", re.compile(r"quad_\w+$")),
+    ("s", re.compile(r"simdgroup_barrier$|(?:__metal_)?simd_\w+$"
+                     r"|simdgroup_(?:load|store|multiply|multiply_accumulate)$")),
+    ("q", re.compile(r"(?:__metal_)?quad_\w+$")),
 ]
-# Library results that differ between threads of a group from uniform arguments.
-_SOURCES = [
-    ("gsq", re.compile(r"atomic_\w+$|simd_(?:shuffle\w*|prefix_\w+|is_first)$|quad_(?:shuffle\w*|prefix_\w+)$")),
-    ("g", re.compile(r"simd_\w+$")),
-    ("gs", re.compile(r"quad_\w+$")),
-]
+# What a library call's result differs between, from what its arguments
+# differ between (`args`: their taint, by position):
+# - a reduction, vote or broadcast of the first lane is one value per
+#   simdgroup (quad), whatever its argument;
+# - a broadcast or shuffle from a lane index gives every lane the value of
+#   that lane: one value per simdgroup (quad) where the index is, else any;
+# - a relative shuffle moves values between lanes: as different as its data;
+# - prefix operations, lane queries and atomics differ between every thread;
+# - other functions (maths) are as different as their arguments.
+_PER_GROUP = re.compile(r"(?:__metal_)?simd_(?:sum|product|min|max|and|or|xor|all|any|ballot|broadcast_first"
+                        r"|active_threads_mask)$")
+_PER_QUAD = re.compile(r"(?:__metal_)?quad_(?:sum|product|min|max|and|or|xor|all|any|ballot|broadcast_first"
+                       r"|active_threads_mask)$")
+_FROM_LANE = re.compile(r"(?:__metal_)?(simd|quad)_(?:broadcast|shuffle)$")
+_MOVES = re.compile(r"(?:__metal_)?(?:simd|quad)_shuffle_(?:xor|up|down|rotate_up|rotate_down|and_fill_up"
+                    r"|and_fill_down)$")
+_PER_THREAD = re.compile(r"atomic_\w+$|(?:__metal_)?(?:simd|quad)_(?:prefix_\w+|is_first)$"
+                         r"|__metal_get_thread_index_in_simdgroup$")
 
 
-def _source_taint(name: str) -> str:
-    return next((t for t, rx in _SOURCES if rx.match(name)), "")
+def _call_taint(name: str, args: list[set]) -> set:
+    """Taint of a library call's result (see above); markers of helper
+    parameters in the arguments that decide it are kept."""
+    if _PER_GROUP.match(name):
+        return {"g"}
+    if _PER_QUAD.match(name):
+        return {"g", "s"}
+    m = _FROM_LANE.match(name)
+    if m:
+        lane = args[1] if len(args) > 1 else set()
+        inner = "s" if m.group(1) == "simd" else "q"
+        base = {"g"} if inner == "s" else {"g", "s"}
+        return base | ({"g", "s", "q"} if inner in lane else set()) | {t for t in lane if len(t) > 1}
+    if _MOVES.match(name):
+        data = set().union(*args[:2]) if args else set()
+        return data | ({"g"} if data else set())
+    if _PER_THREAD.match(name):
+        return {"g", "s", "q"}
+    return set().union(*args) if args else set()
 
 
 def _collective(name: str) -> str:
@@ -402,8 +433,9 @@ class _Uniformity:
                         if "p" + pid in summary:
                             out |= self.expr(arg)
                     continue
-                if callee:
-                    out |= set(_source_taint(callee[1]))
+                if callee:  # a library function: its result from its arguments
+                    out |= _call_taint(callee[1], [self.expr(a) for a in kids[1:]])
+                    continue
             stack.extend(kids)
         return out
 

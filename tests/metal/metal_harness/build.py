@@ -49,7 +49,7 @@ THREADGROUP_MEMORY_LIMIT = 32 * 1024
 MAX_THREADS_PER_THREADGROUP = 1024
 
 _lock = threading.RLock()
-_programs: dict[Path, "Program"] = {}
+_programs: dict[tuple, "Program"] = {}
 _runtime_object: Path | None = None
 
 
@@ -112,11 +112,14 @@ def metal_version(path: Path) -> int:
         raise HarnessError(str(e)) from e
 
 
-def scan(path: Path) -> str:
-    """Preprocess a .metal file with the MSL headers expanding to nothing."""
-    version = metal_version(path)
+def scan(path: Path, include_dirs=(), version: int | None = None) -> str:
+    """Preprocess a .metal file with the MSL headers expanding to nothing.
+    `include_dirs` are searched for the source's own headers (after the
+    shim); `version` overrides the language version the build gives it."""
+    version = metal_version(path) if version is None else int(version)
     res = subprocess.run(
-        [CXX, *SCAN_FLAGS, *METAL_DEFINES, f"-D__METAL_VERSION__={version}", str(path)],
+        [CXX, *SCAN_FLAGS, *[f"-I{d}" for d in include_dirs], *METAL_DEFINES,
+         f"-D__METAL_VERSION__={version}", str(path)],
         capture_output=True,
         text=True,
     )
@@ -227,19 +230,23 @@ class Program:
         return frames
 
 
-def load(path: str | os.PathLike) -> Program:
-    """Scan, rewrite, compile (or reuse) and load a .metal file."""
+def load(path: str | os.PathLike, include_dirs=(), version: int | None = None) -> Program:
+    """Scan, rewrite, compile (or reuse) and load a .metal file (with the
+    header folders and language version scan() takes)."""
     p = Path(path)
     if not p.is_absolute():
         p = (ROOT / p) if (ROOT / p).exists() else p.resolve()
     p = p.resolve()
+    include_dirs = tuple(str(Path(d).resolve()) for d in include_dirs)
+    version = metal_version(p) if version is None else int(version)
+    key = (p, include_dirs, version)
     with _lock:
-        if p in _programs:
-            return _programs[p]
-        text = scan(p)
+        if key in _programs:
+            return _programs[key]
+        text = scan(p, include_dirs, version)
         # Apple's compiler first: what it rejects never reaches the executor.
         try:
-            strict.check(p, text, metal_version(p), cache_dir())
+            strict.check(p, text, version, cache_dir())
         except strict.StrictError as e:
             raise HarnessError(str(e)) from e
         try:
@@ -266,5 +273,5 @@ def load(path: str | os.PathLike) -> Program:
                     if os.path.exists(t):
                         os.unlink(t)
         prog = Program(p, unit, so)
-        _programs[p] = prog
+        _programs[key] = prog
         return prog

@@ -230,6 +230,12 @@ def unit(text: str) -> Unit:
         edits.append((m.start(), m.end(), repl.ljust(m.end() - m.start())))
     for m in _VECTOR_CTOR.finditer(code):
         edits.append((m.start(), m.end(), f"::mh::make<{m.group(1)}>("))
+    # A `thread` method qualifier is the default here: OpenCL's __private
+    # would refuse temporaries and constant evaluation, which have no space.
+    for m in src._DEFINITION_RE.finditer(code):
+        for w in re.finditer(r"\bthread\b", m.group("quals")):
+            at = m.start("quals") + w.start()
+            edits.append((at, at + len("thread"), " " * len("thread")))
     for m in re.finditer(r'^# (\d+) "([^"]*)"((?: \d)+)$', out, re.M):
         edits.append((m.start(3), m.end(3), ""))
     return Unit(_edit(out, edits), u.kernels)

@@ -303,6 +303,176 @@ def threadgroup_decls(text: str, masked: str, lenient: bool = False) -> list[Sha
     return out
 
 
+_SPACE_QUALIFIERS = ("thread", "device", "constant", "threadgroup", "threadgroup_imageblock", "ray_data",
+                     "object_data")
+_SPACE_WORD_RE = re.compile(r"\b(?:" + "|".join(_SPACE_QUALIFIERS) + r")\b(?!_)")
+# The end of a function's parameter list in a definition: `)`, qualifiers,
+# then its body, a constructor's initializers or a trailing return type.
+_DEFINITION_RE = re.compile(
+    r"\)(?P<quals>(?:\s*\b(?:const|volatile|noexcept|mh_class_\w+|" + "|".join(_SPACE_QUALIFIERS)
+    + r")\b)*)\s*(?=\{|:(?!:)|->)"
+)
+_NOT_FUNCTIONS = {"if", "for", "while", "switch", "catch", "return", "sizeof", "alignof", "decltype",
+                  "static_assert", "static_cast", "reinterpret_cast", "const_cast", "noexcept", "requires"}
+
+
+def _scope_starts(masked: str) -> list[int]:
+    """For each offset, the offset of the innermost `{` open there (-1 at
+    file scope)."""
+    out = [-1] * (len(masked) + 1)
+    stack: list[int] = []
+    for i, c in enumerate(masked):
+        if c == "{":
+            stack.append(i)
+        out[i] = stack[-1] if stack else -1
+        if c == "}" and stack:
+            stack.pop()
+    return out
+
+
+def _declaration_start(masked: str, name_at: int) -> int:
+    """Start of the declaration whose name is at `name_at`: after the
+    previous `;`, `{`, `}` or access specifier outside brackets."""
+    depth = 0
+    i = name_at - 1
+    while i >= 0:
+        c = masked[i]
+        if c in ")]":
+            depth += 1
+        elif c in "([":
+            depth -= 1
+        elif depth == 0 and c in ";{}":
+            break
+        elif depth == 0 and c == ":" and re.search(r"\b(?:public|private|protected)\s*$", masked[:i]):
+            break
+        i -= 1
+    return i + 1
+
+
+def _definition_end(masked: str, after: int) -> int:
+    """One past the body of a function whose parameter list and qualifiers
+    end at `after` (a body, a constructor's initializers then a body, or a
+    trailing return type then a body)."""
+    i = after
+    while masked[i].isspace():
+        i += 1
+    if masked[i] == "{":
+        return _match_forward(masked, i, "{}") + 1
+    if masked.startswith("->", i):
+        depth = 0
+        for j in range(i, len(masked)):
+            if masked[j] in "([<":
+                depth += 1
+            elif masked[j] in ")]>":
+                depth -= 1
+            elif masked[j] == "{" and depth <= 0:
+                return _match_forward(masked, j, "{}") + 1
+        raise SourceError(f"no body after the trailing return type at offset {i}")
+    # A constructor's initializers: `name(args)` or `name{args}`, then the body.
+    i += 1
+    item = re.compile(r"\s*[\w:]+\s*(?:<[^(){};]*>)?\s*")
+    while True:
+        i = item.match(masked, i).end()
+        if masked[i] not in "({":
+            raise SourceError(f"cannot read the constructor initializers at offset {i}")
+        i = _match_forward(masked, i, "()" if masked[i] == "(" else "{}") + 1
+        while masked[i].isspace():
+            i += 1
+        if masked[i] == ",":
+            i += 1
+            continue
+        return _match_forward(masked, i, "{}") + 1
+
+
+def _without_template_heads(decl: str) -> str:
+    """A declaration's text without its `template <...>` heads."""
+    out = decl
+    while True:
+        m = re.search(r"\btemplate\s*<", out)
+        if not m:
+            return out
+        try:
+            gt = _match_forward(out, m.end() - 1, "<>")
+        except SourceError:
+            return out
+        out = out[: m.start()] + out[gt + 1 :]
+
+
+def _open_paren(masked: str, close: int) -> int:
+    depth = 0
+    for j in range(close, -1, -1):
+        if masked[j] == ")":
+            depth += 1
+        elif masked[j] == "(":
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def space_overload_edits(text: str, masked: str, erased: set[str] | None = None,
+                         strip_methods: bool = False) -> list[tuple[int, int, str]]:
+    """Functions overloaded only on address spaces, made one for a compiler
+    in which those spaces are one: MSL overloads a member function on the
+    space of its object (`operator bool() const device`) and any function on
+    the spaces of its parameters (`f(thread T&)`, `f(device T&)`); where the
+    words that tell them apart are empty (`erased`: the executor's g++, all
+    of them; clang's C++ mode, class objects' spaces in its first run), the
+    first definition of each group stays (the default-space one where there
+    is one) and the others are blanked. With `strip_methods`, the address-
+    space words after a parameter list go as well (clang's C++ mode has no
+    address-space method qualifiers; the OpenCL front end, which has them,
+    checks those calls)."""
+    erased = set(_SPACE_QUALIFIERS) if erased is None else set(erased) | {"thread"}
+    scopes = _scope_starts(masked)
+    words = re.compile(r"\b(?:" + "|".join(sorted(erased)) + r")\b(?!_)")
+    groups: dict[tuple, list[tuple[int, int, str, int, tuple[int, int]]]] = {}
+    strip: list[tuple[int, int]] = []
+    for m in _DEFINITION_RE.finditer(masked):
+        close = m.start()
+        open_paren = _open_paren(masked, close)
+        if open_paren < 0:
+            continue
+        before = masked[:open_paren].rstrip()
+        name = re.search(r"(?:operator\b[^;{}()]*?|[~A-Za-z_]\w*)\s*$", before)
+        if not name or name.group(0).strip() in _NOT_FUNCTIONS or before.endswith("]"):
+            continue
+        quals = m.group("quals")
+        method_spaces = _SPACE_WORD_RE.findall(quals)
+        if strip_methods and any(w != "thread" for w in method_spaces):
+            strip.append(m.span("quals"))
+        start = _declaration_start(masked, open_paren)
+        head_text = masked[start : close + 1]
+        if not _SPACE_WORD_RE.search(head_text) and not method_spaces and "mh_class_" not in head_text + quals:
+            continue
+        if re.search(r"(?:^|[^=!<>])=(?!=)|\?|\breturn\b", _without_template_heads(masked[start : name.start()])):
+            continue  # an expression, not a declaration
+        plain = " ".join(_LINE_MARKER_RE.sub(" ", head_text).split())
+        key_head = " ".join(words.sub(" ", plain).split())
+        key_quals = " ".join(w for w in quals.split() if w not in _SPACE_QUALIFIERS and not w.startswith("mh_class_"))
+        spaced = bool(re.search(r"\b(?:device|constant|threadgroup)\b", plain)) or any(
+            w != "thread" for w in method_spaces)
+        groups.setdefault((scopes[start], key_head, key_quals), []).append(
+            (start, m.end(), plain + " " + quals, int(spaced), m.span("quals")))
+    edits = []
+    blanked: list[tuple[int, int]] = []
+    for members in groups.values():
+        if len({p for _, _, p, _, _ in members}) < 2:
+            continue  # one definition (or the same text twice: not overloads)
+        keep = min(members, key=lambda x: (x[3], x[0]))
+        for start, after, _, _, _ in members:
+            if start == keep[0]:
+                continue
+            end = _definition_end(masked, after)
+            blanked.append((start, end))
+            edits.append((start, end, "".join(c if c == "\n" else " " for c in text[start:end])))
+    for q0, q1 in strip:
+        if any(a <= q0 < b for a, b in blanked):
+            continue
+        edits.append((q0, q1, _SPACE_WORD_RE.sub(lambda w: " " * len(w.group(0)), masked[q0:q1])))
+    return edits
+
+
 def _threadgroup_edits(text: str, masked: str) -> list[tuple[int, int, str]]:
     """Rewrite `threadgroup T name[dims];` declarations to shared storage."""
     edits = []
@@ -312,8 +482,17 @@ def _threadgroup_edits(text: str, masked: str) -> list[tuple[int, int, str]]:
     return edits
 
 
+def apply_edits(text: str, edits: list[tuple[int, int, str]]) -> str:
+    for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        text = text[:start] + repl + text[end:]
+    return text
+
+
 def process(text: str) -> Unit:
     """Parse and rewrite one preprocessed translation unit."""
+    # One host function per member overloaded only on address spaces
+    # (same length: the offsets below hold).
+    text = apply_edits(text, space_overload_edits(text, _mask_literals(text)))
     masked = _mask_literals(text)
     if re.search(r"\[\[\s*function_constant\b", masked):
         raise SourceError("function constants ([[function_constant(n)]]) are not emulated")

@@ -295,16 +295,29 @@ def clang_unit(text: str, class_spaces: bool = False) -> str:
             drop = kind == "class" and not class_spaces
         if drop:
             edits.append((m.start(), m.end(), f"mh_class_{m.group(1)}"))
+    # An array parameter in a space (`constant const int64_t strides[2]`):
+    # clang's C++ mode refuses the qualified array type that OpenCL and MSL
+    # adjust to a pointer; spelled as that pointer here.
+    for m in re.finditer(r"\b([A-Za-z_]\w*)\s*\[[^\[\]]*\]\s*(?=[,)])", code):
+        i, depth = m.start() - 1, 0
+        while i >= 0 and not (depth == 0 and code[i] in "(,;{}"):
+            depth += code[i] in ")]>"
+            depth -= code[i] in "([<"
+            i -= 1
+        if i >= 0 and code[i] in "(," and _SPACE_WORD.search(code[i + 1 : m.start()]):
+            edits.append((m.start(), m.end(), f"*{m.group(1)}"))
     for m in src._INSTANCE_RE.finditer(code):  # clang takes no attributes there
         edits.append((m.start("attrs"), m.end("attrs"), " "))
     for m in src._HALF_LITERAL_RE.finditer(code):
         edits.append((m.start(), m.end(), f"((half)({m.group(1)}))"))
     for m in re.finditer(r'^# (\d+) "([^"]*)"((?: \d)+)$', text, re.M):
         edits.append((m.start(3), m.end(3), ""))
-    out = text
-    for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
-        out = out[:start] + repl + out[end:]
-    return out
+    out = src.apply_edits(text, edits)
+    # clang's C++ mode has no address-space method qualifiers, and here class
+    # objects' spaces may be gone: functions overloaded on those alone become
+    # one (the OpenCL front end, which keeps both, checks the calls).
+    erased = {"mh_class_device", "mh_class_constant", "mh_class_threadgroup"}
+    return src.apply_edits(out, src.space_overload_edits(out, src._mask_literals(out), erased, strip_methods=True))
 
 
 _CLANG_CANDIDATES = ("clang++-22", "clang++-21", "clang++-20", "clang++-19", "clang++-18", "clang++-17",

@@ -48,6 +48,10 @@ MH_VECTORS(half)
 MH_VECTORS(float)
 MH_VECTORS(bfloat)
 #undef MH_VECTORS
+namespace metal {
+// vec<T, N>: any width, as clang's ext_vector_type (vec<half, 8> is valid).
+template <class T, int N> using vec = T __attribute__((ext_vector_type(N)));
+}
 // OpenCL has no bool vectors: bytes of another type than charN, sized as MSL's.
 typedef signed char bool2 __attribute__((ext_vector_type(2)));
 typedef signed char bool3 __attribute__((ext_vector_type(3)));
@@ -152,6 +156,8 @@ template <class T> using remove_reference_t = typename remove_reference<T>::type
 template <class T> using remove_cvref_t = remove_cv_t<remove_reference_t<T>>;
 template <class T> struct remove_address_space { using type = typename mh::space<T>::type; };
 template <class T> using remove_address_space_t = typename remove_address_space<T>::type;
+template <class T> using remove_addrspace = remove_address_space<T>;
+template <class T> using remove_addrspace_t = remove_address_space_t<T>;
 template <class T> T&& declval();
 template <class T> constexpr __constant bool is_integral_v =
     __is_integral(T) && !is_same_v<remove_cv_t<T>, bool>;
@@ -173,18 +179,73 @@ template <class T> struct make_unsigned { using type = __make_unsigned(T); };
 template <class T> using make_unsigned_t = typename make_unsigned<T>::type;
 template <class T> struct make_signed { using type = __make_signed(T); };
 template <class T> using make_signed_t = typename make_signed<T>::type;
+template <class F, class T> constexpr __constant bool is_convertible_v = __is_convertible_to(F, T);
+template <class F, class T> struct is_convertible : bool_constant<is_convertible_v<F, T>> {};
+template <class T> constexpr __constant bool is_empty_v = __is_empty(T);
+template <class T> struct is_empty : bool_constant<is_empty_v<T>> {};
+template <class T> constexpr __constant bool is_class_v = __is_class(T);
+template <class B, class D> constexpr __constant bool is_base_of_v = __is_base_of(B, D);
+template <class T> struct is_pointer : bool_constant<is_pointer_v<T>> {};
+template <class T> struct is_const : bool_constant<is_const_v<T>> {};
+template <class T> struct decay { using type = __decay(T); };
+template <class T> using decay_t = typename decay<T>::type;
+template <class T> struct remove_pointer { using type = __remove_pointer(T); };
+template <class T> using remove_pointer_t = typename remove_pointer<T>::type;
+template <class T> struct remove_const { using type = T; };
+template <class T> struct remove_const<const T> { using type = T; };
+template <class T> using remove_const_t = typename remove_const<T>::type;
+template <class... T> using void_t = void;
+template <class T> struct is_vector : false_type {};
+template <class T, int N> struct is_vector<T __attribute__((ext_vector_type(N)))> : true_type {};
+template <class T> constexpr __constant bool is_vector_v = is_vector<T>::value;
+template <class T> struct uniform {
+  T mh_value;
+  constexpr operator T() const { return mh_value; }
+};
+template <class T> uniform<T> make_uniform(T);
 
+// numeric_limits with values: sources use them in constant expressions.
 template <class T> struct numeric_limits {
   static constexpr __constant bool is_specialized = true;
   static constexpr __constant bool is_integer = __is_integral(T);
   static constexpr __constant bool is_signed = is_signed_v<T>;
-  static constexpr T min();
-  static constexpr T max();
-  static constexpr T lowest();
-  static constexpr T epsilon();
-  static constexpr T infinity();
-  static constexpr T quiet_NaN();
+  static constexpr __constant int digits = int(sizeof(T) * 8) - (is_signed_v<T> ? 1 : 0);
+  static constexpr T max() {
+    return is_signed_v<T> ? T(~(make_unsigned_t<T>(1) << (sizeof(T) * 8 - 1))) : T(~T(0));
+  }
+  static constexpr T min() { return is_signed_v<T> ? T(-max() - 1) : T(0); }
+  static constexpr T lowest() { return min(); }
+  static constexpr T epsilon() { return T(0); }
+  static constexpr T infinity() { return T(0); }
+  static constexpr T quiet_NaN() { return T(0); }
 };
+template <> struct numeric_limits<bool> {
+  static constexpr __constant bool is_specialized = true;
+  static constexpr __constant bool is_integer = true;
+  static constexpr __constant bool is_signed = false;
+  static constexpr bool max() { return true; }
+  static constexpr bool min() { return false; }
+  static constexpr bool lowest() { return false; }
+};
+#define MH_FLOAT_LIMITS(T, MAX, MIN, EPS, DIGITS)                           \
+  template <> struct numeric_limits<T> {                                   \
+    static constexpr __constant bool is_specialized = true;                \
+    static constexpr __constant bool is_integer = false;                   \
+    static constexpr __constant bool is_signed = true;                     \
+    static constexpr __constant bool has_infinity = true;                  \
+    static constexpr __constant int digits = DIGITS;                       \
+    static constexpr T max() { return T(MAX); }                            \
+    static constexpr T min() { return T(MIN); }                            \
+    static constexpr T lowest() { return T(-(MAX)); }                      \
+    static constexpr T epsilon() { return T(EPS); }                        \
+    static constexpr T infinity() { return T(__builtin_inff()); }          \
+    static constexpr T quiet_NaN() { return T(__builtin_nanf("")); }       \
+    static constexpr T denorm_min() { return T(MIN); }                     \
+  };
+MH_FLOAT_LIMITS(float, 0x1.fffffep+127f, 0x1p-126f, 0x1p-23f, 24)
+MH_FLOAT_LIMITS(half, 65504.0f, 6.103515625e-05f, 0.0009765625f, 11)
+MH_FLOAT_LIMITS(bfloat, 65504.0f, 6.103515625e-05f, 0.0078125f, 8)
+#undef MH_FLOAT_LIMITS
 
 // ---------------------------------------------------------------- arrays
 template <class T, size_t N> struct array {
@@ -222,6 +283,7 @@ MH_SCALAR_OF(dot) MH_SCALAR_OF(length) MH_SCALAR_OF(length_squared) MH_SCALAR_OF
 MH_SCALAR_OF(distance_squared)
 MH_BOOL(all) MH_BOOL(any) MH_BOOL(isfinite) MH_BOOL(isinf) MH_BOOL(isnan) MH_BOOL(isnormal)
 MH_BOOL(isordered) MH_BOOL(isunordered) MH_BOOL(signbit)
+MH_LIKE_FIRST(ilogb) MH_LIKE_FIRST(pown) MH_LIKE_FIRST(mad) MH_LIKE_FIRST(median3)
 
 // as_type: MSL reinterprets only between types of one size.
 template <class T, class U> T as_type(U x) {
@@ -264,6 +326,21 @@ bool simd_is_helper_thread();
 bool quad_all(bool);
 bool quad_any(bool);
 ushort quad_ballot(bool);
+} // namespace metal
+// Apple's compiler built-ins under <metal_stdlib> (__metal_fabs(x, mode),
+// __metal_simd_sum(x), ...), which sources may call too.
+#define __METAL_FAST_MATH__ 0
+#define __METAL_HALF_MATH__ 1
+#define __METAL_NATIVE_MATH__ 2
+#define __METAL_PRECISE_MATH__ 3
+#define __METAL_MAYBE_FAST_MATH__ __METAL_FAST_MATH__
+#define MH_BUILTIN(f) MH_LIKE_FIRST(__metal_##f)
+MH_MATH(MH_BUILTIN)
+MH_COLLECTIVES(MH_BUILTIN)
+MH_BUILTIN(fmedian3) MH_BUILTIN(nextafter) MH_BUILTIN(get_simdgroup_size)
+MH_BUILTIN(get_thread_index_in_simdgroup) MH_BUILTIN(select)
+#undef MH_BUILTIN
+namespace metal {
 #undef MH_COLLECTIVES
 #undef MH_MATH
 #undef MH_LIKE_FIRST

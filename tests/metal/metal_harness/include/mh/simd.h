@@ -58,6 +58,11 @@ struct Gathered {
     return v;
   }
   uint first() const { return mask ? uint(__builtin_ctzll(mask)) : 32u; }
+  uint first_in_quad() const {
+    const uint q = lane & ~3u;
+    const uint64_t m = (mask >> q) & 0xFu;
+    return m ? q + uint(__builtin_ctzll(m)) : lane;
+  }
 };
 
 template <class T>
@@ -102,63 +107,125 @@ struct Max {
   template <class T>
   T operator()(T a, T b) const { return max(a, b); }
 };
+// Bitwise folds; the built-ins also take floating values (their bits).
+template <class T, class F>
+inline T bitwise(T a, T b, F f) {
+  if constexpr (std::is_integral_v<T> || vinfo<T>::is_vec && std::is_integral_v<typename vinfo<T>::elem>) {
+    return T(f(a, b));
+  } else {
+    using E = typename vinfo<T>::elem;
+    using U = std::conditional_t<sizeof(E) == 2, uint16_t, uint32_t>;
+    T r;
+    for (int i = 0; i < vinfo<T>::n; ++i) {
+      const E x = vinfo<T>::is_vec ? reinterpret_cast<const E*>(&a)[i] : *reinterpret_cast<const E*>(&a);
+      const E y = vinfo<T>::is_vec ? reinterpret_cast<const E*>(&b)[i] : *reinterpret_cast<const E*>(&b);
+      const U u = U(f(__builtin_bit_cast(U, x), __builtin_bit_cast(U, y)));
+      reinterpret_cast<E*>(&r)[i] = __builtin_bit_cast(E, u);
+    }
+    return r;
+  }
+}
 struct And {
   template <class T>
-  T operator()(T a, T b) const { return T(a & b); }
+  T operator()(T a, T b) const { return bitwise(a, b, [](auto x, auto y) { return x & y; }); }
 };
 struct Or {
   template <class T>
-  T operator()(T a, T b) const { return T(a | b); }
+  T operator()(T a, T b) const { return bitwise(a, b, [](auto x, auto y) { return x | y; }); }
 };
 struct Xor {
   template <class T>
-  T operator()(T a, T b) const { return T(a ^ b); }
+  T operator()(T a, T b) const { return bitwise(a, b, [](auto x, auto y) { return x ^ y; }); }
 };
 
 } // namespace detail
 
 // ------------------------------------------------------------ reductions
+// The library's functions are over built-ins (__metal_simd_sum(x), ...) as in
+// Apple's <metal_simdgroup>; both take the specification's types: scalars and
+// vectors of char to uint, half and float (the bitwise ones integers only).
+// bool, long, ulong and bfloat values are not among them (MLX's utils.h and
+// bf16_math.h wrap those through uint2, uint and float).
 
-#define MH_SIMD_REDUCE(name, Op, lo, hi)                                      \
+template <class X>
+inline constexpr bool simd_value_v = []() {
+  using E = detail::elem_t<X>;
+  return (detail::lib_float_v<E> || (detail::lib_int_v<E> && sizeof(E) <= 4)) &&
+      (detail::is_vecish_v<X> || is_scalar_v<X>);
+}();
+template <class X>
+inline constexpr bool simd_int_v = simd_value_v<X> && detail::lib_int_v<detail::elem_t<X>>;
+
+} // namespace metal
+
+#define MH_SIMD_REDUCE(name, Op, lo, hi, Kind)                                \
   template <class X>                                                          \
-  inline auto name(const X& x0, MH_HERE) {                                    \
+    requires metal::simd_value_v<X>                                           \
+  inline auto __metal_##name(const X& x0, MH_HERE) {                          \
+    using namespace metal;                                                    \
     using T = detail::vec_of<X>;                                              \
     T x = detail::tov(x0);                                                    \
     auto g = detail::gather(x, #name, loc);                                   \
     return detail::fold<T>(g, lo, hi, T(0), detail::Op{});                    \
+  }                                                                           \
+  namespace metal {                                                           \
+  template <class X>                                                          \
+    requires Kind<X>                                                          \
+  inline auto name(const X& x, MH_HERE) {                                     \
+    return ::__metal_##name(x, loc);                                          \
+  }                                                                           \
   }
-MH_SIMD_REDUCE(simd_sum, Add, 0, 32)
-MH_SIMD_REDUCE(simd_product, Mul, 0, 32)
-MH_SIMD_REDUCE(simd_min, Min, 0, 32)
-MH_SIMD_REDUCE(simd_max, Max, 0, 32)
-MH_SIMD_REDUCE(simd_and, And, 0, 32)
-MH_SIMD_REDUCE(simd_or, Or, 0, 32)
-MH_SIMD_REDUCE(simd_xor, Xor, 0, 32)
-MH_SIMD_REDUCE(simd_prefix_exclusive_sum, Add, 0, g.lane)
-MH_SIMD_REDUCE(simd_prefix_inclusive_sum, Add, 0, g.lane + 1)
-MH_SIMD_REDUCE(simd_prefix_inclusive_product, Mul, 0, g.lane + 1)
-MH_SIMD_REDUCE(quad_sum, Add, g.lane & ~3u, (g.lane & ~3u) + 4)
-MH_SIMD_REDUCE(quad_product, Mul, g.lane & ~3u, (g.lane & ~3u) + 4)
-MH_SIMD_REDUCE(quad_min, Min, g.lane & ~3u, (g.lane & ~3u) + 4)
-MH_SIMD_REDUCE(quad_max, Max, g.lane & ~3u, (g.lane & ~3u) + 4)
-MH_SIMD_REDUCE(quad_prefix_exclusive_sum, Add, g.lane & ~3u, g.lane)
-MH_SIMD_REDUCE(quad_prefix_inclusive_sum, Add, g.lane & ~3u, g.lane + 1)
+MH_SIMD_REDUCE(simd_sum, Add, 0, 32, simd_value_v)
+MH_SIMD_REDUCE(simd_product, Mul, 0, 32, simd_value_v)
+MH_SIMD_REDUCE(simd_min, Min, 0, 32, simd_value_v)
+MH_SIMD_REDUCE(simd_max, Max, 0, 32, simd_value_v)
+MH_SIMD_REDUCE(simd_and, And, 0, 32, simd_int_v)
+MH_SIMD_REDUCE(simd_or, Or, 0, 32, simd_int_v)
+MH_SIMD_REDUCE(simd_xor, Xor, 0, 32, simd_int_v)
+MH_SIMD_REDUCE(simd_prefix_exclusive_sum, Add, 0, g.lane, simd_value_v)
+MH_SIMD_REDUCE(simd_prefix_inclusive_sum, Add, 0, g.lane + 1, simd_value_v)
+MH_SIMD_REDUCE(simd_prefix_inclusive_product, Mul, 0, g.lane + 1, simd_value_v)
+MH_SIMD_REDUCE(quad_sum, Add, g.lane & ~3u, (g.lane & ~3u) + 4, simd_value_v)
+MH_SIMD_REDUCE(quad_product, Mul, g.lane & ~3u, (g.lane & ~3u) + 4, simd_value_v)
+MH_SIMD_REDUCE(quad_min, Min, g.lane & ~3u, (g.lane & ~3u) + 4, simd_value_v)
+MH_SIMD_REDUCE(quad_max, Max, g.lane & ~3u, (g.lane & ~3u) + 4, simd_value_v)
+MH_SIMD_REDUCE(quad_and, And, g.lane & ~3u, (g.lane & ~3u) + 4, simd_int_v)
+MH_SIMD_REDUCE(quad_or, Or, g.lane & ~3u, (g.lane & ~3u) + 4, simd_int_v)
+MH_SIMD_REDUCE(quad_xor, Xor, g.lane & ~3u, (g.lane & ~3u) + 4, simd_int_v)
+MH_SIMD_REDUCE(quad_prefix_exclusive_sum, Add, g.lane & ~3u, g.lane, simd_value_v)
+MH_SIMD_REDUCE(quad_prefix_inclusive_sum, Add, g.lane & ~3u, g.lane + 1, simd_value_v)
+MH_SIMD_REDUCE(quad_prefix_inclusive_product, Mul, g.lane & ~3u, g.lane + 1, simd_value_v)
 #undef MH_SIMD_REDUCE
 
 // An exclusive product starts from 1, not 0.
-template <class X>
-inline auto simd_prefix_exclusive_product(const X& x0, MH_HERE) {
-  using T = detail::vec_of<X>;
-  T x = detail::tov(x0);
-  auto g = detail::gather(x, "simd_prefix_exclusive_product", loc);
-  return detail::fold<T>(g, 0, g.lane, T(1), detail::Mul{});
-}
+#define MH_SIMD_EXCLUSIVE_PRODUCT(name, lo)                                   \
+  template <class X>                                                          \
+    requires metal::simd_value_v<X>                                           \
+  inline auto __metal_##name(const X& x0, MH_HERE) {                          \
+    using namespace metal;                                                    \
+    using T = detail::vec_of<X>;                                              \
+    T x = detail::tov(x0);                                                    \
+    auto g = detail::gather(x, #name, loc);                                   \
+    return detail::fold<T>(g, lo, g.lane, T(1), detail::Mul{});               \
+  }                                                                           \
+  namespace metal {                                                           \
+  template <class X>                                                          \
+    requires simd_value_v<X>                                                  \
+  inline auto name(const X& x, MH_HERE) {                                     \
+    return ::__metal_##name(x, loc);                                          \
+  }                                                                           \
+  }
+MH_SIMD_EXCLUSIVE_PRODUCT(simd_prefix_exclusive_product, 0)
+MH_SIMD_EXCLUSIVE_PRODUCT(quad_prefix_exclusive_product, g.lane & ~3u)
+#undef MH_SIMD_EXCLUSIVE_PRODUCT
 
 // ------------------------------------------------------------ shuffles
 
-#define MH_SIMD_SHUFFLE(name, Arg, src_expr)                                  \
+#define MH_SIMD_SHUFFLE(name, src_expr)                                       \
   template <class X>                                                          \
-  inline auto name(const X& x0, Arg k, MH_HERE) {                             \
+    requires metal::simd_value_v<X>                                           \
+  inline auto __metal_##name(const X& x0, ushort k, MH_HERE) {                \
+    using namespace metal;                                                    \
     using T = detail::vec_of<X>;                                              \
     T x = detail::tov(x0);                                                    \
     auto g = detail::gather(x, #name, loc);                                   \
@@ -166,54 +233,107 @@ inline auto simd_prefix_exclusive_product(const X& x0, MH_HERE) {
     const uint q = lane & ~3u;                                                \
     (void)q;                                                                  \
     const long src = (src_expr);                                              \
-    return src < 0 ? x : g.template at<T>(uint(src));                                  \
+    return src < 0 ? x : g.template at<T>(uint(src));                         \
+  }                                                                           \
+  namespace metal {                                                           \
+  template <class X>                                                          \
+    requires simd_value_v<X>                                                  \
+  inline auto name(const X& x, ushort k, MH_HERE) {                           \
+    return ::__metal_##name(x, k, loc);                                       \
+  }                                                                           \
   }
 // src < 0 keeps the caller's own value (lanes shifted past the edge).
-MH_SIMD_SHUFFLE(simd_shuffle, ushort, long(k))
-MH_SIMD_SHUFFLE(simd_broadcast, ushort, long(k))
-MH_SIMD_SHUFFLE(simd_shuffle_xor, ushort, long(lane ^ k))
-MH_SIMD_SHUFFLE(simd_shuffle_down, ushort, lane + k < 32 ? long(lane + k) : -1L)
-MH_SIMD_SHUFFLE(simd_shuffle_up, ushort, k <= lane ? long(lane - k) : -1L)
-MH_SIMD_SHUFFLE(simd_shuffle_rotate_down, ushort, long((lane + k) % 32))
-MH_SIMD_SHUFFLE(simd_shuffle_rotate_up, ushort, long((lane + 32 - (k % 32)) % 32))
-MH_SIMD_SHUFFLE(quad_shuffle, ushort, long(q + (k & 3u)))
-MH_SIMD_SHUFFLE(quad_broadcast, ushort, long(q + (k & 3u)))
-MH_SIMD_SHUFFLE(quad_shuffle_xor, ushort, long(q + ((lane ^ k) & 3u)))
-MH_SIMD_SHUFFLE(quad_shuffle_down, ushort, (lane & 3u) + k < 4 ? long(lane + k) : -1L)
-MH_SIMD_SHUFFLE(quad_shuffle_up, ushort, k <= (lane & 3u) ? long(lane - k) : -1L)
+MH_SIMD_SHUFFLE(simd_shuffle, long(k))
+MH_SIMD_SHUFFLE(simd_broadcast, long(k))
+MH_SIMD_SHUFFLE(simd_shuffle_xor, long(lane ^ k))
+MH_SIMD_SHUFFLE(simd_shuffle_down, lane + k < 32 ? long(lane + k) : -1L)
+MH_SIMD_SHUFFLE(simd_shuffle_up, k <= lane ? long(lane - k) : -1L)
+MH_SIMD_SHUFFLE(simd_shuffle_rotate_down, long((lane + k) % 32))
+MH_SIMD_SHUFFLE(simd_shuffle_rotate_up, long((lane + 32 - (k % 32)) % 32))
+MH_SIMD_SHUFFLE(quad_shuffle, long(q + (k & 3u)))
+MH_SIMD_SHUFFLE(quad_broadcast, long(q + (k & 3u)))
+MH_SIMD_SHUFFLE(quad_shuffle_xor, long(q + ((lane ^ k) & 3u)))
+MH_SIMD_SHUFFLE(quad_shuffle_down, (lane & 3u) + k < 4 ? long(lane + k) : -1L)
+MH_SIMD_SHUFFLE(quad_shuffle_up, k <= (lane & 3u) ? long(lane - k) : -1L)
+MH_SIMD_SHUFFLE(quad_shuffle_rotate_down, long(q + ((lane + k) & 3u)))
+MH_SIMD_SHUFFLE(quad_shuffle_rotate_up, long(q + ((lane + 4 - (k & 3u)) & 3u)))
 #undef MH_SIMD_SHUFFLE
 
-template <class X>
-inline auto simd_broadcast_first(const X& x0, MH_HERE) {
-  using T = detail::vec_of<X>;
-  T x = detail::tov(x0);
-  auto g = detail::gather(x, "simd_broadcast_first", loc);
-  return g.template at<T>(g.first());
+#define MH_SIMD_FIRST(name, first_expr)                                       \
+  template <class X>                                                          \
+    requires metal::simd_value_v<X>                                           \
+  inline auto __metal_##name(const X& x0, MH_HERE) {                          \
+    using namespace metal;                                                    \
+    using T = detail::vec_of<X>;                                              \
+    T x = detail::tov(x0);                                                    \
+    auto g = detail::gather(x, #name, loc);                                   \
+    return g.template at<T>(first_expr);                                      \
+  }                                                                           \
+  namespace metal {                                                           \
+  template <class X>                                                          \
+    requires simd_value_v<X>                                                  \
+  inline auto name(const X& x, MH_HERE) {                                     \
+    return ::__metal_##name(x, loc);                                          \
+  }                                                                           \
+  }
+MH_SIMD_FIRST(simd_broadcast_first, g.first())
+MH_SIMD_FIRST(quad_broadcast_first, g.first_in_quad())
+#undef MH_SIMD_FIRST
+
+// data from lane + delta of the `modulo`-lane segment; lanes past its end
+// take filling from lane + delta - modulo.
+#define MH_SIMD_FILL(name, src_expr)                                          \
+  template <class X, class Y>                                                 \
+    requires(metal::simd_value_v<X> && std::is_same_v<metal::detail::vec_of<X>, metal::detail::vec_of<Y>>) \
+  inline auto __metal_##name(const X& data0, const Y& fill0, ushort delta, ushort modulo, MH_HERE) { \
+    using namespace metal;                                                    \
+    using T = detail::vec_of<X>;                                              \
+    struct Pair {                                                             \
+      T data;                                                                 \
+      T fill;                                                                 \
+    } p{detail::tov(data0), detail::tov(fill0)};                              \
+    auto g = detail::gather(p, #name, loc);                                   \
+    const uint m = modulo == 0 ? 32u : uint(modulo);                          \
+    const uint base = g.lane - g.lane % m, at = g.lane % m;                   \
+    (void)base;                                                               \
+    return src_expr;                                                          \
+  }                                                                           \
+  namespace metal {                                                           \
+  template <class X, class Y>                                                 \
+    requires(simd_value_v<X> && std::is_same_v<detail::vec_of<X>, detail::vec_of<Y>>) \
+  inline auto name(const X& data, const Y& fill, ushort delta, MH_HERE) {     \
+    return ::__metal_##name(data, fill, delta, ushort(32), loc);              \
+  }                                                                           \
+  template <class X, class Y>                                                 \
+    requires(simd_value_v<X> && std::is_same_v<detail::vec_of<X>, detail::vec_of<Y>>) \
+  inline auto name(const X& data, const Y& fill, ushort delta, ushort modulo, MH_HERE) { \
+    return ::__metal_##name(data, fill, delta, modulo, loc);                  \
+  }                                                                           \
+  }
+MH_SIMD_FILL(simd_shuffle_and_fill_down,
+             at + delta < m ? g.template at<Pair>(base + at + delta).data
+                            : g.template at<Pair>(base + at + delta - m).fill)
+MH_SIMD_FILL(simd_shuffle_and_fill_up,
+             delta <= at ? g.template at<Pair>(base + at - delta).data
+                         : g.template at<Pair>(base + at + m - delta).fill)
+#undef MH_SIMD_FILL
+
+// The calling thread's lane and its simdgroup's width, as built-ins (MLX's
+// NAX fragments read the lane this way).
+inline ushort __metal_get_thread_index_in_simdgroup(ushort) {
+  return ushort(mh::g_thread->lane);
+}
+inline uint __metal_get_thread_index_in_simdgroup(uint) {
+  return mh::g_thread->lane;
+}
+inline ushort __metal_get_simdgroup_size(ushort) {
+  return ushort(mh::kSimdWidth);
+}
+inline uint __metal_get_simdgroup_size(uint) {
+  return uint(mh::kSimdWidth);
 }
 
-// data from lane + delta; lanes past the end take filling from lane + delta - 32.
-template <class X, class Y>
-inline auto simd_shuffle_and_fill_down(const X& data0, const Y& fill0, ushort delta, MH_HERE) {
-  using T = detail::vec_of<X>;
-  struct Pair {
-    T data;
-    T fill;
-  } p{detail::tov(data0), T(detail::tov(fill0))};
-  auto g = detail::gather(p, "simd_shuffle_and_fill_down", loc);
-  uint src = g.lane + delta;
-  return src < 32 ? g.template at<Pair>(src).data : g.template at<Pair>(src - 32).fill;
-}
-
-template <class X, class Y>
-inline auto simd_shuffle_and_fill_up(const X& data0, const Y& fill0, ushort delta, MH_HERE) {
-  using T = detail::vec_of<X>;
-  struct Pair {
-    T data;
-    T fill;
-  } p{detail::tov(data0), T(detail::tov(fill0))};
-  auto g = detail::gather(p, "simd_shuffle_and_fill_up", loc);
-  return delta <= g.lane ? g.template at<Pair>(g.lane - delta).data : g.template at<Pair>(g.lane + 32 - delta).fill;
-}
+namespace metal {
 
 // ------------------------------------------------------------ votes
 

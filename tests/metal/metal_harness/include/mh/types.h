@@ -42,10 +42,22 @@ struct bfloat {
   uint16_t bits;
 
   bfloat() = default;
+  // MSL's conversions: integers convert to bfloat implicitly; float and half
+  // only explicitly ("neither float nor half can be implicitly converted to
+  // bfloat"). bfloat converts implicitly to float only; to half and to
+  // integers explicitly.
   template <class U>
-    requires(is_scalar_v<U> && !std::is_same_v<U, bfloat>)
+    requires(std::is_integral_v<U>)
   constexpr bfloat(U v) : bits(from_float(static_cast<float>(v))) {}
-  constexpr operator float() const { return to_float(bits); }
+  template <class U>
+    requires(std::is_same_v<U, float> || std::is_same_v<U, half> || std::is_same_v<U, double>)
+  constexpr explicit bfloat(U v) : bits(from_float(static_cast<float>(v))) {}
+  template <class U>
+    requires std::is_same_v<U, float>
+  constexpr operator U() const { return to_float(bits); }
+  template <class U>
+    requires(std::is_integral_v<U> || std::is_same_v<U, half>)
+  constexpr explicit operator U() const { return static_cast<U>(to_float(bits)); }
 
   static constexpr uint16_t from_float(float f) {
     uint32_t u = __builtin_bit_cast(uint32_t, f);
@@ -59,12 +71,12 @@ struct bfloat {
     return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16);
   }
 
-  bfloat operator-() const {
-    bfloat r;
-    r.bits = bits ^ 0x8000u;
+  constexpr bfloat operator-() const {
+    bfloat r{};
+    r.bits = static_cast<uint16_t>(bits ^ 0x8000u);
     return r;
   }
-  bfloat operator+() const { return *this; }
+  constexpr bfloat operator+() const { return *this; }
   template <class U>
     requires is_scalar_v<U>
   bfloat& operator+=(U o) { return *this = bfloat(float(*this) + float(o)); }
@@ -77,23 +89,39 @@ struct bfloat {
   template <class U>
     requires is_scalar_v<U>
   bfloat& operator/=(U o) { return *this = bfloat(float(*this) / float(o)); }
+  bfloat& operator++() { return *this += 1; }
+  bfloat& operator--() { return *this -= 1; }
 };
 
-// bfloat op bfloat stays bfloat; bfloat op other scalar computes in float.
+// The usual arithmetic conversions with bfloat: with bfloat or an integer it
+// stays bfloat; with float it computes in float; with half there is no
+// common type (neither converts implicitly to the other).
 #define MH_BF_ARITH(op)                                                     \
-  inline bfloat operator op(bfloat a, bfloat b) {                           \
+  constexpr bfloat operator op(bfloat a, bfloat b) {                           \
     return bfloat(float(a) op float(b));                                    \
   }                                                                         \
   template <class U>                                                        \
-    requires(is_scalar_v<U> && !std::is_same_v<U, bfloat>)                  \
-  inline float operator op(bfloat a, U b) {                                 \
-    return float(a) op float(b);                                            \
+    requires std::is_integral_v<U>                                          \
+  constexpr bfloat operator op(bfloat a, U b) {                             \
+    return bfloat(float(a) op float(b));                                    \
   }                                                                         \
   template <class U>                                                        \
-    requires(is_scalar_v<U> && !std::is_same_v<U, bfloat>)                  \
-  inline float operator op(U a, bfloat b) {                                 \
-    return float(a) op float(b);                                            \
-  }
+    requires std::is_integral_v<U>                                          \
+  constexpr bfloat operator op(U a, bfloat b) {                             \
+    return bfloat(float(a) op float(b));                                    \
+  }                                                                         \
+  template <class U>                                                        \
+    requires(std::is_same_v<U, float> || std::is_same_v<U, double>)         \
+  constexpr U operator op(bfloat a, U b) {                                     \
+    return U(float(a)) op b;                                                \
+  }                                                                         \
+  template <class U>                                                        \
+    requires(std::is_same_v<U, float> || std::is_same_v<U, double>)         \
+  constexpr U operator op(U a, bfloat b) {                                     \
+    return a op U(float(b));                                                \
+  }                                                                         \
+  void operator op(bfloat, half) = delete;                                  \
+  void operator op(half, bfloat) = delete;
 MH_BF_ARITH(+)
 MH_BF_ARITH(-)
 MH_BF_ARITH(*)
@@ -101,17 +129,19 @@ MH_BF_ARITH(/)
 #undef MH_BF_ARITH
 
 #define MH_BF_CMP(op)                                                       \
-  inline bool operator op(bfloat a, bfloat b) { return float(a) op float(b); } \
+  constexpr bool operator op(bfloat a, bfloat b) { return float(a) op float(b); } \
   template <class U>                                                        \
-    requires(is_scalar_v<U> && !std::is_same_v<U, bfloat>)                  \
-  inline bool operator op(bfloat a, U b) {                                  \
-    return float(a) op float(b);                                            \
+    requires(is_scalar_v<U> && !std::is_same_v<U, bfloat> && !std::is_same_v<U, half>) \
+  constexpr bool operator op(bfloat a, U b) {                               \
+    return float(a) op b;                                                   \
   }                                                                         \
   template <class U>                                                        \
-    requires(is_scalar_v<U> && !std::is_same_v<U, bfloat>)                  \
-  inline bool operator op(U a, bfloat b) {                                  \
-    return float(a) op float(b);                                            \
-  }
+    requires(is_scalar_v<U> && !std::is_same_v<U, bfloat> && !std::is_same_v<U, half>) \
+  constexpr bool operator op(U a, bfloat b) {                               \
+    return a op float(b);                                                   \
+  }                                                                         \
+  bool operator op(bfloat, half) = delete;                                  \
+  bool operator op(half, bfloat) = delete;
 MH_BF_CMP(==)
 MH_BF_CMP(!=)
 MH_BF_CMP(<)
@@ -121,25 +151,113 @@ MH_BF_CMP(>=)
 #undef MH_BF_CMP
 
 // ------------------------------------------------------------- type traits
-// The subset of metal_type_traits kernels tend to use.
+// <metal_type_traits>: the C++ type traits MSL carries (std's, under
+// metal::), with MSL's own meanings of the arithmetic ones (half and bfloat
+// are floating-point) and its additions (vectors, address spaces).
+using std::add_const;
+using std::add_const_t;
+using std::add_cv;
+using std::add_cv_t;
+using std::add_lvalue_reference;
+using std::add_lvalue_reference_t;
+using std::add_pointer;
+using std::add_pointer_t;
+using std::add_rvalue_reference;
+using std::add_rvalue_reference_t;
+using std::add_volatile;
+using std::add_volatile_t;
+using std::alignment_of;
+using std::alignment_of_v;
+using std::bool_constant;
+using std::common_type;
+using std::common_type_t;
 using std::conditional;
 using std::conditional_t;
+using std::conjunction;
+using std::conjunction_v;
+using std::decay;
+using std::decay_t;
+using std::declval;
+using std::disjunction;
+using std::disjunction_v;
 using std::enable_if;
 using std::enable_if_t;
+using std::extent;
+using std::extent_v;
+using std::false_type;
 using std::integral_constant;
+using std::is_array;
+using std::is_array_v;
+using std::is_assignable;
+using std::is_assignable_v;
+using std::is_base_of;
+using std::is_base_of_v;
+using std::is_class;
+using std::is_class_v;
+using std::is_const;
 using std::is_const_v;
+using std::is_constructible;
+using std::is_constructible_v;
+using std::is_convertible;
+using std::is_convertible_v;
+using std::is_empty;
+using std::is_empty_v;
+using std::is_enum;
+using std::is_enum_v;
+using std::is_function;
+using std::is_function_v;
 using std::is_integral;
 using std::is_integral_v;
+using std::is_lvalue_reference;
+using std::is_lvalue_reference_v;
+using std::is_pointer;
+using std::is_pointer_v;
+using std::is_reference;
+using std::is_reference_v;
+using std::is_rvalue_reference;
+using std::is_rvalue_reference_v;
 using std::is_same;
 using std::is_same_v;
 using std::is_signed;
 using std::is_signed_v;
+using std::is_trivially_copyable;
+using std::is_trivially_copyable_v;
+using std::is_union;
+using std::is_union_v;
 using std::is_unsigned;
 using std::is_unsigned_v;
+using std::is_void;
+using std::is_void_v;
+using std::is_volatile;
+using std::is_volatile_v;
+using std::make_signed;
+using std::make_signed_t;
+using std::make_unsigned;
+using std::make_unsigned_t;
+using std::negation;
+using std::negation_v;
+using std::rank;
+using std::rank_v;
+using std::remove_all_extents;
+using std::remove_all_extents_t;
+using std::remove_const;
+using std::remove_const_t;
+using std::remove_cv;
 using std::remove_cv_t;
+using std::remove_cvref;
+using std::remove_cvref_t;
+using std::remove_extent;
+using std::remove_extent_t;
+using std::remove_pointer;
+using std::remove_pointer_t;
+using std::remove_reference;
 using std::remove_reference_t;
-using std::false_type;
+using std::remove_volatile;
+using std::remove_volatile_t;
 using std::true_type;
+using std::underlying_type;
+using std::underlying_type_t;
+using std::void_t;
 
 template <class T>
 struct is_floating_point : std::bool_constant<is_float_v<T>> {};
@@ -149,6 +267,8 @@ template <class T>
 struct is_arithmetic : std::bool_constant<is_scalar_v<T>> {};
 template <class T>
 inline constexpr bool is_arithmetic_v = is_scalar_v<T>;
+template <class T>
+struct is_scalar : std::bool_constant<is_scalar_v<T>> {};
 
 template <class T>
 struct numeric_limits : std::numeric_limits<T> {};

@@ -98,8 +98,20 @@ using vec_of = std::remove_cvref_t<decltype(tov(std::declval<const X&>()))>;
 
 } // namespace detail
 
+// Vectors wider than 4 (vec<half, 8>: clang's ext_vector_type takes any
+// width, and so does Metal's vec) have elements only, aligned as clang
+// aligns them (the width rounded up to a power of two).
+constexpr int vec_align_elems(int n) {
+  int p = 1;
+  while (p < n) {
+    p *= 2;
+  }
+  return p;
+}
 template <class T, int N>
-struct vstore;
+struct alignas(vec_align_elems(N) * sizeof(T)) vstore {
+  T e_[N];
+};
 
 template <class T>
 struct alignas(2 * sizeof(T)) vstore<T, 2> {
@@ -145,7 +157,7 @@ struct alignas(4 * sizeof(T)) vstore<T, 4> {
 
 template <class T, int N>
 struct vec : vstore<T, N> {
-  static_assert(N >= 2 && N <= 4, "vectors have 2 to 4 components");
+  static_assert(N >= 2, "vectors have 2 or more components");
   using value_type = T;
 
   vec() = default;
@@ -355,6 +367,17 @@ struct packed_vec : pstore<T, N> {
   T& operator[](int i) { return this->e_[i]; }
   const T& operator[](int i) const { return this->e_[i]; }
 };
+
+namespace detail {
+template <class X>
+struct packed_info {
+  static constexpr bool is_packed = false;
+};
+template <class T, int N>
+struct packed_info<packed_vec<T, N>> {
+  static constexpr bool is_packed = true;
+};
+} // namespace detail
 
 #define MH_VEC_NAMES(T)                \
   using T##2 = vec<T, 2>;              \
