@@ -325,3 +325,32 @@ def test_mlx_nn_quantize_defaults(rng):
     assert all(m.bits == 4 for m in model.layers if "Quantized" in type(m).__name__)
     with pytest.raises(ValueError, match=r"C_in = 4 is not a multiple of 32.*to_quantized.*nn.quantize"):
         mnn.quantize(snn.Sequential(snn.SubmConv3d(4, 32, 3), snn.SubmConv3d(32, 32, 3)))
+
+
+def test_bench_quantized_cases(on_cpu):
+    """The bench's quantized workload on a tiny scene: the variants, their
+    routes, the weight sizes (computed here from the packing) and errors."""
+    from mlx_lattice import scenes
+    from mlx_lattice.bench import quantized as qbench
+
+    coords = scenes.uniform_random(2000, 16)
+    cases = qbench.layer_cases("random", coords, [32, 64], "float32", rounds=1, min_time_s=0.0)
+    assert [(c["c_in"], c["variant"]) for c in cases] == [(c, v) for c in (32, 64) for v in qbench.VARIANTS]
+    for c in cases:
+        k, ch = 27, c["c_in"]
+        if c["variant"] == "float":
+            assert c["route"] != "cpu.quantized_gather_gemm" and c["speedup"] == 1.0 and c["max_rel_error"] == 0
+            assert c["weight_bytes"] == ch * k * ch * 4
+        else:
+            bits = int(c["variant"][3:])
+            group = 64 if ch % 64 == 0 else 32
+            assert c["route"] == "cpu.quantized_gather_gemm" and c["group_size"] == group
+            assert c["weight_bytes"] == ch * k * ch * bits // 8 + 2 * ch * k * (ch // group) * 4
+            assert 0 < c["max_rel_error"] < (0.2 if bits == 4 else 0.02)
+        assert c["ms"] > 0 and c["cpu_ms"] >= 0 and qbench.format_case(c)
+    net = qbench.network_cases("random", coords, 0.5, "float32", rounds=1, min_time_s=0.0)
+    assert [c["variant"] for c in net] == list(qbench.VARIANTS)
+    done, total = net[1]["quantized_layers"]
+    assert 0 < done < total  # 0.5x has 16- and 48-channel layers, left float
+    assert net[0]["weight_ratio"] == 1.0 and net[2]["weight_ratio"] > net[1]["weight_ratio"] > 1.5
+    assert qbench.cpu_name() and qbench.HEADER

@@ -18,5 +18,7 @@ those listed before it:
   products by layer (``python -m mlx_lattice.bench.network``).
 - ``gpu``: the CUDA bench (``--device gpu``).
 - ``startup``: a new process's first training steps (``--startup``).
+- ``quantized``: int8 / int4 against float weights on the CPU
+  (``--quantized``).
 - ``__main__``: the command line.
 """

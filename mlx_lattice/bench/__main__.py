@@ -17,6 +17,7 @@ from .. import _ext, num_threads, scenes
 from .gpu import run_gpu
 from .layers import format_header, format_row, run_attention, run_grouped, run_layer, run_unet, spconv_available
 from .network import run_network_layers
+from .quantized import run_quantized
 from .startup import run_startup
 from .timing import sgemm_gflops
 from .workloads import layers, workload
@@ -32,7 +33,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="skip the NumPy gather-matmul baseline")
     p.add_argument("--no-spconv", action="store_true", help="skip spconv even when it is installed")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="gpu: the CUDA routes")
-    p.add_argument("--channels", default=None, help="with --device gpu: comma list of subm channel counts")
+    p.add_argument("--channels", default=None,
+                   help="with --device gpu or --quantized: comma list of subm channel counts")
     p.add_argument("--profile", action="store_true",
                    help="with --device gpu: where a MinkUNet training step's time goes (mlx_lattice/bench/cuda_profile.py)")
     p.add_argument("--grouped", action="store_true",
@@ -40,10 +42,18 @@ def main(argv=None) -> int:
     p.add_argument("--attention", action="store_true", help="only the CPU serialized-patch attention case")
     p.add_argument("--network-layers", action="store_true",
                    help="every convolution product of a MinkUNet training step by layer and pass (CPU time)")
-    p.add_argument("--width", type=float, default=0.5, help="with --network-layers: the MinkUNet width")
+    p.add_argument("--width", type=float, default=None,
+                   help="the MinkUNet width: with --network-layers (default 0.5) or --quantized (default 1.0)")
     p.add_argument("--startup", action="store_true",
                    help="a new process's first training steps, with an empty and a warm kernel cache")
+    p.add_argument("--quantized", action="store_true",
+                   help="int8 / int4 against float weights on the CPU: a subm 3x3x3 C->C layer per channel count "
+                        "(--channels, default 32,64,128,256) and a MinkUNet forward pass (docs/quantization.md)")
     args = p.parse_args(argv)
+    if args.quantized:
+        args.width = args.width or 1.0
+        return run_quantized(args)
+    args.width = args.width or 0.5
     if args.attention:
         return run_attention(args)
     if args.network_layers:
