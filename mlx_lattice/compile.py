@@ -155,10 +155,13 @@ class SparseCompiled:
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
             raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
-        if inputs is None and isinstance(fn, mnn.Module):
-            # a model's parameters are state, not constants captured at the
-            # first trace: later updates and load_weights reach the compiled call
-            inputs = fn.state
+        if isinstance(fn, mnn.Module):
+            # A model's parameters are state, not constants captured at the
+            # first trace: later updates and load_weights reach the compiled
+            # call, and what the call writes (a training-mode norm's running
+            # statistics) comes back as arrays, not as the trace's placeholders.
+            inputs = fn.state if inputs is None else inputs
+            outputs = fn.state if outputs is None else outputs
         self.fn, self.inputs, self.outputs = fn, inputs, outputs
         self.cache_size = cache_size
         self.traces = 0  # functions traced so far (one per new input coordinate sets)
@@ -222,7 +225,7 @@ def sparse_compile(fn=None, *, inputs=None, outputs=None, cache_size: int = 8):
     dicts of them, and returns SparseTensors, arrays or trees of them.
     ``inputs`` / ``outputs`` are ``mx.compile``'s captured state (e.g.
     ``[model.state, opt.state]`` for a training step); an ``mlx.nn.Module``
-    compiled without ``inputs`` takes its own ``state``. Each SparseTensor
+    compiled without them takes its own ``state`` as both. Each SparseTensor
     argument enters the trace as its features; its coordinates and maps stay
     fixed within a trace, which is made once per combination of input
     coordinate sets (and constants) and kept for the last ``cache_size``

@@ -95,6 +95,17 @@ def test_compiled_model_reads_its_current_weights(rng):
     model.layers[0].weight = model.layers[0].weight * 3
     model.layers[3].bias = model.layers[3].bias + 1
     _same(forward(x).feats, model(x).feats)
+    # in training mode the batch norm's running statistics come back as
+    # arrays, updated as the uncompiled calls update them
+    mx.random.seed(3)
+    eager = nn.Sequential(nn.SubmConv3d(4, 8, 3), nn.BatchNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    mx.random.seed(3)
+    model = nn.Sequential(nn.SubmConv3d(4, 8, 3), nn.BatchNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    forward = ml.sparse_compile(model)
+    for _ in range(3):
+        _same(forward(x).feats, eager(x).feats)
+    for name in ("running_mean", "running_var"):
+        _same(getattr(model.layers[1], name), getattr(eager.layers[1], name))
 
 
 def test_trees_keywords_and_constants(rng):
