@@ -349,7 +349,8 @@ def test_nn_layers(rng, cls, kwargs):
 
 def test_nn_quantize_keeps_grouped_float():
     model = nn.Sequential(nn.SubmConv3d(64, 64, 3, groups=64), nn.SubmConv3d(64, 64, 3))
-    nn.quantize(model, bits=4, group_size=64)
+    with pytest.warns(nn.QuantizationWarning, match="layers.0"):
+        nn.quantize(model, bits=4, group_size=64)
     assert isinstance(model.layers[0], nn.SubmConv3d)
     assert not isinstance(model.layers[1], nn.SubmConv3d)
     with pytest.raises(ValueError, match="groups"):
