@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -22,20 +23,99 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cmake() -> str | None:
+def _find_cmake() -> tuple[str | None, str, bool]:
     """The cmake executable itself (not a shim), so that it runs with PATH
-    holding only the stub tools."""
+    holding only the stub tools: (path, "", False), or (None, why not,
+    whether that is a skip: no cmake, or one older than the build needs).
+
+    It is asked through a script file: some CMake releases (Debian 12's
+    3.25) cannot read a script from a pipe (`-P /dev/stdin`), and their
+    error text is no path.
+    """
     found = shutil.which("cmake")
     if found is None:
-        return None
-    out = subprocess.run(
-        [found, "-P", "/dev/stdin"], input='message("${CMAKE_COMMAND}")', capture_output=True, text=True
-    )
-    return out.stderr.strip() or None
+        return None, "needs cmake on PATH", True
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "where.cmake"
+        script.write_text('message("${CMAKE_COMMAND}")\nmessage("${CMAKE_VERSION}")\n')
+        try:
+            proc = subprocess.run([found, "-P", str(script)], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"`{found} -P` could not run: {e}", False
+    # message() without a mode writes to stderr
+    lines = proc.stderr.strip().splitlines()
+    if proc.returncode != 0 or len(lines) != 2:
+        output = (proc.stdout + proc.stderr).strip()[-2000:]
+        return None, f"`{found} -P {script.name}` exited {proc.returncode} without naming itself:\n{output}", False
+    path, version = lines
+    if not (os.path.isabs(path) and os.path.isfile(path) and os.access(path, os.X_OK)):
+        return None, f"`{found} -P` named {path!r} as CMAKE_COMMAND, which is no executable", False
+    numbers = re.match(r"(\d+)\.(\d+)", version)
+    if numbers is None:
+        return None, f"`{found} -P` reported CMAKE_VERSION {version!r}", False
+    if tuple(map(int, numbers.groups())) < CMAKE_MINIMUM:
+        return None, "needs cmake >= {}.{} (CMakeLists.txt's minimum), found {} at {}".format(
+            *CMAKE_MINIMUM, version, path), True
+    return path, "", False
 
 
-CMAKE = _cmake()
-pytestmark = pytest.mark.skipif(CMAKE is None, reason="needs cmake")
+# CMakeLists.txt's cmake_minimum_required (pinned by a test below).
+CMAKE_MINIMUM = (3, 25)
+CMAKE, CMAKE_PROBLEM, CMAKE_MISSING = _find_cmake()
+
+
+@pytest.fixture
+def cmake() -> str:
+    """The cmake executable for the tests that run CMake: they skip without
+    one (or with one older than the build needs), and fail when the one on
+    PATH does not work."""
+    if CMAKE is None:
+        if CMAKE_MISSING:
+            pytest.skip(CMAKE_PROBLEM)
+        pytest.fail(CMAKE_PROBLEM, pytrace=False)
+    return CMAKE
+
+
+# A cmake stand-in for the probe itself: answers `-P <script>` as
+# $STUB_CMAKE says.
+CMAKE_STUB = textwrap.dedent(
+    """\
+    #!{python}
+    import os, sys
+    mode = os.environ["STUB_CMAKE"]
+    assert sys.argv[1] == "-P" and os.path.isfile(sys.argv[2]), sys.argv
+    if mode == "no-pipe":  # what 3.25 says when handed /dev/stdin
+        sys.stderr.write("CMake Error in {{0}}:\\n  Error while reading Byte-Order-Mark.  "
+                         "File not seekable?\\n".format(sys.argv[2]))
+        sys.exit(1)
+    sys.stderr.write({{"ok": sys.argv[0], "bogus": "not a path"}}.get(mode, sys.argv[0]) + "\\n")
+    sys.stderr.write({{"old": "3.22.1"}}.get(mode, "3.25.1") + "\\n")
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["ok", "no-pipe", "bogus", "old", "absent"])
+def test_cmake_probe_never_takes_error_text_for_a_path(tmp_path, monkeypatch, mode):
+    if mode != "absent":
+        stub = tmp_path / "cmake"
+        stub.write_text(CMAKE_STUB.format(python=sys.executable))
+        stub.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("STUB_CMAKE", mode)
+    path, problem, skip = _find_cmake()
+    if mode == "ok":
+        assert (path, problem, skip) == (str(tmp_path / "cmake"), "", False)
+        return
+    assert path is None
+    if mode == "no-pipe":
+        assert not skip and "exited 1" in problem and "Byte-Order-Mark" in problem
+    elif mode == "bogus":
+        assert not skip and "'not a path'" in problem and "no executable" in problem
+    elif mode == "old":
+        assert skip and problem.startswith("needs cmake >= 3.25") and "found 3.22.1" in problem
+    else:
+        assert skip and problem == "needs cmake on PATH"
+
 
 # xcrun stand-in: logs every call as one JSON line, then behaves as
 # $STUB_XCRUN_MODE says: ok, no-toolchain (Xcode 26 without the Metal
@@ -141,6 +221,7 @@ def _compiles(calls):
     return {Path(c[c.index("-c") + 1]).name: c for c in calls if "-c" in c}
 
 
+@pytest.mark.usefixtures("cmake")
 def test_both_libraries_with_their_language_versions_and_targets(tmp_path):
     info, calls, out, _ = configure(tmp_path, macos="15.6.1")
     assert info["metal_built"] and info["tensorops_built"], info
@@ -163,6 +244,7 @@ def test_both_libraries_with_their_language_versions_and_targets(tmp_path):
     assert "-mmacosx-version-min=26.2" in links[1]
 
 
+@pytest.mark.usefixtures("cmake")
 def test_unchanged_sources_are_not_recompiled(tmp_path):
     src = _metal_sources(tmp_path)
     _, calls, _, _ = configure(tmp_path, source_dir=src)
@@ -177,6 +259,7 @@ def test_unchanged_sources_are_not_recompiled(tmp_path):
     assert n_compiles() == 8  # a header change rebuilds both libraries
 
 
+@pytest.mark.usefixtures("cmake")
 def test_tensorops_failure_keeps_the_build_going(tmp_path):
     info, _, out, log = configure(tmp_path, mode="tensorops-fails", macos="26.2")
     assert info["metal_built"] and not info["tensorops_built"]
@@ -189,6 +272,7 @@ def test_tensorops_failure_keeps_the_build_going(tmp_path):
     assert "warning" not in reason
 
 
+@pytest.mark.usefixtures("cmake")
 def test_a_new_compiler_rebuilds_and_a_failed_library_is_removed(tmp_path):
     src = _metal_sources(tmp_path)
     configure(tmp_path, source_dir=src)
@@ -197,6 +281,7 @@ def test_a_new_compiler_rebuilds_and_a_failed_library_is_removed(tmp_path):
     assert not (out / "mlx_lattice_tensorops.metallib").exists()
 
 
+@pytest.mark.usefixtures("cmake")
 @pytest.mark.parametrize("xcrun", [True, False], ids=["xcode-without-metal-toolchain", "no-xcrun"])
 def test_missing_toolchain_gives_a_cpu_only_build_with_install_advice(tmp_path, xcrun):
     info, calls, out, _ = configure(tmp_path, mode="no-toolchain", xcrun=xcrun)
@@ -212,6 +297,7 @@ def test_missing_toolchain_gives_a_cpu_only_build_with_install_advice(tmp_path, 
         assert info["metal_reason"].startswith("xcrun not found")
 
 
+@pytest.mark.usefixtures("cmake")
 def test_tensorops_option_off(tmp_path):
     info, calls, out, _ = configure(tmp_path, tensorops="OFF")
     assert info["metal_built"] and not info["tensorops_built"]
@@ -219,6 +305,7 @@ def test_tensorops_option_off(tmp_path):
     assert not any(Path(a).name.startswith("tensorops_") for c in calls for a in c)
 
 
+@pytest.mark.usefixtures("cmake")
 @pytest.mark.parametrize(
     "env_target, host, expected",
     [
@@ -239,6 +326,7 @@ def test_deployment_target(tmp_path, env_target, host, expected):
         assert "ignoring MACOSX_DEPLOYMENT_TARGET" in log
 
 
+@pytest.mark.usefixtures("cmake")
 def test_build_info_escapes_reasons(tmp_path):
     path = tmp_path / "info.json"
     script = tmp_path / "w.cmake"
@@ -252,6 +340,7 @@ def test_build_info_escapes_reasons(tmp_path):
 
 def test_cmakelists_uses_the_functions_and_keeps_the_language_lines():
     text = (ROOT / "CMakeLists.txt").read_text()
+    assert text.startswith("cmake_minimum_required(VERSION {}.{})\n".format(*CMAKE_MINIMUM))
     # tests/metal/metal_harness compiles each file at the version these lines set
     assert re.search(r"^set\(LATTICE_METAL_STD metal3\.1\)$", text, re.M)
     assert re.search(r"^set\(LATTICE_TENSOROPS_STD metal4\.0\)$", text, re.M)
@@ -266,6 +355,7 @@ def test_cmakelists_uses_the_functions_and_keeps_the_language_lines():
         'option(MLX_LATTICE_REQUIRE_METAL "')[1].split("\n")[0].endswith(" OFF)")
 
 
+@pytest.mark.usefixtures("cmake")
 @pytest.mark.parametrize(
     "args, message",
     [("TRUE x TRUE y", None),
