@@ -149,9 +149,9 @@ _log_warned: set = set()
 
 
 def _append(path: str, line: str) -> None:
-    """One record appended to the route log as one write to a file opened
+    """One record appended to the route log in one write to a file opened
     for appending, so that the lines of processes sharing the file never
-    interleave (a buffered file may split a long record into several)."""
+    interleave."""
     data = (line + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

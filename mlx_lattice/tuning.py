@@ -947,9 +947,10 @@ def repair_cache(path=None) -> dict:
     """Make the cache file one this release reads whole (for ``python -m
     mlx_lattice tune``): a file of another format or version is replaced by
     an empty cache, and malformed and stale entries (:func:`stale_entry`)
-    are dropped. Returns {"path", "replaced", "dropped"} (see
+    are dropped. Raises OSError where the file cannot be written. Returns {"path", "replaced", "dropped"} (see
     :meth:`TuningCache.repair`)."""
     c = TuningCache(path if path is not None else _state.settings.cache_path)
+    c.check_writable()
     out = c.repair(stale_entry)
     with _state.lock:
         if c.path == cache().path:

@@ -284,6 +284,14 @@ class TuningCache:
                 self._write({} if keys is None else entries)
             return len(gone)
 
+    def check_writable(self) -> None:
+        """Raise OSError where the file's directory takes no new file (a
+        read-only directory): a write of the cache would fail there."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)
+        os.unlink(tmp)
+
     def repair(self, unusable: Callable[[str, dict], str | None] | None = None) -> dict:
         """Make the file one this build reads whole: replace a file of
         another format or version (a newer one's included) with an empty

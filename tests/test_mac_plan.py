@@ -5,6 +5,7 @@ import json
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 import mlx_lattice as ml
 from mlx_lattice import __main__ as cli
@@ -63,3 +64,33 @@ def test_cli_and_route_log_lines(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("Mac tier m5 (applegpu_g17s, 26.2), features float16:")
     assert "matrix units" in out and "metal." in out
+
+
+def test_every_routes_variant_prints_json_with_json(tmp_path, capsys):
+    path, log = _record_run(tmp_path)
+    lines = tmp_path / "run.jsonl"
+    lines.write_text("\n".join(json.dumps(r) for r in log) + "\n")
+    # the registry
+    assert cli.main(["routes", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in listed] == [r["name"] for r in routes.list_routes()]
+    # the Mac plan, for every tier, dtype and kind of log: the same numbers
+    # as mac_plan.plan, as JSON
+    for tier in mac_plan.TIERS:
+        for dtype in (None, "float32", "float16", "bfloat16"):
+            for log_path in (path, lines):
+                argv = ["routes", "--mac", tier, "--log", str(log_path), "--json"]
+                argv += ["--dtype", dtype] if dtype else []
+                assert cli.main(argv) == 0
+                got = json.loads(capsys.readouterr().out)
+                assert got == json.loads(json.dumps(mac_plan.plan(mac_plan.load(path), tier, dtype)))
+                assert got["tier"] == tier and got["dtype"] == dtype and got["calls"] == len(log)
+    # without --json: the text as before
+    assert cli.main(["routes", "--mac", "m4", "--log", str(path)]) == 0
+    assert capsys.readouterr().out.startswith("Mac tier m4")
+    # combinations that mean nothing are refused, not half-answered
+    for argv in (["--mac", "m4"], ["--log", str(path)], ["--mac", "m4", "--log", str(path), "--markdown"],
+                 ["--dtype", "float16"], ["--json", "--markdown"]):
+        with pytest.raises(SystemExit):
+            cli.main(["routes", *argv])
+        assert "routes" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Route registry, selection as a pure function of context, and diagnostics."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -257,3 +258,68 @@ def test_route_log_says_why_other_routes_were_not_taken():
     assert expected and lines[1 : 1 + len(expected)] == expected
     assert not any(ln.startswith("  not ") and not ln.startswith(f"  not {family}") for ln in lines)
     assert heads[1].startswith("conv3d (forward, float32, K=1, 8->4, forward): ")
+
+
+# A spread of contexts over backends, passes, dtypes, shapes and groups.
+SPREAD = [ctx(backend=b, dtype=d, direction=p, kernel_size=ks, stride=st, c_in=ci, c_out=co, groups=g,
+              n_out=n, edges=4 * n, tier=f"{b}:test", quantized=q, group_size=ci if q else 0)
+          for b in ("cpu", "metal", "cuda") for d in ("float32", "float16") for p in ("forward", "dgrad", "wgrad")
+          for ks, st in (((3, 3, 3), (1, 1, 1)), ((1, 1, 1), (1, 1, 1)), ((2, 2, 2), (2, 2, 2)))
+          for ci, co, g, n, q in ((16, 16, 1, 100, False), (32, 64, 1, 70000, False), (8, 8, 2, 5000, False),
+                                  (32, 32, 1, 9000, True))]
+
+
+def _first_unmet(route, c):
+    """The first of a route's own conditions that c fails, evaluated here."""
+    return next((cond for cond in route.conditions if not cond.test(c)), None)
+
+
+def test_a_failed_requirement_is_said_to_be_unmet_with_the_calls_values():
+    checked = 0
+    for c in SPREAD:
+        for r in routes._REGISTRY.values():
+            why = r.failed(c)
+            if r.backend != c.backend or c.direction not in r.passes:
+                assert why.startswith(("backend is ", "route serves ")), why
+                continue
+            if (c.groups > 1) != r.grouped:
+                assert why == (f"requires {routes.GROUPED_TEXT}, not met: groups={c.groups}" if r.grouped else
+                               "requires groups == 1 (grouped products take a grouped route), not met: "
+                               f"groups={c.groups}")
+                continue
+            cond = _first_unmet(r, c)
+            if cond is None:
+                assert why is None and r.applies(c)
+                continue
+            assert not r.applies(c)
+            # the requirement, said to be unmet, then each field it read
+            # with this call's value: never the bare requirement
+            head, values = why.split(", not met: ")
+            assert head == f"requires {cond.text}" and why != cond.text
+            names = re.findall(r"(?:^|, )(\w+)=", values)
+            assert names and values == ", ".join(f"{f}={getattr(c, f)}" for f in names), (why, c)
+            checked += 1
+    assert checked > 500
+
+
+def test_every_condition_names_the_fields_it_reads():
+    # so that an unmet one can say what the call has instead
+    for r in routes._REGISTRY.values():
+        for cond in r.conditions:
+            assert cond.reads and set(cond.reads) <= set(routes.RouteContext._fields), (r.name, cond.text)
+    k27 = routes.K27
+    assert k27.reads == ("k",) and routes.SQUARE_32_64.reads == ("c_in", "c_out")
+    assert k27.unmet(ctx(kernel_size=(2, 2, 2))) == "requires K == 27, not met: k=8"
+
+
+def test_why_reads_as_unmet_and_says_a_fallback():
+    c = ctx(backend="metal", dtype="float64", c_in=16, c_out=16, n_out=100, edges=1000, tier="metal:test")
+    with ml.diagnostics.record() as log:
+        routes.choose(c)
+    lines = log.why().splitlines()
+    assert lines[0] == "conv3d (forward, float64, K=27, 16->16, forward): cpu.gather_gemm"
+    # the GPU's routes, why each failed; no CPU route ("backend is metal")
+    assert "  not metal.vec4: requires features float32, not met: dtype=float64" in lines
+    assert "  not metal.dense_channel: requires output capacity >= 4096, not met: n_out=100" in lines
+    assert not [ln for ln in lines if ln.startswith("  not cpu.") or "backend is" in ln]
+    assert lines[-1] == "  ran on the CPU: no metal route accepts this call; running on the CPU"

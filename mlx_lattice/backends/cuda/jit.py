@@ -739,7 +739,8 @@ class Kernel:
             with _manifest_lock(path.parent):
                 _append_line(path.parent / "manifest.jsonl", _entry(self, key))
         except OSError as e:
-            warnings.warn(f"mlx_lattice: could not keep a compiled CUDA kernel in {directory}: {e}", stacklevel=4)
+            warnings.warn(f"mlx_lattice: could not keep a compiled CUDA kernel in {directory}: {e}",
+                          RuntimeWarning, stacklevel=4)
         return name, cubin
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=(),
