@@ -38,6 +38,7 @@ COVERED = {
     "MLX_LATTICE_CPU_ISA": "test_extension_variables",
     "MLX_LATTICE_MALLOC_TUNING": "test_extension_variables",
     "GLIBC_TUNABLES": "test_extension_variables",
+    "MALLOC_TOP_PAD_": "test_extension_variables",
     "MLX_LATTICE_CUDA_CACHE": "test_cuda_cache_variables",
     "MLX_LATTICE_CUDA_COMPILE_WORKERS": "test_cuda_cache_variables",
     "CUDA_HOME": "test_cuda_cache_variables",
@@ -265,7 +266,8 @@ def test_extension_variables():
     for env, ok in ((dict(MLX_LATTICE_CPU_ISA=isas[0]), isas[0]), (dict(MLX_LATTICE_CPU_ISA=""), None),
                     (dict(MLX_LATTICE_CPU_ISA="sse9"), "error"), (dict(MLX_LATTICE_MALLOC_TUNING="0"), "off"),
                     (dict(MLX_LATTICE_MALLOC_TUNING="yes"), "error"),
-                    (dict(GLIBC_TUNABLES="glibc.malloc.trim_threshold=0"), "left as configured")):
+                    (dict(GLIBC_TUNABLES="glibc.malloc.trim_threshold=0"), "left as configured"),
+                    (dict(MALLOC_TOP_PAD_="0"), "left as configured (MALLOC_TOP_PAD_ is set)")):
         out = _python("import mlx_lattice as ml; print(ml._ext.cpu_isa()); print(ml._ext.malloc_tuning())", **env)
         if ok == "error":
             assert out.returncode != 0
