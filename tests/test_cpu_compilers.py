@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import mlx
@@ -43,11 +44,15 @@ WIDTH_DEPENDENT = ("attention/",)
 
 
 def _version(cmd):
+    """`cmd --version`'s output, or (None, why not)."""
     try:
         out = subprocess.run([cmd, "--version"], capture_output=True, text=True, timeout=30)
-    except OSError:
-        return None
-    return out.stdout if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{cmd} --version could not run: {e}"
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip()[-300:]
+        return None, f"{cmd} --version exited {out.returncode}: {tail}"
+    return out.stdout, ""
 
 
 # Oldest releases that compile the kernels (C++20 lambdas capturing
@@ -58,19 +63,21 @@ MINIMUM = {"gcc": 11, "clang": 16}
 def _compilers():
     """{"gcc" / "clang": (command, first line of --version)}: the newest of
     each found, or a string saying why one is unusable."""
-    found = {}
+    found, broken = {}, []
     candidates = [os.environ.get("CXX", ""), "g++", "clang++"]
     candidates += [f"g++-{v}" for v in range(10, 16)] + [f"clang++-{v}" for v in range(14, 22)]
     for cmd in candidates:
         if not cmd or shutil.which(cmd) is None:
             continue
-        version = _version(cmd)
+        version, why = _version(cmd)
         if version is None:
+            broken.append(why)
             continue
-        first = version.splitlines()[0]
+        first = version.splitlines()[0] if version.strip() else ""
         kind = "clang" if "clang" in first.lower() else "gcc" if "Free Software Foundation" in version else None
         major = re.search(r"(\d+)\.\d+\.\d+", first)
         if kind is None or major is None:
+            broken.append(f"{cmd} --version names no GCC or Clang release: {first!r}")
             continue
         major = int(major.group(1))
         if kind not in found or major > found[kind][0]:
@@ -78,7 +85,7 @@ def _compilers():
     result = {}
     for kind, name in (("gcc", "g++"), ("clang", "clang++")):
         if kind not in found:
-            result[kind] = f"no {name} found"
+            result[kind] = f"no {name} found" + "".join(f" ({why})" for why in broken)
         elif found[kind][0] < MINIMUM[kind]:
             result[kind] = f"{found[kind][2]} is older than {kind} {MINIMUM[kind]}"
         else:
@@ -106,10 +113,16 @@ def _build(kind, cmd, version, isa):
 
 
 def _digests(binary):
+    """{case: 16-hex-digit digest} from kernel_bits' "case digest" lines."""
     out = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = dict(line.split() for line in out.stdout.splitlines())
-    assert lines and all(re.fullmatch(r"[0-9a-f]{16}", v) for v in lines.values())
+    assert out.returncode == 0, f"{binary.name} exited {out.returncode}:\n{out.stderr[-2000:]}"
+    lines = {}
+    for line in out.stdout.splitlines():
+        m = re.fullmatch(r"(\S+) ([0-9a-f]{16})", line.strip())
+        assert m, f"{binary.name} printed {line!r}, not `<case> <16 hex digits>`"
+        assert m.group(1) not in lines, f"{binary.name} printed case {m.group(1)} twice"
+        lines[m.group(1)] = m.group(2)
+    assert lines, f"{binary.name} printed no digest"
     return lines
 
 
@@ -153,3 +166,33 @@ def test_kernels_bitwise_across_compilers():
     if "baseline" in paths and "avx2" in paths:
         # the baseline rounds products apart: the digests do see the difference
         assert results["gcc", "baseline"] != results["gcc", "avx2"]
+
+
+def _stub(path, body):
+    path.write_text(f"#!{sys.executable}\nimport sys\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_digests_are_parsed_strictly(tmp_path):
+    ok = _stub(tmp_path / "ok", "print('gather_conv/f32 0123456789abcdef')\nprint('adam 00000000ffffffff')")
+    assert _digests(ok) == {"gather_conv/f32": "0123456789abcdef", "adam": "00000000ffffffff"}
+    for body, message in [
+        ("print('gather_conv/f32 0123456789abcdef extra')", r"not `<case> <16 hex digits>`"),
+        ("print('Segmentation fault')", r"printed 'Segmentation fault'"),
+        ("pass", r"printed no digest"),
+        ("print('a 0123456789abcdef')\nprint('a 0123456789abcdef')", r"case a twice"),
+        ("sys.stderr.write('boom'); sys.exit(3)", r"exited 3:\s+boom"),
+    ]:
+        with pytest.raises(AssertionError, match=message):
+            _digests(_stub(tmp_path / "bad", body))
+
+
+def test_a_compiler_whose_version_fails_is_named(tmp_path, monkeypatch):
+    _stub(tmp_path / "g++", "sys.stderr.write('g++: fatal error: no cc1plus'); sys.exit(4)")
+    _stub(tmp_path / "clang++", "print('Some Other Compiler 1.2')")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    found = _compilers()
+    assert "g++ --version exited 4: g++: fatal error: no cc1plus" in found["gcc"]
+    assert "clang++ --version names no GCC or Clang release: 'Some Other Compiler 1.2'" in found["clang"]

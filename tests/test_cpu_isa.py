@@ -516,16 +516,20 @@ def test_norm_bitwise_across_fma_paths(rng, restore_isa, dtype):
         assert results[name] == results[FMA_PATHS[0]], name
 
 
-def _tool(name):
+def _tool_output(name, *args):
+    """stdout of a binutils tool run on the extension; skips where the tool
+    is missing, fails (with its error) where it does not succeed."""
     path = shutil.which(name)
     if path is None:
         pytest.skip(f"{name} (binutils) not installed")
-    return path
+    out = subprocess.run([path, *args, _ext.__file__], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"{name} exited {out.returncode}:\n{out.stderr[-2000:]}"
+    return out.stdout
 
 
 def test_extension_carries_every_path():
     # Each path's entry points are in the extension's symbol table.
-    out = subprocess.run([_tool("nm"), "-C", _ext.__file__], capture_output=True, text=True, check=True).stdout
+    out = _tool_output("nm", "-C")
     for name in _ext.built_cpu_isas():
         for fn in ("gather_conv", "gather_conv_quantized", "weight_grad", "grouped_conv",
                    "grouped_weight_grad", "attention_forward", "attention_backward",
@@ -539,12 +543,9 @@ def test_wide_vectors_only_in_their_paths():
     # so the baseline path never executes AVX (no shared inline function was
     # compiled for a wider instruction set), unless built with
     # MLX_LATTICE_NATIVE.
-    dis = subprocess.run(
-        [_tool("objdump"), "-d", "--no-show-raw-insn", "-C", _ext.__file__],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    if "vfmadd" not in dis:
-        pytest.skip("no FMA code found")
+    dis = _tool_output("objdump", "-d", "--no-show-raw-insn", "-C")
+    # the avx2 and avx512 paths fuse their multiply-adds (simd::fma)
+    assert "vfmadd" in dis, f"objdump's disassembly has no FMA instruction: {dis[:500]!r}"
     owner, offenders, wide = None, set(), {"avx2": 0, "avx512": 0}
     for line in dis.splitlines():
         m = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
