@@ -8,6 +8,7 @@ build with '<file>:<line>: [rule]', the line being the one marked
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,20 @@ def test_missing_clang_is_an_error_not_a_skip(monkeypatch):
     monkeypatch.setenv("MLX_LATTICE_HARNESS_CLANG", "clang++-does-not-exist")
     with pytest.raises(strict.StrictError, match=r"needs clang >= 15.*ziglang.*apt-get install -y clang-16"):
         strict.find_clang()
+
+
+@pytest.mark.parametrize("status", [0, 1])
+def test_a_clang_whose_version_probe_fails_is_no_candidate(tmp_path, monkeypatch, status):
+    # It prints a version line either way; only a probe that exits 0 counts.
+    stub = tmp_path / "clang++-stub"
+    stub.write_text(f"#!{sys.executable}\nimport sys\nprint('clang version 18.1.8')\nsys.exit({status})\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("MLX_LATTICE_HARNESS_CLANG", str(stub))
+    if status:
+        with pytest.raises(strict.StrictError, match=r"needs clang >= 15"):
+            strict.find_clang()
+    else:
+        assert strict.find_clang() == strict.Clang((str(stub),), "clang version 18.1.8")
 
 
 METAL_SOURCES = sorted((build.ROOT / "metal").rglob("*.metal"))

@@ -215,6 +215,8 @@ class Program:
             capture_output=True,
             text=True,
         )
+        if res.returncode != 0:
+            return []
         # Output: an address line, then (function, file:line) pairs for the
         # inlined frames, innermost first.
         frames = []

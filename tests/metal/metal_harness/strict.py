@@ -355,11 +355,12 @@ class Clang:
 
 def _version_of(argv: list[str]) -> tuple[int, str] | None:
     try:
-        out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60).stdout
+        proc = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    m = re.search(r"clang version (\d+)", out)
-    return (int(m.group(1)), out.splitlines()[0]) if m else None
+    # (a front end that fails is no candidate, whatever it printed)
+    m = re.search(r"clang version (\d+)", proc.stdout) if proc.returncode == 0 else None
+    return (int(m.group(1)), proc.stdout.splitlines()[0]) if m else None
 
 
 def _zig_clang() -> Clang | None:
