@@ -16,16 +16,26 @@ Forward-mode derivatives are the bilinear sums ``f(tx, b) + f(a, tb)``.
 
 Each derived product asks the route registry for its own route (recorded
 like any call, through the route tuner) and runs that route's kernels on the
-backend that ran the product (``Backend.launch``), which carry no autodiff of
-their own. The views a backend hands out (``Backend.product_view``) answer
-``rows``, ``kind``, ``edges``, ``symmetric`` and ``flipped()`` (``backends.base.ProductView``).
+backend that ran the product (``Backend.launch``). The views a backend hands
+out (``Backend.product_view``) answer ``rows``, ``kind``, ``edges``,
+``symmetric`` and ``flipped()`` (``backends.base.ProductView``).
+
+Where the products are the extension's primitives (CPU and Metal:
+``Backend.differentiable_products``), the primitives' own vjp and jvp call
+these rules (a hook installed below), so each product is one graph node; a
+backend whose kernels carry no autodiff (CUDA) runs them inside an
+``mx.custom_function`` with these rules as its VJP and JVP.
+
+A weight is kernel-major ``(K, A / groups, B)`` or the parameter itself
+(``layout.is_parameter``: the CPU routes read it in place); a weight's
+gradient comes back in the weight's own layout.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from . import _ext, backends, routes
+from . import _ext, backends, layout, routes
 from ._args import dtype_name
 
 
@@ -85,7 +95,7 @@ def launch_operands(backend, route: str, w: mx.array, flip: tuple, groups: int =
         return w, {}
     if groups == 1 and backend.reads_flipped(route):
         return w, {"flip": flip}
-    return flipped_weight(w, flip, groups), {}
+    return flipped_weight(layout.kernel_major(w), flip, groups), {}
 
 
 def input_gradient_view(view):
@@ -101,7 +111,8 @@ def input_gradient_view(view):
 
 
 def _out_channels(w: mx.array, flip: tuple, groups: int) -> int:
-    return w.shape[1] * groups if flip[0] else w.shape[2]
+    _, a, b = layout.kernel_dims(w.shape)
+    return a * groups if flip[0] else b
 
 
 def _bilinear_jvp(f, a, b, ta, tb, zeros):
@@ -115,76 +126,162 @@ def _bilinear_jvp(f, a, b, ta, tb, zeros):
     return sum(terms[1:], terms[0]) if terms else zeros()
 
 
+def _conv_vjp(backend, route, view, groups, flip, x, w, ct, argnums):
+    """The gradients of conv's operands in ``argnums`` (0: x, 1: w), in
+    that order: dx multiplies the cotangent by the product's weight
+    transposed (and mirrored on a symmetric view: w read with the flip
+    composed), dw is a weight gradient in w's own layout."""
+    k, _, _ = layout.kernel_dims(w.shape)
+    a, b = x.shape[1], ct.shape[1]
+    out = []
+    for arg in argnums:
+        if arg == 0:
+            back, mirrored = input_gradient_view(view)
+            back_flip = (not flip[0], flip[1] != mirrored)
+            r_d, v_d = _route(backend, "dgrad", back, k, b, a, ct.shape[0], x.dtype, route, groups)
+            out.append(conv(backend, r_d, ct, w, back, groups, v_d, back_flip))
+        else:
+            r_w, v_w = _route(backend, "wgrad", view, k, a, b, x.shape[0], x.dtype, route, groups)
+            if flip == NO_FLIP:
+                out.append(weight_grad(backend, r_w, x, ct, view, k, groups, v_w, like=w))
+            else:
+                # the flipped weight's gradient, flipped back (flips are involutions)
+                dw = flipped_weight(weight_grad(backend, r_w, x, ct, view, k, groups, v_w), flip, groups)
+                out.append(layout.like(dw, w))
+    return out
+
+
+def _weight_grad_vjp(backend, route, view, k, groups, x, ct, cotangent, argnums):
+    """The gradients of weight_grad's operands in ``argnums`` (0: x, 1: ct):
+    a flipped conv through the cotangent transposed and a forward conv."""
+    a, b = x.shape[1], ct.shape[1]
+    out = []
+    for arg in argnums:
+        if arg == 0:
+            back = None if view is None else view.flipped()
+            r_x, v_x = _route(backend, "dgrad", back, k, b, a, ct.shape[0], x.dtype, route, groups)
+            out.append(conv(backend, r_x, ct, cotangent, back, groups, v_x, (True, False)))
+        else:
+            r_c, v_c = _route(backend, "forward", view, k, a, b, x.shape[0], x.dtype, route, groups)
+            out.append(conv(backend, r_c, x, cotangent, view, groups, v_c))
+    return out
+
+
 def conv(backend, route: str, x: mx.array, w: mx.array, view, groups: int = 1,
          variant: dict | None = None, flip: tuple = NO_FLIP) -> mx.array:
     """y = sum over the edges of x[g] @ W[k] on ``view`` (None: pointwise) by
     ``route`` on ``backend``, with VJP and JVP; W kernel-major (K, A /
-    groups, B): ``w`` itself, or ``w`` read with ``flip`` (the input
+    groups, B) read from ``w`` (kernel-major, or the parameter where the
+    backend reads it: ``layout``), or ``w`` read with ``flip`` (the input
     gradient's W^T, without a copy where the route can); ``variant``: the
     route's tile shapes."""
+    if backend.differentiable_products:
+        # the primitive differentiates itself through the rules (_product_rule)
+        wl, kw = launch_operands(backend, route, w, flip, groups)
+        return backend.launch(route, "conv", x, wl, view, groups=groups, variant=variant, **kw)
 
     @mx.custom_function
     def f(x, w):
-        # stop_gradient keeps forward-mode tracing out of the kernels (the
-        # JVP is f_jvp below); reverse mode goes through f_vjp anyway.
+        # stop_gradient keeps forward-mode tracing out of the kernels, which
+        # have no JVP (the JVP is f_jvp below); reverse mode goes through
+        # f_vjp anyway.
         wl, kw = launch_operands(backend, route, mx.stop_gradient(w), flip, groups)
         return backend.launch(route, "conv", mx.stop_gradient(x), wl, view, groups=groups, variant=variant, **kw)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
         x, w = primals
-        k, a, b = w.shape[0], x.shape[1], cotangent.shape[1]
-        back, mirrored = input_gradient_view(view)
-        # dx multiplies by the product's weight transposed (and mirrored on
-        # a symmetric view): w read with the flip composed.
-        back_flip = (not flip[0], flip[1] != mirrored)
-        r_d, v_d = _route(backend, "dgrad", back, k, b, a, cotangent.shape[0], x.dtype, route, groups)
-        dx = conv(backend, r_d, cotangent, w, back, groups, v_d, back_flip)
-        r_w, v_w = _route(backend, "wgrad", view, k, a, b, x.shape[0], x.dtype, route, groups)
-        dw = weight_grad(backend, r_w, x, cotangent, view, k, groups, v_w)
-        return dx, flipped_weight(dw, flip, groups)  # in w's own layout
+        return tuple(_conv_vjp(backend, route, view, groups, flip, x, w, cotangent, (0, 1)))
 
     @f.jvp
     def f_jvp(primals, tangents):
-        x, w = primals
-        rows = x.shape[0] if view is None else view.rows
-        return _bilinear_jvp(
-            lambda u, v: conv(backend, route, u, v, view, groups, variant, flip), x, w, *tangents,
-            lambda: mx.zeros((rows, _out_channels(w, flip, groups)), x.dtype))
+        return _conv_jvp(backend, route, view, groups, variant, flip, *primals, *tangents)
 
     return f(x, w)
 
 
+def _conv_jvp(backend, route, view, groups, variant, flip, x, w, tx, tw):
+    rows = x.shape[0] if view is None else view.rows
+    return _bilinear_jvp(
+        lambda u, v: conv(backend, route, u, v, view, groups, variant, flip), x, w, tx, tw,
+        lambda: mx.zeros((rows, _out_channels(w, flip, groups)), x.dtype))
+
+
 def weight_grad(backend, route: str, x: mx.array, ct: mx.array, view, k: int, groups: int = 1,
-                variant: dict | None = None) -> mx.array:
+                variant: dict | None = None, like=None) -> mx.array:
     """dW[k] = sum over the edges of offset k of x[g]^T ct[r] on ``view``
     (None: pointwise, K = 1) by ``route`` on ``backend``, with VJP and JVP;
-    groups > 1: each group's block, (K, A / groups, B)."""
+    groups > 1: each group's block, (K, A / groups, B). ``like``: a
+    parameter-layout weight (or its shape) whose layout the result takes,
+    which the backend writes directly where it reads that layout."""
+    shape = None if like is None else tuple(getattr(like, "shape", like))
+    if shape is not None and not layout.is_parameter(shape):
+        shape = None
+    if backend.differentiable_products:
+        return _launch_weight_grad(backend, route, x, ct, view, k, groups, variant, shape)
 
     @mx.custom_function
     def f(x, ct):
-        return backend.launch(route, "weight_grad", mx.stop_gradient(x), mx.stop_gradient(ct), view,
-                              k=k, groups=groups, variant=variant)
+        return _launch_weight_grad(backend, route, mx.stop_gradient(x), mx.stop_gradient(ct), view, k,
+                                   groups, variant, shape)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
         x, ct = primals
-        back = None if view is None else view.flipped()
-        a, b = x.shape[1], ct.shape[1]
-        r_x, v_x = _route(backend, "dgrad", back, k, b, a, ct.shape[0], x.dtype, route, groups)
-        gx = conv(backend, r_x, ct, cotangent, back, groups, v_x, (True, False))
-        r_c, v_c = _route(backend, "forward", view, k, a, b, x.shape[0], x.dtype, route, groups)
-        gct = conv(backend, r_c, x, cotangent, view, groups, v_c)
-        return gx, gct
+        return tuple(_weight_grad_vjp(backend, route, view, k, groups, x, ct, cotangent, (0, 1)))
 
     @f.jvp
     def f_jvp(primals, tangents):
-        x, ct = primals
-        return _bilinear_jvp(
-            lambda u, v: weight_grad(backend, route, u, v, view, k, groups, variant), x, ct, *tangents,
-            lambda: mx.zeros((k, x.shape[1] // groups, ct.shape[1]), x.dtype))
+        return _weight_grad_jvp(backend, route, view, k, groups, variant, shape, *primals, *tangents)
 
     return f(x, ct)
+
+
+def _launch_weight_grad(backend, route, x, ct, view, k, groups, variant, shape):
+    """The product, in ``shape``'s parameter layout where given: written so
+    by a backend that reads that layout, else rearranged by MLX ops."""
+    if shape is None:
+        return backend.launch(route, "weight_grad", x, ct, view, k=k, groups=groups, variant=variant)
+    if backend.reads_parameter(route):
+        return backend.launch(route, "weight_grad", x, ct, view, k=k, groups=groups, variant=variant,
+                              shape=shape)
+    dw = backend.launch(route, "weight_grad", x, ct, view, k=k, groups=groups, variant=variant)
+    return layout.like(dw, shape)
+
+
+def _weight_grad_jvp(backend, route, view, k, groups, variant, shape, x, ct, tx, tct):
+    zeros = shape if shape is not None else (k, x.shape[1] // groups, ct.shape[1])
+    return _bilinear_jvp(
+        lambda u, v: weight_grad(backend, route, u, v, view, k, groups, variant, shape), x, ct, tx, tct,
+        lambda: mx.zeros(zeros, x.dtype))
+
+
+def _product_rule(mode, op, route, native, major, groups, flip, symmetric, operands, seeds, argnums,
+                  out_shape):
+    """The rules above for a GatherConv or WeightGrad primitive's own vjp
+    (``mode`` "vjp": seeds = [cotangent], one gradient per argnum) or jvp
+    (seeds: the tangents of argnums; the output's tangent). The product is
+    rebuilt from what the primitive carries: its route (whose backend runs
+    the derived products), relation, view and flags."""
+    backend = backends.get(route.split(".", 1)[0])
+    view = None if native is None else backend.native_view(native, major, symmetric)
+    flip = tuple(flip)
+    a, b = operands
+    argnums = list(argnums)
+    if op == "conv":
+        if mode == "vjp":
+            return _conv_vjp(backend, route, view, groups, flip, a, b, seeds[0], argnums)
+        t = dict(zip(argnums, seeds))
+        return [_conv_jvp(backend, route, view, groups, None, flip, a, b, t.get(0), t.get(1))]
+    k, _, _ = layout.kernel_dims(out_shape)
+    shape = tuple(out_shape) if layout.is_parameter(out_shape) else None
+    if mode == "vjp":
+        return _weight_grad_vjp(backend, route, view, k, groups, a, b, seeds[0], argnums)
+    t = dict(zip(argnums, seeds))
+    return [_weight_grad_jvp(backend, route, view, k, groups, None, shape, a, b, t.get(0), t.get(1))]
+
+
+_ext.set_product_rule_hook(_product_rule)
 
 
 def _quantized_dgrad_route(q: dict) -> str:

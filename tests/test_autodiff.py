@@ -183,14 +183,44 @@ def test_cpu_kernel_tails(rng, c_in, c_out):
     np.testing.assert_allclose(np.array(dw), ew, rtol=1e-4, atol=1e-4)
 
 
-def test_the_primitives_are_differentiated_only_through_autodiff():
-    # The rules exist once (mlx_lattice/autodiff.py); a transform that reaches
-    # a product's primitive directly says what to call instead.
-    from mlx_lattice import _ext
+def test_the_primitives_differentiate_through_the_rules(rng):
+    # The rules exist once (mlx_lattice/autodiff.py): the primitives' own vjp
+    # and jvp call them (no custom function around a product), and give the
+    # oracle's values; without the rules installed a transform raises
+    # naming the function to call.
+    from mlx_lattice import _ext, autodiff
 
-    x, w = mx.ones((4, 2)), mx.ones((1, 2, 3))
+    coords = oracle.random_coords(rng, 300, 8, 2)
+    x = ml.SparseTensor(coords, mx.zeros((len(coords), 1)))
+    geom = ml.KernelGeometry((3, 3, 3), (1, 1, 1), (1, 1, 1))
+    rel = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
+    f = mx.array(rng.standard_normal((len(coords), 5)).astype(np.float32))
+    w5 = mx.array(rng.standard_normal((7, 3, 3, 3, 5)).astype(np.float32) / 10)
+    ct = mx.array(rng.standard_normal((len(coords), 7)).astype(np.float32))
     view = _ext.View.output_major
-    with pytest.raises(ValueError, match="autodiff.conv"):
-        mx.grad(lambda x: _ext.gather_conv(x, w, None, view, "cpu.gather_gemm").sum())(x)
-    with pytest.raises(ValueError, match="autodiff.weight_grad"):
-        mx.grad(lambda x: _ext.weight_grad(x, mx.ones((4, 3)), None, view, 1, "cpu.wgrad_gemm").sum())(x)
+
+    def product(f, w):
+        return _ext.gather_conv(f, ops.mapped_weight(w), rel._native, view, "cpu.gather_gemm")
+
+    (dx, dw) = mx.vjp(product, [f, w5], [ct])[1]
+    edges = oracle.conv_edges(coords, coords, 3, 1, 1)
+    e_dx, e_dw, _ = oracle.grads(edges, np.array(f), np.array(w5), np.array(ct))
+    np.testing.assert_allclose(np.array(dx), e_dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.array(dw), e_dw, rtol=1e-4, atol=1e-4 * np.abs(e_dw).max())
+    _, (jv,) = mx.jvp(product, [f, w5], [f * 0.5, w5 * 0.25])
+    y = np.array(product(f, w5))
+    np.testing.assert_allclose(np.array(jv), 0.75 * y, rtol=1e-4, atol=1e-4)
+    # one node per product: no CustomTransforms or StopGradient in the graph
+    dot = __import__("io").StringIO()
+    mx.export_to_dot(dot, *mx.vjp(product, [f, w5], [ct])[1])
+    assert "CustomTransforms" not in dot.getvalue() and "StopGradient" not in dot.getvalue()
+
+    xs, w = mx.ones((4, 2)), mx.ones((1, 2, 3))
+    _ext.set_product_rule_hook(None)
+    try:
+        with pytest.raises(ValueError, match="autodiff.conv"):
+            mx.grad(lambda x: _ext.gather_conv(x, w, None, view, "cpu.gather_gemm").sum())(xs)
+        with pytest.raises(ValueError, match="autodiff.weight_grad"):
+            mx.grad(lambda x: _ext.weight_grad(x, mx.ones((4, 3)), None, view, 1, "cpu.wgrad_gemm").sum())(xs)
+    finally:
+        _ext.set_product_rule_hook(autodiff._product_rule)

@@ -147,7 +147,11 @@ def test_rows_without_edges_are_zero(rng, isa, c_out):
 class _FlipReading(type(backends.CPU)):
     """The CPU backend, announcing that its routes read flipped weights in
     place (as the CUDA routes do) and making them here from w, so that
-    autodiff's flip bookkeeping runs on every machine."""
+    autodiff's flip bookkeeping runs on every machine. Its launch makes the
+    flipped copies in Python, so its products are wrapped in custom
+    functions (as CUDA's are) rather than differentiating themselves."""
+
+    differentiable_products = False
 
     def __init__(self):
         super().__init__()

@@ -107,6 +107,12 @@ class Backend:
         return _ext.running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio)
 
     # ------------------------------------------------------------ products
+    # The products are the extension's primitives (GatherConv, WeightGrad:
+    # src/core/primitives.h), whose own vjp and jvp run autodiff.py's rules;
+    # a backend launching kernels without autodiff (CUDA) sets False, and
+    # autodiff wraps its products in custom functions.
+    differentiable_products = True
+
     def variants(self, route: str, c_in: int, c_out: int) -> list[dict]:
         """The tile shapes of ``route`` the tuner may ask for; the CPU and
         Metal routes choose their tiles inside the extension: none."""
@@ -118,31 +124,52 @@ class Backend:
         its strides."""
         return layout.mapped_weight(weight)
 
+    def product_weight(self, weight: mx.array) -> mx.array:
+        """The weight a layer's product takes: kernel-major
+        (:meth:`mapped_weight`), or the parameter itself where this
+        backend's routes read it in place (:meth:`reads_parameter`)."""
+        return self.mapped_weight(weight)
+
+    def reads_parameter(self, route: str) -> bool:
+        """Whether ``route`` reads a weight in the parameter's layout in
+        place, and writes weight gradients in it (``layout``)."""
+        return False
+
     def reads_flipped(self, route: str) -> bool:
         """Whether ``route``'s conv product reads a weight transposed and / or
         mirrored in place (``launch(..., flip=)``; autodiff.conv); the
-        extension's routes take the flipped weight made by MLX ops."""
+        Metal routes take the flipped weight made by MLX ops."""
         return False
 
     # The CPU and Metal products are primitives of the extension (GatherConv,
     # WeightGrad, QuantizedConv: src/core/primitives.h) that run the route's
     # table entry; their autodiff is mlx_lattice/autodiff.py's.
     def launch(self, route: str, op: str, a, b, view, k: int = 1, groups: int = 1,
-               variant: dict | None = None):
-        """One product by ``route``, without autodiff: ``conv`` (a through
-        the kernel-major weight b over ``view``, None: pointwise) or
-        ``weight_grad`` (a^T b per offset, K = k); ``variant``: the
-        route's tile shapes."""
+               variant: dict | None = None, flip: tuple = (False, False), shape=None):
+        """One product by ``route``: ``conv`` (a through the weight b over
+        ``view``, None: pointwise; b read with ``flip`` where
+        :meth:`reads_flipped`) or ``weight_grad`` (a^T b per offset, K = k;
+        in the parameter layout of ``shape`` where given and
+        :meth:`reads_parameter`); ``variant``: the route's tile shapes."""
         native = None if view is None else view.native
         major = _ext.View.output_major if view is None else view.major
+        symmetric = view is not None and view.symmetric
         if op == "conv":
-            return _ext.gather_conv(a, b, native, major, route, self.stream(), groups=groups)
-        return _ext.weight_grad(a, b, native, major, k, route, self.stream(), groups=groups)
+            return _ext.gather_conv(a, b, native, major, route, self.stream(), groups=groups,
+                                    flip=tuple(flip), symmetric=symmetric)
+        return _ext.weight_grad(a, b, native, major, k, route, self.stream(), groups=groups,
+                                symmetric=symmetric, shape=None if shape is None else list(shape))
 
     def product_view(self, relation):
         """The view a product reads of ``relation`` (None: pointwise), for
         ``launch`` and autodiff."""
-        return None if relation is None else NativeView(relation)
+        return None if relation is None else NativeView(relation._native, _ext.View.output_major,
+                                                        relation.symmetric)
+
+    def native_view(self, native, major, symmetric: bool):
+        """The view of a native relation read ``major`` (a primitive's own,
+        for its autodiff rules)."""
+        return NativeView(native, major, symmetric)
 
     def quantized_conv(self, route: str, x, weight, relation):
         """The product of a QuantizedWeight (inference: input gradients only)."""
@@ -182,24 +209,34 @@ class ProductView:
 
 
 class NativeView(ProductView):
-    """A CSR view of a relation for the extension's products: the relation's
-    native maps read output-major (rows are its outputs) or input-major."""
+    """A CSR view of a relation for the extension's products: the native
+    relation's maps read output-major (rows are its outputs) or input-major,
+    and whether the relation is symmetric (``Relation.symmetric``)."""
 
-    def __init__(self, relation, major=_ext.View.output_major):
-        self.relation, self.major = relation, major
+    def __init__(self, native, major=_ext.View.output_major, symmetric: bool = False):
+        self.native, self.major, self._symmetric = native, major, symmetric
 
     @property
-    def native(self):
-        return self.relation._native
+    def kind(self) -> str:
+        return self.native.kind
+
+    @property
+    def edges(self) -> int:
+        return self.native.edges
+
+    @property
+    def symmetric(self) -> bool:
+        return self._symmetric
 
     @property
     def rows(self) -> int:
         out = self.major == _ext.View.output_major
-        return self.relation.n_out if out else self.relation.n_in
+        return self.native.n_out if out else self.native.n_in
 
     def flipped(self) -> "NativeView":
         out = self.major == _ext.View.output_major
-        return NativeView(self.relation, _ext.View.input_major if out else _ext.View.output_major)
+        return NativeView(self.native, _ext.View.input_major if out else _ext.View.output_major,
+                          self._symmetric)
 
 
 class Views:

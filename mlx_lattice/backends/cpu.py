@@ -29,6 +29,12 @@ class CpuBackend(Backend):
         fn = _ext.generative_support if generative else _ext.forward_support
         return fn(table, *geometry)
 
+    def reads_flipped(self, route):
+        # The gather-GEMM packs its weight panels through strides: a weight
+        # read transposed or mirrored is a view (the grouped kernels read a
+        # dense one).
+        return ".grouped_" not in route
+
     def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
         # The output set's own table spares the tiled (size = stride) build
         # hashing the outputs again.

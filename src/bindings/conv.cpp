@@ -18,12 +18,16 @@ void init_conv(nb::module_& m) {
          View view,
          const std::string& route,
          std::optional<mx::Stream> s,
-         int groups) {
+         int groups,
+         std::tuple<bool, bool> flip,
+         bool symmetric) {
         return gather_conv(
-            x, w, rel, view, route, stream_or_default(s), groups);
+            x, w, rel, view, route, stream_or_default(s), groups,
+            {std::get<0>(flip), std::get<1>(flip)}, symmetric);
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a,
-      "stream"_a = nb::none(), "groups"_a = 1);
+      "stream"_a = nb::none(), "groups"_a = 1,
+      "flip"_a = std::make_tuple(false, false), "symmetric"_a = false);
   m.def(
       "weight_grad",
       [](const mx::array& x,
@@ -33,13 +37,20 @@ void init_conv(nb::module_& m) {
          int64_t k,
          const std::string& route,
          std::optional<mx::Stream> s,
-         int groups) {
+         int groups,
+         bool symmetric,
+         std::optional<std::vector<int>> shape) {
+        std::optional<mx::Shape> out;
+        if (shape) {
+          out = mx::Shape(shape->begin(), shape->end());
+        }
         return weight_grad(
             x, ct, rel, view, k, route,
-            stream_or_default(s), groups);
+            stream_or_default(s), groups, symmetric, out);
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
-      "stream"_a = nb::none(), "groups"_a = 1);
+      "stream"_a = nb::none(), "groups"_a = 1, "symmetric"_a = false,
+      "shape"_a = nb::none());
   m.def(
       "quantized_conv",
       [](const mx::array& x,
@@ -87,6 +98,30 @@ void init_conv(nb::module_& m) {
       },
       "hook"_a.none());
   m.def(
+      "set_product_rule_hook",
+      [](nb::object fn) {
+        if (fn.is_none()) {
+          set_product_rule_hook(nullptr);
+          return;
+        }
+        // Kept for the life of the process: no destructor runs without the GIL.
+        auto* held = new nb::object(fn);
+        set_product_rule_hook([held](const ProductRuleCall& c) {
+          nb::gil_scoped_acquire gil;
+          nb::object rel = c.rel ? nb::cast(c.rel) : nb::none();
+          nb::object out = (*held)(
+              c.reverse ? "vjp" : "jvp", op_name(c.op), c.route, rel, c.view, c.groups,
+              nb::make_tuple(c.flip.transposed, c.flip.mirrored), c.symmetric,
+              c.operands, c.seeds, c.argnums,
+              std::vector<int>(c.out_shape.begin(), c.out_shape.end()));
+          return nb::cast<std::vector<mx::array>>(out);
+        });
+      },
+      "hook"_a.none(),
+      "The function GatherConv's and WeightGrad's vjp and jvp call: "
+      "fn(mode, op, route, relation, view, groups, flip, symmetric, operands, "
+      "seeds, argnums, out_shape) -> list of arrays.");
+  m.def(
       "native_routes",
       []() {
         // Every entry of the C++ route tables: (name, primitive).
@@ -106,10 +141,13 @@ void init_conv(nb::module_& m) {
          std::shared_ptr<Relation> rel,
          View view,
          const std::string& route,
-         int groups) {
-        return conv_inputs(x, w, rel, view, route, {}, groups);
+         int groups,
+         std::tuple<bool, bool> flip) {
+        return conv_inputs(
+            x, w, rel, view, route, {}, groups, {std::get<0>(flip), std::get<1>(flip)});
       },
-      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a, "groups"_a = 1);
+      "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a, "groups"_a = 1,
+      "flip"_a = std::make_tuple(false, false));
   m.def(
       "quantized_conv_inputs",
       [](const mx::array& x,

@@ -105,6 +105,11 @@ RouteHook& route_hook() {
   return hook;
 }
 
+ProductRuleHook& product_rule_hook() {
+  static ProductRuleHook hook;
+  return hook;
+}
+
 // Route for a product of autodiff: x (rows_in, A) through w (K, A, B) over
 // `view` of rel (or pointwise), or the weight gradient of such a product.
 std::string route_for(
@@ -150,6 +155,21 @@ void set_route_hook(RouteHook hook) {
   route_hook() = std::move(hook);
 }
 
+void set_product_rule_hook(ProductRuleHook hook) {
+  product_rule_hook() = std::move(hook);
+}
+
+KernelDims kernel_dims(const mx::Shape& w) {
+  if (w.size() == 3) {
+    return {w[0], w[1], w[2]};
+  }
+  int64_t k = 1;
+  for (size_t i = 1; i + 1 < w.size(); ++i) {
+    k *= w[i];
+  }
+  return {k, w.back(), w[0]};
+}
+
 std::vector<mx::array> conv_inputs(
     const mx::array& x,
     const mx::array& w,
@@ -157,24 +177,43 @@ std::vector<mx::array> conv_inputs(
     View view,
     const std::string& route,
     mx::StreamOrDevice s,
-    int groups) {
-  if (x.ndim() != 2 || w.ndim() != 3 || groups < 1 || x.shape(1) != w.shape(1) * groups) {
-    throw std::invalid_argument("gather_conv: expected x (N, A), w (K, A / groups, B)");
+    int groups,
+    WeightFlip flip) {
+  if (w.ndim() < 2 || groups < 1) {
+    throw std::invalid_argument(
+        "gather_conv: expected w (K, A / groups, B), or the parameter (B, k1, ..., A / groups)");
   }
-  check_groups(x.shape(1), w.shape(2), groups, route, "gather_conv");
+  const KernelDims d = kernel_dims(w.shape());
+  // Channels x brings and the product makes, with the flip applied.
+  const int64_t a_in = flip.transposed ? d.b : d.a * groups;
+  const int64_t b_out = flip.transposed ? d.a * groups : d.b;
+  if (x.ndim() != 2 || x.shape(1) != a_in) {
+    throw std::invalid_argument(
+        flip.transposed ? "gather_conv: expected x (N, B) for a weight read transposed"
+                        : "gather_conv: expected x (N, A), w (K, A / groups, B)");
+  }
+  check_groups(a_in, b_out, groups, route, "gather_conv");
   if (x.dtype() != w.dtype()) {
     throw std::invalid_argument("gather_conv: x and w dtypes differ");
   }
-  if (!rel && w.shape(0) != 1) {
+  if (!rel && d.k != 1) {
     throw std::invalid_argument("gather_conv: pointwise needs K == 1");
   }
-  if (rel && w.shape(0) != rel->kernel_volume()) {
+  if (rel && d.k != rel->kernel_volume()) {
     throw std::invalid_argument("gather_conv: w has the wrong kernel volume");
   }
   check_route(route, Op::Conv);
+  if ((is_metal(route) || is_grouped(route)) && flip.any()) {
+    throw std::invalid_argument(
+        "gather_conv: route " + route + " reads no flipped weight; pass the flipped copy");
+  }
+  if (is_metal(route) && parameter_layout(w)) {
+    throw std::invalid_argument(
+        "gather_conv: route " + route + " reads a kernel-major (K, A, B) weight");
+  }
   auto stream = mx::to_stream(s);
   // The CPU gather-GEMM packs its weight panels through w's strides, so the
-  // transposed view of a (C_out, Kx, Ky, Kz, C_in) parameter is read in place
+  // parameter (and its transposed or mirrored reading) is read in place
   // rather than copied to (K, A, B) on every call.
   const bool strided_w = !is_metal(route) && !is_grouped(route);
   std::vector<mx::array> inputs = {
@@ -192,15 +231,14 @@ mx::array gather_conv(
     View view,
     const std::string& route,
     mx::StreamOrDevice s,
-    int groups) {
+    int groups,
+    WeightFlip flip,
+    bool symmetric) {
   auto stream = mx::to_stream(s);
-  auto inputs = conv_inputs(x, w, rel, view, route, stream, groups);
-  const int64_t rows = rel ? view_rows(*rel, view) : x.shape(0);
-  return mx::array(
-      {static_cast<int>(rows), w.shape(2)},
-      x.dtype(),
-      std::make_shared<GatherConv>(stream, rel, view, route, groups),
-      std::move(inputs));
+  auto inputs = conv_inputs(x, w, rel, view, route, stream, groups, flip);
+  auto prim = std::make_shared<GatherConv>(stream, rel, view, route, groups, flip, symmetric);
+  auto shape = prim->output_shapes(inputs)[0];
+  return mx::array(std::move(shape), x.dtype(), std::move(prim), std::move(inputs));
 }
 
 std::vector<mx::array> weight_grad_inputs(
@@ -229,14 +267,31 @@ mx::array weight_grad(
     int64_t k,
     const std::string& route,
     mx::StreamOrDevice s,
-    int groups) {
+    int groups,
+    bool symmetric,
+    std::optional<mx::Shape> shape) {
   check_route(route, Op::WeightGrad);
   check_groups(x.shape(1), ct.shape(1), groups, route, "weight_grad");
+  if (shape) {
+    const auto d = shape->size() >= 2 ? kernel_dims(*shape) : KernelDims{};
+    if (shape->size() < 2 || shape->size() == 3 || d.k != k || d.b != ct.shape(1) ||
+        d.a * groups != x.shape(1)) {
+      throw std::invalid_argument(
+          "weight_grad: shape must be a parameter's (B, k1, ..., A / groups) with "
+          "k1 * ... = k, B = ct.shape[1] and A = x.shape[1]");
+    }
+    if (is_metal(route)) {
+      throw std::invalid_argument(
+          "weight_grad: route " + route + " writes a kernel-major (K, A, B) gradient");
+    }
+  }
   auto stream = mx::to_stream(s);
+  mx::Shape out = shape ? *shape
+                        : mx::Shape{static_cast<int>(k), x.shape(1) / groups, ct.shape(1)};
   return mx::array(
-      {static_cast<int>(k), x.shape(1) / groups, ct.shape(1)},
+      std::move(out),
       x.dtype(),
-      std::make_shared<WeightGrad>(stream, rel, view, route, groups),
+      std::make_shared<WeightGrad>(stream, rel, view, route, groups, symmetric, shape),
       weight_grad_inputs(x, ct, rel, view, stream));
 }
 
@@ -270,15 +325,93 @@ mx::array RoutedPrimitive::sum_terms(
 
 std::vector<mx::Shape> GatherConv::output_shapes(
     const std::vector<mx::array>& in) {
-  return {{static_cast<int>(rows(in[0])), in[1].shape(2)}};
+  const KernelDims d = kernel_dims(in[1].shape());
+  const int64_t b = flip_.transposed ? d.a * groups_ : d.b;
+  return {{static_cast<int>(rows(in[0])), static_cast<int>(b)}};
 }
 
 // ---------------------------------------------------------------- WeightGrad
 
 std::vector<mx::Shape> WeightGrad::output_shapes(
     const std::vector<mx::array>& in) {
+  if (shape_) {
+    return {*shape_};
+  }
   int64_t k = rel_ ? rel_->kernel_volume() : 1;
   return {{static_cast<int>(k), in[0].shape(1) / groups_, in[1].shape(1)}};
+}
+
+bool WeightGrad::is_equivalent(const mx::Primitive& other) const {
+  return ProductPrimitive::is_equivalent(other) &&
+      static_cast<const WeightGrad&>(other).shape_ == shape_;
+}
+
+// ---------------------------------------------------------- ProductPrimitive
+
+bool ProductPrimitive::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const ProductPrimitive&>(other);
+  return RoutedPrimitive::is_equivalent(other) && flip_ == o.flip_ && symmetric_ == o.symmetric_;
+}
+
+std::vector<mx::array> ProductPrimitive::run_rule(
+    bool reverse,
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& seeds,
+    const std::vector<int>& argnums) {
+  if (!product_rule_hook()) {
+    not_differentiable(name(), rule_);
+  }
+  ProductRuleCall call{
+      reverse, op_, route_, rel_, view_, groups_, flip_, symmetric_,
+      {primals[0], primals[1]}, seeds, argnums, output_shapes(primals)[0]};
+  auto out = product_rule_hook()(call);
+  if (out.size() != (reverse ? argnums.size() : 1)) {
+    throw std::runtime_error(std::string(name()) + ": the autodiff rule returned the wrong count");
+  }
+  return out;
+}
+
+// Only the two operands take derivatives: the view's index arrays are
+// integers (a transform asking for them gets zeros).
+std::vector<mx::array> ProductPrimitive::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>&) {
+  std::vector<int> operands;
+  for (int arg : argnums) {
+    if (arg < 2) {
+      operands.push_back(arg);
+    }
+  }
+  std::vector<mx::array> grads;
+  if (!operands.empty()) {
+    grads = run_rule(true, primals, {cotangents[0]}, operands);
+  }
+  std::vector<mx::array> out;
+  size_t next = 0;
+  for (int arg : argnums) {
+    out.push_back(arg < 2 ? grads[next++] : mx::zeros_like(primals[arg], stream()));
+  }
+  return out;
+}
+
+std::vector<mx::array> ProductPrimitive::jvp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& tangents,
+    const std::vector<int>& argnums) {
+  std::vector<int> operands;
+  std::vector<mx::array> seeds;
+  for (size_t i = 0; i < argnums.size(); ++i) {
+    if (argnums[i] < 2) {
+      operands.push_back(argnums[i]);
+      seeds.push_back(tangents[i]);
+    }
+  }
+  if (operands.empty()) {
+    return {mx::zeros(output_shapes(primals)[0], primals[0].dtype(), stream())};
+  }
+  return run_rule(false, primals, seeds, operands);
 }
 
 } // namespace mlx_lattice

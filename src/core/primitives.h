@@ -86,10 +86,47 @@ class RoutedPrimitive : public mx::Primitive {
   int groups_ = 1; // grouped products: W is (K, A / groups_, B)
 };
 
-// GatherConv and WeightGrad: differentiated by mlx_lattice/autodiff.py, the
-// one definition of the products' rules for every backend, which runs them
-// under stop_gradient; a transform that reaches one was not set up by that
-// module, and raises naming the function to call (`rule`).
+// How a conv product reads its weight: W[k] is block k of the weight read
+// kernel-major, transposed (W[k]^T, an input gradient's) and / or mirrored
+// (block K - 1 - k, an input gradient over a symmetric relation).
+struct WeightFlip {
+  bool transposed = false;
+  bool mirrored = false;
+  bool any() const {
+    return transposed || mirrored;
+  }
+  bool operator==(const WeightFlip& o) const {
+    return transposed == o.transposed && mirrored == o.mirrored;
+  }
+};
+
+// One transform of a GatherConv or WeightGrad, handed to the autodiff rules.
+struct ProductRuleCall {
+  bool reverse; // vjp (seeds: the output's cotangent) or jvp (seeds: tangents)
+  Op op;
+  const std::string& route;
+  const std::shared_ptr<Relation>& rel;
+  View view;
+  int groups;
+  WeightFlip flip;
+  bool symmetric; // the relation's edges (q, p, k) and (p, q, K - 1 - k) pair up
+  std::vector<mx::array> operands; // x and w (conv), x and ct (weight_grad)
+  std::vector<mx::array> seeds;    // one per operand in argnums (jvp), or the cotangent
+  std::vector<int> argnums;        // operands (0, 1) the transform asks for
+  mx::Shape out_shape;             // the product's output shape
+};
+// Returns, for a vjp, one gradient per argnum; for a jvp, the output's tangent.
+using ProductRuleHook = std::function<std::vector<mx::array>(const ProductRuleCall&)>;
+
+// The autodiff rules of GatherConv and WeightGrad are mlx_lattice/autodiff.py's,
+// written once for every backend; that module installs this hook on import,
+// through which the primitives' own vjp and jvp reach them (so a product is
+// one graph node, without a custom function around it).
+void set_product_rule_hook(ProductRuleHook hook);
+
+// GatherConv and WeightGrad: their vjp and jvp run the rules through the
+// hook above; without one installed they raise naming the function to call
+// (`rule`).
 class ProductPrimitive : public RoutedPrimitive {
  public:
   ProductPrimitive(
@@ -99,28 +136,56 @@ class ProductPrimitive : public RoutedPrimitive {
       View view,
       std::string route,
       int groups,
+      WeightFlip flip,
+      bool symmetric,
       const char* rule)
-      : RoutedPrimitive(s, op, std::move(rel), view, std::move(route)), rule_(rule) {
+      : RoutedPrimitive(s, op, std::move(rel), view, std::move(route)),
+        flip_(flip),
+        symmetric_(symmetric),
+        rule_(rule) {
     groups_ = groups;
   }
 
   std::vector<mx::array> jvp(
-      const std::vector<mx::array>&,
-      const std::vector<mx::array>&,
-      const std::vector<int>&) override {
-    not_differentiable(name(), rule_);
-  }
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& tangents,
+      const std::vector<int>& argnums) override;
   std::vector<mx::array> vjp(
-      const std::vector<mx::array>&,
-      const std::vector<mx::array>&,
-      const std::vector<int>&,
-      const std::vector<mx::array>&) override {
-    not_differentiable(name(), rule_);
-  }
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>& outputs) override;
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ protected:
+  WeightFlip flip_;
+  bool symmetric_;
 
  private:
+  std::vector<mx::array> run_rule(
+      bool reverse,
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& seeds,
+      const std::vector<int>& argnums);
+
   const char* rule_;
 };
+
+// The weight of a product comes kernel-major, (K, A / groups, B) of any
+// strides, or as the parameter itself, (B, k1, ..., A / groups) with
+// K = k1 * ...: the (C_out, Kx, Ky, Kz, C_in / groups) weight of a
+// convolution or the (C_out, C_in) one of a linear layer, which the CPU
+// routes read in place. Only a 3D weight is kernel-major.
+inline bool parameter_layout(const mx::array& w) {
+  return w.ndim() != 3;
+}
+
+// (K, A / groups, B) of a product's weight of this shape (either layout),
+// before any flip.
+struct KernelDims {
+  int64_t k = 0, a = 0, b = 0;
+};
+KernelDims kernel_dims(const mx::Shape& w);
 
 class GatherConv : public ProductPrimitive {
  public:
@@ -129,9 +194,14 @@ class GatherConv : public ProductPrimitive {
       std::shared_ptr<Relation> rel,
       View view,
       std::string route,
-      int groups = 1)
-      : ProductPrimitive(s, Op::Conv, std::move(rel), view, std::move(route), groups, "autodiff.conv") {}
+      int groups = 1,
+      WeightFlip flip = {},
+      bool symmetric = false)
+      : ProductPrimitive(
+            s, Op::Conv, std::move(rel), view, std::move(route), groups, flip, symmetric,
+            "autodiff.conv") {}
 
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) override;
   std::vector<mx::Shape> output_shapes(
       const std::vector<mx::array>& inputs) override;
   const char* name() const override {
@@ -146,15 +216,25 @@ class WeightGrad : public ProductPrimitive {
       std::shared_ptr<Relation> rel,
       View view,
       std::string route,
-      int groups = 1)
+      int groups = 1,
+      bool symmetric = false,
+      std::optional<mx::Shape> shape = std::nullopt)
       : ProductPrimitive(
-            s, Op::WeightGrad, std::move(rel), view, std::move(route), groups, "autodiff.weight_grad") {}
+            s, Op::WeightGrad, std::move(rel), view, std::move(route), groups, {}, symmetric,
+            "autodiff.weight_grad"),
+        shape_(std::move(shape)) {}
 
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) override;
   std::vector<mx::Shape> output_shapes(
       const std::vector<mx::array>& inputs) override;
+  bool is_equivalent(const mx::Primitive& other) const override;
   const char* name() const override {
     return "SparseWeightGrad";
   }
+
+ private:
+  // The parameter's shape when the gradient is written in its layout.
+  std::optional<mx::Shape> shape_;
 };
 
 // Convolution with affine-quantized weights (inference): inputs x, codes
@@ -229,7 +309,8 @@ std::vector<mx::array> conv_inputs(
     View view,
     const std::string& route,
     mx::StreamOrDevice s = {},
-    int groups = 1);
+    int groups = 1,
+    WeightFlip flip = {});
 std::vector<mx::array> weight_grad_inputs(
     const mx::array& x,
     const mx::array& ct,
@@ -239,7 +320,10 @@ std::vector<mx::array> weight_grad_inputs(
 
 // x: (N, A), w: (K, A, B) -> (rows, B). rel == nullptr: pointwise (K == 1).
 // groups > 1: w is (K, A / groups, B), each group of B / groups outputs
-// reading its A / groups inputs (a grouped route).
+// reading its A / groups inputs (a grouped route). w may also be the
+// parameter (see parameter_layout), and `flip` reads it transposed and / or
+// mirrored in place (the CPU routes that are not grouped); `symmetric`
+// marks a relation whose input gradient may read the same view mirrored.
 mx::array gather_conv(
     const mx::array& x,
     const mx::array& w,
@@ -247,9 +331,13 @@ mx::array gather_conv(
     View view,
     const std::string& route,
     mx::StreamOrDevice s = {},
-    int groups = 1);
+    int groups = 1,
+    WeightFlip flip = {},
+    bool symmetric = false);
 
-// x: (N_gather, A), ct: (rows, B) -> (K, A / groups, B).
+// x: (N_gather, A), ct: (rows, B) -> (K, A / groups, B), or with `shape`
+// (B, k1, ..., A / groups) the gradient in that parameter's layout (CPU
+// routes).
 mx::array weight_grad(
     const mx::array& x,
     const mx::array& ct,
@@ -258,6 +346,8 @@ mx::array weight_grad(
     int64_t k,
     const std::string& route,
     mx::StreamOrDevice s = {},
-    int groups = 1);
+    int groups = 1,
+    bool symmetric = false,
+    std::optional<mx::Shape> shape = std::nullopt);
 
 } // namespace mlx_lattice

@@ -3,9 +3,11 @@
 // chosen when the task is encoded.
 #include "cpu/kernels.h"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "core/threadpool.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 
@@ -22,6 +24,80 @@ encode_all(const std::vector<mx::array>& in, std::vector<mx::array>& out, mx::St
     enc.set_output_array(a);
   }
   return enc;
+}
+
+void copy_strided(const mx::array& src, mx::array& dst, mx::Stream s) {
+  auto& enc = mx::cpu::get_command_encoder(s);
+  enc.set_input_array(src);
+  enc.set_output_array(dst);
+  const int nd = src.ndim();
+  if (nd == 0 || src.size() == 0) {
+    enc.dispatch([sp = static_cast<const char*>(src.data<void>()),
+                  dp = static_cast<char*>(dst.data<void>()),
+                  n = src.size() * src.itemsize()]() { std::memcpy(dp, sp, n); });
+    return;
+  }
+  enc.dispatch([sp = static_cast<const char*>(src.data<void>()),
+                dp = static_cast<char*>(dst.data<void>()),
+                shape = src.shape(),
+                total = int64_t(src.size()),
+                ss = src.strides(),
+                ds = dst.strides(),
+                size = int64_t(src.itemsize()),
+                nd]() {
+    // Rows along the last axis, each located from its multi-index.
+    const int64_t inner = shape[nd - 1];
+    const int64_t rows = total / inner;
+    parallel_for(rows, std::max<int64_t>(1, 4096 / inner), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        int64_t so = 0, d_o = 0, rem = r;
+        for (int i = nd - 2; i >= 0; --i) {
+          const int64_t idx = rem % shape[i];
+          rem /= shape[i];
+          so += idx * ss[i];
+          d_o += idx * ds[i];
+        }
+        const char* sr = sp + so * size;
+        char* dr = dp + d_o * size;
+        if (ss[nd - 1] == 1 && ds[nd - 1] == 1) {
+          std::memcpy(dr, sr, inner * size);
+        } else {
+          for (int64_t j = 0; j < inner; ++j) {
+            std::memcpy(dr + j * ds[nd - 1] * size, sr + j * ss[nd - 1] * size, size);
+          }
+        }
+      }
+    });
+  });
+}
+
+mx::array dense(const mx::array& a, mx::Stream s) {
+  if (a.flags().row_contiguous) {
+    return a;
+  }
+  mx::array out(a.shape(), a.dtype(), nullptr, {});
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  copy_strided(a, out, s);
+  mx::cpu::get_command_encoder(s).add_temporary(out);
+  return out;
+}
+
+mx::array::Flags dense_flags(const mx::Shape& shape, const mx::Strides& strides) {
+  mx::array::Flags f;
+  f.contiguous = true;
+  f.row_contiguous = true;
+  f.col_contiguous = true;
+  const int n = static_cast<int>(shape.size());
+  int64_t row = 1, col = 1;
+  for (int i = n - 1; i >= 0; --i) {
+    f.row_contiguous = f.row_contiguous && (shape[i] == 1 || strides[i] == row);
+    row *= shape[i];
+  }
+  for (int i = 0; i < n; ++i) {
+    f.col_contiguous = f.col_contiguous && (shape[i] == 1 || strides[i] == col);
+    col *= shape[i];
+  }
+  return f;
 }
 
 Float feature_type(mx::Dtype dt) {
@@ -57,25 +133,6 @@ void check_groups(int A, int B, int groups, const char* op) {
 
 WeightStrides weight_strides(const mx::array& w) {
   return {w.strides()[0], w.strides()[1], w.strides()[2]};
-}
-
-// Flags of a dense array with the given strides (MLX's definitions).
-mx::array::Flags dense_flags(const mx::Shape& shape, const mx::Strides& strides) {
-  mx::array::Flags f;
-  f.contiguous = true;
-  f.row_contiguous = true;
-  f.col_contiguous = true;
-  const int n = static_cast<int>(shape.size());
-  int64_t row = 1, col = 1;
-  for (int i = n - 1; i >= 0; --i) {
-    f.row_contiguous = f.row_contiguous && (shape[i] == 1 || strides[i] == row);
-    row *= shape[i];
-  }
-  for (int i = 0; i < n; ++i) {
-    f.col_contiguous = f.col_contiguous && (shape[i] == 1 || strides[i] == col);
-    col *= shape[i];
-  }
-  return f;
 }
 
 AttentionShape attention_shape(const mx::array& q, float scale) {

@@ -21,6 +21,21 @@ namespace mx = mlx::core;
 mx::cpu::CommandEncoder&
 encode_all(const std::vector<mx::array>& in, std::vector<mx::array>& out, mx::Stream s);
 
+// `a` itself when row-contiguous; else a dense copy, made by a task encoded
+// now on s (so it runs before the caller's own task, which reads it) and
+// held by the encoder until the primitive's tasks ran. The primitives take
+// their inputs as they come (no Contiguous node in front of them) and copy
+// here only what a kernel cannot read in place.
+mx::array dense(const mx::array& a, mx::Stream s);
+
+// Flags of an array whose strides (possibly permuted or negative) cover
+// its elements without gaps or overlaps (MLX's definitions).
+mx::array::Flags dense_flags(const mx::Shape& shape, const mx::Strides& strides);
+
+// Copies the elements of `src` (any strides, in elements) into `dst` (any
+// strides; the same shape) by a task encoded now on s.
+void copy_strided(const mx::array& src, mx::array& dst, mx::Stream s);
+
 // Whether dt is a feature dtype the kernels take.
 inline bool is_feature_dtype(mx::Dtype dt) {
   return dt == mx::float32 || dt == mx::float16 || dt == mx::bfloat16;
@@ -62,6 +77,7 @@ void weight_grad(
     PairView view,
     mx::array& out,
     mx::Stream s);
+
 
 // o (patches, heads, P, D) and lse (patches, heads, P) of patch attention;
 // q, k, v are read through their strides, lengths is contiguous int32.

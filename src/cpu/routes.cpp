@@ -3,9 +3,11 @@
 #include "cpu/routes.h"
 
 #include <stdexcept>
+#include <utility>
 
 #include "core/primitives.h"
 #include "cpu/kernels.h"
+#include "mlx/allocator.h"
 
 namespace mlx_lattice::cpu {
 
@@ -157,6 +159,127 @@ void RoutedPrimitive::eval_cpu(
     std::vector<mx::array>& out) {
   cpu::Call call{route_, in, out[0], stream(), rel_ != nullptr, bits_, group_, groups_};
   cpu::find(route_, op_).run(call);
+}
+
+namespace {
+
+bool grouped_route(const std::string& route) {
+  return route.find(".grouped_") != std::string::npos;
+}
+
+mx::Strides row_strides(const mx::Shape& shape) {
+  mx::Strides st(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
+    st[i] = st[i + 1] * shape[i + 1];
+  }
+  return st;
+}
+
+// `a`'s buffer read with another shape and strides (no copy).
+mx::array view_of(const mx::array& a, mx::Shape shape, mx::Strides strides, int64_t offset = 0) {
+  mx::array v(shape, a.dtype(), nullptr, {});
+  v.copy_shared_buffer(a, strides, cpu::dense_flags(shape, strides), a.data_size(), offset);
+  return v;
+}
+
+// Stride of the kernel axes k1, ..., kn of a parameter (B, k1, ..., kn, A)
+// read as one axis K, or -1 when they do not merge (any strides). With
+// K = 1 the stride is never read (0).
+int64_t merged_kernel_stride(const mx::array& w) {
+  const int nd = w.ndim();
+  int64_t stride = 0, extent = 1;
+  for (int i = nd - 2; i >= 1; --i) {
+    if (w.shape(i) == 1) {
+      continue;
+    }
+    if (extent == 1) {
+      stride = w.strides()[i];
+    } else if (w.strides()[i] != stride * extent) {
+      return -1;
+    }
+    extent *= w.shape(i);
+  }
+  return stride;
+}
+
+// The (K, A, B) weight a conv product multiplies by (A = its input
+// channels): w read kernel-major (a parameter through a view of its own
+// buffer), then transposed and / or mirrored by strides; a copy only for a
+// parameter whose kernel axes do not merge, or where the kernel needs a
+// dense weight (the grouped routes).
+mx::array kernel_major_weight(const mx::array& w, WeightFlip flip, bool need_dense, mx::Stream s) {
+  if (!parameter_layout(w) && !flip.any()) {
+    return need_dense ? cpu::dense(w, s) : w;
+  }
+  const KernelDims d = kernel_dims(w.shape());
+  mx::array p = w;
+  mx::Strides st;
+  if (parameter_layout(w)) {
+    int64_t sk = merged_kernel_stride(w);
+    if (sk < 0) {
+      p = cpu::dense(w, s);
+      sk = merged_kernel_stride(p);
+    }
+    st = {sk, p.strides().back(), p.strides()[0]};
+  } else {
+    st = {w.strides()[0], w.strides()[1], w.strides()[2]};
+  }
+  mx::Shape shape = {static_cast<int>(d.k), static_cast<int>(d.a), static_cast<int>(d.b)};
+  int64_t offset = 0;
+  if (flip.transposed) {
+    std::swap(shape[1], shape[2]);
+    std::swap(st[1], st[2]);
+  }
+  if (flip.mirrored) {
+    offset = (d.k - 1) * st[0];
+    st[0] = -st[0];
+  }
+  auto v = view_of(p, shape, st, offset);
+  return need_dense ? cpu::dense(v, s) : v;
+}
+
+} // namespace
+
+void GatherConv::eval_cpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  if (!parameter_layout(in[1]) && !flip_.any()) {
+    RoutedPrimitive::eval_cpu(in, out);
+    return;
+  }
+  std::vector<mx::array> args = in;
+  args[1] = kernel_major_weight(in[1], flip_, grouped_route(route_), stream());
+  cpu::Call call{route_, args, out[0], stream(), rel_ != nullptr, bits_, group_, groups_};
+  cpu::find(route_, op_).run(call);
+}
+
+// A gradient in a parameter's layout: the kernel-major (K, A, B) result of
+// the route, which the CPU weight gradient stores in the parameter's order
+// ({A, 1, K * A}: shared as it is); a grouped route's contiguous one is
+// copied into that order.
+void WeightGrad::eval_cpu(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out) {
+  if (!shape_) {
+    RoutedPrimitive::eval_cpu(in, out);
+    return;
+  }
+  auto& o = out[0];
+  const KernelDims d = kernel_dims(o.shape());
+  const mx::Shape km_shape = {static_cast<int>(d.k), static_cast<int>(d.a), static_cast<int>(d.b)};
+  mx::array km(km_shape, o.dtype(), nullptr, {});
+  cpu::Call call{route_, in, km, stream(), rel_ != nullptr, bits_, group_, groups_};
+  cpu::find(route_, op_).run(call);
+  const mx::Strides param_order = {d.a, 1, d.k * d.a};
+  const auto strides = row_strides(o.shape());
+  if (km.strides() == param_order || d.k * d.a * d.b == 0) {
+    o.copy_shared_buffer(km, strides, cpu::dense_flags(o.shape(), strides), km.data_size());
+    return;
+  }
+  o.set_data(mx::allocator::malloc(o.nbytes()));
+  auto dst = view_of(o, km_shape, param_order);
+  cpu::copy_strided(km, dst, stream());
+  mx::cpu::get_command_encoder(stream()).add_temporary(km);
 }
 
 } // namespace mlx_lattice

@@ -72,6 +72,9 @@ class CudaBackend(Backend):
 
         return norm.running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio)
 
+    # The routes' kernels carry no autodiff: autodiff.py wraps them.
+    differentiable_products = False
+
     def variants(self, route, c_in, c_out):
         return routes.variants(route, c_in, c_out)
 
