@@ -171,6 +171,7 @@ def run_kernel(
     names: Sequence[str] | None = None,
     include_dirs: Sequence[str | Path] = (),
     version: int | None = None,
+    function_constants: Mapping | None = None,
 ):
     """Run `kernel` from the .metal file `source` and return its buffers.
 
@@ -189,6 +190,10 @@ def run_kernel(
     include_dirs, version: header folders for the source's own includes and
       its language version (__METAL_VERSION__, e.g. 400), where the source
       is not one the project's build compiles.
+    function_constants: {index or name: value} of the source's
+      [[function_constant(n)]] declarations, as a pipeline sets them; one
+      the kernel reads and the dispatch does not give fails the launch, and
+      a parameter [[function_constant(c)]] exists only where c is true.
 
     Returns arrays of the same shape as given: a list for a list, a dict for
     a dict (the params buffer excluded).
@@ -260,6 +265,11 @@ def run_kernel(
     L.tg_limit = THREADGROUP_MEMORY_LIMIT
     L.max_threads = MAX_THREADS_PER_THREADGROUP
 
+    fc_index, fc_data = _function_constants(prog, function_constants or {})
+    L.n_constants = len(fc_index)
+    L.constant_index = fc_index
+    L.constant_data = fc_data
+
     status = prog.launch(L)
     record_ran(kernel)
     if status == 0:
@@ -280,6 +290,35 @@ def run_kernel(
     if as_dict:
         return {k: out[k] for k in sorted(out)}
     return [out.get(i) for i in range(len(buffers))]
+
+
+_CONSTANT_DTYPES = {
+    "bool": np.bool_, "char": np.int8, "int8_t": np.int8, "uchar": np.uint8, "uint8_t": np.uint8,
+    "short": np.int16, "int16_t": np.int16, "ushort": np.uint16, "uint16_t": np.uint16,
+    "int": np.int32, "int32_t": np.int32, "uint": np.uint32, "uint32_t": np.uint32, "unsigned": np.uint32,
+    "long": np.int64, "int64_t": np.int64, "ulong": np.uint64, "uint64_t": np.uint64,
+    "float": np.float32, "half": np.float16,
+}
+
+
+def _function_constants(prog, values: Mapping):
+    """ctypes arrays (indices, 8 bytes of value each) for a dispatch."""
+    declared = prog.unit.function_constants
+    by_name = {fc.name: fc for fc in declared.values()}
+    index = (ctypes.c_int32 * max(len(values), 1))()
+    data = (ctypes.c_uint8 * (8 * max(len(values), 1)))()
+    for i, (key, value) in enumerate(values.items()):
+        fc = by_name.get(key) if isinstance(key, str) else declared.get(int(key))
+        if fc is None:
+            raise ValueError(f"function_constants: {prog.path.name} declares no function constant {key!r}; "
+                             f"it has {sorted((c.index, c.name) for c in declared.values())}")
+        dtype = _CONSTANT_DTYPES.get(fc.type)
+        if dtype is None:
+            raise TypeError(f"function_constants: cannot pack a value of type '{fc.type}' for {fc.name}")
+        raw = np.asarray(value, dtype=dtype).tobytes()
+        index[i] = fc.index
+        ctypes.memmove(ctypes.addressof(data) + 8 * i, raw, len(raw))
+    return index, data
 
 
 def _relative(loc: str) -> str:

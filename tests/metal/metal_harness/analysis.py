@@ -79,30 +79,29 @@ def _builtin_rules(kernel, at) -> list[strict.Violation]:
 
 
 def _index_rules(kernel, at) -> list[strict.Violation]:
-    """Resource indices: at most 30, one parameter per index and table."""
+    """Resource indices: at most 30, one parameter per index and table
+    (pointers and references without an index take the first free one)."""
     out = []
     where = at(kernel.start)
     used: dict[tuple[str, int], str] = {}
-    for _, name, attrs in kernel.param_list():
-        for attr, arg in attrs:
-            if attr not in ("buffer", "threadgroup"):
-                continue
-            try:
-                index = int(arg, 0)
-            except ValueError:
-                continue
-            if index > MAX_BUFFER_INDEX:
-                out.append(f"'{name}' is bound at [[{attr}({index})]]; Apple GPUs' {attr} table has indices "
-                           f"0 to {MAX_BUFFER_INDEX}")
-            if (attr, index) in used:
-                out.append(f"'{used[attr, index]}' and '{name}' are both bound at [[{attr}({index})]]")
-            used[attr, index] = name
+    params = kernel.param_list()
+    tables = {"b": "buffer", "t": "threadgroup"}
+    for (ptype, name, _), (kind, index) in zip(params, src.param_bindings([(t, a) for t, _, a in params])):
+        if kind not in tables:
+            continue
+        attr = tables[kind]
+        if index > MAX_BUFFER_INDEX:
+            out.append(f"'{name}' is bound at [[{attr}({index})]]; Apple GPUs' {attr} table has indices "
+                       f"0 to {MAX_BUFFER_INDEX}")
+        if (attr, index) in used:
+            out.append(f"'{used[attr, index]}' and '{name}' are both bound at [[{attr}({index})]]")
+        used[attr, index] = name
     for key, arg in kernel.attrs:
         if key == "max_total_threads_per_threadgroup":
             try:
                 n = int(arg, 0)
             except ValueError:
-                continue
+                continue  # a template's expression: the executor checks each dispatch
             if not 0 < n <= MAX_THREADS_PER_THREADGROUP:
                 out.append(f"[[max_total_threads_per_threadgroup({n})]]: Apple GPUs run 1 to "
                            f"{MAX_THREADS_PER_THREADGROUP} threads per threadgroup")

@@ -171,6 +171,9 @@ class LaunchDesc(ctypes.Structure):
         ("error", ctypes.c_char * 4096),
         ("matrix_macs", ctypes.c_uint64),
         ("tg_bytes", ctypes.c_uint64),
+        ("n_constants", ctypes.c_int32),
+        ("constant_index", ctypes.POINTER(ctypes.c_int32)),
+        ("constant_data", ctypes.POINTER(ctypes.c_uint8)),
     ]
 
 

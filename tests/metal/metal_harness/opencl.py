@@ -75,8 +75,8 @@ class KernelDef:
         """(type, name, attributes) of each parameter."""
         out = []
         for raw in src._split_top(strict._code_only(self.params)) if self.params.strip() else []:
-            attrs = src._PARAM_ATTR_RE.findall(raw)
-            bare = " ".join(src._PARAM_ATTR_RE.sub(" ", raw).split())
+            attrs = src.param_attrs(raw)
+            bare = " ".join(re.sub(src._ATTR_BLOCK, " ", raw).split())
             m = re.fullmatch(r"(.*?)\s*\b([A-Za-z_]\w*)", bare)
             out.append((m.group(1), m.group(2), attrs) if m else (bare, "", attrs))
         return out
@@ -184,7 +184,7 @@ def _structure(text: str) -> Unit:
     templates: dict[str, KernelDef] = {}
     for k in kernel_defs(text):
         if k.template is None:
-            kernels[k.name] = (k, next((a.strip('" ') for key, a in k.attrs if key == "host_name"), k.name))
+            kernels[k.name] = (k, src.host_name(text[k.start : k.name_span[0]]) or k.name)
             edits += [(p, p, s) for p, s in _shared_memory_asserts(text, code, k.start, k.end, k.name)]
             edits.append((k.start, k.start, _complete_types(k.params)))
             continue
@@ -192,16 +192,16 @@ def _structure(text: str) -> Unit:
         head = src.template_start(code, k.start)
         edits.append((head, k.end, _blank(text, head, k.end)))
     for n, m in enumerate(src._INSTANCE_RE.finditer(code)):
-        host = re.search(r'host_name\s*\(\s*"([^"]*)"', text[m.start("attrs") : m.end("attrs")])
-        if not host:
+        host = src.host_name(text[m.start("attrs") : m.end("attrs")])
+        if host is None:
             continue
         written, args = src._template_id(text[m.start("decl") : m.end("decl")])
         k = templates.get(written.split("::")[-1])
         edits.append((m.start(), m.end(), _blank(text, m.start(), m.end())))
         if k is None:
             continue
-        name = re.sub(r"\W", "_", host.group(1))
-        kernels[name] = (k, host.group(1))
+        name = re.sub(r"\W", "_", host)
+        kernels[name] = (k, host)
         local = [(p - k.start, p - k.start, s) for p, s in _shared_memory_asserts(text, code, k.start, k.end, name)]
         local.append((k.name_span[0] - k.start, k.name_span[1] - k.start, name))
         body = _edit(text[k.start : k.end], local)
@@ -218,6 +218,10 @@ _VECTOR_CTOR = re.compile(
 )
 
 
+_METHOD_THREAD = re.compile(r"\)(?P<quals>(?:\s*\b(?:const|volatile|thread)\b)*\s*\bthread\b(?:\s*\bconst\b)?)"
+                            r"\s*(?=[{;:=]|->)")
+
+
 def unit(text: str) -> Unit:
     """The scanned text as a C++-for-OpenCL unit (see the module doc)."""
     u = _structure(text)
@@ -230,9 +234,13 @@ def unit(text: str) -> Unit:
         edits.append((m.start(), m.end(), repl.ljust(m.end() - m.start())))
     for m in _VECTOR_CTOR.finditer(code):
         edits.append((m.start(), m.end(), f"::mh::make<{m.group(1)}>("))
+    # Function constants: program-scope constants whose value the pipeline
+    # sets (initialised here so that OpenCL takes them).
+    for fc in src.function_constants(code):
+        edits.append((fc.start, fc.end, f"__constant {fc.type} {fc.name} = {fc.type}();"))
     # A `thread` method qualifier is the default here: OpenCL's __private
     # would refuse temporaries and constant evaluation, which have no space.
-    for m in src._DEFINITION_RE.finditer(code):
+    for m in _METHOD_THREAD.finditer(code):
         for w in re.finditer(r"\bthread\b", m.group("quals")):
             at = m.start("quals") + w.start()
             edits.append((at, at + len("thread"), " " * len("thread")))
@@ -274,11 +282,21 @@ _CONSTANT_COPY = re.compile(
 
 
 def _msl_allows(group: list[tuple[str, int, str, str]]) -> bool:
-    """An error OpenCL raises where MSL has none. One case: copying a class
+    """An error OpenCL raises where MSL has none. Two cases: copying a class
     object out of `constant` memory (OpenCL's implicit copy and move
     constructors and assignments take `generic` references, which exclude
-    `constant`; MSL copies objects from any address space). Every note of
-    the error that names an address space must be one of those."""
+    `constant`; MSL copies objects from any address space; every note of the
+    error that names an address space must be one of those); and a braced
+    list passed for a vector parameter (`elem_to_loc({x, y, z}, ...)`: MSL
+    list-initialises it, clang's vectors take a list only in a declaration;
+    the C++ front end, whose vectors are classes, checked that call)."""
+    msg = group[0][3]
+    if re.search(r"cast from .* to .* is not allowed", msg) and re.search(r"'half'", msg) and "'__bf16'" in msg:
+        return True  # bfloat <-> half, explicitly: MSL converts, clang's __bf16 does not
+    if group[0][3].startswith("no matching function for call to") and any(
+            kind == "note" and re.search(r"cannot convert initializer list argument to '[^']*' \(vector of", msg)
+            for _, _, kind, msg in group[1:]):
+        return True
     if not re.match(r"no matching constructor for initialization of|no viable overloaded '='", group[0][3]):
         return False
     spaces = [m for _, _, kind, m in group[1:] if kind == "note" and "address space" in m]

@@ -63,6 +63,10 @@ struct LaunchDesc {
   // accounting
   uint64_t matrix_macs;  // multiply-adds done by simdgroup_multiply_accumulate
   uint64_t tg_bytes;     // the most threadgroup memory one group used
+  // function constants: index and 8 bytes of value each
+  int32_t n_constants;
+  const int32_t* constant_index;
+  const uint8_t* constant_data;
 };
 
 // ---------------------------------------------------------------- registry
@@ -959,6 +963,17 @@ void* rt_tg_buffer(int index, const char* param) {
     rt_fail("kernel parameter '%s' uses threadgroup(%d) memory, but no length was set for it", param, index);
   }
   return g_tg_buffers[index].data;
+}
+
+bool rt_function_constant(int index, void* out, size_t size) {
+  const LaunchDesc* L = g_launch;
+  for (int i = 0; L && i < L->n_constants; ++i) {
+    if (L->constant_index[i] == index) {
+      std::memcpy(out, L->constant_data + 8 * i, size < 8 ? size : 8);
+      return true;
+    }
+  }
+  return false;
 }
 
 void rt_register(const char* host_name, const char* function, Invoke invoke, int max_threads) {

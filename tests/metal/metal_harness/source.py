@@ -61,13 +61,15 @@ class Param:
     kind: str  # 'b' buffer, 't' threadgroup buffer, '@' built-in
     index: int = 0
     builtin: str = ""
+    condition: str = ""  # a function constant: the parameter exists where it is true
 
     def cxx(self) -> str:
         if self.kind == "@":
             value = f"int(::mh::Builtin::{self.builtin})"
         else:
             value = str(self.index)
-        return f"{{'{self.kind}', {value}, \"{self.name}\"}}"
+        enabled = f", +[]() -> bool {{ return bool({self.condition}); }}" if self.condition else ""
+        return f"{{'{self.kind}', {value}, \"{self.name}\"{enabled}}}"
 
 
 @dataclass
@@ -75,9 +77,10 @@ class Kernel:
     function: str
     params: list[Param]
     is_template: bool
-    max_threads: int = 0
+    max_threads: str = "0"  # [[max_total_threads_per_threadgroup(n)]], as written
     host_name: str | None = None  # non-template kernels
     body_end: int = 0
+    template_params: list[str] = field(default_factory=list)  # names, in order
 
 
 @dataclass
@@ -95,9 +98,22 @@ class Instance:
 
 
 @dataclass
+class FunctionConstant:
+    """`constant T name [[function_constant(index)]];`: a value set when the
+    pipeline is made (run_kernel's `function_constants`)."""
+
+    name: str
+    type: str
+    index: int
+    start: int = 0  # of the declaration in the scanned text
+    end: int = 0  # its `;`
+
+
+@dataclass
 class Unit:
     text: str  # rewritten translation unit
     instances: dict[str, Instance] = field(default_factory=dict)
+    function_constants: dict[int, FunctionConstant] = field(default_factory=dict)
 
 
 _ATTR_BLOCK = r"\[\[(?:[^\[\]]|\[(?!\[))*\]\]"
@@ -179,6 +195,14 @@ def _attr_items(pre: str) -> list[tuple[str, str]]:
     return items
 
 
+def host_name(attrs: str) -> str | None:
+    """The name in a `[[host_name("...")]]` attribute of `attrs`, adjacent
+    string literals joined (`host_name("v_" "Abs" "float32")`, as macros
+    that stringise their arguments write it)."""
+    m = re.search(r'\bhost_name\s*\(\s*((?:"[^"]*"\s*)+)\)', attrs)
+    return "".join(re.findall(r'"([^"]*)"', m.group(1))) if m else None
+
+
 def template_start(masked: str, start: int) -> int:
     """Offset of the `template` keyword heading the declaration at `start`, or -1."""
     head = masked[:start].rstrip()
@@ -200,27 +224,101 @@ def _is_template(masked: str, start: int) -> bool:
     return template_start(masked, start) >= 0
 
 
-def _parse_param(raw: str, function: str) -> Param:
-    text = _LINE_MARKER_RE.sub(" ", raw).strip()
-    attrs = _PARAM_ATTR_RE.findall(text)
-    bare = _PARAM_ATTR_RE.sub(" ", text)
-    names = re.findall(r"[A-Za-z_]\w*", bare)
-    name = names[-1] if names else "?"
-    if not attrs:
-        raise SourceError(
-            f"kernel {function}: parameter '{text}' has no attribute; the harness "
-            "binds parameters by [[buffer(n)]], [[threadgroup(n)]] or a built-in"
-        )
-    attr, arg = attrs[0]
-    if attr in UNSUPPORTED_ATTRS:
-        raise SourceError(f"kernel {function}: {UNSUPPORTED_ATTRS[attr]} are not emulated")
-    if attr == "buffer":
-        return Param(name, "b", int(arg, 0))
-    if attr == "mh_threadgroup":
-        return Param(name, "t", int(arg, 0))
-    if attr in BUILTINS:
-        return Param(name, "@", builtin=attr)
-    raise SourceError(f"kernel {function}: unsupported parameter attribute [[{attr}]]")
+def param_attrs(raw: str) -> list[tuple[str, str]]:
+    """The attributes of a parameter, every item of every [[...]] block."""
+    return _attr_items(" ".join(re.findall(_ATTR_BLOCK, raw)))
+
+
+def param_bindings(params: list[tuple[str, list[tuple[str, str]]]]) -> list[tuple[str, int | str]]:
+    """(kind, index or built-in) per kernel parameter given as (declaration
+    without attributes, attributes): 'b' [[buffer(n)]], 't' [[threadgroup(n)]]
+    (also spelled mh_threadgroup), '@' a built-in, '?' none of those. A
+    pointer or reference without an index attribute takes the first index
+    of its table not taken, in order (MSL's automatic assignment): buffers
+    for device and constant ones, threadgroup memory for threadgroup ones."""
+    out: list[tuple[str, int | str]] = []
+    taken = {"b": set(), "t": set()}
+    for decl, attrs in params:
+        kind: tuple[str, int | str] = ("?", "")
+        for attr, arg in attrs:
+            if attr == "buffer":
+                kind = ("b", int(arg, 0))
+            elif attr in ("threadgroup", "mh_threadgroup"):
+                kind = ("t", int(arg, 0))
+            elif attr in BUILTINS or attr in ("thread_execution_width", "dispatch_threads_per_threadgroup"):
+                kind = ("@", attr)
+            else:
+                continue
+            break
+        if kind[0] in taken:
+            taken[kind[0]].add(kind[1])
+        out.append(kind)
+    for i, (decl, attrs) in enumerate(params):
+        if out[i][0] != "?" or not re.search(r"[*&]", decl):
+            continue
+        table = "t" if re.search(r"\bthreadgroup\b(?!_)", decl) else "b"
+        index = next(n for n in range(len(params) + 32) if n not in taken[table])
+        taken[table].add(index)
+        out[i] = (table, index)
+    return out
+
+
+def _parse_params(raw_params: str, function: str) -> list[Param]:
+    params = []
+    for raw in _split_top(raw_params) if raw_params.strip() else []:
+        text = _LINE_MARKER_RE.sub(" ", raw).strip()
+        attrs = param_attrs(text)
+        bare = re.sub(_ATTR_BLOCK, " ", text)
+        names = re.findall(r"[A-Za-z_]\w*", bare)
+        params.append((text, bare, names[-1] if names else "?", attrs))
+    out = []
+    for (text, bare, name, attrs), (kind, index) in zip(
+            params, param_bindings([(bare, attrs) for _, bare, _, attrs in params])):
+        for attr, _ in attrs:
+            if attr in UNSUPPORTED_ATTRS:
+                raise SourceError(f"kernel {function}: {UNSUPPORTED_ATTRS[attr]} are not emulated")
+        condition = next((arg for attr, arg in attrs if attr == "function_constant"), "")
+        if kind == "?":
+            known = [a for a, _ in attrs if a != "function_constant"]
+            if known:
+                raise SourceError(f"kernel {function}: unsupported parameter attribute [[{known[0]}]]")
+            raise SourceError(
+                f"kernel {function}: parameter '{text}' has no attribute; the harness "
+                "binds parameters by [[buffer(n)]], [[threadgroup(n)]] or a built-in"
+            )
+        if kind == "@":
+            builtin = "threads_per_simdgroup" if index == "thread_execution_width" else index
+            out.append(Param(name, "@", builtin=builtin, condition=condition))
+        else:
+            out.append(Param(name, kind, index, condition=condition))
+    return out
+
+
+def template_params(masked: str, start: int) -> list[str]:
+    """Names of the template parameters of the declaration at `start`."""
+    head = template_start(masked, start)
+    if head < 0:
+        return []
+    lt = masked.index("<", head)
+    names = []
+    for raw in _split_top(masked[lt + 1 : _match_forward(masked, lt, "<>")]):
+        decl = raw.partition("=")[0]
+        m = re.search(r"([A-Za-z_]\w*)\s*$", decl)
+        names.append(m.group(1) if m else "")
+    return names
+
+
+_FUNCTION_CONSTANT_RE = re.compile(
+    r"(?P<quals>(?:\b(?:static|constant|constexpr|const)\b\s*)+)(?P<type>[A-Za-z_][\w:]*(?:\s*<[^<>;]*>)?)\s+"
+    r"(?P<name>[A-Za-z_]\w*)\s*\[\[\s*function_constant\s*\(\s*(?P<index>\d+)\s*\)\s*\]\]\s*;"
+)
+
+
+def function_constants(masked: str) -> list[FunctionConstant]:
+    """The unit's function constant declarations."""
+    return [FunctionConstant(m.group("name"), " ".join(m.group("type").split()), int(m.group("index")),
+                             m.start(), m.end())
+            for m in _FUNCTION_CONSTANT_RE.finditer(masked)]
 
 
 def _template_id(decl: str) -> tuple[str, str]:
@@ -482,6 +580,18 @@ def _threadgroup_edits(text: str, masked: str) -> list[tuple[int, int, str]]:
     return edits
 
 
+def _max_threads(inst: Instance) -> str:
+    """The kernel's thread limit for this instantiation, a C++ expression
+    with the template parameters replaced by its arguments."""
+    expr = inst.kernel.max_threads
+    if inst.template_args:
+        args = [a.strip() for a in _split_top(inst.template_args)]
+        values = dict(zip(inst.kernel.template_params, args))
+        expr = re.sub(r"\b[A-Za-z_]\w*\b", lambda m: f"({values[m.group(0)]})" if m.group(0) in values else m.group(0),
+                      expr)
+    return expr
+
+
 def apply_edits(text: str, edits: list[tuple[int, int, str]]) -> str:
     for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         text = text[:start] + repl + text[end:]
@@ -494,8 +604,6 @@ def process(text: str) -> Unit:
     # (same length: the offsets below hold).
     text = apply_edits(text, space_overload_edits(text, _mask_literals(text)))
     masked = _mask_literals(text)
-    if re.search(r"\[\[\s*function_constant\b", masked):
-        raise SourceError("function constants ([[function_constant(n)]]) are not emulated")
     edits: list[tuple[int, int, str]] = []
 
     for m in re.finditer(r"\[\[\s*threadgroup\s*\(", masked):
@@ -518,16 +626,16 @@ def process(text: str) -> Unit:
         body_end = _match_forward(masked, body_open, "{}")
         raw_params = text[open_paren + 1 : close]
         raw_params = re.sub(r"\[\[\s*threadgroup\s*\(", "[[mh_threadgroup(", raw_params)
-        params = [_parse_param(p, name) for p in _split_top(raw_params)] if raw_params.strip() else []
-        max_threads = 0
+        params = _parse_params(raw_params, name)
+        max_threads = "0"
         host = None
         for key, arg in items:
             if key == "max_total_threads_per_threadgroup":
-                max_threads = int(arg, 0)
+                max_threads = arg
             if key == "host_name":
-                hm = re.search(r'host_name\s*\(\s*"([^"]*)"', text[m.start("pre") : m.end("pre")])
-                host = hm.group(1) if hm else None
-        k = Kernel(name, params, _is_template(masked, m.start()), max_threads, host, body_end)
+                host = host_name(text[m.start("pre") : m.end("pre")])
+        k = Kernel(name, params, _is_template(masked, m.start()), max_threads, host, body_end,
+                   template_params(masked, m.start()))
         kernels[name] = k
         if not k.is_template:
             inst = Instance(host or name, name, "", k)
@@ -535,14 +643,14 @@ def process(text: str) -> Unit:
 
     for m in _INSTANCE_RE.finditer(masked):
         attrs_text = text[m.start("attrs") : m.end("attrs")]
-        hm = re.search(r'host_name\s*\(\s*"([^"]*)"\s*\)', attrs_text)
-        if not hm:
+        name = host_name(attrs_text)
+        if name is None:
             continue
         written, targs = _template_id(text[m.start("decl") : m.end("decl")])
         function = written.split("::")[-1]
         if function not in kernels:
-            raise SourceError(f"[[host_name(\"{hm.group(1)}\")]] names {written}, not a kernel defined here")
-        inst = Instance(hm.group(1), written, targs, kernels[function])
+            raise SourceError(f"[[host_name(\"{name}\")]] names {written}, not a kernel defined here")
+        inst = Instance(name, written, targs, kernels[function])
         registrations.append((m.end(), inst))
 
     for pos, inst in registrations:
@@ -558,9 +666,18 @@ def process(text: str) -> Unit:
             arr, ref = "", "nullptr"
         reg = (
             f" {arr} static ::mh::Registrar<&{inst.cxx_name}> mh_registrar_{i}"
-            f'{{"{inst.host_name}", "{inst.cxx_name}", {ref}, {len(ps)}, {inst.kernel.max_threads}}};'
+            f'{{"{inst.host_name}", "{inst.cxx_name}", {ref}, {len(ps)}, int({_max_threads(inst)})}};'
         )
         edits.append((pos, pos, reg))
+
+    # Function constants read the dispatch's values (mh::FunctionConstant).
+    for fc in function_constants(masked):
+        if fc.index in unit.function_constants:
+            raise SourceError(f"function constants '{unit.function_constants[fc.index].name}' and '{fc.name}' "
+                              f"both have index {fc.index}")
+        unit.function_constants[fc.index] = fc
+        edits.append((fc.start, fc.end,
+                      f'static const ::mh::FunctionConstant<{fc.type}, {fc.index}> {fc.name}{{"{fc.name}"}};'))
 
     edits += _threadgroup_edits(text, masked)
     for m in _HALF_LITERAL_RE.finditer(masked):

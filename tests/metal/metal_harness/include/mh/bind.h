@@ -15,6 +15,27 @@ struct Param {
   char kind; // 'b', 't' or '@'
   int index; // buffer index or Builtin
   const char* name;
+  bool (*enabled)() = nullptr; // [[function_constant(c)]]: the parameter exists where c is true
+};
+
+// `constant T name [[function_constant(index)]];`: the value the dispatch
+// gives (run_kernel's function_constants); reading one it does not give fails
+// the launch, as making such a pipeline fails on a Mac.
+template <class T, int Index>
+struct FunctionConstant {
+  const char* name;
+  bool defined() const {
+    T v;
+    return rt_function_constant(Index, &v, sizeof(T));
+  }
+  T value() const {
+    T v;
+    if (!rt_function_constant(Index, &v, sizeof(T))) {
+      rt_fail("function constant '%s' ([[function_constant(%d)]]) has no value at this dispatch", name, Index);
+    }
+    return v;
+  }
+  operator T() const { return value(); }
 };
 
 inline void builtin_value(int which, uint32_t v[3]) {
@@ -50,6 +71,9 @@ template <class P>
 inline P make_arg(const Param& p) {
   using D = std::remove_cv_t<std::remove_reference_t<P>>;
   if constexpr (std::is_pointer_v<D>) {
+    if (p.enabled && !p.enabled()) {
+      return nullptr;  // absent from this pipeline: nothing is bound
+    }
     if (p.kind == 'b') {
       return reinterpret_cast<D>(rt_buffer(p.index, 0, p.name));
     }
@@ -108,3 +132,10 @@ struct Registrar {
 };
 
 } // namespace mh
+
+namespace metal {
+template <class T, int Index>
+inline bool is_function_constant_defined(const ::mh::FunctionConstant<T, Index>& c) {
+  return c.defined();
+}
+} // namespace metal

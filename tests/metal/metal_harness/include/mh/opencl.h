@@ -15,9 +15,14 @@ typedef unsigned char uchar;
 typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
-// bfloat: a 16-bit float distinct from half (clang 16 has no __bf16 for SPIR;
-// its size and overloads are what this front end needs).
+// bfloat: clang's __bf16 (17 and later take it for SPIR): a 16-bit float to
+// and from which half does not convert implicitly, as in MSL. clang 16 has
+// no __bf16 there: _Float16, distinct from half but convertible.
+#if __clang_major__ >= 17
+typedef __bf16 bfloat;
+#else
 typedef _Float16 bfloat;
+#endif
 typedef unsigned long size_t;
 typedef long ptrdiff_t;
 typedef signed char int8_t;
@@ -203,6 +208,7 @@ template <class T> struct uniform {
   constexpr operator T() const { return mh_value; }
 };
 template <class T> uniform<T> make_uniform(T);
+template <class T> bool is_function_constant_defined(T);
 
 // numeric_limits with values: sources use them in constant expressions.
 template <class T> struct numeric_limits {

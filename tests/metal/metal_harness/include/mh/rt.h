@@ -83,6 +83,10 @@ void rt_count_matrix_macs(uint64_t n);
 void* rt_buffer(int index, size_t min_bytes, const char* param);
 void* rt_tg_buffer(int index, const char* param);
 
+// The value of function constant `index` at this dispatch (`size` bytes into
+// `out`); false where the dispatch gives it none.
+bool rt_function_constant(int index, void* out, size_t size);
+
 // Kernel registry, filled by static initialisers in each compiled .metal.
 using Invoke = void (*)();
 void rt_register(
