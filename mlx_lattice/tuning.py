@@ -678,10 +678,7 @@ def _cache_entry(key: str, cands: list[Candidate]) -> tuple[dict | None, str | N
         why = _state.file.problems.get(key)
         if why is None:
             return None, None
-    from .tuning_cache import _warn_once
-
-    _warn_once(cache().path, f"entry {key!r}: {why}",
-               "not used (mode tune measures the product again and replaces it)")
+    cache().say(f"entry {key!r}: {why}", "not used (mode tune measures the product again and replaces it)")
     return None, f"the tuning cache's entry cannot be used: {why}"
 
 
@@ -947,8 +944,8 @@ def repair_cache(path=None) -> dict:
     """Make the cache file one this release reads whole (for ``python -m
     mlx_lattice tune``): a file of another format or version is replaced by
     an empty cache, and malformed and stale entries (:func:`stale_entry`)
-    are dropped. Raises OSError where the file cannot be written. Returns {"path", "replaced", "dropped"} (see
-    :meth:`TuningCache.repair`)."""
+    are dropped. Raises OSError where the file cannot be written. Returns
+    {"path", "replaced", "dropped"} (see :meth:`TuningCache.repair`)."""
     c = TuningCache(path if path is not None else _state.settings.cache_path)
     c.check_writable()
     out = c.repair(stale_entry)

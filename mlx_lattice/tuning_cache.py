@@ -76,7 +76,7 @@ def _warn_once(path: Path, reason: str, what: str = "ignored") -> None:
         if (str(path), reason) in _warned:
             return
         _warned.add((str(path), reason))
-    warnings.warn(f"route tuning cache {path}: {reason}; {what}", RuntimeWarning, stacklevel=4)
+    warnings.warn(f"route tuning cache {path}: {reason}; {what}", RuntimeWarning, stacklevel=5)
 
 
 def _number(v) -> bool:
@@ -192,14 +192,19 @@ class TuningCache:
             return Contents({}, {}, "unreadable", f"unreadable ({e})")
         return parse(text)
 
+    def say(self, reason: str, what: str) -> None:
+        """A warning about this file: ``route tuning cache <path>: <reason>;
+        <what>``, once per process, file and reason."""
+        _warn_once(self.path, reason, what)
+
     def contents(self) -> Contents:
         """The file as :meth:`read` judges it, with a warning (once per
         process, file and reason) for what cannot be used."""
         got = self.read()
         if got.state in _WHAT:
-            _warn_once(self.path, got.reason, _WHAT[got.state])
+            self.say(got.reason, _WHAT[got.state])
         for key, why in got.problems.items():
-            _warn_once(self.path, f"entry {key!r}: {why}", "not used (the next write to the file drops it)")
+            self.say(f"entry {key!r}: {why}", "not used (the next write to the file drops it)")
         return got
 
     def load(self) -> dict:

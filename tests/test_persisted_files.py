@@ -599,19 +599,33 @@ def test_kernel_list_lines_that_cannot_be_used_are_said_and_tidied(kernel_cache)
     bad = ['{"kernel": "mlx_lattice_persist_pro', "not json at all",
            '{"kernel": "mlx_lattice_gone_kernel", "inputs": [], "outputs": [], "template": []}',
            '{"kernel": "mlx_lattice_persist_probe", "inputs": [["float32", 1]], "outputs": ["float99"], '
-           '"template": []}', "[]", '{"kernel": 3}']
+           '"template": []}', "[]", '{"kernel": 3}', "null",
+           # each field of a line in turn
+           '{"kernel": "mlx_lattice_persist_probe", "inputs": "float32", "outputs": ["float32"], "template": []}',
+           '{"kernel": "mlx_lattice_persist_probe", "inputs": [["float32", "one"]], "outputs": ["float32"], '
+           '"template": []}',
+           '{"kernel": "mlx_lattice_persist_probe", "inputs": [["float32", 1], ["float32", 1]], '
+           '"outputs": ["float32"], "template": []}',
+           '{"kernel": "mlx_lattice_persist_probe", "inputs": [["float32", 1]], "outputs": 3, "template": []}',
+           '{"kernel": "mlx_lattice_persist_probe", "inputs": [["float32", 1]], "outputs": ["float32"], '
+           '"template": [["T", [1]]]}',
+           '{"kernel": "mlx_lattice_persist_probe", "inputs": [["float32", 1]], "outputs": ["float32"], '
+           '"template": [["T", "float99"]]}',
+           '{"kernel": "mlx_lattice_persist_probe", "inputs": [["float32", 1]], "outputs": ["float32"], '
+           '"template": "T"}',
+           '{"kernel": "mlx_lattice_persist_probe", "inputs": [["float32", 1]], "outputs": ["float32"]}']
     listed.write_text("\n".join([good[0], *bad, good[0], "", good[1]]) + "\n")
     with pytest.warns(RuntimeWarning) as w:
         entries = jit.manifest([listed])
     assert len(entries) == 2
     [msg] = [m for m in said(w) if "kernel list" in m]
-    assert str(listed) in msg and "6 lines cannot be used" in msg and "line 2: not JSON" in msg
+    assert str(listed) in msg and f"{len(bad)} lines cannot be used" in msg and "line 2: not JSON" in msg
     assert "cuda-prebuild rewrites" in msg
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jit.manifest([listed])  # said once per process
         assert jit.manifest([jit._SHIPPED])  # the package's own list: nothing to say
-    assert jit.tidy_manifest(kernel_cache.dir) == 7  # six lines, one repeat
+    assert jit.tidy_manifest(kernel_cache.dir) == len(bad) + 1  # and one repeat
     assert listed.read_text().splitlines() == good
     assert jit.tidy_manifest(kernel_cache.dir) == 0 and jit.tidy_manifest(kernel_cache.dir.parent / "none") == 0
 
