@@ -167,7 +167,7 @@ class Route:
 
 
 # Grouped routes serve exactly the calls with groups > 1; every other route
-# exactly those with groups == 1 (checked in Route.failed, before conditions).
+# exactly those with groups == 1 (checked in Route._unmet, before conditions).
 GROUPED_TEXT = "groups > 1 (grouped or depthwise)"
 _GROUPED = Condition(GROUPED_TEXT, lambda c: c.groups > 1)
 _UNGROUPED = Condition("groups == 1 (grouped products take a grouped route)", lambda c: c.groups == 1)

@@ -140,12 +140,33 @@ def test_a_malformed_entry_is_said_skipped_and_replaced(rng, cache_file, capsys,
     assert set(got.entries[fkey]["timings_ms"]) == {"cpu.gather_gemm", "cpu.row_gather"}
 
 
-def test_entry_problem_accepts_what_the_tuner_writes(rng, cache_file):
+def test_entry_problem_accepts_what_the_tuner_writes(rng, cache_file, capsys):
     call, data, fkey = tuned_cache(rng, cache_file)
     assert all(tuning_cache.entry_problem(e) is None for e in data["entries"].values())
     entry = data["entries"][fkey]
-    assert tuning_cache.entry_problem({**entry, "timings_ms": None, "shape": None, "future_field": [1]}) is None
     assert tuning_cache.entry_problem({"route": "cuda.sorted_mma", "variant": {"bn": 32, "ak": 64}}) is None
+    # fields that may be null or absent, and fields of a later release: the
+    # entry serves, and nothing is said
+    data["entries"][fkey] = {**entry, "timings_ms": None, "shape": None, "note": None, "future_field": [1]}
+    del data["entries"][fkey]["static"]
+    cache_file.write_text(json.dumps(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rec = forward_record(call, "cached")
+        assert rec["route"] == "cpu.gather_gemm" and rec["choice"] == "cache" and rec["timings_ms"] is None
+        assert "chosen from the route tuning cache" in diagnostics.RouteLog([rec]).why()
+        assert cli.main(["tune", "--show"]) == 0
+    assert f"{cache_file}: 2 entries" in capsys.readouterr().out
+
+
+def test_show_never_crashes_on_what_is_there(cache_file, capsys):
+    cache_file.mkdir()  # a directory where the file should be
+    assert cli.main(["tune", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert f"{cache_file}: 0 entries" in out and "unreadable" in out
+    assert cli.main(["tune", "--show", "--json"]) == 0
+    io = capsys.readouterr()
+    assert json.loads(io.out) == [] and "unreadable" in io.err
 
 
 # ------------------------------------------------------------------ unknown and ineligible routes
@@ -751,3 +772,32 @@ def test_route_log_read_back_skips_what_it_cannot_plan(rng, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["routes", "--mac", "m4", "--log", str(tmp_path / "missing.jsonl")])
     assert "cannot read --log" in capsys.readouterr().err
+
+
+def test_prebuild_tidies_the_caches_kernel_list_and_says_so(kernel_cache, monkeypatch, capsys):
+    kernel_cache.build(1)
+    listed = kernel_cache.dir / "manifest.jsonl"
+    good = listed.read_text()
+    listed.write_text(good + "not json\n" + good)
+
+    class Pool:  # the compiler processes, standing in: every listed kernel already there
+        def __init__(self, comp, directory, workers, entries):
+            self.done = {}
+
+        def offer(self, dtype):
+            pass
+
+        def close(self):
+            pass
+
+    comp = FakeCompiler()
+    comp.path = "libnvrtc.so"
+    monkeypatch.setattr(jit, "_Nvrtc", lambda arch=None: comp)
+    monkeypatch.setattr(jit, "_Pool", Pool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # tidied first: nothing left to warn about
+        r = jit.prebuild([mx.float32], arch="sm_90", workers=1)
+    assert r["list_lines_dropped"] == 2 and listed.read_text() == good
+    listed.write_text(good + "[]\n")
+    assert cli.main(["cuda-prebuild", "--arch", "sm_90", "--dtypes", "float32"]) == 0
+    assert "the cache's kernel list lost 1 lines this package cannot use" in capsys.readouterr().out

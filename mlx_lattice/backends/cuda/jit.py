@@ -33,6 +33,7 @@ import functools
 import hashlib
 import json
 import os
+import struct
 import sys
 import threading
 import time
@@ -64,6 +65,10 @@ _CUDA_TYPES = {
 }
 
 
+ENV_CACHE = "MLX_LATTICE_CUDA_CACHE"
+ENV_WORKERS = "MLX_LATTICE_CUDA_COMPILE_WORKERS"
+
+
 def cache_dir() -> Path | None:
     """Where compiled kernels are kept; None when switched off
     (``MLX_LATTICE_CUDA_CACHE=off``, any case). A set variable names the
@@ -82,9 +87,6 @@ def cache_dir() -> Path | None:
     return Path(base) / "mlx_lattice" / "cuda"
 
 
-ENV_CACHE = "MLX_LATTICE_CUDA_CACHE"
-ENV_WORKERS = "MLX_LATTICE_CUDA_COMPILE_WORKERS"
-
 # A cubin is an ELF file for the CUDA machine (e_machine 190).
 _ELF_CUDA = 190
 
@@ -94,8 +96,6 @@ def cubin_problem(data: bytes) -> str | None:
     header, program headers and section headers (and every section's
     bytes) lie within it. A file cut short, or not a cubin at all, fails;
     a torn write cannot pass (the tables sit at the end of the file)."""
-    import struct
-
     if len(data) < 64 or data[:4] != b"\x7fELF":
         return f"not an ELF file ({len(data)} bytes)"
     if data[4] != 2 or data[5] != 1:
