@@ -16,9 +16,10 @@ import mlx.core as mx
 
 
 def mapped_weight(weight: mx.array) -> mx.array:
-    """(C_out, Kx, Ky, Kz, C_in) -> kernel-major (K, C_in, C_out)."""
-    c_out, kx, ky, kz, c_in = weight.shape
-    return weight.reshape(c_out, kx * ky * kz, c_in).transpose(1, 2, 0)
+    """(C_out, Kx, Ky, Kz, C_in) (or (C_out, C_in)) -> kernel-major
+    (K, C_in, C_out): a transposed view."""
+    k, a, b = kernel_dims(weight)
+    return weight.reshape(b, k, a).transpose(1, 2, 0)
 
 
 def _shape(w) -> tuple:
@@ -43,10 +44,7 @@ def kernel_dims(w) -> tuple[int, int, int]:
 def kernel_major(w: mx.array) -> mx.array:
     """The weight kernel-major (K, A, B): itself, or the parameter's
     transposed view."""
-    if not is_parameter(w):
-        return w
-    k, a, b = kernel_dims(w)
-    return w.reshape(b, k, a).transpose(1, 2, 0)
+    return mapped_weight(w) if is_parameter(w) else w
 
 
 def like(w_kernel_major: mx.array, target) -> mx.array:

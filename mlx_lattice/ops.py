@@ -26,7 +26,7 @@ from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
 from .tensor import SparseTensor, target_set
 
-__all__ = ["conv3d", "subm_conv3d", "conv_transpose3d", "generative_conv_transpose3d"]
+__all__ = ["conv3d", "subm_conv3d", "conv_transpose3d", "generative_conv_transpose3d", "linear"]
 
 
 class Product(NamedTuple):
@@ -38,7 +38,10 @@ class Product(NamedTuple):
     route: str  # the route's name
     backend: str  # the route's backend: cpu, metal or cuda
     x: mx.array  # the input features, as the kernel read them
-    weight: object  # kernel-major (K, C_in // groups, C_out) weight; the QuantizedWeight when quantized
+    # the weight as the product took it: kernel-major (K, C_in // groups,
+    # C_out), or the parameter itself where the backend reads it in place
+    # (layout.is_parameter); the QuantizedWeight when quantized
+    weight: object
     quantized: bool
     native: object  # the relation's native maps (None: pointwise)
     view: object  # the backend's product view of the relation (None: pointwise)
@@ -74,7 +77,9 @@ def _check_groups(op: str, groups, c_in: int, c_out: int) -> int:
     return groups
 
 
-def _check(op: str, x, weight, bias, groups=1):
+def _check(op: str, x, weight, bias, groups=1, shape=None):
+    """The call's checks; ``shape``: the 5D shape to check the weight as
+    (a linear layer's weight as its 1x1x1 convolution)."""
     if not isinstance(x, SparseTensor):
         raise TypeError(f"{op}: x must be a SparseTensor, got {type(x).__name__}")
     if not isinstance(weight, (mx.array, QuantizedWeight)):
@@ -82,31 +87,33 @@ def _check(op: str, x, weight, bias, groups=1):
             f"{op}: weight must be an mx.array or a QuantizedWeight, got {type(weight).__name__}"
         )
     c_in = x.feats.shape[1]
-    if weight.ndim != 5:
+    shape = tuple(weight.shape) if shape is None else shape
+    if len(shape) != 5:
         raise ValueError(
             f"{op}: weight must have shape (C_out, Kx, Ky, Kz, C_in) (last axis "
-            f"C_in // groups when grouped), got {tuple(weight.shape)}"
+            f"C_in // groups when grouped), got {shape}"
         )
-    _check_groups(op, groups, c_in, int(weight.shape[0]))
+    _check_groups(op, groups, c_in, int(shape[0]))
     if groups > 1 and isinstance(weight, QuantizedWeight):
         raise ValueError(
             f"{op}: groups={groups} takes a float weight, not a QuantizedWeight; "
             "call .dequantize()"
         )
-    if weight.shape[4] * groups != c_in:
+    if shape[4] * groups != c_in:
         if groups == 1:
             raise ValueError(
-                f"{op}: weight has C_in={weight.shape[4]} (last axis of (C_out, Kx, Ky, Kz, C_in)) "
+                f"{op}: weight has C_in={shape[4]} (last axis of "
+                f"{'(C_out, C_in)' if op == 'linear' else '(C_out, Kx, Ky, Kz, C_in)'}) "
                 f"but x has {c_in} channels"
             )
         raise ValueError(
-            f"{op}: weight's last axis is {weight.shape[4]}, expected C_in // groups = "
+            f"{op}: weight's last axis is {shape[4]}, expected C_in // groups = "
             f"{c_in} // {groups} = {c_in // groups}"
         )
     if isinstance(weight, QuantizedWeight) and x.feats.dtype not in (mx.float32, mx.float16, mx.bfloat16):
         raise TypeError(f"{op}: features must be floating for a quantized weight")
-    if min(weight.shape[:4]) < 1:
-        raise ValueError(f"{op}: weight shape {tuple(weight.shape)} has an empty axis")
+    if min(shape[:4]) < 1:
+        raise ValueError(f"{op}: weight shape {shape} has an empty axis")
     if weight.dtype != x.feats.dtype and not isinstance(weight, QuantizedWeight):
         raise TypeError(
             f"{op}: weight dtype {dtype_name(weight.dtype)} does not match feats dtype "
@@ -115,14 +122,14 @@ def _check(op: str, x, weight, bias, groups=1):
     if bias is not None:
         if not isinstance(bias, mx.array):
             raise TypeError(f"{op}: bias must be an mx.array, got {type(bias).__name__}")
-        if tuple(bias.shape) != (weight.shape[0],):
-            raise ValueError(f"{op}: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+        if tuple(bias.shape) != (shape[0],):
+            raise ValueError(f"{op}: bias must have shape ({shape[0]},), got {tuple(bias.shape)}")
         if bias.dtype != x.feats.dtype:
             raise TypeError(
                 f"{op}: bias dtype {dtype_name(bias.dtype)} does not match feats dtype "
                 f"{dtype_name(x.feats.dtype)}"
             )
-    return tuple(int(k) for k in weight.shape[1:4])
+    return tuple(int(k) for k in shape[1:4])
 
 
 def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_target=False, groups=1):
@@ -146,7 +153,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         padding=geom.padding,
         dilation=geom.dilation,
         explicit_target=explicit_target,
-        c_in=int(weight.shape[4]) * groups,
+        c_in=int(weight.shape[-1]) * groups,
         quantized=quantized,
         weight_layout="packed" if quantized else "dense5d",
         group_size=weight.group_size if quantized else 0,
@@ -166,7 +173,7 @@ def _execute(op, x, weight, bias, geom, kind, out_set, relation_fn, explicit_tar
         # Identity geometry on a route that wants edges: the 1x1x1 relation.
         relation = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
     runner = backends.get(route.backend)
-    w = weight if quantized else runner.mapped_weight(weight)
+    w = weight if quantized else runner.product_weight(weight)
     view = runner.product_view(relation)
     if quantized:
         y = runner.quantized_conv(route.name, x.feats, w, relation)
@@ -215,6 +222,23 @@ def conv3d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, coordinates
         return _execute("conv3d", x, weight, bias, geom, "forward", src, None, groups=groups)
     rel, dst = x.manager.kernel_relation(src, geom)
     return _execute("conv3d", x, weight, bias, geom, "forward", dst, lambda: rel, groups=groups)
+
+
+_POINTWISE = KernelGeometry((1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+
+
+def linear(x, weight, bias=None):
+    """``y = x W^T + b`` on each voxel: ``conv3d`` with a 1x1x1 kernel, its
+    weight given as a linear layer's ``(C_out, C_in)`` (taken as it is:
+    no reshape of the parameter enters the graph). Rows and coordinate set
+    are kept."""
+    if not isinstance(x, SparseTensor):
+        raise TypeError(f"linear: x must be a SparseTensor, got {type(x).__name__}")
+    if not isinstance(weight, mx.array) or weight.ndim != 2:
+        raise TypeError("linear: weight must be an mx.array of shape (C_out, C_in)")
+    c_out, c_in = weight.shape
+    _check("linear", x, weight, bias, shape=(c_out, 1, 1, 1, c_in))
+    return _execute("conv3d", x, weight, bias, _POINTWISE, "forward", x.coordinate_set, None)
 
 
 def subm_conv3d(x, weight, bias=None, *, dilation=1, groups=1):

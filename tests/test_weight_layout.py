@@ -12,7 +12,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import _ext, autodiff, backends, ops
+from mlx_lattice import _ext, autodiff, backends, layout, ops
 from mlx_lattice.ops import mapped_weight
 from mlx_lattice.relation import KernelGeometry
 
@@ -201,3 +201,112 @@ def test_flipped_weight_reads_match_transposed_copies(rng, stride):
     assert [_bytes(a) for a in results["in place"]] == [_bytes(a) for a in results["copies"]]
     for a, b in zip(results["copies"], results["flipped view"]):
         np.testing.assert_allclose(to_np(a), to_np(b), rtol=1e-4, atol=1e-4 * float(mx.abs(b).max()))
+
+
+def _grads(backend, route, feats, w, view, ct, groups=1):
+    """Forward, dx, dw, a second-order gradient and a JVP of one product."""
+    def f(a, b):
+        return autodiff.conv(backend, route, a, b, view, groups)
+
+    y = f(feats, w)
+    dx, dw = mx.vjp(f, [feats, w], [ct])[1]
+    g2x, g2w = mx.grad(lambda a, b: (mx.vjp(lambda a: f(a, b), [a], [ct])[1][0] ** 2).sum(),
+                       argnums=(0, 1))(feats, w)
+    jv = mx.jvp(f, [feats, w], [feats * 0.5, w * 0.25])[1][0]
+    mx.eval(y, dx, dw, g2x, g2w, jv)
+    return y, dx, dw, g2x, g2w, jv
+
+
+@pytest.mark.parametrize("shape,route,groups", [
+    ((7, 3, 3, 3, 5), "cpu.gather_gemm", 1),
+    ((7, 3, 3, 3, 5), "cpu.row_gather", 1),
+    ((8, 3, 3, 3, 2), "cpu.grouped_gather", 2),
+    ((6, 1, 1, 1, 5), "cpu.pointwise", 1),
+    ((6, 5), "cpu.pointwise", 1),
+])
+def test_parameter_layout_matches_kernel_major(rng, shape, route, groups):
+    """A product given the parameter itself (read in place; its gradient
+    written in its layout, a grouped one copied into it) gives the bits of
+    the same product given the kernel-major weight, through first- and
+    second-order gradients and a JVP; the oracle checks the values."""
+    coords = oracle.random_coords(rng, 250, 7, 2)
+    c_out, c_in = shape[0], shape[-1] * groups
+    feats = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32))
+    w = mx.array(rng.standard_normal(shape).astype(np.float32) / 8)
+    x = ml.SparseTensor(coords, feats)
+    pointwise = route == "cpu.pointwise"
+    view = None if pointwise else backends.CPU.product_view(
+        x.manager.submanifold_kernel_relation(x.coordinate_set, KernelGeometry((3, 3, 3), (1, 1, 1), (1, 1, 1))))
+    ct = mx.array(rng.standard_normal((len(coords), c_out)).astype(np.float32))
+    param = _grads(backends.CPU, route, feats, w, view, ct, groups)
+    km = _grads(backends.CPU, route, feats, layout.kernel_major(w), view, ct, groups)
+    assert param[2].shape == w.shape and param[4].shape == w.shape
+    for i, (a, b) in enumerate(zip(param, km)):
+        if i in (2, 4):  # weight gradients, each in its weight's layout
+            b = layout.like(b, w)
+        assert _bytes(a) == _bytes(b), i
+    if groups == 1:
+        w5 = w.reshape(c_out, 1, 1, 1, c_in) if w.ndim == 2 else w
+        edges = [(i, i, 0) for i in range(len(coords))] if pointwise else oracle.conv_edges(coords, coords, 3, 1, 1)
+        e_dx, e_dw, _ = oracle.grads(edges, np.array(feats), np.array(w5), np.array(ct))
+        np.testing.assert_allclose(np.array(param[1]), e_dx, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.array(param[2]).reshape(e_dw.shape), e_dw, rtol=1e-4,
+                                   atol=1e-4 * np.abs(e_dw).max())
+
+
+def test_parameter_layout_reads_strided_and_flipped_parameters(rng):
+    """A parameter that is itself a strided view (kernel axes that do not
+    merge, or every other output channel), read transposed and mirrored,
+    gives the bits of its contiguous copy read kernel-major."""
+    coords = oracle.random_coords(rng, 200, 7, 2)
+    x = ml.SparseTensor(coords, mx.zeros((len(coords), 1)))
+    rel = x.manager.submanifold_kernel_relation(x.coordinate_set, KernelGeometry((3, 3, 3), (1, 1, 1), (1, 1, 1)))
+    big = mx.array(rng.standard_normal((12, 3, 3, 3, 5)).astype(np.float32))
+    views = {"outputs strided": big[::2], "kernel axes permuted": big[:6].transpose(0, 2, 1, 3, 4),
+             "contiguous": mx.contiguous(big[:6])}
+    for flip in ((True, False), (True, True), (False, True)):
+        for name, w in views.items():
+            a = 5 if flip[0] else 6
+            f = mx.array(rng.standard_normal((len(coords), 6 if flip[0] else 5)).astype(np.float32))
+            got = _ext.gather_conv(f, w, rel._native, _ext.View.output_major, "cpu.gather_gemm", CPU, flip=flip)
+            want = _ext.gather_conv(f, autodiff.flipped_weight(mx.contiguous(layout.kernel_major(w)), flip),
+                                    rel._native, _ext.View.output_major, "cpu.gather_gemm", CPU)
+            mx.eval(got, want)
+            assert got.shape == (len(coords), a)
+            assert _bytes(got) == _bytes(want), (name, flip)
+
+
+def test_parameter_layout_arguments_are_checked(rng):
+    x = mx.ones((4, 5))
+    view = _ext.View.output_major
+    with pytest.raises(ValueError, match="K == 1"):
+        _ext.gather_conv(x, mx.ones((3, 2, 5)).reshape(3, 2, 1, 1, 5), None, view, "cpu.pointwise")
+    with pytest.raises(ValueError, match="expected x"):
+        _ext.gather_conv(x, mx.ones((3, 4)), None, view, "cpu.pointwise")
+    with pytest.raises(ValueError, match="reads no flipped weight"):
+        _ext.gather_conv(x, mx.ones((5, 5)), None, view, "cpu.grouped_gather", flip=(True, False))
+    with pytest.raises(ValueError, match="shape must be a parameter"):
+        _ext.weight_grad(x, mx.ones((4, 3)), None, view, 1, "cpu.wgrad_gemm", shape=[3, 2, 5])
+    with pytest.raises(ValueError, match="shape must be a parameter"):
+        _ext.weight_grad(x, mx.ones((4, 3)), None, view, 1, "cpu.wgrad_gemm", shape=[3, 1, 1, 1, 4])
+    dw = _ext.weight_grad(x, mx.ones((4, 3)), None, view, 1, "cpu.wgrad_gemm", shape=[3, 5])
+    np.testing.assert_array_equal(np.array(dw), np.full((3, 5), 4.0, np.float32))
+
+
+def test_linear_layer_takes_its_weight_as_it_is(rng):
+    """A Linear on a SparseTensor runs its (C_out, C_in) weight as the
+    product's parameter: no reshape or transpose in the graph, the dense
+    affine map's values, and a gradient of the weight's own shape."""
+    coords = oracle.random_coords(rng, 100, 6, 2)
+    feats = mx.array(rng.standard_normal((len(coords), 5)).astype(np.float32))
+    lin = ml.nn.Linear(5, 3)
+    x = ml.SparseTensor(coords, feats)
+    y = lin(x)
+    np.testing.assert_allclose(np.array(y.feats), np.array(feats @ lin.weight.T + lin.bias), rtol=1e-5, atol=1e-5)
+    g = mx.grad(lambda w: ops.linear(x, w).feats.sum())(lin.weight)
+    dot = __import__("io").StringIO()
+    mx.export_to_dot(dot, g)
+    assert "Reshape" not in dot.getvalue() and "Transpose" not in dot.getvalue()
+    np.testing.assert_allclose(np.array(g), np.broadcast_to(np.array(feats).sum(0), (3, 5)), rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match=r"C_in=5 \(last axis of \(C_out, C_in\)\)"):
+        lin(ml.SparseTensor(coords, mx.ones((len(coords), 4))))

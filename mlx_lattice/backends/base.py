@@ -119,9 +119,9 @@ class Backend:
         return [{}]
 
     def mapped_weight(self, weight: mx.array) -> mx.array:
-        """A dense 5D weight as the kernel-major (K, C_in, C_out) its products
-        read: a transposed view, which the extension's kernels read through
-        its strides."""
+        """A parameter (C_out, Kx, Ky, Kz, C_in) or (C_out, C_in) as the
+        kernel-major (K, C_in, C_out) products read: a transposed view,
+        which the extension's kernels read through its strides."""
         return layout.mapped_weight(weight)
 
     def product_weight(self, weight: mx.array) -> mx.array:

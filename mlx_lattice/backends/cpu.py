@@ -29,6 +29,14 @@ class CpuBackend(Backend):
         fn = _ext.generative_support if generative else _ext.forward_support
         return fn(table, *geometry)
 
+    def product_weight(self, weight):
+        # The parameter itself: the routes read it in place and write its
+        # gradient in its layout (no transpose or reshape in the graph).
+        return weight
+
+    def reads_parameter(self, route):
+        return True
+
     def reads_flipped(self, route):
         # The gather-GEMM packs its weight panels through strides: a weight
         # read transposed or mirrored is a view (the grouped kernels read a

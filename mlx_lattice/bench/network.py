@@ -28,7 +28,7 @@ import numpy as np
 import mlx.core as mx
 import mlx.optimizers
 
-from .. import _ext, algebra, autodiff, backends, num_threads, ops, scenes
+from .. import _ext, algebra, autodiff, backends, layout, num_threads, ops, scenes
 from .. import optimizers as optim
 from ..nn import normalization
 from . import timing
@@ -63,7 +63,8 @@ def conv_flops(rec, input_feats) -> tuple[float, float, float]:
     f = d = w = 0.0
     for x, wt, native, _, _, _ in rec["conv"]:
         edges = native.edges if native is not None else x.shape[0]
-        fl = 2.0 * edges * wt.shape[1] * wt.shape[2]
+        _, a, b = layout.kernel_dims(wt)  # either layout
+        fl = 2.0 * edges * a * b
         f += fl
         w += fl
         if x is not input_feats:
@@ -275,7 +276,7 @@ def network_layer_rows(coords, width: float = 0.5, repeats: int = 3):
                  cpu_time(lambda: grad(0), repeats) if x is not step.feats else None,
                  cpu_time(lambda: grad(1), repeats)]
         edges = native.edges if native is not None else x.shape[0]
-        key = (w.shape[0], w.shape[1], w.shape[2], x.shape[0], y.shape[0], edges, route)
+        key = (*layout.kernel_dims(w), x.shape[0], y.shape[0], edges, route)
         row = rows.setdefault(key, {
             "K": key[0], "c_in": key[1], "c_out": key[2], "rows_in": key[3], "rows_out": key[4],
             "edges": edges, "route": route, "layers": 0, "flop": 2.0 * edges * key[1] * key[2],

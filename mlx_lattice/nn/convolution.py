@@ -174,8 +174,7 @@ class Linear(mnn.Module):
     def __call__(self, x):
         _check_input(self, x, sparse_only=False)
         if isinstance(x, SparseTensor):
-            c_out, c_in = self.weight.shape
-            return ops.conv3d(x, self.weight.reshape(c_out, 1, 1, 1, c_in), self.get("bias"))
+            return ops.linear(x, self.weight, self.get("bias"))
         if "bias" in self:
             return mx.addmm(self.bias, x, self.weight.T)
         return x @ self.weight.T
