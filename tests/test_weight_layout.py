@@ -310,3 +310,42 @@ def test_linear_layer_takes_its_weight_as_it_is(rng):
     np.testing.assert_allclose(np.array(g), np.broadcast_to(np.array(feats).sum(0), (3, 5)), rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match=r"C_in=5 \(last axis of \(C_out, C_in\)\)"):
         lin(ml.SparseTensor(coords, mx.ones((len(coords), 4))))
+
+
+@pytest.mark.parametrize("route", ["cpu.gather_gemm", "cpu.grouped_gather"])
+def test_products_read_operands_in_any_layout(rng, route):
+    """Features, cotangents and weights as the graph leaves them (a
+    transpose, a column slice, a broadcast row): the products take them with
+    no Contiguous node in front and give the bits of dense copies."""
+    coords = oracle.random_coords(rng, 220, 7, 2)
+    x = ml.SparseTensor(coords, mx.zeros((len(coords), 1)))
+    rel = x.manager.submanifold_kernel_relation(x.coordinate_set, KernelGeometry((3, 3, 3), (1, 1, 1), (1, 1, 1)))
+    view = backends.CPU.product_view(rel)
+    n, groups = len(coords), 2 if "grouped" in route else 1
+    wide = mx.array(rng.standard_normal((n, 16)).astype(np.float32))
+    layouts = {
+        "transposed": mx.array(rng.standard_normal((6, n)).astype(np.float32)).T,
+        "column slice": wide[:, 3:9],
+        "broadcast row": mx.broadcast_to(wide[:1, :6], (n, 6)),
+    }
+    w = mx.array(rng.standard_normal((8, 3, 3, 3, 6 // groups)).astype(np.float32) / 8)
+    ct = mx.array(rng.standard_normal((2 * n, 8)).astype(np.float32))[::2]  # rows strided
+    for name, f in layouts.items():
+        outs = []
+        for a, c in ((f, ct), (mx.contiguous(f), mx.contiguous(ct))):
+            def fn(a, b):
+                return autodiff.conv(backends.CPU, route, a, b, view, groups)
+
+            y, grads = mx.vjp(fn, [a, w], [c])
+            if a is f:
+                assert "Contiguous" not in str(_dot(y[0], *grads)), name
+            outs.append([y[0], *grads])
+        mx.eval(outs)
+        for a, e in zip(*outs):
+            assert _bytes(a) == _bytes(e), name
+
+
+def _dot(*arrays):
+    buf = __import__("io").StringIO()
+    mx.export_to_dot(buf, *arrays)
+    return buf.getvalue()

@@ -212,12 +212,15 @@ std::vector<mx::array> conv_inputs(
         "gather_conv: route " + route + " reads a kernel-major (K, A, B) weight");
   }
   auto stream = mx::to_stream(s);
-  // The CPU gather-GEMM packs its weight panels through w's strides, so the
-  // parameter (and its transposed or mirrored reading) is read in place
-  // rather than copied to (K, A, B) on every call.
-  const bool strided_w = !is_metal(route) && !is_grouped(route);
-  std::vector<mx::array> inputs = {
-      mx::contiguous(x, false, stream), strided_w ? w : mx::contiguous(w, false, stream)};
+  // The CPU routes take x and w as they come: the gather-GEMM packs its
+  // weight panels through w's strides (the parameter, and its transposed or
+  // mirrored reading, in place), and eval_cpu copies only what a kernel
+  // cannot read so (src/cpu/routes.cpp), with no Contiguous node per call.
+  // The Metal programs bind dense arrays.
+  std::vector<mx::array> inputs = {x, w};
+  if (is_metal(route)) {
+    inputs = {mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
+  }
   if (rel) {
     append_view_inputs(inputs, x, rel, view, route, Op::Conv, "gather_conv");
   }
@@ -246,11 +249,16 @@ std::vector<mx::array> weight_grad_inputs(
     const mx::array& ct,
     const std::shared_ptr<Relation>& rel,
     View view,
-    mx::StreamOrDevice s) {
+    mx::StreamOrDevice s,
+    const std::string& route) {
   auto stream = mx::to_stream(s);
-  std::vector<mx::array> inputs = {
-      mx::contiguous(x, false, stream),
-      mx::contiguous(mx::astype(ct, x.dtype(), stream), false, stream)};
+  auto c = mx::astype(ct, x.dtype(), stream);
+  // As conv_inputs: dense arrays for the Metal programs (and for a caller
+  // naming no route), the operands as they come for a CPU route.
+  std::vector<mx::array> inputs = {x, c};
+  if (route.empty() || is_metal(route)) {
+    inputs = {mx::contiguous(x, false, stream), mx::contiguous(c, false, stream)};
+  }
   if (rel) {
     for (auto& a : pair_arrays(*rel, view)) {
       inputs.push_back(a);
@@ -292,7 +300,7 @@ mx::array weight_grad(
       std::move(out),
       x.dtype(),
       std::make_shared<WeightGrad>(stream, rel, view, route, groups, symmetric, shape),
-      weight_grad_inputs(x, ct, rel, view, stream));
+      weight_grad_inputs(x, ct, rel, view, stream, route));
 }
 
 // ----------------------------------------------------------- RoutedPrimitive

@@ -316,7 +316,8 @@ std::vector<mx::array> weight_grad_inputs(
     const mx::array& ct,
     const std::shared_ptr<Relation>& rel,
     View view,
-    mx::StreamOrDevice s = {});
+    mx::StreamOrDevice s = {},
+    const std::string& route = "");
 
 // x: (N, A), w: (K, A, B) -> (rows, B). rel == nullptr: pointwise (K == 1).
 // groups > 1: w is (K, A / groups, B), each group of B / groups outputs

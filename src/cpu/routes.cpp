@@ -240,14 +240,14 @@ mx::array kernel_major_weight(const mx::array& w, WeightFlip flip, bool need_den
 
 } // namespace
 
+// x and w come as the graph left them (no Contiguous node in front of the
+// primitive): x is copied to dense rows if it is not (a transpose, a
+// broadcast), w read through its strides.
 void GatherConv::eval_cpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  if (!parameter_layout(in[1]) && !flip_.any()) {
-    RoutedPrimitive::eval_cpu(in, out);
-    return;
-  }
   std::vector<mx::array> args = in;
+  args[0] = cpu::dense(in[0], stream());
   args[1] = kernel_major_weight(in[1], flip_, grouped_route(route_), stream());
   cpu::Call call{route_, args, out[0], stream(), rel_ != nullptr, bits_, group_, groups_};
   cpu::find(route_, op_).run(call);
@@ -260,15 +260,18 @@ void GatherConv::eval_cpu(
 void WeightGrad::eval_cpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
+  std::vector<mx::array> args = in;
+  args[0] = cpu::dense(in[0], stream());
+  args[1] = cpu::dense(in[1], stream());
   if (!shape_) {
-    RoutedPrimitive::eval_cpu(in, out);
+    RoutedPrimitive::eval_cpu(args, out);
     return;
   }
   auto& o = out[0];
   const KernelDims d = kernel_dims(o.shape());
   const mx::Shape km_shape = {static_cast<int>(d.k), static_cast<int>(d.a), static_cast<int>(d.b)};
   mx::array km(km_shape, o.dtype(), nullptr, {});
-  cpu::Call call{route_, in, km, stream(), rel_ != nullptr, bits_, group_, groups_};
+  cpu::Call call{route_, args, km, stream(), rel_ != nullptr, bits_, group_, groups_};
   cpu::find(route_, op_).run(call);
   const mx::Strides param_order = {d.a, 1, d.k * d.a};
   const auto strides = row_strides(o.shape());
