@@ -551,3 +551,120 @@ def test_batch_norm_running_stats_over_steps(rng, dtype):
         assert bn.running_mean.dtype == mx.float32
         np.testing.assert_array_equal(to_np(bn.running_mean), rm)
         np.testing.assert_array_equal(to_np(bn.running_var), rv)
+
+
+def _bits(a):
+    return np.array(a.view(mx.uint16) if a.dtype in (mx.float16, mx.bfloat16) else a).tobytes()
+
+
+def _graph(*arrays):
+    buf = __import__("io").StringIO()
+    mx.export_to_dot(buf, *arrays)
+    import re
+    from collections import Counter
+
+    return Counter(re.findall(r'label ="([^"]*)", shape=rectangle', buf.getvalue()))
+
+
+@pytest.mark.usefixtures("on_cpu")  # the CPU folds the running update into the norm
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_norm_act_running_is_the_norm_then_running_stats(rng, residual, dtype):
+    """One primitive forward and one backward: the bits of norm_act then
+    running_stats (y, gradients, new running statistics), and the
+    statistics take no gradient."""
+    ext = mlx_lattice._ext
+    n, c, mu = 400, 21, 0.1
+    x = mx.array((rng.standard_normal((n, c)) * 2 + 1).astype(np.float32)).astype(dtype)
+    r = mx.array(rng.standard_normal((n, c)).astype(np.float32)).astype(dtype) if residual else None
+    w = mx.array(rng.uniform(0.5, 1.5, c).astype(np.float32))
+    b = mx.array(rng.standard_normal(c).astype(np.float32))
+    rm = mx.array(rng.standard_normal(c).astype(np.float32))
+    rv = mx.array(rng.uniform(0.5, 2, c).astype(np.float32))
+    ct = mx.array(rng.standard_normal((n, c)).astype(np.float32)).astype(dtype)
+    keep, ratio = 1 - mu, n / (n - 1)
+
+    def folded(x, w, b):
+        return ext.norm_act_running(x, w, b, r, 1e-5, 1, 0.0, rm, rv, keep, mu, ratio)
+
+    def separate(x, w, b):
+        y, mean, var = ext.norm_act(x, w, b, r, None, 1, None, None, 1e-5, 1, 0.0)
+        return [y, *ext.running_stats(rm, rv, mean, var, keep, mu, ratio)]
+
+    outs = []
+    for fn in (folded, separate):
+        y, grads = mx.vjp(lambda *a: fn(*a)[0], [x, w, b], [ct])
+        outs.append([y[0], *fn(x, w, b)[1:], *grads])
+    mx.eval(outs)
+    for a, e in zip(*outs):
+        assert _bits(a) == _bits(e)
+    y, nm, nv = folded(x, w, b)
+    assert dict(_graph(y, nm, nv)) == {"SparseNormAct": 1}
+    assert _graph(*mx.vjp(lambda *a: folded(*a)[0], [x, w, b], [ct])[1])["SparseNormActGrad"] == 1
+    assert "Full" not in _graph(*mx.vjp(lambda *a: folded(*a)[0], [x, w, b], [ct])[1])
+    # the running statistics carry no gradient, forward or reverse
+    g = mx.grad(lambda x: (folded(x, w, b)[1] ** 2).sum())(x)
+    np.testing.assert_array_equal(np.array(g.astype(mx.float32)), 0.0)
+    _, (t_y, t_m, t_v) = mx.jvp(lambda x: folded(x, w, b), [x], [x * 0.5])
+    np.testing.assert_array_equal(np.array(t_m), 0.0)
+    np.testing.assert_array_equal(np.array(t_v), 0.0)
+    _, (t_e,) = mx.jvp(lambda x: separate(x, w, b)[0], [x], [x * 0.5])
+    np.testing.assert_allclose(np.array(t_y.astype(mx.float32)), np.array(t_e.astype(mx.float32)))
+    with pytest.raises(ValueError, match="running_mean must be float32"):
+        ext.norm_act_running(x, w, b, None, 1e-5, 1, 0.0, rm.astype(mx.float16), rv, keep, mu, ratio)
+    with pytest.raises(ValueError, match="running_var must hold C elements"):
+        ext.norm_act_running(x, w, b, None, 1e-5, 1, 0.0, rm, rv[:3], keep, mu, ratio)
+
+
+@pytest.mark.usefixtures("on_cpu")  # the CPU primitive's statistics gradients
+def test_statistics_without_gradient(rng):
+    """stats_grad=False (the layers' call): the backward pass takes no
+    cotangents for the statistics, gives x, w, b the bits of the call
+    whose statistics' cotangents are zero, and no gradient through them."""
+    ext = mlx_lattice._ext
+    n, c = 300, 7
+    x = mx.array(rng.standard_normal((n, c)).astype(np.float32))
+    w, b = mx.ones((c,)), mx.zeros((c,))
+    ct = mx.array(rng.standard_normal((n, c)).astype(np.float32))
+    res = {}
+    for flag in (True, False):
+        def f(x, w, b, flag=flag):
+            return ext.norm_act(x, w, b, None, None, 1, None, None, 1e-5, 2, 0.1, stats_grad=flag)[0]
+
+        res[flag] = mx.vjp(f, [x, w, b], [ct])[1]
+        graph = _graph(*res[flag])
+        assert ("Full" in graph) == flag  # the zero cotangents of the statistics, made by MLX
+        mx.eval(res[flag])
+    for a, e in zip(res[False], res[True]):
+        assert _bits(a) == _bits(e)
+    g = mx.grad(lambda x: ext.norm_act(x, w, b, None, None, 1, None, None, 1e-5, 1, 0.0,
+                                       stats_grad=False)[1].sum())(x)
+    np.testing.assert_array_equal(np.array(g), 0.0)
+
+
+@pytest.mark.usefixtures("on_cpu")  # the CPU tasks copy what they cannot read in place
+@pytest.mark.parametrize("training", [True, False])
+def test_norm_inputs_in_any_layout(rng, training):
+    """Transposed x and residual, strided affine parameters and statistics:
+    read as they come (no Contiguous node in the graph), the bits of their
+    dense copies."""
+    ext = mlx_lattice._ext
+    n, c = 250, 9
+    xt = mx.array(rng.standard_normal((c, n)).astype(np.float32)).T
+    rt = mx.array(rng.standard_normal((c, n)).astype(np.float32)).T
+    wide = mx.array(rng.uniform(0.5, 1.5, 2 * c).astype(np.float32))
+    w, b = wide[::2], wide[1::2]
+    stats = (None, None) if training else (wide[::2] - 1, wide[1::2])
+    ct = mx.array(rng.standard_normal((n, c)).astype(np.float32))
+    outs = []
+    for args in ((xt, w, b, rt), tuple(mx.contiguous(a) for a in (xt, w, b, rt))):
+        def f(x, w, b, r, args=args):
+            return ext.norm_act(x, w, b, r, None, 1, *stats, 1e-5, 1, 0.0)[0]
+
+        y, grads = mx.vjp(f, list(args), [ct])
+        outs.append([y[0], *grads])
+        if args[0] is xt:
+            assert "Contiguous" not in _graph(y[0], *grads)
+    mx.eval(outs)
+    for a, e in zip(*outs):
+        assert _bits(a) == _bits(e)

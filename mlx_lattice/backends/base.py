@@ -87,17 +87,18 @@ class Backend:
         """The fused norm + activation (+ residual) the normalisation layers
         call on this backend (``_ext.norm_act``'s arguments and results; a
         backend may return a training call's statistics without gradient,
-        since the layers read them only for their running statistics)."""
-        return _ext.norm_act
+        since the layers read them only for their running statistics: the
+        extension's then take no cotangents in the backward pass)."""
+        return _layer_norm_act
 
     def norm_running(self, x, weight, bias, residual, eps, act, slope, running_mean, running_var,
                      keep: float, mu: float, ratio: float):
         """A batch norm layer's training call with float32 (C,) running
         statistics: ``[y, new running mean, new running var]``, the fused
-        norm then :meth:`running_stats` (a backend may do both in fewer
-        kernels, with the same bits)."""
-        y, mean, var = self.fused_norm()(x, weight, bias, residual, None, 1, None, None, eps, act, slope)
-        return [y, *self.running_stats(running_mean, running_var, mean, var, keep, mu, ratio)]
+        norm then :meth:`running_stats`'s arithmetic (``_ext.norm_act_running``:
+        one primitive on the CPU, with the same bits; the two on Metal)."""
+        return _ext.norm_act_running(x, weight, bias, residual, eps, act, slope, running_mean, running_var,
+                                     keep, mu, ratio)
 
     def running_stats(self, mean, var, batch_mean, batch_var, keep: float, mu: float, ratio: float):
         """(keep * mean + mu * batch_mean, keep * var + mu * batch_var * ratio):
@@ -177,6 +178,12 @@ class Backend:
         native = None if relation is None else relation._native
         return _ext.quantized_conv(x, codes, scales, biases, weight.bits, weight.group_size, native,
                                    _ext.View.output_major, route, self.stream())
+
+
+def _layer_norm_act(*args):
+    """``_ext.norm_act`` for the layers: a training call's statistics
+    without gradient."""
+    return _ext.norm_act(*args, stats_grad=False)
 
 
 class ProductView:

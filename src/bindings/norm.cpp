@@ -13,14 +13,27 @@ void init_norm(nb::module_& m) {
          std::optional<mx::array> residual, std::optional<mx::array> segments,
          int n_segments, std::optional<mx::array> mean,
          std::optional<mx::array> var, float eps, int act, float slope,
-         std::optional<mx::Stream> s) {
+         std::optional<mx::Stream> s, bool stats_grad) {
         return norm_act(
             x, weight, bias, residual, segments, n_segments, mean, var, eps,
-            act, slope, stream_or_default(s));
+            act, slope, stream_or_default(s), stats_grad);
       },
       "x"_a, "weight"_a, "bias"_a, "residual"_a.none(), "segments"_a.none(),
       "n_segments"_a, "mean"_a.none(), "var"_a.none(), "eps"_a, "act"_a,
-      "slope"_a, "stream"_a = nb::none());
+      "slope"_a, "stream"_a = nb::none(), "stats_grad"_a = true);
+  m.def(
+      "norm_act_running",
+      [](const mx::array& x, const mx::array& weight, const mx::array& bias,
+         std::optional<mx::array> residual, float eps, int act, float slope,
+         const mx::array& running_mean, const mx::array& running_var, float keep, float mu,
+         float ratio, std::optional<mx::Stream> s) {
+        return norm_act_running(
+            x, weight, bias, residual, eps, act, slope, running_mean, running_var, keep, mu,
+            ratio, stream_or_default(s));
+      },
+      "x"_a, "weight"_a, "bias"_a, "residual"_a.none(), "eps"_a, "act"_a, "slope"_a,
+      "running_mean"_a, "running_var"_a, "keep"_a, "mu"_a, "ratio"_a,
+      "stream"_a = nb::none());
   m.def(
       "running_stats",
       [](const mx::array& mean, const mx::array& var, const mx::array& batch_mean,

@@ -19,24 +19,50 @@ mx::array dense(const mx::array& a, mx::Dtype dt, mx::Stream s) {
   return mx::contiguous(mx::astype(a, dt, s), false, s);
 }
 
-} // namespace
+// An input of the norms' primitives: on the CPU as it comes (the tasks
+// copy what they cannot read in place: src/cpu/norm.cpp), dense for the
+// Metal programs.
+mx::array operand(const mx::array& a, mx::Dtype dt, mx::Stream s) {
+  return s.device == mx::Device::cpu ? mx::astype(a, dt, s) : dense(a, dt, s);
+}
 
 // ---------------------------------------------------------------- NormAct
 
+bool same_spec(const NormSpec& a, const NormSpec& b) {
+  return a.segments == b.segments && a.segmented == b.segmented && a.training == b.training &&
+      a.residual == b.residual && a.act == b.act && a.slope == b.slope && a.eps == b.eps &&
+      a.stats_grad == b.stats_grad && a.running == b.running && a.keep == b.keep &&
+      a.mu == b.mu && a.ratio == b.ratio;
+}
+
+// NormAct's outputs: y, then (training) the statistics and (running) the
+// new running statistics.
+std::vector<mx::Shape> norm_shapes(const NormSpec& spec, const mx::Shape& x) {
+  if (!spec.training) {
+    return {x};
+  }
+  mx::Shape stats = {spec.segments, x[1]};
+  if (spec.running) {
+    return {x, stats, stats, {x[1]}, {x[1]}};
+  }
+  return {x, stats, stats};
+}
+
+std::vector<mx::Dtype> norm_dtypes(const NormSpec& spec, mx::Dtype x) {
+  std::vector<mx::Dtype> out(norm_shapes(spec, {0, 0}).size(), mx::float32);
+  out[0] = x;
+  return out;
+}
+
+} // namespace
+
 std::vector<mx::Shape> NormAct::output_shapes(
     const std::vector<mx::array>& in) {
-  if (!spec_.training) {
-    return {in[0].shape()};
-  }
-  mx::Shape stats = {spec_.segments, in[0].shape(1)};
-  return {in[0].shape(), stats, stats};
+  return norm_shapes(spec_, in[0].shape());
 }
 
 bool NormAct::is_equivalent(const mx::Primitive& other) const {
-  auto& o = static_cast<const NormAct&>(other).spec_;
-  return o.segments == spec_.segments && o.segmented == spec_.segmented &&
-      o.training == spec_.training && o.residual == spec_.residual &&
-      o.act == spec_.act && o.slope == spec_.slope && o.eps == spec_.eps;
+  return same_spec(static_cast<const NormAct&>(other).spec_, spec_);
 }
 
 std::vector<mx::array> NormAct::vjp(
@@ -52,9 +78,8 @@ std::vector<mx::array> NormAct::vjp(
   int seg_arg = spec_.segmented ? next++ : -1;
   // The CPU task reads a row-strided cotangent (a concatenation's column
   // slice) in place; the Metal programs bind it as dense rows.
-  auto ct = s.device == mx::Device::cpu ? mx::astype(cotangents[0], x.dtype(), s)
-                                        : dense(cotangents[0], x.dtype(), s);
-  // x, w and b are NormAct's inputs, which norm_act made dense already.
+  auto ct = operand(cotangents[0], x.dtype(), s);
+  // x, w and b are NormAct's inputs, as norm_act passed them.
   std::vector<mx::array> in = {x, outputs[0], ct, w, primals[2]};
   if (spec_.training) {
     in.push_back(outputs[1]);
@@ -66,9 +91,9 @@ std::vector<mx::array> NormAct::vjp(
   if (seg_arg >= 0) {
     in.push_back(primals[seg_arg]);
   }
-  if (spec_.training) {
-    in.push_back(dense(cotangents[1], mx::float32, s));
-    in.push_back(dense(cotangents[2], mx::float32, s));
+  if (spec_.training && spec_.stats_grad) {
+    in.push_back(operand(cotangents[1], mx::float32, s));
+    in.push_back(operand(cotangents[2], mx::float32, s));
   }
   auto grads = mx::array::make_arrays(
       spec_.residual
@@ -118,12 +143,8 @@ std::vector<mx::array> NormAct::jvp(
   int r_arg = spec_.residual ? next++ : -1;
   int seg_arg = spec_.segmented ? next++ : -1;
   auto outs = mx::array::make_arrays(
-      output_shapes(primals),
-      spec_.training
-          ? std::vector<mx::Dtype>{x.dtype(), mx::float32, mx::float32}
-          : std::vector<mx::Dtype>{x.dtype()},
-      std::make_shared<NormAct>(s, spec_),
-      primals);
+      output_shapes(primals), norm_dtypes(spec_, x.dtype()),
+      std::make_shared<NormAct>(s, spec_), primals);
   auto f32 = [&](const mx::array& a) { return mx::astype(a, mx::float32, s); };
   mx::array mean = spec_.training ? outs[1] : primals[3];
   mx::array var = spec_.training ? outs[2] : primals[4];
@@ -189,6 +210,15 @@ std::vector<mx::array> NormAct::jvp(
   if (!spec_.training) {
     return {dy};
   }
+  if (!spec_.stats_grad) {
+    dmean = mx::zeros({spec_.segments, C}, mx::float32, s);
+    dvar = dmean;
+  }
+  if (spec_.running) {
+    // the running statistics are state: no tangent
+    auto none = mx::zeros({C}, mx::float32, s);
+    return {dy, dmean, dvar, none, none};
+  }
   return {dy, dmean, dvar};
 }
 
@@ -204,10 +234,7 @@ std::vector<mx::Shape> NormActGrad::output_shapes(
 }
 
 bool NormActGrad::is_equivalent(const mx::Primitive& other) const {
-  auto& o = static_cast<const NormActGrad&>(other).spec_;
-  return o.segments == spec_.segments && o.segmented == spec_.segmented &&
-      o.training == spec_.training && o.residual == spec_.residual &&
-      o.act == spec_.act && o.slope == spec_.slope && o.eps == spec_.eps;
+  return same_spec(static_cast<const NormActGrad&>(other).spec_, spec_);
 }
 
 // ---------------------------------------------------------------- RunningStats
@@ -285,7 +312,41 @@ std::vector<mx::array> running_stats(
 
 // ---------------------------------------------------------------- op
 
-std::vector<mx::array> norm_act(
+namespace {
+
+std::vector<mx::array> make_norm(
+    const mx::array& x, const NormSpec& spec, std::vector<mx::array> in, mx::Stream s) {
+  auto prim = std::make_shared<NormAct>(s, spec);
+  if (!spec.training) {
+    return {mx::array(x.shape(), x.dtype(), prim, std::move(in))};
+  }
+  return mx::array::make_arrays(
+      norm_shapes(spec, x.shape()), norm_dtypes(spec, x.dtype()), prim, std::move(in));
+}
+
+// Running statistics: float32, C elements along the last axis.
+void check_running(const mx::array& mean, const mx::array& var, int64_t C, const char* op) {
+  const mx::array* args[] = {&mean, &var};
+  const char* names[] = {"running_mean", "running_var"};
+  for (int k = 0; k < 2; ++k) {
+    const auto& a = *args[k];
+    if (a.dtype() != mx::float32) {
+      throw std::invalid_argument(std::string(op) + ": " + names[k] + " must be float32");
+    }
+    if (static_cast<int64_t>(a.size()) != C || (a.ndim() > 0 && a.shape().back() != C)) {
+      throw std::invalid_argument(
+          std::string(op) + ": " + names[k] + " must hold C elements along its last axis, C = x.shape[1]");
+    }
+  }
+}
+
+// A NormAct's spec and inputs, after norm_act's checks.
+struct NormCall {
+  NormSpec spec;
+  std::vector<mx::array> in;
+};
+
+NormCall norm_call(
     const mx::array& x,
     const mx::array& weight,
     const mx::array& bias,
@@ -297,8 +358,8 @@ std::vector<mx::array> norm_act(
     float eps,
     int act,
     float slope,
-    mx::StreamOrDevice s) {
-  auto stream = mx::to_stream(s);
+    mx::Stream stream,
+    bool stats_grad) {
   if (x.ndim() != 2) {
     throw std::invalid_argument("norm_act: x must have shape (N, C)");
   }
@@ -337,6 +398,8 @@ std::vector<mx::array> norm_act(
   spec.act = static_cast<Activation>(act);
   spec.slope = slope;
   spec.eps = eps;
+  const bool cpu = stream.device == mx::Device::cpu;
+  spec.stats_grad = stats_grad || !cpu;
   if (!spec.segmented && n_segments != 1) {
     throw std::invalid_argument("norm_act: n_segments > 1 needs segment ids");
   }
@@ -344,38 +407,89 @@ std::vector<mx::array> norm_act(
     throw std::invalid_argument("norm_act: given statistics are per channel; no segments in eval mode");
   }
   std::vector<mx::array> in = {
-      dense(x, x.dtype(), stream),
-      dense(weight, mx::float32, stream),
-      dense(bias, mx::float32, stream)};
+      operand(x, x.dtype(), stream),
+      operand(weight, mx::float32, stream),
+      operand(bias, mx::float32, stream)};
   if (!spec.training) {
     check_vec(*mean, "mean");
     check_vec(*var, "var");
-    in.push_back(mx::reshape(dense(*mean, mx::float32, stream), {1, C}, stream));
-    in.push_back(mx::reshape(dense(*var, mx::float32, stream), {1, C}, stream));
+    // (C,) on the CPU, read as it comes; (1, C) rows for the Metal programs
+    for (const auto* a : {&*mean, &*var}) {
+      in.push_back(cpu ? mx::astype(*a, mx::float32, stream)
+                       : mx::reshape(dense(*a, mx::float32, stream), {1, C}, stream));
+    }
   }
   if (spec.residual) {
     if (residual->shape() != x.shape() || residual->dtype() != x.dtype()) {
       throw std::invalid_argument("norm_act: residual must match x in shape and dtype");
     }
-    in.push_back(dense(*residual, x.dtype(), stream));
+    in.push_back(operand(*residual, x.dtype(), stream));
   }
   if (spec.segmented) {
     if (segments->ndim() != 1 || segments->shape(0) != x.shape(0)) {
       throw std::invalid_argument("norm_act: segments must have shape (N,)");
     }
-    in.push_back(dense(*segments, mx::int32, stream));
+    in.push_back(operand(*segments, mx::int32, stream));
   }
-  auto prim = std::make_shared<NormAct>(stream, spec);
-  if (!spec.training) {
-    auto y = mx::array(x.shape(), x.dtype(), prim, in);
-    return {y};
+  return {spec, std::move(in)};
+}
+
+} // namespace
+
+std::vector<mx::array> norm_act(
+    const mx::array& x,
+    const mx::array& weight,
+    const mx::array& bias,
+    const std::optional<mx::array>& residual,
+    const std::optional<mx::array>& segments,
+    int n_segments,
+    const std::optional<mx::array>& mean,
+    const std::optional<mx::array>& var,
+    float eps,
+    int act,
+    float slope,
+    mx::StreamOrDevice s,
+    bool stats_grad) {
+  auto stream = mx::to_stream(s);
+  auto c = norm_call(x, weight, bias, residual, segments, n_segments, mean, var, eps, act, slope,
+                     stream, stats_grad);
+  return make_norm(x, c.spec, std::move(c.in), stream);
+}
+
+std::vector<mx::array> norm_act_running(
+    const mx::array& x,
+    const mx::array& weight,
+    const mx::array& bias,
+    const std::optional<mx::array>& residual,
+    float eps,
+    int act,
+    float slope,
+    const mx::array& running_mean,
+    const mx::array& running_var,
+    float keep,
+    float mu,
+    float ratio,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    auto r = norm_act(x, weight, bias, residual, std::nullopt, 1, std::nullopt, std::nullopt,
+                      eps, act, slope, stream);
+    auto st = running_stats(running_mean, running_var, r[1], r[2], keep, mu, ratio, stream);
+    return {r[0], st[0], st[1]};
   }
-  mx::Shape stats = {n_segments, C};
-  return mx::array::make_arrays(
-      {x.shape(), stats, stats},
-      {x.dtype(), mx::float32, mx::float32},
-      prim,
-      in);
+  // norm_act's checks and inputs, the running statistics appended (checked
+  // as running_stats checks them); the statistics take no gradient.
+  auto c = norm_call(x, weight, bias, residual, std::nullopt, 1, std::nullopt, std::nullopt,
+                     eps, act, slope, stream, false);
+  check_running(running_mean, running_var, x.shape(1), "norm_act_running");
+  c.spec.running = true;
+  c.spec.keep = keep;
+  c.spec.mu = mu;
+  c.spec.ratio = ratio;
+  c.in.push_back(running_mean);
+  c.in.push_back(running_var);
+  auto out = make_norm(x, c.spec, std::move(c.in), stream);
+  return {out[0], out[3], out[4]};
 }
 
 } // namespace mlx_lattice

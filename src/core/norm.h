@@ -33,6 +33,14 @@ struct NormSpec {
   Activation act = Activation::Identity;
   float slope = 0.0f;      // LeakyReLU's negative slope (>= 0)
   float eps = 1e-5f;
+  // Training, CPU: whether gradients flow through the statistics outputs
+  // (false where a layer reads them only for its running statistics: the
+  // backward pass then takes no cotangents for them).
+  bool stats_grad = true;
+  // Training, CPU: a batch norm's float32 running statistics are inputs
+  // and their update (RunningStats' arithmetic) two more outputs.
+  bool running = false;
+  float keep = 0.0f, mu = 0.0f, ratio = 0.0f;
 };
 
 // Activations as y = z > 0 ? z : lo * z, and act'(z) = z > 0 ? 1 : lo, with
@@ -42,9 +50,13 @@ inline float low_slope(Activation a, float slope) {
 }
 
 // Inputs: x, weight, bias, [residual], [segment ids in [0, S): the layers
-// pass batch columns, validated when the tensor was built] (training) or
+// pass batch columns, validated when the tensor was built], [running mean,
+// running var] (training) or
 //         x, weight, bias, mean, var, [residual] (eval).
-// Outputs: y, and in training mode mean (S, C) and biased var (S, C).
+// Outputs: y, and in training mode mean (S, C) and biased var (S, C), then
+// with running statistics their new values (C,) (no gradient: state).
+// On the CPU every input is read as it comes (a task copies what is not
+// dense); on Metal the op makes them dense in the graph.
 class NormAct : public mx::Primitive {
  public:
   NormAct(mx::Stream s, NormSpec spec) : mx::Primitive(s), spec_(spec) {}
@@ -62,7 +74,8 @@ class NormAct : public mx::Primitive {
 };
 
 // The backward pass of NormAct. Inputs: x, y, ct_y, weight, bias, mean, var,
-// [segment ids], and in training mode ct_mean, ct_var. Outputs: dx,
+// [segment ids], and in training mode with stats_grad ct_mean, ct_var
+// (without: zero). Outputs: dx,
 // dweight = sum g * xhat, dbias = sum g (float32, (C,)), where
 // g = ct_y * act'(y) is also the residual's gradient.
 class NormActGrad : public mx::Primitive {
@@ -114,7 +127,35 @@ std::vector<mx::array> running_stats(
     float ratio,
     mx::StreamOrDevice s = {});
 
+// RunningStats' arithmetic for C channels (strides in elements), shared
+// with NormAct's running update so that both round alike.
+void running_update(
+    const float* mean, int64_t sm, const float* var, int64_t sv,
+    const float* batch_mean, int64_t sbm, const float* batch_var, int64_t sbv,
+    int64_t C, float keep, float mu, float ratio, float* new_mean, float* new_var);
+
+// A batch norm layer's training call with float32 (C,) running statistics:
+// {y, new running mean, new running var}, NormAct with the running update
+// folded in (one primitive, RunningStats' bits) on the CPU; elsewhere
+// norm_act then running_stats. The statistics take no gradient.
+std::vector<mx::array> norm_act_running(
+    const mx::array& x,
+    const mx::array& weight,
+    const mx::array& bias,
+    const std::optional<mx::array>& residual,
+    float eps,
+    int act,
+    float slope,
+    const mx::array& running_mean,
+    const mx::array& running_var,
+    float keep,
+    float mu,
+    float ratio,
+    mx::StreamOrDevice s = {});
+
 // Builds NormAct's graph; returns {y} (eval) or {y, mean, var} (training).
+// stats_grad = false: the statistics take no gradient (CPU streams; on
+// others they do either way).
 std::vector<mx::array> norm_act(
     const mx::array& x,
     const mx::array& weight,
@@ -127,6 +168,7 @@ std::vector<mx::array> norm_act(
     float eps,
     int act,
     float slope,
-    mx::StreamOrDevice s = {});
+    mx::StreamOrDevice s = {},
+    bool stats_grad = true);
 
 } // namespace mlx_lattice

@@ -3,6 +3,7 @@
 // instruction-set path (src/cpu/norm_act.cpp).
 #include <array>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/norm.h"
@@ -49,10 +50,42 @@ void copy_rows(
 
 // ---------------------------------------------------------------- NormAct
 
+void running_update(
+    const float* mean, int64_t sm, const float* var, int64_t sv,
+    const float* batch_mean, int64_t sbm, const float* batch_var, int64_t sbv,
+    int64_t C, float keep, float mu, float ratio, float* new_mean, float* new_var) {
+  for (int64_t c = 0; c < C; ++c) {
+    const float a = keep * mean[c * sm];
+    const float b = mu * batch_mean[c * sbm];
+    new_mean[c] = a + b;
+    const float u = batch_var[c * sbv] * ratio;
+    const float w = mu * u;
+    new_var[c] = keep * var[c * sv] + w;
+  }
+}
+
+namespace {
+
+// Element c of a C-element float32 array of any shape: its data and the
+// stride of its last axis (the leading axes have extent 1).
+std::pair<const float*, int64_t> channels(const mx::array& a) {
+  return {a.data<float>(), a.ndim() ? int64_t(a.strides().back()) : 0};
+}
+
+} // namespace
+
+// ---------------------------------------------------------------- NormAct
+
+// Inputs come as the graph left them: a task copies any that is not dense
+// (cpu::dense) ahead of the kernel's.
 void NormAct::eval_cpu(
-    const std::vector<mx::array>& in,
+    const std::vector<mx::array>& in_graph,
     std::vector<mx::array>& out) {
-  auto& enc = cpu::encode_all(in, out, stream());
+  auto& enc = cpu::encode_all(in_graph, out, stream());
+  std::vector<mx::array> in;
+  for (const auto& a : in_graph) {
+    in.push_back(cpu::dense(a, stream()));
+  }
   const auto& x = in[0];
   const int64_t N = x.shape(0), C = x.shape(1);
   int next = 3;
@@ -65,6 +98,7 @@ void NormAct::eval_cpu(
   }
   const mx::array* r = spec_.residual ? &in[next++] : nullptr;
   const mx::array* seg = spec_.segmented ? &in[next++] : nullptr;
+  const bool running = spec_.training && spec_.running;
   enc.dispatch([fn = cpu::active_kernels().norm_forward,
                 t = cpu::feature_type(x.dtype()),
                 shape = norm_shape(spec_, N, C),
@@ -77,26 +111,41 @@ void NormAct::eval_cpu(
                 vi = var_in ? var_in->data<float>() : nullptr,
                 mo = spec_.training ? out[1].data<float>() : nullptr,
                 vo = spec_.training ? out[2].data<float>() : nullptr,
-                yp = out[0].data<void>()]() {
+                yp = out[0].data<void>(),
+                rm = running ? channels(in_graph[next]) : std::pair<const float*, int64_t>{},
+                rv = running ? channels(in_graph[next + 1]) : std::pair<const float*, int64_t>{},
+                nm = running ? out[3].data<float>() : nullptr,
+                nv = running ? out[4].data<float>() : nullptr,
+                sp_ = spec_]() {
     fn(t, shape, xp, wp, bp, rp, sp, mi, vi, mo, vo, yp);
+    if (nm) {
+      // the batch's (1, C) statistics into the running ones, as RunningStats
+      running_update(rm.first, rm.second, rv.first, rv.second, mo, 1, vo, 1, shape.C,
+                     sp_.keep, sp_.mu, sp_.ratio, nm, nv);
+    }
   });
 }
 
 // ---------------------------------------------------------------- NormActGrad
 
 void NormActGrad::eval_cpu(
-    const std::vector<mx::array>& in,
+    const std::vector<mx::array>& in_graph,
     std::vector<mx::array>& out) {
-  auto& enc = cpu::encode_all(in, out, stream());
+  auto& enc = cpu::encode_all(in_graph, out, stream());
+  // The cotangent (in[2]) comes in whatever layout its producer left:
+  // row-strided rows are read in place, anything else (a transpose, a
+  // broadcast) is copied to rows by the task. The rest is made dense first.
+  std::vector<mx::array> in;
+  for (size_t i = 0; i < in_graph.size(); ++i) {
+    in.push_back(i == 2 ? in_graph[i] : cpu::dense(in_graph[i], stream()));
+  }
   const auto& x = in[0];
   const int64_t N = x.shape(0), C = x.shape(1);
   int next = 7;
   const mx::array* seg = spec_.segmented ? &in[next++] : nullptr;
-  const mx::array* cm = spec_.training ? &in[next++] : nullptr;
-  const mx::array* cv = spec_.training ? &in[next++] : nullptr;
-  // The cotangent comes in whatever layout its producer left (the vjp does
-  // not copy it): row-strided rows are read in place, anything else (a
-  // transpose, a broadcast) is copied to rows by the task first.
+  const bool stat_cts = spec_.training && spec_.stats_grad;
+  const mx::array* cm = stat_cts ? &in[next++] : nullptr;
+  const mx::array* cv = stat_cts ? &in[next++] : nullptr;
   const auto& ct = in[2];
   auto shape = norm_shape(spec_, N, C);
   shape.ct_ld = row_stride(ct);
@@ -142,23 +191,11 @@ void RunningStats::eval_cpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
   auto& enc = cpu::encode_all(in, out, stream());
-  // Element c of a C-element array of any shape: its last axis' stride
-  // (the leading axes have extent 1).
-  auto vec = [](const mx::array& a) {
-    return std::pair<const float*, int64_t>{
-        a.data<float>(), a.ndim() ? int64_t(a.strides().back()) : 0};
-  };
-  enc.dispatch([m = vec(in[0]), v = vec(in[1]), bm = vec(in[2]), bv = vec(in[3]),
+  enc.dispatch([m = channels(in[0]), v = channels(in[1]), bm = channels(in[2]), bv = channels(in[3]),
                 C = int64_t(out[0].size()), keep = keep_, mu = mu_, ratio = ratio_,
                 nm = out[0].data<float>(), nv = out[1].data<float>()]() {
-    for (int64_t c = 0; c < C; ++c) {
-      const float a = keep * m.first[c * m.second];
-      const float b = mu * bm.first[c * bm.second];
-      nm[c] = a + b;
-      const float u = bv.first[c * bv.second] * ratio;
-      const float w = mu * u;
-      nv[c] = keep * v.first[c * v.second] + w;
-    }
+    running_update(m.first, m.second, v.first, v.second, bm.first, bm.second, bv.first, bv.second,
+                   C, keep, mu, ratio, nm, nv);
   });
 }
 

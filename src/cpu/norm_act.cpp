@@ -540,8 +540,12 @@ void normalize_grad(
       const double wi = double(w[c]) * inv[j];
       k0[j] = w[c] * inv[j];
       if (sp.training) {
-        k1[j] = static_cast<float>(2.0 * ct_var[j] * rn - wi * inv[j] * acc[S * C + j] * rn);
-        k2[j] = static_cast<float>(ct_mean[j] * rn - wi * acc[j] * rn);
+        // statistics without gradient (no cotangents given): zero, in the
+        // same expressions
+        const double cv = ct_var ? double(ct_var[j]) : 0.0;
+        const double cm = ct_mean ? double(ct_mean[j]) : 0.0;
+        k1[j] = static_cast<float>(2.0 * cv * rn - wi * inv[j] * acc[S * C + j] * rn);
+        k2[j] = static_cast<float>(cm * rn - wi * acc[j] * rn);
       }
     }
   }
