@@ -83,10 +83,13 @@ class _FusedAdam:
         return self._scalars
 
     def apply_gradients(self, gradients: dict, parameters: dict):
-        """MLX's ``apply_gradients``; on CUDA the parameters go through
-        ``backends.cuda.adam`` up to sixteen per launch (one dtype and rank
-        each) instead of a kernel each."""
-        if backends.current().name != "cuda":
+        """MLX's ``apply_gradients``; on the CPU every float32 parameter
+        goes through one fused primitive (``_ext.adam_update_group``, each
+        parameter's elements through the same kernel as ``apply_single``),
+        on CUDA through ``backends.cuda.adam`` up to sixteen per launch (one
+        dtype and rank each) instead of a kernel each."""
+        backend = backends.current().name
+        if backend not in ("cpu", "cuda"):
             return super().apply_gradients(gradients, parameters)
         if not self._initialized:
             self.init(gradients)
@@ -98,20 +101,12 @@ class _FusedAdam:
         for param, scheduler in self._schedulers.items():
             self.state[param] = scheduler(self.step)
         self.state["step"] = self.step + 1
-        from .backends.cuda import adam
-
-        grouped = [n for n, (g, p, s) in enumerate(leaves) if adam.eligible(g, p, s)]
-        if grouped:
-            self._warn_float16(leaves[grouped[0]][1])
-            b1, b2 = self.betas
-            new = adam.update([(leaves[n][0], leaves[n][1], leaves[n][2]["m"], leaves[n][2]["v"]) for n in grouped],
-                              self._step_scalars(), b1, b2, self.eps, bool(self.bias_correction),
-                              bool(self._decay))
-            for n, (p, m, v) in zip(grouped, new):
-                leaves[n][2]["m"], leaves[n][2]["v"] = m, v
-                container, key = slots[n]
-                container[key] = p
-        done = set(grouped)
+        update = _grouped_cpu_update if backend == "cpu" else _grouped_cuda_update
+        done = update(self, leaves)
+        for n, (p, m, v) in done.items():
+            leaves[n][2]["m"], leaves[n][2]["v"] = m, v
+            container, key = slots[n]
+            container[key] = p
         # any other parameter (a dtype or shape the kernel does not take): MLX's update
         for n, (g, p, s) in enumerate(leaves):
             if n not in done:
@@ -157,6 +152,37 @@ class AdamW(_FusedAdam, mopt.AdamW):
         return self.weight_decay
 
 
+def _grouped_cpu_update(opt, leaves) -> dict:
+    """{leaf index: (parameter, m, v)} of every float32 leaf of ``leaves``
+    ((gradient, parameter, state) each), updated by one CPU primitive."""
+    grouped = [n for n, (g, p, s) in enumerate(leaves) if _fusable(g, p, s)]
+    if not grouped:
+        return {}
+    b1, b2 = opt.betas
+    flat = _ext.adam_update_group(
+        [leaves[n][0] for n in grouped], [leaves[n][1] for n in grouped],
+        [leaves[n][2]["m"] for n in grouped], [leaves[n][2]["v"] for n in grouped], opt._step_scalars(),
+        b1=b1, one_minus_b1=1 - b1, b2=b2, one_minus_b2=1 - b2, eps=opt.eps,
+        bias_correction=bool(opt.bias_correction), decoupled_decay=bool(opt._decay),
+    )
+    return {n: tuple(flat[3 * i:3 * i + 3]) for i, n in enumerate(grouped)}
+
+
+def _grouped_cuda_update(opt, leaves) -> dict:
+    """{leaf index: (parameter, m, v)} of the leaves ``backends.cuda.adam``
+    takes, up to sixteen per launch."""
+    from .backends.cuda import adam
+
+    grouped = [n for n, (g, p, s) in enumerate(leaves) if adam.eligible(g, p, s)]
+    if not grouped:
+        return {}
+    opt._warn_float16(leaves[grouped[0]][1])
+    b1, b2 = opt.betas
+    new = adam.update([(leaves[n][0], leaves[n][1], leaves[n][2]["m"], leaves[n][2]["v"]) for n in grouped],
+                      opt._step_scalars(), b1, b2, opt.eps, bool(opt.bias_correction), bool(opt._decay))
+    return dict(zip(grouped, new))
+
+
 def _gather(g, p, s, leaves: list, slots: list):
     """The gradient tree's structure (dicts and lists, walked as ``tree_map``
     walks it, with the parameters and the state beside it), each leaf left
@@ -176,6 +202,7 @@ def _gather(g, p, s, leaves: list, slots: list):
         if isinstance(v, mx.array):
             leaves.append((v, p[k], s[k]))
             slots.append((out, k))
+            out[k] = None  # the key's place, so the tree keeps tree_map's key order
         else:
             out[k] = _gather(v, p[k], s[k], leaves, slots)
             if out[k] is None:

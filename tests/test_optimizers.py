@@ -62,8 +62,8 @@ def make(kind, fused, kw):
 @pytest.mark.parametrize("kind,kw", CONFIGS)
 def test_bitwise_equal_to_mlx_and_close_to_oracle(rng, isa, kind, kw, monkeypatch):
     calls = []
-    fused_update = _ext.adam_update
-    monkeypatch.setattr(_ext, "adam_update", lambda *a, **k: calls.append(1) or fused_update(*a, **k))
+    fused_update = _ext.adam_update_group
+    monkeypatch.setattr(_ext, "adam_update_group", lambda *a, **k: calls.append(len(a[0])) or fused_update(*a, **k))
     ps = params(rng, SHAPES)
     grads = [
         {k: mx.array(rng.standard_normal(v.shape).astype(np.float32)) for k, v in ps.items()}
@@ -88,7 +88,8 @@ def test_bitwise_equal_to_mlx_and_close_to_oracle(rng, isa, kind, kw, monkeypatc
         np.testing.assert_allclose(np.array(fused.state[k]["v"]), want_v, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(np.array(a[k]), want_p, rtol=1e-5, atol=1e-5)
     assert int(fused.step) == int(ref.step) == 3
-    assert len(calls) == 3 * len(SHAPES)  # every float32 parameter took the fused update
+    # every float32 parameter took the fused update, all of a step's in one primitive
+    assert calls == [len(SHAPES)] * 3
 
 
 def test_model_update_with_schedule_and_state_layout(rng):
@@ -160,6 +161,49 @@ def test_bad_arguments():
         _ext.adam_update(p, p, p.astype(mx.float16), p, s, **kw)
     with pytest.raises(ValueError, match=r"scalars must be float32 of shape \(3,\)"):
         _ext.adam_update(p, p, p, p, s[:2], **kw)
+    with pytest.raises(ValueError, match="v must have the parameter's shape"):
+        _ext.adam_update_group([p, p], [p, p], [p, p], [p, mx.zeros((3,))], s, **kw)
+    with pytest.raises(ValueError, match="one entry per parameter"):
+        _ext.adam_update_group([p], [p, p], [p, p], [p, p], s, **kw)
+    assert _ext.adam_update_group([], [], [], [], s, **kw) == []
+
+
+@pytest.mark.usefixtures("on_cpu")
+def test_one_primitive_updates_every_parameter(rng):
+    """A step's float32 parameters (any shapes, strided gradients among
+    them) go through one AdamUpdate primitive, with the bits of one
+    primitive per parameter and of MLX's Adam; a float16 parameter keeps
+    MLX's update beside it."""
+    ps = {"a": mx.array(rng.standard_normal((7, 5)).astype(np.float32)),
+          "b": [mx.array(rng.standard_normal((40000,)).astype(np.float32)),
+                mx.array(rng.standard_normal((3,)).astype(np.float32))],
+          "h": mx.array(rng.standard_normal((4,)).astype(np.float16))}
+    gs = {"a": mx.array(rng.standard_normal((5, 7)).astype(np.float32)).T,
+          "b": [mx.array(rng.standard_normal((40000,)).astype(np.float32)),
+                mx.broadcast_to(mx.array(0.3, mx.float32), (3,))],
+          "h": mx.array(rng.standard_normal((4,)).astype(np.float16))}
+    fused, ref = optim.AdamW(learning_rate=1e-2), mopt.AdamW(learning_rate=1e-2)
+    a, b = dict(ps), dict(ps)
+    for _ in range(2):
+        a = fused.apply_gradients(gs, a)
+        b = ref.apply_gradients(gs, b)
+        buf = __import__("io").StringIO()
+        mx.export_to_dot(buf, a["a"], a["b"], fused.state)
+        assert buf.getvalue().count('label ="AdamUpdate"') == 1
+        mx.eval(a, b, fused.state, ref.state)
+    assert [k for k, _ in tree_flatten(a)] == [k for k, _ in tree_flatten(b)]  # tree_map's order
+    for (k, x), (_, y) in zip(tree_flatten(a), tree_flatten(b)):
+        np.testing.assert_array_equal(np.array(x), np.array(y), err_msg=k)
+    singles = [_ext.adam_update(gs["b"][i], ps["b"][i], mx.zeros((n,)), mx.zeros((n,)), fused._step_scalars(),
+                                b1=0.9, one_minus_b1=0.1, b2=0.999, one_minus_b2=0.001, eps=1e-8,
+                                bias_correction=True, decoupled_decay=True)
+               for i, n in enumerate((40000, 3))]
+    group = _ext.adam_update_group(gs["b"], ps["b"], [mx.zeros((40000,)), mx.zeros((3,))],
+                                   [mx.zeros((40000,)), mx.zeros((3,))], fused._step_scalars(),
+                                   b1=0.9, one_minus_b1=0.1, b2=0.999, one_minus_b2=0.001, eps=1e-8,
+                                   bias_correction=True, decoupled_decay=True)
+    for x, y in zip([o for single in singles for o in single], group):
+        np.testing.assert_array_equal(np.array(x), np.array(y))
 
 
 def test_minkunet_step_matches_mlx_adam(rng):

@@ -15,13 +15,16 @@ namespace mlx_lattice {
 
 namespace mx = mlx::core;
 
-// Inputs: gradient, parameter, m, v (same shape, float32)
-// and scalars (3,) float32: the learning rate (lr / (1 - b1^t) with bias
-// correction), 1 / sqrt(1 - b2^t) and 1 - lr * weight_decay.
-// Outputs: the new parameter, m and v.
+// Inputs: gradient, parameter, m, v (same shape, float32) for each of
+// `count` parameters in turn, then scalars (3,) float32: the learning rate
+// (lr / (1 - b1^t) with bias correction), 1 / sqrt(1 - b2^t) and
+// 1 - lr * weight_decay. Outputs: the new parameter, m and v of each
+// parameter in turn. One primitive updates every parameter of a step (each
+// through the same kernel, so the bits do not depend on the grouping).
 class AdamUpdate : public mx::Primitive {
  public:
-  AdamUpdate(mx::Stream s, cpu::AdamCoefficients k) : mx::Primitive(s), k_(k) {}
+  AdamUpdate(mx::Stream s, cpu::AdamCoefficients k, int count = 1)
+      : mx::Primitive(s), k_(k), count_(count) {}
 
   LATTICE_EVAL()
   LATTICE_OUTPUT_SHAPES()
@@ -30,6 +33,7 @@ class AdamUpdate : public mx::Primitive {
 
  private:
   cpu::AdamCoefficients k_;
+  int count_;
 };
 
 // Builds the update's graph; returns {parameter, m, v}.
@@ -38,6 +42,18 @@ std::vector<mx::array> adam_update(
     const mx::array& parameter,
     const mx::array& m,
     const mx::array& v,
+    const mx::array& scalars,
+    cpu::AdamCoefficients k,
+    mx::StreamOrDevice s = {});
+
+// The update of several parameters (gradients[i], parameters[i], m[i],
+// v[i] each of one shape, float32) by one primitive; returns {parameter,
+// m, v} of each in turn.
+std::vector<mx::array> adam_update_group(
+    const std::vector<mx::array>& gradients,
+    const std::vector<mx::array>& parameters,
+    const std::vector<mx::array>& m,
+    const std::vector<mx::array>& v,
     const mx::array& scalars,
     cpu::AdamCoefficients k,
     mx::StreamOrDevice s = {});

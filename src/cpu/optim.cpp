@@ -80,30 +80,51 @@ void AdamUpdate::eval_cpu(
   auto dense = [](const mx::array& a) {
     return a.flags().row_contiguous && a.data_size() == a.size();
   };
-  // Inputs are taken as they come (no contiguity nodes in the graph: one
-  // update per parameter per step); a strided one is gathered into a dense
-  // copy when the task runs (its data is ready then).
-  std::array<Strided, 5> src;
-  for (int i = 0; i < 5; ++i) {
-    src[i].data = in[i].data<float>();
-    if (!dense(in[i])) {
-      src[i].shape.assign(in[i].shape().begin(), in[i].shape().end());
-      src[i].strides.assign(in[i].strides().begin(), in[i].strides().end());
+  // Inputs are taken as they come (no contiguity nodes in the graph); a
+  // strided one is gathered into a dense copy when the task runs (its data
+  // is ready then). One task runs the parameters' updates in turn, each
+  // over the kernel's own threads.
+  struct Update {
+    std::array<Strided, 4> src;
+    int64_t n;
+    float *po, *mo, *vo;
+  };
+  std::vector<Update> updates(count_);
+  for (int j = 0; j < count_; ++j) {
+    auto& u = updates[j];
+    for (int i = 0; i < 4; ++i) {
+      const auto& a = in[4 * j + i];
+      u.src[i].data = a.data<float>();
+      if (!dense(a)) {
+        u.src[i].shape.assign(a.shape().begin(), a.shape().end());
+        u.src[i].strides.assign(a.strides().begin(), a.strides().end());
+      }
     }
+    u.n = static_cast<int64_t>(out[3 * j].size());
+    u.po = out[3 * j].data<float>();
+    u.mo = out[3 * j + 1].data<float>();
+    u.vo = out[3 * j + 2].data<float>();
+  }
+  Strided scalars;
+  scalars.data = in.back().data<float>();
+  if (!dense(in.back())) {
+    scalars.shape.assign(in.back().shape().begin(), in.back().shape().end());
+    scalars.strides.assign(in.back().strides().begin(), in.back().strides().end());
   }
   enc.dispatch([fn = cpu::active_kernels().adam_update,
-                n = static_cast<int64_t>(out[0].size()),
                 k = k_,
-                src = std::move(src),
-                po = out[0].data<float>(),
-                mo = out[1].data<float>(),
-                vo = out[2].data<float>()]() {
-    std::vector<float> copies[5];
-    const float* p[5];
-    for (int i = 0; i < 5; ++i) {
-      p[i] = src[i].shape.empty() ? src[i].data : src[i].gather(copies[i]);
+                updates = std::move(updates),
+                scalars = std::move(scalars)]() {
+    std::vector<float> sbuf;
+    const float* sp = scalars.shape.empty() ? scalars.data : scalars.gather(sbuf);
+    std::vector<float> copies[4];
+    for (const auto& u : updates) {
+      const float* p[4];
+      for (int i = 0; i < 4; ++i) {
+        p[i] = u.src[i].shape.empty() ? u.src[i].data : u.src[i].gather(copies[i]);
+      }
+      fn(u.n, k, sp, p[0], p[1], p[2], p[3], u.po, u.mo, u.vo);
     }
-    fn(n, k, p[4], p[0], p[1], p[2], p[3], po, mo, vo);
   });
 }
 
