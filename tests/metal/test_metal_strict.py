@@ -67,7 +67,6 @@ PLANTED = {
     "constant_write": ("read-only", "read-only variable is not assignable"),
     "const_device_write": ("read-only", "read-only variable is not assignable"),
     "threadgroup_in_helper": ("threadgroup-scope", "non-kernel function variable cannot be declared in threadgroup"),
-    "threadgroup_nested_scope": ("threadgroup-scope", "only be declared in the outermost scope of a kernel"),
     "threadgroup_initializer": ("threadgroup-init", "'threadgroup' variable cannot have an initializer"),
     "device_local": ("address-space", "automatic variable qualified with an address space"),
     "kernel_return": ("kernel-signature", "kernel must have void return type"),
@@ -80,8 +79,6 @@ PLANTED = {
     "threadgroup_memory": ("threadgroup-memory",
                            "kernel 'planted_float_8192': its threadgroup variables take more than 32768 bytes"),
     # the strict pass's own analyses (analysis.py)
-    "recursion": ("recursion", "recursive call (depth -> depth)"),
-    "recursion_mutual": ("recursion", "recursive call (even_steps -> odd_steps -> even_steps)"),
     "main": ("main", "cannot be named main"),
     "max_threads": ("resource-limit", "[[max_total_threads_per_threadgroup(2048)]]: Apple GPUs run 1 to 1024"),
     "buffer_index": ("resource-limit", "'x' is bound at [[buffer(31)]]; Apple GPUs' buffer table has indices 0 to 30"),
@@ -92,14 +89,18 @@ PLANTED = {
     "builtin_widths": ("builtin", "one number of components (gid: 2, group: 3)"),
     "builtin_twice": ("builtin", "[[threads_per_simdgroup]] is declared twice"),
     "barrier_divergent": ("uniform-control", "threadgroup_barrier is reached under a condition that differs"),
-    "barrier_after_return": ("uniform-control", "threadgroup_barrier is reached under a condition that differs"),
+    "barrier_after_helper_return": ("uniform-control",
+                                    "threadgroup_barrier is reached under a condition that differs"),
+    "simd_after_return": ("uniform-control", "simd_sum is reached under a condition that differs between the threads"
+                                             " of a simdgroup"),
     "barrier_in_helper": ("uniform-control", "sync_group is reached under a condition that differs"),
     "simd_divergent": ("uniform-control", "simd_sum is reached under a condition that differs between the threads"
                                           " of a simdgroup"),
 }
 ACCEPTED = {
     "tensorops_decltype_ok", "space_class_objects_ok", "space_bfloat_ok", "constant_copy_ok", "msl_names_ok",
-    "uniform_ok", "version_atomic_float", "version_bfloat",
+    "uniform_ok", "version_atomic_float", "version_bfloat", "barrier_after_return_ok", "threadgroup_nested_scope_ok",
+    "recursion", "recursion_mutual",
 }
 
 
@@ -154,7 +155,27 @@ def test_features_above_the_language_version(stem, version, phrase, tmp_path):
     mh.load(path)
 
 
-@pytest.mark.parametrize("stem", ["constant_copy_ok", "msl_names_ok", "uniform_ok"])
+@pytest.mark.parametrize(
+    ("stem", "phrase"),
+    [
+        ("recursion", "recursive call (depth -> depth); MSL functions do not recurse before Metal 2.4"),
+        ("recursion_mutual", "recursive call (even_steps -> odd_steps -> even_steps); MSL functions do not recurse"
+                             " before Metal 2.4"),
+    ],
+)
+def test_recursion_is_refused_before_metal_2_4(stem, phrase, tmp_path):
+    # MSL's restrictions list recursive calls up to 2.3 and none from 2.4 (MLX's
+    # utils.h recurses in LoopedElemToLoc::next and builds on every Mac): refused
+    # at 2.3, the file builds at its own version.
+    path = STRICT / f"{stem}.metal"
+    found = strict.violations(build.scan(path), 230, tmp_path)
+    where = f"{path.relative_to(build.ROOT)}:{defect_line(path)}: [recursion]"
+    assert [str(v) for v in found if v.rule == "recursion"] == [f"{where} {phrase}"], found
+    mh.load(path)
+
+
+@pytest.mark.parametrize("stem", ["constant_copy_ok", "msl_names_ok", "uniform_ok", "barrier_after_return_ok",
+                                  "threadgroup_nested_scope_ok"])
 def test_what_msl_allows_and_opencl_forbids_is_accepted(stem):
     # Copies out of constant memory, OpenCL keywords as names (each dropped
     # precisely), and collectives under conditions uniform for their group.

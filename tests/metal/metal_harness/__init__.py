@@ -185,8 +185,9 @@ def run_kernel(
     threadgroup_buffers: byte lengths of [[threadgroup(n)]] buffers.
     schedule: 'forward', 'reverse' or 'random' (seeded) order of threads
       between barriers; groups run in the same order.
-    strict: threads that returned may not skip a barrier or collective
-      that the rest of their threadgroup/simdgroup reaches.
+    strict: lanes that returned may not skip a simd-group collective that
+      the rest of their simdgroup reaches (threads that returned are always
+      released from threadgroup barriers, as Apple GPUs release them).
     include_dirs, version: header folders for the source's own includes and
       its language version (__METAL_VERSION__, e.g. 400), where the source
       is not one the project's build compiles.

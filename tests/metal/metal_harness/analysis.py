@@ -251,7 +251,8 @@ def _recursion(w: _Walker) -> list[strict.Violation]:
                     cycle = [w.names[start]] + [w.names[g] for g, _ in path] + [w.names[start]]
                     call = (path[0][1] if path else n)
                     v = strict.Violation(*w.where(call), "recursion",
-                                         f"recursive call ({' -> '.join(cycle)}); MSL functions do not recurse")
+                                         f"recursive call ({' -> '.join(cycle)}); MSL functions do not recurse "
+                                         "before Metal 2.4")
                     key = frozenset([start] + [g for g, _ in path])
                     if key not in done:
                         done.add(key)
@@ -490,7 +491,7 @@ class _Uniformity:
     def violations(self) -> list[strict.Violation]:
         out: list[strict.Violation] = []
         for node in self.w.functions.values():
-            self._visit(node, [], out)
+            self._visit(node, [], out, _is_kernel(node))
         return out
 
     def _condition(self, n: dict) -> tuple[set, list[dict]]:
@@ -523,37 +524,50 @@ class _Uniformity:
                 stack.extend((c, path, ks) for c in _children(x))
         return out
 
-    def _visit(self, n: dict, controls: list[tuple[set, dict]], out: list) -> None:
-        """Walks n with the conditions in force, checking each collective."""
+    def _visit(self, n: dict, controls: list[tuple[set, dict, bool]], out: list, kernel: bool) -> None:
+        """Walks n with the conditions in force, checking each collective.
+        A control is (taint, node, whether it is a kernel's divergent return):
+        a thread that returns from its kernel has finished, and Apple GPUs
+        release finished threads from threadgroup barriers (MLX's reductions
+        return early, then synchronise the rest), so such a return splits a
+        threadgroup's later barriers no more; a helper's return does (its
+        threads go on in the caller), and simdgroup collectives still want
+        every lane (the harness rule)."""
         k = n.get("kind")
         kids = _children(n)
         if k in _BRANCHES or k in _LOOPS:
             t, parts = self._condition(n)
+            inner = [(t, n, False)]
             if k in _LOOPS:  # a divergent break or continue splits the later iterations
-                t = t | self._exits(parts[0], ("BreakStmt", "ContinueStmt", "ReturnStmt"))
+                t = t | self._exits(parts[0], ("BreakStmt", "ContinueStmt"))
+                inner = [(t, n, False)]
+                r = self._exits(parts[0], ("ReturnStmt",))
+                if r:
+                    inner.append((r, n, kernel))
             for c in kids:
-                self._visit(c, controls + [(t, n)] if any(c is x for x in parts) else controls, out)
+                self._visit(c, controls + inner if any(c is x for x in parts) else controls, out, kernel)
             return
         if k == "BinaryOperator" and n.get("opcode") in ("&&", "||") and len(kids) == 2:
-            self._visit(kids[0], controls, out)
-            self._visit(kids[1], controls + [(self.expr(kids[0]), n)], out)
+            self._visit(kids[0], controls, out, kernel)
+            self._visit(kids[1], controls + [(self.expr(kids[0]), n, False)], out, kernel)
             return
         if k == "CompoundStmt":  # after a divergent return, the rest runs in fewer threads
             for c in kids:
-                self._visit(c, controls, out)
+                self._visit(c, controls, out, kernel)
                 t = self._exits(c, ("ReturnStmt",))
                 if t:
-                    controls = controls + [(t, c)]
+                    controls = controls + [(t, c, kernel)]
             return
         if k in ("CallExpr", "CXXMemberCallExpr"):
             callee = next(iter(_calls(n, self.w)), None)
             if callee:
                 for g in sorted(self._groups_of(callee[0], callee[1]) | self.kinds.get(callee[0], set())):
-                    cond = next((c for t, c in controls if g in self.letters(t)), None)
+                    cond = next((c for t, c, finished in controls
+                                 if g in self.letters(t) and not (finished and g == "g")), None)
                     if cond is not None:
                         self._report(n, callee[1], g, cond, out)
         for c in kids:
-            self._visit(c, controls, out)
+            self._visit(c, controls, out, kernel)
 
     def _report(self, call: dict, name: str, group: str, cond: dict, out: list) -> None:
         f, ln = self.w.where(call)
@@ -566,11 +580,18 @@ class _Uniformity:
             out.append(v)
 
 
-def ast_rules(ast: dict, unit) -> list[strict.Violation]:
-    """Recursion and uniform control flow on clang's AST of an opencl.Unit."""
+# The restrictions of MSL before 2.4 include recursive calls; from 2.4 the
+# specification lists none (MLX's utils.h recurses in LoopedElemToLoc::next).
+RECURSION_ALLOWED_FROM = 240
+
+
+def ast_rules(ast: dict, unit, version: int = 310) -> list[strict.Violation]:
+    """Recursion (below Metal 2.4) and uniform control flow on clang's AST of
+    an opencl.Unit."""
     w = _Walker(ast, unit.text)
     builtins = {
         name: {pname: a for _, pname, attrs in k.param_list() for a, _ in attrs if a in _VARIES}
         for name, (k, _) in unit.kernels.items()
     }
-    return _recursion(w) + _Uniformity(w, builtins).violations()
+    recursion = _recursion(w) if version < RECURSION_ALLOWED_FROM else []
+    return recursion + _Uniformity(w, builtins).violations()

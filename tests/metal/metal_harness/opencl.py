@@ -218,6 +218,10 @@ _VECTOR_CTOR = re.compile(
 )
 
 
+_VECTOR_DECL = re.compile(
+    r"(?<![\w.:>])(?:metal\s*::\s*)?((?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float|bfloat)[234])"
+    r"\s+([A-Za-z_]\w*)(\s*\()"
+)
 _METHOD_THREAD = re.compile(r"\)(?P<quals>(?:\s*\b(?:const|volatile|thread)\b)*\s*\bthread\b(?:\s*\bconst\b)?)"
                             r"\s*(?=[{;:=]|->)")
 
@@ -234,6 +238,22 @@ def unit(text: str) -> Unit:
         edits.append((m.start(), m.end(), repl.ljust(m.end() - m.start())))
     for m in _VECTOR_CTOR.finditer(code):
         edits.append((m.start(), m.end(), f"::mh::make<{m.group(1)}>("))
+    # `float4 v(a, b);` in a function: clang's vectors take no parenthesised
+    # initializer either.
+    scopes = src._scope_starts(code)
+    for m in _VECTOR_DECL.finditer(code):
+        scope = scopes[m.start()]
+        if scope < 0 or re.search(r"\b(?:struct|class|union|namespace|enum)\b[^;{}()]*$", code[max(0, scope - 300):scope]):
+            continue
+        edits.append((m.start(3), m.end(), f" = ::mh::make<{m.group(1)}>("))
+    for m in re.finditer(r"(?<![\w.:>])(?:metal\s*::\s*)?vec\s*<", code):  # vec<T, N>(a, b)
+        try:
+            gt = src._match_forward(code, m.end() - 1, "<>")
+        except src.SourceError:
+            continue
+        after = re.match(r"\s*\(", code[gt + 1 :])
+        if after and not re.search(r"\boperator\s*$", code[: m.start()]):
+            edits.append((m.start(), gt + 1 + after.end(), f"::mh::make<metal::vec<{code[m.end() : gt]}>>("))
     # Function constants: program-scope constants whose value the pipeline
     # sets (initialised here so that OpenCL takes them).
     for fc in src.function_constants(code):
@@ -291,8 +311,22 @@ def _msl_allows(group: list[tuple[str, int, str, str]]) -> bool:
     list-initialises it, clang's vectors take a list only in a declaration;
     the C++ front end, whose vectors are classes, checked that call)."""
     msg = group[0][3]
+    m = re.match(r"conditional expression is ambiguous; '([^']*)' and '([^']*)' can be converted"
+                 r"|incompatible operand types \('([^']*)' and '([^']*)'\)", msg)
+    if m:  # one class type but for cv and address space: MSL converts
+        strip = lambda t: " ".join(w for w in t.split() if w not in (
+            "const", "__global", "__constant", "__local", "__private", "__generic"))
+        a, b = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
+        return strip(a) == strip(b) and "*" not in a
     if re.search(r"cast from .* to .* is not allowed", msg) and re.search(r"'half'", msg) and "'__bf16'" in msg:
         return True  # bfloat <-> half, explicitly: MSL converts, clang's __bf16 does not
+    if msg.startswith("variables in the local address space can only be declared in the outermost scope"):
+        return True  # MSL declares them in any block of a kernel (MLX's sort.h)
+    if re.match(r"no matching (?:member )?(?:function for call to|constructor for initialization of)", msg) and any(
+            kind == "note" and re.search(r"no known conversion from 'const __constant char\[\d+\]' to "
+                                         r"'__constant char \*", m)
+            for _, _, kind, m in group[1:]):
+        return True  # a string literal for a `constant char*`: MSL converts it, as C++ did before 11
     if group[0][3].startswith("no matching function for call to") and any(
             kind == "note" and re.search(r"cannot convert initializer list argument to '[^']*' \(vector of", msg)
             for _, _, kind, msg in group[1:]):
@@ -370,7 +404,7 @@ def check(text: str, version: int, cache: Path) -> list[strict.Violation]:
     except ValueError:
         ast = None
     if ast is not None:
-        found += [v for v in analysis.ast_rules(ast, u) if v not in found]
+        found += [v for v in analysis.ast_rules(ast, u, version) if v not in found]
     if not found:
         stamp.touch()
     return found

@@ -254,7 +254,7 @@ def param_bindings(params: list[tuple[str, list[tuple[str, str]]]]) -> list[tupl
             taken[kind[0]].add(kind[1])
         out.append(kind)
     for i, (decl, attrs) in enumerate(params):
-        if out[i][0] != "?" or not re.search(r"[*&]", decl):
+        if out[i][0] != "?" or not re.search(r"[*&[]", decl):
             continue
         table = "t" if re.search(r"\bthreadgroup\b(?!_)", decl) else "b"
         index = next(n for n in range(len(params) + 32) if n not in taken[table])
@@ -592,6 +592,20 @@ def _max_threads(inst: Instance) -> str:
     return expr
 
 
+def _class_specializations(text: str) -> list[tuple[int, int, str]]:
+    """`template <>` before a member inside its class (an explicit
+    specialization in class scope, which clang takes and g++ does not) made a
+    plain member: an overload the call prefers in the same cases."""
+    masked = _mask_literals(text)
+    scopes = _scope_starts(masked)
+    edits = []
+    for m in re.finditer(r"\btemplate\s*<\s*>", masked):
+        scope = scopes[m.start()]
+        if scope >= 0 and re.search(r"\b(?:struct|class|union)\b[^;{}()]*$", masked[max(0, scope - 300) : scope]):
+            edits.append((m.start(), m.end(), " " * (m.end() - m.start())))
+    return edits
+
+
 def apply_edits(text: str, edits: list[tuple[int, int, str]]) -> str:
     for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         text = text[:start] + repl + text[end:]
@@ -602,7 +616,7 @@ def process(text: str) -> Unit:
     """Parse and rewrite one preprocessed translation unit."""
     # One host function per member overloaded only on address spaces
     # (same length: the offsets below hold).
-    text = apply_edits(text, space_overload_edits(text, _mask_literals(text)))
+    text = apply_edits(text, space_overload_edits(text, _mask_literals(text)) + _class_specializations(text))
     masked = _mask_literals(text)
     edits: list[tuple[int, int, str]] = []
 

@@ -96,11 +96,21 @@ kernel void early_return_barrier(
     uint tid [[thread_index_in_threadgroup]]) {
   threadgroup float tile[64];
   if (gid >= n) {
-    return;  // PLANTED: the rest of the group then waits at the barrier
+    return;  // not a defect: Apple GPUs release finished threads from barriers
   }
   tile[tid] = float(gid);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   y[gid] = tile[tid];
+}
+
+kernel void early_return_simd(
+    device float* y [[buffer(0)]],
+    constant uint& n [[buffer(1)]],
+    uint gid [[thread_position_in_grid]]) {
+  if (gid >= n) {
+    return;  // PLANTED: lanes leave before the rest of their simdgroup's simd_sum
+  }
+  y[gid] = simd_sum(1.0f);
 }
 
 kernel void tg_memory_too_big(

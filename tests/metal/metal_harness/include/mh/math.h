@@ -61,7 +61,7 @@ constexpr uniform<T> make_uniform(T v) {
 namespace detail {
 
 template <class V>
-using elem_t = typename vinfo<std::remove_cvref_t<V>>::elem;
+using elem_t = typename vinfo<::mh::bare_t<V>>::elem;
 
 // The specification's floating types: float and half (bfloat is not one of
 // the library's argument types).
@@ -372,25 +372,47 @@ inline bool isunordered(half x, half y) { return !isordered(x, y); }
 // The specification's integer functions: scalars and vectors of char to
 // ulong (not bool).
 
-#define MH_INT_SCALARS(M)                                                     \
-  M(char) M(signed char) M(uchar) M(short) M(ushort) M(int) M(uint) M(long) M(ulong)
-
-#define MH_INT_MINMAX(T)                                                      \
-  inline T min(T a, T b) { return b < a ? b : a; }                            \
-  inline T max(T a, T b) { return a < b ? b : a; }                            \
-  inline T clamp(T x, T lo, T hi) { return min(max(x, lo), hi); }            \
-  inline T min3(T a, T b, T c) { return min(min(a, b), c); }                  \
-  inline T max3(T a, T b, T c) { return max(max(a, b), c); }                  \
-  inline T median3(T a, T b, T c) { return max(min(a, b), min(max(a, b), c)); } \
-  inline T abs(T x) {                                                         \
-    if constexpr (std::is_signed_v<T>) {                                      \
-      return x < 0 ? static_cast<T>(-x) : x;                                  \
-    } else {                                                                  \
-      return x;                                                               \
-    }                                                                         \
+// Templates, as in Apple's library: a bfloat (which converts to integers
+// implicitly) reaches the float functions, not these.
+template <class T>
+  requires detail::lib_int_v<T>
+inline T min(T a, T b) {
+  return b < a ? b : a;
+}
+template <class T>
+  requires detail::lib_int_v<T>
+inline T max(T a, T b) {
+  return a < b ? b : a;
+}
+template <class T>
+  requires detail::lib_int_v<T>
+inline T clamp(T x, T lo, T hi) {
+  return min(max(x, lo), hi);
+}
+template <class T>
+  requires detail::lib_int_v<T>
+inline T min3(T a, T b, T c) {
+  return min(min(a, b), c);
+}
+template <class T>
+  requires detail::lib_int_v<T>
+inline T max3(T a, T b, T c) {
+  return max(max(a, b), c);
+}
+template <class T>
+  requires detail::lib_int_v<T>
+inline T median3(T a, T b, T c) {
+  return max(min(a, b), min(max(a, b), c));
+}
+template <class T>
+  requires detail::lib_int_v<T>
+inline T abs(T x) {
+  if constexpr (std::is_signed_v<T>) {
+    return x < 0 ? static_cast<T>(-x) : x;
+  } else {
+    return x;
   }
-MH_INT_SCALARS(MH_INT_MINMAX)
-#undef MH_INT_MINMAX
+}
 
 // Vector forms of min, max, clamp (with vector or element-type scalar
 // arguments) and abs, for integer and floating vectors.
@@ -708,7 +730,6 @@ inline auto reflect(const V& i, const V& n) {
 #undef MH_UNARY_FUNCTIONS
 #undef MH_BINARY_FUNCTIONS
 #undef MH_TERNARY_FUNCTIONS
-#undef MH_INT_SCALARS
 
 #ifndef MAXFLOAT
 #define MAXFLOAT 0x1.fffffep+127f

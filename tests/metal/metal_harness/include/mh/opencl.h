@@ -127,8 +127,28 @@ template <class T, int N> struct shape<T __attribute__((ext_vector_type(N)))> {
 template <class T> using elem_t = typename shape<bare_t<T>>::elem;
 
 // A vector built from scalars and vectors (MSL's float4(a, b) and kin; clang's
-// vectors take no constructor syntax, so opencl.py rewrites the calls here).
-template <class V, class... A> V make(A...);
+// vectors take no constructor syntax, so opencl.py rewrites the calls here);
+// constexpr, as MSL's vector constructors are.
+template <class V, class A> constexpr void make_put(V& out, int& k, A a) {
+  if constexpr (shape<A>::n == 1) {
+    out[k++] = typename shape<V>::elem(a);
+  } else {
+    for (int i = 0; i < shape<A>::n; ++i) {
+      out[k++] = typename shape<V>::elem(a[i]);
+    }
+  }
+}
+template <class V, class... A> constexpr V make(A... a) {
+  V out{};
+  int k = 0;
+  (make_put<V>(out, k, a), ...);
+  if (k == 1) {  // one scalar: every element
+    for (int i = 1; i < shape<V>::n; ++i) {
+      out[i] = out[0];
+    }
+  }
+  return out;
+}
 } // namespace mh
 
 namespace metal {
@@ -200,6 +220,10 @@ template <class T> struct remove_const { using type = T; };
 template <class T> struct remove_const<const T> { using type = T; };
 template <class T> using remove_const_t = typename remove_const<T>::type;
 template <class... T> using void_t = void;
+template <class... B> struct _disjunction : false_type {};
+template <class B, class... R> struct _disjunction<B, R...> : conditional_t<bool(B::value), B, _disjunction<R...>> {};
+template <class... B> struct _conjunction : true_type {};
+template <class B, class... R> struct _conjunction<B, R...> : conditional_t<bool(B::value), _conjunction<R...>, B> {};
 template <class T> struct is_vector : false_type {};
 template <class T, int N> struct is_vector<T __attribute__((ext_vector_type(N)))> : true_type {};
 template <class T> constexpr __constant bool is_vector_v = is_vector<T>::value;

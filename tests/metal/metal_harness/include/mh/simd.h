@@ -151,7 +151,7 @@ template <class X>
 inline constexpr bool simd_value_v = []() {
   using E = detail::elem_t<X>;
   return (detail::lib_float_v<E> || (detail::lib_int_v<E> && sizeof(E) <= 4)) &&
-      (detail::is_vecish_v<X> || is_scalar_v<X>);
+      (detail::is_vecish_v<X> || is_scalar_v<::mh::bare_t<X>>);
 }();
 template <class X>
 inline constexpr bool simd_int_v = simd_value_v<X> && detail::lib_int_v<detail::elem_t<X>>;

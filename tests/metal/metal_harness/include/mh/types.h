@@ -44,8 +44,8 @@ struct bfloat {
   bfloat() = default;
   // MSL's conversions: integers convert to bfloat implicitly; float and half
   // only explicitly ("neither float nor half can be implicitly converted to
-  // bfloat"). bfloat converts implicitly to float only; to half and to
-  // integers explicitly.
+  // bfloat"). bfloat converts implicitly to float and to integers, to half
+  // only explicitly.
   template <class U>
     requires(std::is_integral_v<U>)
   constexpr bfloat(U v) : bits(from_float(static_cast<float>(v))) {}
@@ -53,10 +53,10 @@ struct bfloat {
     requires(std::is_same_v<U, float> || std::is_same_v<U, half> || std::is_same_v<U, double>)
   constexpr explicit bfloat(U v) : bits(from_float(static_cast<float>(v))) {}
   template <class U>
-    requires std::is_same_v<U, float>
-  constexpr operator U() const { return to_float(bits); }
+    requires(std::is_same_v<U, float> || std::is_integral_v<U>)
+  constexpr operator U() const { return static_cast<U>(to_float(bits)); }
   template <class U>
-    requires(std::is_integral_v<U> || std::is_same_v<U, half>)
+    requires std::is_same_v<U, half>
   constexpr explicit operator U() const { return static_cast<U>(to_float(bits)); }
 
   static constexpr uint16_t from_float(float f) {
@@ -258,6 +258,12 @@ using std::true_type;
 using std::underlying_type;
 using std::underlying_type_t;
 using std::void_t;
+// Apple's internal spellings, which sources reach under `#pragma METAL
+// internals : enable` (MLX's atomic.h).
+template <class... B>
+using _disjunction = std::disjunction<B...>;
+template <class... B>
+using _conjunction = std::conjunction<B...>;
 
 template <class T>
 struct is_floating_point : std::bool_constant<is_float_v<T>> {};

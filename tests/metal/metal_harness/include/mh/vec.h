@@ -4,6 +4,7 @@
 // constructors from any mix of scalars and vectors, element-wise operators.
 #pragma once
 
+#include "mh/space.h"
 #include "mh/swizzles.h"
 #include "mh/types.h"
 
@@ -77,11 +78,12 @@ struct vinfo<swz<T, S, I...>> {
   using elem = T;
 };
 
+// Traits of a value's type without reference, cv or address space (a
+// `device float4` operand is a float4).
 template <class X>
-inline constexpr bool is_swz_v = vinfo<std::remove_cvref_t<X>>::is_swz;
+inline constexpr bool is_swz_v = vinfo<::mh::bare_t<X>>::is_swz;
 template <class X>
-inline constexpr bool is_vecish_v =
-    vinfo<std::remove_cvref_t<X>>::is_vec || vinfo<std::remove_cvref_t<X>>::is_swz;
+inline constexpr bool is_vecish_v = vinfo<::mh::bare_t<X>>::is_vec || vinfo<::mh::bare_t<X>>::is_swz;
 
 // A swizzle as its vector value; everything else unchanged.
 template <class X>
@@ -94,7 +96,7 @@ decltype(auto) tov(const X& x) {
 }
 
 template <class X>
-using vec_of = std::remove_cvref_t<decltype(tov(std::declval<const X&>()))>;
+using vec_of = ::mh::bare_t<decltype(tov(std::declval<const X&>()))>;
 
 } // namespace detail
 

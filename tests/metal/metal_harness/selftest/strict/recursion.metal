@@ -1,5 +1,6 @@
-// Planted defect for the strict pass (test_metal_strict.py): a recursive
-// function (MSL 1.4.4, Restrictions: no recursive calls).
+// Refused by the strict pass below Metal 2.4 (test_metal_strict.py): a recursive
+// function (MSL 1.4.4 up to 2.3, Restrictions: no recursive calls; 2.4 and
+// later list no such restriction, so the file builds at 3.1).
 #include <metal_stdlib>
 using namespace metal;
 

@@ -1,5 +1,6 @@
-// Planted defect for the strict pass (test_metal_strict.py): two functions
-// calling each other, one through a template (MSL 1.4.4: no recursion).
+// Refused by the strict pass below Metal 2.4 (test_metal_strict.py): two
+// functions calling each other, one through a template (MSL 1.4.4 up to
+// 2.3: no recursion; the file builds at 3.1).
 #include <metal_stdlib>
 using namespace metal;
 
