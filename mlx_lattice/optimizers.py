@@ -3,9 +3,10 @@
 ``Adam`` and ``AdamW`` are ``mlx.optimizers.Adam`` / ``AdamW`` (same
 arguments, state layout ``{"step", "learning_rate", <param>: {"m", "v"}}``,
 schedules, ``init`` / ``update`` / ``apply_gradients``, saving and loading
-state). On the CPU a float32 parameter is updated by one multithreaded
-primitive that reads the parameter, its gradient and both moments once and
-writes the three results, where MLX runs about a dozen elementwise ops with a temporary each. The
+state). On the CPU float32 parameters are updated by multithreaded
+primitives (sixteen parameters each: ``CPU_GROUP``) that read each
+parameter, its gradient and both moments once and write the three results,
+where MLX runs about a dozen elementwise ops with a temporary each. The
 results are bitwise those of the MLX optimizers: every step rounds to
 float32 in MLX's order. Other dtypes and Metal streams take MLX's update.
 
@@ -83,9 +84,10 @@ class _FusedAdam:
         return self._scalars
 
     def apply_gradients(self, gradients: dict, parameters: dict):
-        """MLX's ``apply_gradients``; on the CPU every float32 parameter
-        goes through one fused primitive (``_ext.adam_update_group``, each
-        parameter's elements through the same kernel as ``apply_single``),
+        """MLX's ``apply_gradients``; on the CPU the float32 parameters go
+        through fused primitives of ``CPU_GROUP`` parameters each
+        (``_ext.adam_update_group``, each parameter's elements through the
+        same kernel as ``apply_single``),
         on CUDA through ``backends.cuda.adam`` up to sixteen per launch (one
         dtype and rank each) instead of a kernel each."""
         backend = backends.current().name
@@ -152,20 +154,33 @@ class AdamW(_FusedAdam, mopt.AdamW):
         return self.weight_decay
 
 
+# Parameters per CPU update primitive. MLX gives each output of a primitive
+# every input and every other output (siblings), so building one primitive
+# of n parameters costs the host O(n^2): 149 parameters in one took 3.3 ms
+# to build, in groups of 16 0.4 ms.
+CPU_GROUP = 16
+
+
 def _grouped_cpu_update(opt, leaves) -> dict:
     """{leaf index: (parameter, m, v)} of every float32 leaf of ``leaves``
-    ((gradient, parameter, state) each), updated by one CPU primitive."""
-    grouped = [n for n, (g, p, s) in enumerate(leaves) if _fusable(g, p, s)]
-    if not grouped:
-        return {}
+    ((gradient, parameter, state) each), updated by one CPU primitive per
+    ``CPU_GROUP`` of them."""
+    f32 = mx.float32  # _fusable's test, the backend being the CPU already
+    grouped = [n for n, (g, p, s) in enumerate(leaves)
+               if g.dtype == p.dtype == s["m"].dtype == s["v"].dtype == f32 and g.shape == p.shape]
     b1, b2 = opt.betas
-    flat = _ext.adam_update_group(
-        [leaves[n][0] for n in grouped], [leaves[n][1] for n in grouped],
-        [leaves[n][2]["m"] for n in grouped], [leaves[n][2]["v"] for n in grouped], opt._step_scalars(),
-        b1=b1, one_minus_b1=1 - b1, b2=b2, one_minus_b2=1 - b2, eps=opt.eps,
-        bias_correction=bool(opt.bias_correction), decoupled_decay=bool(opt._decay),
-    )
-    return {n: tuple(flat[3 * i:3 * i + 3]) for i, n in enumerate(grouped)}
+    scalars = opt._step_scalars() if grouped else None
+    done = {}
+    for i in range(0, len(grouped), CPU_GROUP):
+        part = grouped[i:i + CPU_GROUP]
+        flat = _ext.adam_update_group(
+            [leaves[n][0] for n in part], [leaves[n][1] for n in part],
+            [leaves[n][2]["m"] for n in part], [leaves[n][2]["v"] for n in part], scalars,
+            b1=b1, one_minus_b1=1 - b1, b2=b2, one_minus_b2=1 - b2, eps=opt.eps,
+            bias_correction=bool(opt.bias_correction), decoupled_decay=bool(opt._decay),
+        )
+        done.update((n, tuple(flat[3 * j:3 * j + 3])) for j, n in enumerate(part))
+    return done
 
 
 def _grouped_cuda_update(opt, leaves) -> dict:

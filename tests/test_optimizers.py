@@ -169,11 +169,13 @@ def test_bad_arguments():
 
 
 @pytest.mark.usefixtures("on_cpu")
-def test_one_primitive_updates_every_parameter(rng):
+@pytest.mark.parametrize("group", [16, 2])
+def test_one_primitive_updates_every_parameter(rng, group, monkeypatch):
     """A step's float32 parameters (any shapes, strided gradients among
-    them) go through one AdamUpdate primitive, with the bits of one
-    primitive per parameter and of MLX's Adam; a float16 parameter keeps
-    MLX's update beside it."""
+    them) go through one AdamUpdate primitive per ``CPU_GROUP`` of them,
+    with the bits of one primitive per parameter and of MLX's Adam; a
+    float16 parameter keeps MLX's update beside it."""
+    monkeypatch.setattr(optim, "CPU_GROUP", group)
     ps = {"a": mx.array(rng.standard_normal((7, 5)).astype(np.float32)),
           "b": [mx.array(rng.standard_normal((40000,)).astype(np.float32)),
                 mx.array(rng.standard_normal((3,)).astype(np.float32))],
@@ -189,7 +191,7 @@ def test_one_primitive_updates_every_parameter(rng):
         b = ref.apply_gradients(gs, b)
         buf = __import__("io").StringIO()
         mx.export_to_dot(buf, a["a"], a["b"], fused.state)
-        assert buf.getvalue().count('label ="AdamUpdate"') == 1
+        assert buf.getvalue().count('label ="AdamUpdate"') == (1 if group == 16 else 2)  # 3 parameters
         mx.eval(a, b, fused.state, ref.state)
     assert [k for k, _ in tree_flatten(a)] == [k for k, _ in tree_flatten(b)]  # tree_map's order
     for (k, x), (_, y) in zip(tree_flatten(a), tree_flatten(b)):
