@@ -9,8 +9,11 @@ those listed before it:
 - ``training_step``: the MinkUNet training step that is timed, its useful
   FLOPs, and the variant with Adam's update compiled.
 - ``spconv_side``: spconv 2.x on the same GPU (optional: torch, spconv).
-- ``cuda_profile``: where a training step's time goes on CUDA, and the
-  benches' one import of the CUDA backend (``cuda_backend()``).
+- ``profile``: where a training step's time goes on any backend (host
+  graph building, evaluation, primitives by kind, memory: ``--profile``).
+- ``cuda_profile``: the same on CUDA with its extras (isolated products,
+  map stages), and the benches' one import of the CUDA backend
+  (``cuda_backend()``).
 - ``layers``: single-layer benches on the CPU (convolution passes and map
   building, grouped layers, attention) and the network row of the table.
 - ``tuner``: pre-tuning a model's shapes, tuned against static routes.

@@ -17,6 +17,7 @@ from .. import _ext, num_threads, scenes
 from .gpu import run_gpu
 from .layers import format_header, format_row, run_attention, run_grouped, run_layer, run_unet, spconv_available
 from .network import run_network_layers
+from .profile import run_cpu_profile
 from .quantized import run_quantized
 from .startup import run_startup
 from .timing import sgemm_gflops
@@ -36,14 +37,16 @@ def main(argv=None) -> int:
     p.add_argument("--channels", default=None,
                    help="with --device gpu or --quantized: comma list of subm channel counts")
     p.add_argument("--profile", action="store_true",
-                   help="with --device gpu: where a MinkUNet training step's time goes (mlx_lattice/bench/cuda_profile.py)")
+                   help="where a MinkUNet training step's time goes: host graph building and evaluation, "
+                        "primitives by kind (mlx_lattice/bench/profile.py; --device gpu: CUDA's, cuda_profile.py)")
     p.add_argument("--grouped", action="store_true",
                    help="grouped and depthwise layers (cpu.grouped_gather) on the first workload")
     p.add_argument("--attention", action="store_true", help="only the CPU serialized-patch attention case")
     p.add_argument("--network-layers", action="store_true",
                    help="every convolution product of a MinkUNet training step by layer and pass (CPU time)")
     p.add_argument("--width", type=float, default=None,
-                   help="the MinkUNet width: with --network-layers (default 0.5) or --quantized (default 1.0)")
+                   help="the MinkUNet width: with --network-layers or --profile on the CPU (default 0.5) "
+                        "or --quantized (default 1.0)")
     p.add_argument("--startup", action="store_true",
                    help="a new process's first training steps, with an empty and a warm kernel cache")
     p.add_argument("--quantized", action="store_true",
@@ -60,6 +63,8 @@ def main(argv=None) -> int:
         return run_network_layers(args)
     if args.startup:
         return run_startup(args)
+    if args.profile and args.device == "cpu":
+        return run_cpu_profile(args)
     if args.device == "gpu":
         return run_gpu(args)
     if args.grouped:

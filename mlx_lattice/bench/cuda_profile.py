@@ -1,8 +1,9 @@
-"""Where a training step's time goes on CUDA: host time building the graph
-(per layer kind, map building with its synchronisations included) against
-the time evaluating it, with maps built inside and with maps cached, the
-number of host synchronisations, the primitives in the step's graph, and the
-isolated time of every convolution product the step runs.
+"""Where a training step's time goes on CUDA: the backend-neutral profile
+(``profile``: host graph building against evaluation, primitives by kind,
+host time by layer kind, memory) with the CUDA map builders' host
+synchronisations counted, plus what only CUDA has here: the isolated time
+of every convolution product the step runs, the stages of building one
+layer's maps, and the evaluation floor of the step's primitives.
 
 ``python -m mlx_lattice.bench --device gpu --profile`` prints it. Times are
 wall-clock between ``mx.eval`` boundaries (MLX queues work lazily: graph
@@ -11,20 +12,18 @@ building on the host and the device's work overlap only inside an eval).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import re
 import time
-from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 import mlx.core as mx
 
 from .. import autodiff, diagnostics, ops
-from ..nn import normalization
 from ..relation import KernelGeometry, Relation
 from ..tensor import SparseTensor
+from . import profile as shared
+# The backend-neutral parts, also reached from here.
+from .profile import format_memory, graph_nodes, host_timers, map_arrays, memory  # noqa: F401
 from .timing import best_time
 
 
@@ -36,51 +35,6 @@ def cuda_backend():
     from ..backends.cuda import maps  # noqa: F401  (reached as cuda.maps)
 
     return cuda
-
-
-@contextlib.contextmanager
-def host_timers():
-    """Accumulate host seconds and calls per category while a graph is built:
-    convolution layers (map building inside them, from the ops' product
-    records), normalisations with an activation or a residual (norm_act's
-    calls, from the norm records), and every ``mx.eval`` (a host
-    synchronisation). The totals fill when the block ends."""
-    acc = defaultdict(float)
-    calls = defaultdict(int)
-
-    def add(label, seconds):
-        acc[label] += seconds
-        calls[label] += 1
-
-    # mx.eval is MLX's (the library owns no hook for it): timed by wrapping
-    # it for the block.
-    orig_eval = mx.eval
-
-    def timed_eval(*a, **k):
-        t0 = time.perf_counter()
-        try:
-            return orig_eval(*a, **k)
-        finally:
-            add("mx.eval", time.perf_counter() - t0)
-
-    with ops.record_products() as products, normalization.record_norms() as norms:
-        mx.eval = timed_eval
-        try:
-            yield acc, calls
-        finally:
-            mx.eval = orig_eval
-    for p in products:
-        add(f"conv {p.kind} k{p.geometry.kernel_size[0]} s{p.geometry.stride[0]}", p.host_s)
-    for n in norms:
-        if n.act is not None or n.residual is not None:
-            add("norm + act", n.host_s)
-
-
-def graph_nodes(*arrays) -> Counter:
-    """Primitives in the graph of these (unevaluated) arrays, by name."""
-    buf = io.StringIO()
-    mx.export_to_dot(buf, *arrays)
-    return Counter(m.group(1) for m in re.finditer(r'label ="([^"]*)", shape=rectangle', buf.getvalue()))
 
 
 def _conv_calls(step, tensor):
@@ -215,145 +169,12 @@ def map_stages(coords, repeats: int) -> dict:
     return out
 
 
-def _arrays(obj, seen: set, out: list):
-    """Every mx.array reachable from ``obj`` through tuples, lists, dicts and
-    dataclass fields, each once."""
-    if isinstance(obj, mx.array):
-        if id(obj) not in seen:
-            seen.add(id(obj))
-            out.append(obj)
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            _arrays(o, seen, out)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            _arrays(o, seen, out)
-    elif hasattr(obj, "__dataclass_fields__"):
-        for name in obj.__dataclass_fields__:
-            _arrays(getattr(obj, name), seen, out)
-
-
-def map_arrays(manager) -> list:
-    """The arrays a coordinate manager keeps for its maps: each GPU
-    coordinate table, each relation's CSR arrays, the neighbour map a GPU
-    builder made, and every derived array built so far (plans, views, the
-    swapped relations' own), each once. Nothing is built by asking."""
-    seen, out, done = set(), [], set()
-
-    def views(v):
-        if v is None or id(v) in done:
-            return
-        done.add(id(v))
-        _arrays(v._cache, seen, out)
-        _arrays((v.native.out_offsets, v.native.in_idx, v.native.k_idx), seen, out)
-        views(getattr(v, "_swapped", None))
-
-    for cset in {id(c): c for c in manager._sets.values()}.values():
-        table = cset.native_table
-        _arrays([getattr(table, name, None) for name in ("keys", "vals")], seen, out)  # GPU tables
-    for rel, _ in manager._relations.values():
-        if rel is None:
-            continue
-        _arrays((rel._native.out_offsets, rel._native.in_idx, rel._native.k_idx), seen, out)
-        if rel.backend != "cpu":  # set by the GPU builders (the CPU's is made on demand)
-            _arrays(rel._native.neighbor_map, seen, out)
-        views(rel._views)
-    return out
-
-
-def memory(step) -> dict:
-    """Bytes of one training step (maps built inside): what stays allocated
-    between steps (parameters, optimizer state, MLX's own), the arrays the
-    sample's maps keep (``map_arrays``), and the peaks of the forward pass
-    alone, of forward and backward, and of the whole step with its update,
-    each measured from the same start."""
-    from .training_step import loss_fn
-
-    step()
-    mx.synchronize()
-    mx.clear_cache()
-    held = mx.get_active_memory()
-    x = step.tensor()
-    mx.reset_peak_memory()
-    loss = loss_fn(step.model, x)  # builds every map of the sample (their synchronisations)
-    kept = map_arrays(x.manager)
-    mx.eval(kept)
-    maps_peak = mx.get_peak_memory()
-    mx.reset_peak_memory()
-    mx.eval(loss)
-    forward_peak = mx.get_peak_memory()
-    del loss
-    mx.reset_peak_memory()
-    loss, grads = step.loss_grad(step.model, x)
-    mx.eval(loss, grads)
-    backward_peak = mx.get_peak_memory()
-    del loss, grads
-    mx.reset_peak_memory()
-    step()
-    return {
-        "held_bytes": held, "map_bytes": sum(a.nbytes for a in kept), "map_arrays": len(kept),
-        "maps_peak_bytes": maps_peak, "forward_peak_bytes": forward_peak,
-        "forward_backward_peak_bytes": backward_peak, "step_peak_bytes": mx.get_peak_memory(),
-    }
-
-
-def format_memory(m: dict) -> str:
-    mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
-    return (f"memory: {mib(m['held_bytes'])} held between steps; the sample's maps keep "
-            f"{mib(m['map_bytes'])} in {m['map_arrays']} arrays; peaks: building the maps "
-            f"{mib(m['maps_peak_bytes'])}, forward {mib(m['forward_peak_bytes'])}, forward + backward "
-            f"{mib(m['forward_backward_peak_bytes'])}, the whole step {mib(m['step_peak_bytes'])}")
-
-
 def profile(step, repeats: int = 5) -> dict:
-    """Profile of a TrainingStep (mlx_lattice/bench/training_step.py) on CUDA."""
+    """Profile of a TrainingStep (mlx_lattice/bench/training_step.py) on CUDA:
+    ``profile.profile``'s, its map synchronisations counted, with the
+    evaluation floor, the isolated products and the map stages."""
     maps = cuda_backend().maps
-    step()  # kernels compiled, optimizer state made
-    # First, while no other sample's maps are alive (the tensors below keep theirs).
-    mem = memory(step)
-    cached_x = step.tensor()
-    step.loss_grad(step.model, cached_x)  # every map of cached_x built
-
-    def phases(tensor_fn):
-        """(host s, eval s, host seconds by category, calls, syncs in maps, nodes).
-        The host and evaluation seconds come from a build as a step makes it;
-        the categories from a second build under the per-layer timers, whose
-        own records (every product's and norm's arguments kept) cost about
-        as much host time again as the build itself."""
-        reads = Counter(maps.READS)
-        t0 = time.perf_counter()
-        x = tensor_fn()
-        loss, grads = step.loss_grad(step.model, x)
-        step.update(grads)
-        t1 = time.perf_counter()
-        syncs = dict(maps.READS - reads)
-        nodes = graph_nodes(loss, step.model.parameters(), step.optimizer.state)
-        t2 = time.perf_counter()
-        mx.eval(loss, step.model.state, step.optimizer.state)
-        t3 = time.perf_counter()
-        with host_timers() as (acc, calls):
-            x = tensor_fn()
-            loss, grads = step.loss_grad(step.model, x)
-            step.update(grads)
-        mx.eval(loss, step.model.state, step.optimizer.state)
-        return t1 - t0, t3 - t2, dict(acc), dict(calls), syncs, nodes
-
-    out = {}
-    for name, fn in (("maps built", step.tensor), ("maps cached", lambda: cached_x)):
-        best = None
-        for _ in range(repeats):
-            r = phases(fn)
-            if best is None or r[0] + r[1] < best[0] + best[1]:
-                best = r
-        out[name] = best
-    step_built = best_time(step, repeats)
-
-    def cached_step():
-        loss, grads = step.loss_grad(step.model, cached_x)
-        step.update(grads)
-        mx.eval(loss, step.model.state, step.optimizer.state)
-
-    step_cached = best_time(cached_step, repeats)
+    p = shared.profile(step, repeats, reads=maps.READS)
 
     # The same graph on every 16th row: as many primitives, a sixteenth of
     # the GPU's work. Its evaluation time is about what dispatching the
@@ -370,33 +191,10 @@ def profile(step, repeats: int = 5) -> dict:
         return time.perf_counter() - t0
 
     small_eval()
-    eval_floor = min(small_eval() for _ in range(repeats))
-    products = conv_device_times(step, cached_x, repeats)
-    # Adam alone on fixed gradients, as MLX ops and compiled into fused kernels.
-    _, grads = step.loss_grad(step.model, cached_x)
-    mx.eval(grads)
-    t_adam = best_time(lambda: (step.optimizer.update(step.model, grads),
-                            mx.eval(step.model.state, step.optimizer.state)), repeats)
-    state = [step.model.state, step.optimizer.state]
-    update = mx.compile(lambda g: step.optimizer.update(step.model, g), inputs=state, outputs=state)
-    t_adam_compiled = best_time(lambda: (update(grads), mx.eval(state)), repeats)
-    # What one small primitive costs: a chain of 1000 dependent adds.
-    z = mx.zeros((1024,), mx.float32)
-    mx.eval(z)
-
-    def chain():
-        a = z
-        for _ in range(1000):
-            a = a + 1.0
-        mx.eval(a)
-
-    t_chain = best_time(chain, repeats)
-    return {
-        "step_built_s": step_built, "step_cached_s": step_cached, "eval_floor_s": eval_floor,
-        "phases": out, "products": products, "adam_s": t_adam,
-        "adam_compiled_s": t_adam_compiled, "primitive_s": t_chain / 1000,
-        "map_stages_s": map_stages(step.coords, repeats), "memory": mem,
-    }
+    p["eval_floor_s"] = min(small_eval() for _ in range(repeats))
+    p["products"] = conv_device_times(step, step.tensor(), repeats)
+    p["map_stages_s"] = map_stages(step.coords, repeats)
+    return p
 
 
 def format_profile(p: dict) -> str:
@@ -407,18 +205,10 @@ def format_profile(p: dict) -> str:
         f"one small primitive (a chain of 1000 adds): {p['primitive_s']*1e6:.1f} us",
         f"evaluation of the step (maps cached) on every 16th row: {p['eval_floor_s']*1e3:.1f} ms "
         "(about what dispatching the step's primitives costs, whatever the rows)",
+        format_memory(p["memory"]),
+        "map stages (each evaluated on its own):",
     ]
-    lines.append(format_memory(p["memory"]))
-    lines.append("map stages (each evaluated on its own):")
     for name, t in p["map_stages_s"].items():
         lines.append(f"   {name:<44} {t*1e3:8.3f} ms")
-    for name, (host, ev, acc, calls, syncs, nodes) in p["phases"].items():
-        top = ", ".join(f"{k} {v}" for k, v in nodes.most_common(8))
-        lines.append(f"-- {name}: host graph building {host*1e3:.1f} ms, eval {ev*1e3:.1f} ms, "
-                     f"map synchronisations {sum(syncs.values())} {syncs}")
-        lines.append(f"   {sum(nodes.values())} primitives in the step's graph ({top}, ...)")
-        if acc:
-            lines.append("   host by category (a second build, under per-layer timers that add their own cost):")
-        for label in sorted(acc, key=lambda k: -acc[k]):
-            lines.append(f"   {label:<24} {calls[label]:>4} calls {acc[label]*1e3:>8.2f} ms host")
+    lines += shared.format_phases(p["phases"])
     return "\n".join(lines)

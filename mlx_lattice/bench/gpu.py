@@ -16,6 +16,7 @@ from ..relation import KernelGeometry, Relation
 from ..tensor import SparseTensor
 from . import cuda_profile, spconv_side
 from .cuda_profile import cuda_backend
+from .profile import phases_json
 from .timing import best_time
 from .training_step import TrainingStep, eager_update_step
 from .workloads import DTYPES, Layer, workload
@@ -196,9 +197,7 @@ def run_gpu_profile(args) -> int:
             p = cuda_profile.profile(TrainingStep(coords, width=width, dtype=DTYPES[dt]), args.repeats or 5)
             print(cuda_profile.format_profile(p), flush=True)
             results.append(dict(workload=wl, width=width, dtype=dt, **{
-                k: v for k, v in p.items() if k != "phases"},
-                phases={k: dict(host_s=v[0], eval_s=v[1], host_by_category_s=v[2], calls=v[3], syncs=v[4],
-                                primitives=dict(v[5])) for k, v in p["phases"].items()}))
+                k: v for k, v in p.items() if k != "phases"}, phases=phases_json(p["phases"])))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
