@@ -43,7 +43,6 @@ BUILTINS = (
 
 # Attributes that need hardware or pipeline state the harness does not model.
 UNSUPPORTED_ATTRS = {
-    "function_constant": "function constants",
     "stage_in": "[[stage_in]] inputs",
     "texture": "textures",
     "sampler": "samplers",
@@ -606,6 +605,50 @@ def _class_specializations(text: str) -> list[tuple[int, int, str]]:
     return edits
 
 
+_SPECIALIZATION_RE = re.compile(r"\btemplate\s*<")
+
+
+def space_specialization_edits(text: str, masked: str, erased: set[str] | None = None) -> list[tuple[int, int, str]]:
+    """Class template specializations that differ only in address spaces
+    (`pointer_element<device T*>`, `<thread T*>`: MLX's type_traits.h) made
+    one where those words are empty, as space_overload_edits does for
+    functions: the first stays, the others are blanked."""
+    erased = set(_SPACE_QUALIFIERS) if erased is None else set(erased) | {"thread"}
+    words = re.compile(r"\b(?:" + "|".join(sorted(erased)) + r")\b(?!_)")
+    scopes = _scope_starts(masked)
+    groups: dict[tuple, list[tuple[int, int, str]]] = {}
+    for m in _SPECIALIZATION_RE.finditer(masked):
+        try:
+            gt = _match_forward(masked, m.end() - 1, "<>")
+        except SourceError:
+            continue
+        head = re.match(r"\s*(?:struct|class|union)\s+[A-Za-z_]\w*\s*<", masked[gt + 1 :])
+        if not head:
+            continue
+        lt = gt + 1 + head.end() - 1
+        try:
+            close = _match_forward(masked, lt, "<>")
+        except SourceError:
+            continue
+        brace = re.match(r"[^;{}]*\{", masked[close + 1 :])
+        if not brace or not words.search(masked[lt:close]):
+            continue
+        body = close + brace.end()
+        end = _match_forward(masked, body, "{}") + 1
+        semi = re.match(r"\s*;", masked[end:])
+        end += semi.end() if semi else 0
+        plain = " ".join(_LINE_MARKER_RE.sub(" ", masked[m.start() : close + 1]).split())
+        key = (scopes[m.start()], " ".join(words.sub(" ", plain).split()))
+        groups.setdefault(key, []).append((m.start(), end, plain))
+    edits = []
+    for members in groups.values():
+        if len({p for _, _, p in members}) < 2:
+            continue
+        for start, end, _ in members[1:]:
+            edits.append((start, end, "".join(c if c == "\n" else " " for c in text[start:end])))
+    return edits
+
+
 def apply_edits(text: str, edits: list[tuple[int, int, str]]) -> str:
     for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         text = text[:start] + repl + text[end:]
@@ -616,7 +659,9 @@ def process(text: str) -> Unit:
     """Parse and rewrite one preprocessed translation unit."""
     # One host function per member overloaded only on address spaces
     # (same length: the offsets below hold).
-    text = apply_edits(text, space_overload_edits(text, _mask_literals(text)) + _class_specializations(text))
+    masked = _mask_literals(text)
+    text = apply_edits(text, space_overload_edits(text, masked) + space_specialization_edits(text, masked)
+                       + _class_specializations(text))
     masked = _mask_literals(text)
     edits: list[tuple[int, int, str]] = []
 

@@ -273,6 +273,22 @@ def _element_kind(code: str, end: int) -> str:
     return "atomic" if name in _ATOMICS else "class"
 
 
+def _points(code: str, end: int) -> bool:
+    """Whether the type after an address-space word at `end` is a pointer or
+    reference (`device const complex64_t* p`, `thread Tile<T, 2>& t`)."""
+    m = re.match(r"\s*(?:(?:const|volatile)\s+)*(?:::\s*)?[A-Za-z_]\w*(?:\s*::\s*[A-Za-z_]\w*)*\s*", code[end : end + 400])
+    if not m:
+        return False
+    i = end + m.end()
+    if i < len(code) and code[i] == "<":
+        try:
+            i = src._match_forward(code, i, "<>") + 1
+        except src.SourceError:
+            return False
+    rest = re.match(r"(?:\s*(?:const|volatile)\b)*\s*(.)", code[i : i + 80])
+    return bool(rest) and rest.group(1) in "*&"
+
+
 def clang_unit(text: str, class_spaces: bool = False) -> str:
     """The scanned text rewritten for the address-space front end; with
     `class_spaces`, objects of class type keep their space too (except
@@ -289,11 +305,10 @@ def clang_unit(text: str, class_spaces: bool = False) -> str:
     for m in _SPACE_WORD.finditer(code):
         if any(a <= m.start() < b for a, b in attr_spans):
             continue
-        kind = _element_kind(code, m.end())
-        if m.start() in tg_decl:
-            drop = kind != "scalar" and not class_spaces
-        else:
-            drop = kind == "class" and not class_spaces
+        # The first run drops every space (C++'s type rules alone); the
+        # second keeps them all and counts only what moves a pointer or
+        # reference between spaces (and MSL's own space rules).
+        drop = not class_spaces
         if drop:
             edits.append((m.start(), m.end(), f"mh_class_{m.group(1)}"))
     # An array parameter in a space (`constant const int64_t strides[2]`):
@@ -308,10 +323,10 @@ def clang_unit(text: str, class_spaces: bool = False) -> str:
         if i >= 0 and code[i] in "(," and _SPACE_WORD.search(code[i + 1 : m.start()]):
             edits.append((m.start(), m.end(), f"*{m.group(1)}"))
     # Function constants: values the pipeline sets, not constant expressions.
-    for fc in src.function_constants(code):
-        edits.append((fc.start, fc.end,
-                      f'static const ::mh::FunctionConstant<{fc.type}, {fc.index}> {fc.name}{{"{fc.name}"}};'))
     replaced: list[tuple[int, int, str]] = []
+    for fc in src.function_constants(code):
+        replaced.append((fc.start, fc.end,
+                         f'static const ::mh::FunctionConstant<{fc.type}, {fc.index}> {fc.name}{{"{fc.name}"}};'))
     for m in src._INSTANCE_RE.finditer(code):  # clang takes no attributes there
         edits.append((m.start("attrs"), m.end("attrs"), " "))
         # An instantiation that spells the parameters is named by decltype
@@ -332,7 +347,9 @@ def clang_unit(text: str, class_spaces: bool = False) -> str:
     # objects' spaces may be gone: functions overloaded on those alone become
     # one (the OpenCL front end, which keeps both, checks the calls).
     erased = {"mh_class_device", "mh_class_constant", "mh_class_threadgroup"}
-    return src.apply_edits(out, src.space_overload_edits(out, src._mask_literals(out), erased, strip_methods=True))
+    masked = src._mask_literals(out)
+    return src.apply_edits(out, src.space_overload_edits(out, masked, erased, strip_methods=True)
+                           + src.space_specialization_edits(out, masked, erased))
 
 
 _CLANG_CANDIDATES = ("clang++-22", "clang++-21", "clang++-20", "clang++-19", "clang++-18", "clang++-17",
@@ -511,6 +528,19 @@ _SPACE_MISMATCH = re.compile(
 )
 
 
+# What the second run counts besides pointers and references moved between
+# spaces: the shim's tagged checks that read spaces (tensor operands) and
+# MSL's rules on where a space may be written.
+_SECOND_RUN_RULES = re.compile(
+    r"^(?:static assertion failed(?: due to requirement '[^']*')?: )?\[[\w-]+\] "
+    r"|automatic variable qualified with an address space"
+)
+
+
+def _counted_in_second_run(group: list[tuple[str, int, str, str]]) -> bool:
+    return _space_mismatch(group) or bool(_SECOND_RUN_RULES.search(group[0][3]))
+
+
 def _space_mismatch(group: list[tuple[str, int, str, str]]) -> bool:
     for file, _, _, msg in group:
         msg = _space_names(msg)
@@ -631,13 +661,14 @@ def diagnose(stderr: str, mismatch_only: bool = False) -> list[Violation]:
     `mismatch_only`, only pointers and references moved between spaces."""
     out = []
     for g in _groups(stderr):
-        if g[0][2] != "error" or (mismatch_only and not _space_mismatch(g)) or _bfloat_in_space(g) \
+        if g[0][2] != "error" or (mismatch_only and not _counted_in_second_run(g)) or _bfloat_in_space(g) \
                 or _class_copy(g) or _string_literal(g) or (_class_object_in_space(g) and not _space_mismatch(g)):
             continue
         sources = [(f, ln) for f, ln, _, _ in g if not _from_headers(f)]
         where = sources[0] if sources else (g[0][0], g[0][1])
         rule, text = _rule_of(g[0][3])
-        if mismatch_only or (rule == "compile" and any(_mentions_space(msg) for _, _, _, msg in g[1:])):
+        if (mismatch_only and _space_mismatch(g)) or (
+                rule == "compile" and any(_mentions_space(msg) for _, _, _, msg in g[1:])):
             note = next((msg for _, _, _, msg in g[1:] if _mentions_space(msg)), None)
             rule, text = "address-space", f"{text} ({_space_names(note)})" if note else _space_names(text)
         v = Violation(_short(where[0]), where[1], rule, text)

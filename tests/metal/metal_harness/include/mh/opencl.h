@@ -206,8 +206,6 @@ template <class T> struct make_signed { using type = __make_signed(T); };
 template <class T> using make_signed_t = typename make_signed<T>::type;
 template <class F, class T> constexpr __constant bool is_convertible_v = __is_convertible_to(F, T);
 template <class F, class T> struct is_convertible : bool_constant<is_convertible_v<F, T>> {};
-template <class T> constexpr __constant bool is_empty_v = __is_empty(T);
-template <class T> struct is_empty : bool_constant<is_empty_v<T>> {};
 template <class T> constexpr __constant bool is_class_v = __is_class(T);
 template <class B, class D> constexpr __constant bool is_base_of_v = __is_base_of(B, D);
 template <class T> struct is_pointer : bool_constant<is_pointer_v<T>> {};
@@ -219,7 +217,6 @@ template <class T> using remove_pointer_t = typename remove_pointer<T>::type;
 template <class T> struct remove_const { using type = T; };
 template <class T> struct remove_const<const T> { using type = T; };
 template <class T> using remove_const_t = typename remove_const<T>::type;
-template <class... T> using void_t = void;
 template <class... B> struct _disjunction : false_type {};
 template <class B, class... R> struct _disjunction<B, R...> : conditional_t<bool(B::value), B, _disjunction<R...>> {};
 template <class... B> struct _conjunction : true_type {};
@@ -426,6 +423,9 @@ template <class T, int R, int C> struct simdgroup_matrix {
   T mh_elems[2];
   simdgroup_matrix() = default;
   explicit simdgroup_matrix(T);
+  // This thread's two elements (MSL 2.3+).
+  T __attribute__((ext_vector_type(2)))& thread_elements();
+  const T __attribute__((ext_vector_type(2)))& thread_elements() const;
 };
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
@@ -507,4 +507,8 @@ typedef half mh_half;
 #define device __global
 #define constant __constant
 #define threadgroup __local
-#define thread __private
+// `thread` is OpenCL's default: an object in a function is private, a
+// pointer or reference generic (MSL's thread space holds a thread's objects
+// and their members, which OpenCL reaches through generic `this`). Pass 2 of
+// the C++ front end tells thread pointers from the other spaces.
+#define thread

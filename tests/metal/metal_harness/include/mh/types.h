@@ -151,9 +151,12 @@ MH_BF_CMP(>=)
 #undef MH_BF_CMP
 
 // ------------------------------------------------------------- type traits
-// <metal_type_traits>: the C++ type traits MSL carries (std's, under
-// metal::), with MSL's own meanings of the arithmetic ones (half and bfloat
-// are floating-point) and its additions (vectors, address spaces).
+// <metal_type_traits>: C++14's type traits under metal:: (with the _v
+// variables sources use), MSL's meanings of the arithmetic ones (half and
+// bfloat are floating-point) and its additions (vectors, address spaces).
+// Not C++17's is_empty, void_t, conjunction and kin: MLX defines is_empty
+// and void_t in namespace metal itself, and reaches disjunction through
+// Apple's internal _disjunction.
 using std::add_const;
 using std::add_const_t;
 using std::add_cv;
@@ -166,42 +169,26 @@ using std::add_rvalue_reference;
 using std::add_rvalue_reference_t;
 using std::add_volatile;
 using std::add_volatile_t;
-using std::alignment_of;
-using std::alignment_of_v;
 using std::bool_constant;
-using std::common_type;
-using std::common_type_t;
 using std::conditional;
 using std::conditional_t;
-using std::conjunction;
-using std::conjunction_v;
 using std::decay;
 using std::decay_t;
 using std::declval;
-using std::disjunction;
-using std::disjunction_v;
 using std::enable_if;
 using std::enable_if_t;
-using std::extent;
-using std::extent_v;
 using std::false_type;
 using std::integral_constant;
 using std::is_array;
 using std::is_array_v;
-using std::is_assignable;
-using std::is_assignable_v;
 using std::is_base_of;
 using std::is_base_of_v;
 using std::is_class;
 using std::is_class_v;
 using std::is_const;
 using std::is_const_v;
-using std::is_constructible;
-using std::is_constructible_v;
 using std::is_convertible;
 using std::is_convertible_v;
-using std::is_empty;
-using std::is_empty_v;
 using std::is_enum;
 using std::is_enum_v;
 using std::is_function;
@@ -220,8 +207,6 @@ using std::is_same;
 using std::is_same_v;
 using std::is_signed;
 using std::is_signed_v;
-using std::is_trivially_copyable;
-using std::is_trivially_copyable_v;
 using std::is_union;
 using std::is_union_v;
 using std::is_unsigned;
@@ -234,18 +219,12 @@ using std::make_signed;
 using std::make_signed_t;
 using std::make_unsigned;
 using std::make_unsigned_t;
-using std::negation;
-using std::negation_v;
-using std::rank;
-using std::rank_v;
 using std::remove_all_extents;
 using std::remove_all_extents_t;
 using std::remove_const;
 using std::remove_const_t;
 using std::remove_cv;
 using std::remove_cv_t;
-using std::remove_cvref;
-using std::remove_cvref_t;
 using std::remove_extent;
 using std::remove_extent_t;
 using std::remove_pointer;
@@ -255,9 +234,6 @@ using std::remove_reference_t;
 using std::remove_volatile;
 using std::remove_volatile_t;
 using std::true_type;
-using std::underlying_type;
-using std::underlying_type_t;
-using std::void_t;
 // Apple's internal spellings, which sources reach under `#pragma METAL
 // internals : enable` (MLX's atomic.h).
 template <class... B>
