@@ -3,8 +3,9 @@
 Every Mac user of MLX installs this wheel. It ships Apple's metal-cpp, MLX's
 Metal backend headers, MLX's own Metal kernel sources and `libmlx.dylib`,
 which makes it the judge of our Mac-side code on any host: the macOS build
-test compiles and links against it, and the strict Metal pass is held to
-the kernels in it.
+test (tests/macbuild/) configures against its CMake package, compiles
+against its headers and links against its libmlx.dylib, and the strict
+Metal pass is held to the kernels in it.
 
 `root()` returns the unpacked wheel's top folder (holding `mlx/include`,
 `mlx/lib`) for the MLX release installed here, or None with `reason()`
@@ -82,3 +83,10 @@ def kernels_dir(version: str | None = None) -> Path | None:
 def libmlx(version: str | None = None) -> Path | None:
     r = root(version)
     return None if r is None else r / "mlx" / "lib" / "libmlx.dylib"
+
+
+def cmake_dir(version: str | None = None) -> Path | None:
+    """MLX's CMake package of the macOS wheel (MLXConfig.cmake, with Metal on
+    and the wheel's include folders and libmlx.dylib as the `mlx` target)."""
+    r = root(version)
+    return None if r is None else r / "mlx" / "share" / "cmake" / "MLX"
