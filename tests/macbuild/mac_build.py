@@ -377,7 +377,7 @@ def compile_unit(cmd: Command, config: str, cache: bool = True) -> Unit:
     if digest is not None:
         OBJECTS.mkdir(parents=True, exist_ok=True)
         tmp = OBJECTS / f"{key}.{os.getpid()}.tmp"
-        shutil.copyfile(cmd.output, tmp)
+        shutil.move(cmd.output, tmp)
         tmp.replace(cached_obj)
         entry.write_text(json.dumps({"source": str(cmd.source), "deps": deps, "digest": digest}))
         unit.object = cached_obj
