@@ -244,10 +244,10 @@ def load(path: str | os.PathLike, include_dirs=(), version: int | None = None) -
     p = p.resolve()
     include_dirs = tuple(str(Path(d).resolve()) for d in include_dirs)
     version = metal_version(p) if version is None else int(version)
-    key = (p, include_dirs, version)
+    loaded = (p, include_dirs, version)
     with _lock:
-        if key in _programs:
-            return _programs[key]
+        if loaded in _programs:
+            return _programs[loaded]
         text = scan(p, include_dirs, version)
         # Apple's compiler first: what it rejects never reaches the executor.
         try:
@@ -278,5 +278,5 @@ def load(path: str | os.PathLike, include_dirs=(), version: int | None = None) -
                     if os.path.exists(t):
                         os.unlink(t)
         prog = Program(p, unit, so)
-        _programs[key] = prog
+        _programs[loaded] = prog
         return prog

@@ -89,7 +89,7 @@ def kernel_defs(text: str) -> list[KernelDef]:
         if not _is_kernel(m.group("pre")):
             continue
         close = src._match_forward(code, m.end() - 1)
-        if not code[close + 1 :].lstrip().startswith("{"):
+        if not code[close + 1 : close + 2000].lstrip().startswith("{"):
             continue
         end = src._match_forward(code, code.index("{", close), "{}") + 1
         head = src.template_start(code, m.start())
@@ -163,9 +163,7 @@ def _complete_types(params: str) -> str:
 
 
 def _edit(text: str, edits: list[tuple[int, int, str]]) -> str:
-    for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
-        text = text[:start] + repl + text[end:]
-    return text
+    return src.apply_edits(text, edits)
 
 
 def _is_kernel(pre: str) -> bool:
@@ -251,7 +249,7 @@ def unit(text: str) -> Unit:
             gt = src._match_forward(code, m.end() - 1, "<>")
         except src.SourceError:
             continue
-        after = re.match(r"\s*\(", code[gt + 1 :])
+        after = re.match(r"\s*\(", code[gt + 1 : gt + 200])
         if after and not re.search(r"\boperator\s*$", code[: m.start()]):
             edits.append((m.start(), gt + 1 + after.end(), f"::mh::make<metal::vec<{code[m.end() : gt]}>>("))
     # Function constants: program-scope constants whose value the pipeline

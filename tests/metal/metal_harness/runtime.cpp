@@ -969,6 +969,14 @@ void* rt_tg_buffer(int index, const char* param) {
   return g_tg_buffers[index].data;
 }
 
+void* rt_absent_buffer() {
+  static void* page = [] {
+    void* p = mmap(nullptr, kPage, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }();
+  return page;
+}
+
 bool rt_function_constant(int index, void* out, size_t size) {
   const LaunchDesc* L = g_launch;
   for (int i = 0; L && i < L->n_constants; ++i) {

@@ -204,7 +204,8 @@ def host_name(attrs: str) -> str | None:
 
 def template_start(masked: str, start: int) -> int:
     """Offset of the `template` keyword heading the declaration at `start`, or -1."""
-    head = masked[:start].rstrip()
+    head = masked[max(0, start - 20000) : start].rstrip()
+    offset = max(0, start - 20000)
     if not head.endswith(">"):
         return -1
     depth = 0
@@ -215,7 +216,7 @@ def template_start(masked: str, start: int) -> int:
             depth -= 1
             if depth == 0:
                 before = head[:i].rstrip()
-                return len(before) - len("template") if before.endswith("template") else -1
+                return offset + len(before) - len("template") if before.endswith("template") else -1
     return -1
 
 
@@ -440,7 +441,7 @@ def _declaration_start(masked: str, name_at: int) -> int:
             depth -= 1
         elif depth == 0 and c in ";{}":
             break
-        elif depth == 0 and c == ":" and re.search(r"\b(?:public|private|protected)\s*$", masked[:i]):
+        elif depth == 0 and c == ":" and re.search(r"\b(?:public|private|protected)\s*$", masked[max(0, i - 40) : i]):
             break
         i -= 1
     return i + 1
@@ -530,7 +531,7 @@ def space_overload_edits(text: str, masked: str, erased: set[str] | None = None,
         open_paren = _open_paren(masked, close)
         if open_paren < 0:
             continue
-        before = masked[:open_paren].rstrip()
+        before = masked[max(0, open_paren - 400) : open_paren].rstrip()
         name = re.search(r"(?:operator\b[^;{}()]*?|[~A-Za-z_]\w*)\s*$", before)
         if not name or name.group(0).strip() in _NOT_FUNCTIONS or before.endswith("]"):
             continue
@@ -606,6 +607,9 @@ def _class_specializations(text: str) -> list[tuple[int, int, str]]:
 
 
 _SPECIALIZATION_RE = re.compile(r"\btemplate\s*<")
+_SPECIALIZED_CLASS_RE = re.compile(r"\s*(?:struct|class|union)\s+[A-Za-z_]\w*\s*<")
+_TO_BRACE_RE = re.compile(r"[^;{}]*\{")
+_SEMICOLON_RE = re.compile(r"\s*;")
 
 
 def space_specialization_edits(text: str, masked: str, erased: set[str] | None = None) -> list[tuple[int, int, str]]:
@@ -622,21 +626,21 @@ def space_specialization_edits(text: str, masked: str, erased: set[str] | None =
             gt = _match_forward(masked, m.end() - 1, "<>")
         except SourceError:
             continue
-        head = re.match(r"\s*(?:struct|class|union)\s+[A-Za-z_]\w*\s*<", masked[gt + 1 :])
+        head = _SPECIALIZED_CLASS_RE.match(masked, gt + 1)
         if not head:
             continue
-        lt = gt + 1 + head.end() - 1
+        lt = head.end() - 1
         try:
             close = _match_forward(masked, lt, "<>")
         except SourceError:
             continue
-        brace = re.match(r"[^;{}]*\{", masked[close + 1 :])
+        brace = _TO_BRACE_RE.match(masked, close + 1)
         if not brace or not words.search(masked[lt:close]):
             continue
-        body = close + brace.end()
+        body = brace.end() - 1
         end = _match_forward(masked, body, "{}") + 1
-        semi = re.match(r"\s*;", masked[end:])
-        end += semi.end() if semi else 0
+        semi = _SEMICOLON_RE.match(masked, end)
+        end = semi.end() if semi else end
         plain = " ".join(_LINE_MARKER_RE.sub(" ", masked[m.start() : close + 1]).split())
         key = (scopes[m.start()], " ".join(words.sub(" ", plain).split()))
         groups.setdefault(key, []).append((m.start(), end, plain))
@@ -650,9 +654,18 @@ def space_specialization_edits(text: str, masked: str, erased: set[str] | None =
 
 
 def apply_edits(text: str, edits: list[tuple[int, int, str]]) -> str:
-    for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
-        text = text[:start] + repl + text[end:]
-    return text
+    """The text with each (start, end, replacement) applied, in one pass: an
+    insertion at a replaced span's start goes before it, and an edit inside
+    a span another edit replaces is dropped (that edit rewrites it whole)."""
+    out, at = [], 0
+    for start, end, repl in sorted(edits, key=lambda e: (e[0], e[1])):
+        if start < at:
+            continue
+        out.append(text[at:start])
+        out.append(repl)
+        at = max(at, end)
+    out.append(text[at:])
+    return "".join(out)
 
 
 def process(text: str) -> Unit:
@@ -679,7 +692,7 @@ def process(text: str) -> Unit:
         name = m.group("name")
         open_paren = m.end() - 1
         close = _match_forward(masked, open_paren)
-        if not masked[close + 1 :].lstrip().startswith("{"):
+        if not masked[close + 1 : close + 2000].lstrip().startswith("{"):
             continue  # a declaration; the definition comes elsewhere
         body_open = masked.index("{", close)
         body_end = _match_forward(masked, body_open, "{}")

@@ -72,7 +72,7 @@ inline P make_arg(const Param& p) {
   using D = std::remove_cv_t<std::remove_reference_t<P>>;
   if constexpr (std::is_pointer_v<D>) {
     if (p.enabled && !p.enabled()) {
-      return nullptr;  // absent from this pipeline: nothing is bound
+      return reinterpret_cast<D>(rt_absent_buffer());  // absent from this pipeline
     }
     if (p.kind == 'b') {
       return reinterpret_cast<D>(rt_buffer(p.index, 0, p.name));
@@ -82,6 +82,9 @@ inline P make_arg(const Param& p) {
     }
     rt_fail("pointer parameter '%s' needs a [[buffer(n)]] or [[threadgroup(n)]] attribute", p.name);
   } else if constexpr (std::is_reference_v<P>) {
+    if (p.enabled && !p.enabled()) {
+      return *reinterpret_cast<std::remove_reference_t<P>*>(rt_absent_buffer());
+    }
     if (p.kind != 'b') {
       rt_fail("reference parameter '%s' needs a [[buffer(n)]] attribute", p.name);
     }

@@ -83,6 +83,11 @@ void rt_count_matrix_macs(uint64_t n);
 void* rt_buffer(int index, size_t min_bytes, const char* param);
 void* rt_tg_buffer(int index, const char* param);
 
+// Storage for a buffer parameter that a false function constant removes from
+// the pipeline: one read-only page of zeros (a kernel's dead reads through it
+// see 0, a write faults).
+void* rt_absent_buffer();
+
 // The value of function constant `index` at this dispatch (`size` bytes into
 // `out`); false where the dispatch gives it none.
 bool rt_function_constant(int index, void* out, size_t size);
