@@ -227,9 +227,9 @@ class BatchNorm(mnn.Module):
         (the variance unbiased), from the fused kernel's (1, C) statistics,
         for running statistics in another dtype than float32 (a model cast
         with set_dtype): MLX's expressions, once; their result is float32.
-        Float32 ones are the backend's (``norm_running``: one primitive on
-        the CPU, none of its own on CUDA, where the statistics' kernel forms
-        them, with MLX's float32 roundings)."""
+        Float32 ones are the backend's (``norm_running``: inside the norm's
+        own primitive on the CPU, none of its own on CUDA, where the
+        statistics' kernel forms them, with MLX's float32 roundings)."""
         mu = self.momentum
         rm, rv = self.running_mean, self.running_var
         mean, var = mx.stop_gradient(mean.reshape(-1)), mx.stop_gradient(var.reshape(-1))
