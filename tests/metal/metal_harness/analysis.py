@@ -538,8 +538,8 @@ class _Uniformity:
         if k in _BRANCHES or k in _LOOPS:
             t, parts = self._condition(n)
             inner = [(t, n, False)]
-            if k in _LOOPS:  # a divergent break or continue splits the later iterations
-                t = t | self._exits(parts[0], ("BreakStmt", "ContinueStmt"))
+            if k in _LOOPS:  # a divergent break splits the later iterations (a continue, the rest of one)
+                t = t | self._exits(parts[0], ("BreakStmt",))
                 inner = [(t, n, False)]
                 r = self._exits(parts[0], ("ReturnStmt",))
                 if r:
@@ -551,12 +551,15 @@ class _Uniformity:
             self._visit(kids[0], controls, out, kernel)
             self._visit(kids[1], controls + [(self.expr(kids[0]), n, False)], out, kernel)
             return
-        if k == "CompoundStmt":  # after a divergent return, the rest runs in fewer threads
+        if k == "CompoundStmt":  # after a divergent return or continue, the rest runs in fewer threads
             for c in kids:
                 self._visit(c, controls, out, kernel)
                 t = self._exits(c, ("ReturnStmt",))
                 if t:
                     controls = controls + [(t, c, kernel)]
+                t = self._exits(c, ("ContinueStmt",))
+                if t:
+                    controls = controls + [(t, c, False)]
             return
         if k in ("CallExpr", "CXXMemberCallExpr"):
             callee = next(iter(_calls(n, self.w)), None)

@@ -144,8 +144,6 @@ _SUBSET = [
     ("dynamic_cast", r"\bdynamic_cast\b", "MSL does not support dynamic_cast"),
     ("typeid", r"\btypeid\b", "MSL does not support type identification (typeid)"),
     ("noexcept", r"\bnoexcept\s*\(", "MSL does not support the noexcept operator"),
-    ("lambda", r"(?:[=(,{;?:]|\breturn)\s*\[[^\[\]]*\]\s*(?:\(|\{|mutable\b)",
-     "MSL does not support lambda expressions"),
     ("std", r"\bstd\s*::", "the C++ standard library is not available in MSL (std::)"),
 ]
 _SUBSET_RE = [(rule, re.compile(rx), msg) for rule, rx, msg in _SUBSET]
@@ -154,11 +152,14 @@ _SUBSET_RE = [(rule, re.compile(rx), msg) for rule, rx, msg in _SUBSET]
 _VERSIONED = [
     ("version", r"\batomic_float\b", 300, "atomic_float needs Metal 3.0"),
     ("version", r"\bbfloat(?:[234])?\b", 310, "bfloat needs Metal 3.1"),
+    ("lambda", r"(?:[=(,{;?:]|\breturn)\s*\[[^\[\]]*\]\s*(?:\(|\{|mutable\b)", 400,
+     "MSL does not support lambda expressions before Metal 4.0 (MSL 4 is based on C++17; MLX's NAX kernels use them)"),
     ("version", r"\bmpp\s*::|\bcooperative_tensor\b|\bexecution_simdgroups?\b|\btensor_inline\b|\bdextents\b",
      400, "tensors and tensor operations need Metal 4.0"),
 ]
 _VERSIONED_RE = [(rule, re.compile(rx), v, msg) for rule, rx, v, msg in _VERSIONED]
 _VERSIONED_HEADERS = {
+    "metal_logging": 320,
     "metal_tensor": 400,
     "MetalPerformancePrimitives.h": 400,
 }
@@ -208,7 +209,8 @@ def scan_rules(text: str, version: int) -> list[Violation]:
     for rule, rx, need, msg in _VERSIONED_RE:
         if version < need:
             for m in rx.finditer(code):
-                add(m.start(), rule, f"{msg}; this file compiles as {version_text(version)}")
+                add(m.start(), rule, f"{msg}; this file compiles as {version_text(version)}" if rule == "version"
+                    else msg)
 
     found += _kernel_parameter_rules(text, code, at)
     return sorted(set(found), key=lambda v: (v.file, v.line, v.rule))

@@ -10,6 +10,7 @@
 #include "mh/simd.h"
 #include "mh/bind.h"
 #include "mh/tensor.h"
+#include "mh/logging.h"
 
 namespace mh {
 // Storage for a `threadgroup` variable; the source pre-pass rewrites

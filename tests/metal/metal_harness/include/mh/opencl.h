@@ -110,6 +110,7 @@ template <class T> struct space<__global T> { static constexpr __constant int va
 template <class T> struct space<__constant T> { static constexpr __constant int value = kConstant; using type = T; };
 template <class T> struct space<__local T> { static constexpr __constant int value = kThreadgroup; using type = T; };
 template <class T> struct space<__generic T> { static constexpr __constant int value = kGeneric; using type = T; };
+template <class T> struct space<__private T> { static constexpr __constant int value = kThread; using type = T; };
 
 template <class T> struct bare { using type = T; };
 template <class T> struct bare<const T> : bare<T> {};
@@ -184,8 +185,7 @@ template <class T> using remove_address_space_t = typename remove_address_space<
 template <class T> using remove_addrspace = remove_address_space<T>;
 template <class T> using remove_addrspace_t = remove_address_space_t<T>;
 template <class T> T&& declval();
-template <class T> constexpr __constant bool is_integral_v =
-    __is_integral(T) && !is_same_v<remove_cv_t<T>, bool>;
+template <class T> constexpr __constant bool is_integral_v = __is_integral(T);  // bool too, as in C++
 template <class T> constexpr __constant bool is_floating_point_v =
     is_same_v<remove_cv_t<T>, float> || is_same_v<remove_cv_t<T>, half> || is_same_v<remove_cv_t<T>, bfloat>;
 template <class T> constexpr __constant bool is_arithmetic_v = __is_integral(T) || is_floating_point_v<T>;
@@ -230,6 +230,15 @@ template <class T> struct uniform {
 };
 template <class T> uniform<T> make_uniform(T);
 template <class T> bool is_function_constant_defined(T);
+// <metal_logging> (3.2): os_log, its strings in constant memory.
+struct os_log {
+  constexpr os_log(__constant const char*, __constant const char*) {}
+  template <class... A> void log_debug(__constant const char*, A...) const {}
+  template <class... A> void log_info(__constant const char*, A...) const {}
+  template <class... A> void log_error(__constant const char*, A...) const {}
+  template <class... A> void log_fault(__constant const char*, A...) const {}
+  template <class... A> void log(__constant const char*, A...) const {}
+};
 
 // numeric_limits with values: sources use them in constant expressions.
 template <class T> struct numeric_limits {
@@ -479,6 +488,8 @@ template <class T> struct mh_cooperative {
 template <long D, class Scope> struct matmul2d {
   template <class... A> void run(const A&...);
   template <class L, class R, class T> mh_cooperative<T> get_destination_cooperative_tensor() const;
+  template <class L, class R, class T> mh_cooperative<L> get_left_input_cooperative_tensor() const;
+  template <class L, class R, class T> mh_cooperative<R> get_right_input_cooperative_tensor() const;
 };
 } // namespace tensor_ops
 } // namespace mpp

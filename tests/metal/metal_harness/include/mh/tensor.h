@@ -64,6 +64,7 @@
 #include <type_traits>
 
 #include "mh/rt.h"
+#include "mh/simd.h"
 #include "mh/space.h"
 #include "mh/types.h"
 
@@ -228,9 +229,56 @@ struct is_execution_scope<metal::execution_simdgroups<N>> : std::true_type {};
 template <size_t N>
 struct is_execution_scope<metal::execution_threads<N>> : std::true_type {};
 
-// Layout tag of an m x n matmul2d destination spread over `Threads` threads.
+// How an R x C matrix held in a cooperative tensor is spread over the
+// `Threads` threads of its scope. One simdgroup and 16-element-aligned
+// shapes: Apple's 16 x 16 fragments, as MLX's NAX kernels read them
+// (steel/gemm/nax.h, BaseNAXFrag::get_coord): fragments in row-major order,
+// 8 elements each; lane l holds rows fm and fm + 8 and columns fn to fn + 3
+// of each, with q = l / 4, fm = (q & 4) | ((l / 2) & 3), fn = ((q & 2) |
+// (l & 1)) * 4, slot 4 * i + j at (fm + 8 i, fn + j). Other scopes and
+// shapes (no public layout): element e = slot * Threads + thread, row-major.
+template <int R, int C, int Threads>
+struct CoopLayout {
+  static constexpr int rows = R;
+  static constexpr int cols = C;
+  static constexpr bool fragments = Threads == 32 && R % 16 == 0 && C % 16 == 0;
+  static constexpr int capacity = fragments ? R * C / 32 : (R * C + Threads - 1) / Threads;
+
+  // (row, column) of slot i of thread `owner`; false past the matrix.
+  static bool element(int owner, int i, int& r, int& c) {
+    if constexpr (fragments) {
+      const int frag = i / 8, e = i % 8;
+      const int q = owner >> 2;
+      r = (frag / (C / 16)) * 16 + ((q & 4) | ((owner >> 1) & 3)) + (e / 4) * 8;
+      c = (frag % (C / 16)) * 16 + ((q & 2) | (owner & 1)) * 4 + e % 4;
+      return i < capacity;
+    } else {
+      const int e = i * Threads + owner;
+      r = e / C;
+      c = e % C;
+      return e < R * C;
+    }
+  }
+};
+
+// The roles of matmul2d's cooperative tensors: the destination (m x n) and
+// the left (m x k, or k x m transposed) and right (k x n, or n x k) inputs,
+// each as its tensor stores it.
 template <int M, int N, int Threads>
-struct MatmulDestination {};
+struct MatmulDestination {
+  using layout = CoopLayout<M, N, Threads>;
+  static constexpr int threads = Threads;
+};
+template <int R, int C, int Threads>
+struct MatmulLeft {
+  using layout = CoopLayout<R, C, Threads>;
+  static constexpr int threads = Threads;
+};
+template <int R, int C, int Threads>
+struct MatmulRight {
+  using layout = CoopLayout<R, C, Threads>;
+  static constexpr int threads = Threads;
+};
 
 template <class Scope>
 struct ScopeThreads {
@@ -241,16 +289,18 @@ struct ScopeThreads<metal::execution_simdgroups<N>> {
   static constexpr int value = 32 * int(N);
 };
 
-// This thread's index in a scope of `threads` threads covering the whole
-// threadgroup; fails the launch when the threadgroup has another size.
+// This thread's index in its scope of `threads` threads: the threadgroup's
+// simdgroups form scopes of `threads / 32` consecutive simdgroups (one
+// simdgroup each for execution_simdgroup, MLX's NAX tiles); fails the launch
+// when the threadgroup's size is not a multiple of the scope's.
 inline int scope_thread(int threads, const char* what) {
   const ThreadInfo* t = g_thread;
   const uint32_t n = t->group_size[0] * t->group_size[1] * t->group_size[2];
-  if (n != uint32_t(threads)) {
+  if (n % uint32_t(threads) != 0) {
     rt_fail("%s: the operation's scope is execution_simdgroups<%d> (%d threads) but the threadgroup has %u threads",
             what, threads / 32, threads, n);
   }
-  return int(t->local_index);
+  return int(t->local_index % uint32_t(threads));
 }
 
 template <class T>
@@ -265,9 +315,12 @@ namespace metal {
 template <class ElementType, class Extents, class Layout>
 struct cooperative_tensor;
 
-template <class T, int M, int N, int Threads>
-struct cooperative_tensor<T, dextents<int, 2>, mh::MatmulDestination<M, N, Threads>> {
-  static constexpr int mh_capacity = (M * N + Threads - 1) / Threads;
+template <class T, class Role>
+struct cooperative_tensor<T, dextents<int, 2>, Role> {
+  using layout = typename Role::layout;
+  using element_type = T;
+  static constexpr int mh_capacity = layout::capacity;
+  static constexpr int mh_threads = Role::threads;
   T mh_v[mh_capacity];
 
   cooperative_tensor() {
@@ -276,17 +329,17 @@ struct cooperative_tensor<T, dextents<int, 2>, mh::MatmulDestination<M, N, Threa
     }
   }
   static constexpr uint16_t get_capacity() { return uint16_t(mh_capacity); }
-  T& operator[](int i) { return mh_v[i]; }
-  const T& operator[](int i) const { return mh_v[i]; }
-
-  // Element (m, n) of slot i of this thread, or false when the slot is past
-  // the end of the tile.
-  static bool mh_element(int owner, int i, int& m, int& n) {
-    const int e = i * Threads + owner;
-    m = e / N;
-    n = e % N;
-    return e < M * N;
+  T& operator[](int i) { return mh_v[mh_slot(i)]; }
+  const T& operator[](int i) const { return mh_v[mh_slot(i)]; }
+  static int mh_slot(int i) {
+    if (i < 0 || i >= mh_capacity) {
+      ::mh::rt_fail("cooperative tensor index %d outside its capacity %d", i, mh_capacity);
+    }
+    return i;
   }
+
+  // Element (r, c) of slot i of this thread, or false past the matrix.
+  static bool mh_element(int owner, int i, int& r, int& c) { return layout::element(owner, i, r, c); }
 
   // Apple's headers require the tensor's element type to be the
   // cooperative tensor's (no conversion on load or store).
@@ -301,11 +354,11 @@ struct cooperative_tensor<T, dextents<int, 2>, mh::MatmulDestination<M, N, Threa
   template <class View>
   void store(const View& dst) const {
     mh_check_view<View>();
-    const int owner = mh::scope_thread(Threads, "cooperative_tensor::store");
+    const int owner = mh::scope_thread(mh_threads, "cooperative_tensor::store");
     for (int i = 0; i < mh_capacity; ++i) {
-      int m, n;
-      if (mh_element(owner, i, m, n) && dst.mh_inside(n, m)) {
-        *dst.mh_at(n, m) = mh_v[i];
+      int r, c;
+      if (mh_element(owner, i, r, c) && dst.mh_inside(c, r)) {
+        *dst.mh_at(c, r) = mh_v[i];
       }
     }
   }
@@ -314,11 +367,43 @@ struct cooperative_tensor<T, dextents<int, 2>, mh::MatmulDestination<M, N, Threa
   template <class View>
   void load(const View& src) {
     mh_check_view<View>();
-    const int owner = mh::scope_thread(Threads, "cooperative_tensor::load");
+    const int owner = mh::scope_thread(mh_threads, "cooperative_tensor::load");
     for (int i = 0; i < mh_capacity; ++i) {
-      int m, n;
-      if (mh_element(owner, i, m, n) && src.mh_inside(n, m)) {
-        mh_v[i] = *src.mh_at(n, m);
+      int r, c;
+      if (mh_element(owner, i, r, c) && src.mh_inside(c, r)) {
+        mh_v[i] = *src.mh_at(c, r);
+      }
+    }
+  }
+
+  // The whole matrix, as floats (row-major), from every thread's slots: a
+  // simd-group exchange at the caller's site (one simdgroup scopes only).
+  void mh_gather(float* out, const std::source_location& loc) const {
+    static_assert(mh_threads == 32, "cooperative operands of matmul2d are emulated for execution_simdgroup scopes only");
+    struct Chunk {
+      unsigned char b[::mh::kSlotBytes];
+    };
+    constexpr int bytes = int(sizeof(mh_v));
+    unsigned char mine[(bytes + ::mh::kSlotBytes - 1) / ::mh::kSlotBytes * ::mh::kSlotBytes] = {};
+    std::memcpy(mine, static_cast<const void*>(mh_v), bytes);
+    unsigned char all[32][sizeof(mine)];  // this fiber's copy: others run between the chunks
+    for (int at = 0; at < bytes; at += ::mh::kSlotBytes) {
+      Chunk ch;
+      std::memcpy(ch.b, mine + at, sizeof(ch.b));
+      auto g = detail::gather(ch, "matmul2d::run", loc);
+      for (uint l = 0; l < 32; ++l) {
+        const Chunk got = g.template at<Chunk>(l);
+        std::memcpy(&all[l][at], got.b, sizeof(got.b));
+      }
+    }
+    for (int l = 0; l < 32; ++l) {
+      for (int i = 0; i < mh_capacity; ++i) {
+        int r, c;
+        if (mh_element(l, i, r, c)) {
+          T v;
+          std::memcpy(static_cast<void*>(&v), &all[l][i * sizeof(T)], sizeof(T));
+          out[r * layout::cols + c] = float(v);
+        }
       }
     }
   }
@@ -332,6 +417,17 @@ struct IsCooperative : std::false_type {};
 template <class T, class E, class L>
 struct IsCooperative<metal::cooperative_tensor<T, E, L>> : std::true_type {
   using element = T;
+};
+// Elements (and columns) of a cooperative tensor's whole matrix; 1 for others.
+template <class D>
+struct CoopSize {
+  static constexpr int value = 1;
+  static constexpr int cols = 1;
+};
+template <class T, class E, class L>
+struct CoopSize<metal::cooperative_tensor<T, E, L>> {
+  static constexpr int value = L::layout::rows * L::layout::cols;
+  static constexpr int cols = L::layout::cols;
 };
 } // namespace mh
 
@@ -372,9 +468,21 @@ class matmul2d {
   static constexpr matmul2d_descriptor descriptor = Descriptor;
   using scope = Scope;
   static constexpr int mh_threads = mh::ScopeThreads<Scope>::value;
+  static constexpr bool mh_dynamic_k = Descriptor.k == static_cast<int>(metal::dynamic_extent);
   template <class T>
   using mh_destination = metal::cooperative_tensor<
       T, metal::dextents<int, 2>, mh::MatmulDestination<Descriptor.m, Descriptor.n, mh_threads>>;
+  // The inputs as their tensors store them (transposed: k x m, n x k).
+  template <class T>
+  using mh_left = metal::cooperative_tensor<
+      T, metal::dextents<int, 2>,
+      mh::MatmulLeft<Descriptor.transpose_left ? Descriptor.k : Descriptor.m,
+                     Descriptor.transpose_left ? Descriptor.m : Descriptor.k, mh_threads>>;
+  template <class T>
+  using mh_right = metal::cooperative_tensor<
+      T, metal::dextents<int, 2>,
+      mh::MatmulRight<Descriptor.transpose_right ? Descriptor.n : Descriptor.k,
+                      Descriptor.transpose_right ? Descriptor.k : Descriptor.n, mh_threads>>;
 
   // The operand types may come from decltype of locals, with references,
   // cv and address spaces: those are stripped, as the headers do.
@@ -391,14 +499,57 @@ class matmul2d {
     return mh_destination<ElementType>();
   }
 
+  // Cooperative left and right inputs, given the element types of the left,
+  // right and destination operands (the left's or the right's is the
+  // tensor's); a static k.
+  template <class LeftType, class RightType, class DestinationType>
+  mh_left<LeftType> get_left_input_cooperative_tensor() const {
+    mh_check_input_types<LeftType, RightType, DestinationType>();
+    mh::scope_thread(mh_threads, "matmul2d::get_left_input_cooperative_tensor");
+    return mh_left<LeftType>();
+  }
+  template <class LeftType, class RightType, class DestinationType>
+  mh_right<RightType> get_right_input_cooperative_tensor() const {
+    mh_check_input_types<LeftType, RightType, DestinationType>();
+    mh::scope_thread(mh_threads, "matmul2d::get_right_input_cooperative_tensor");
+    return mh_right<RightType>();
+  }
+
+  template <class LeftType, class RightType, class DestinationType>
+  static constexpr void mh_check_input_types() {
+    static_assert(!mh_dynamic_k, "[tensor-ops] cooperative inputs need the descriptor's static k");
+    static_assert(mh::matmul_types_supported<LeftType, RightType, DestinationType>(),
+                  "[tensor-ops] matmul2d does not support this combination of left, right and destination element types");
+    static_assert(mh::emulated_type_v<LeftType> && mh::emulated_type_v<RightType> && mh::emulated_type_v<DestinationType>,
+                  "emulated operand types: float, half, bfloat");
+  }
+
+  // C = A B (+ C): tensors or this op's cooperative tensors. Cooperative
+  // inputs are exchanged in the simdgroup first (a collective at the call);
+  // each thread then computes the destination elements it owns from the
+  // operands as they are (no synchronisation beyond that).
   template <class Left, class Right, class D>
-  void run(Left& left, Right& right, D& destination) const {
-    static_assert(mh::is_tensor_v<Left> && mh::is_tensor_v<Right>,
-                  "the harness emulates tensor left and right operands only (no cooperative inputs)");
-    mh::check_tensor_operand<Left>();
-    mh::check_tensor_operand<Right>();
-    using LT = typename mh::TensorTraits<mh::bare_t<Left>>::element;
-    using RT = typename mh::TensorTraits<mh::bare_t<Right>>::element;
+  void run(Left& left, Right& right, D& destination, MH_HERE) const {
+    using L0 = mh::bare_t<Left>;
+    using R0 = mh::bare_t<Right>;
+    constexpr bool coop_left = mh::IsCooperative<L0>::value;
+    constexpr bool coop_right = mh::IsCooperative<R0>::value;
+    static_assert(mh::is_tensor_v<Left> || coop_left, "[tensor-ops] matmul2d's left operand is a tensor or a cooperative tensor");
+    static_assert(mh::is_tensor_v<Right> || coop_right, "[tensor-ops] matmul2d's right operand is a tensor or a cooperative tensor");
+    if constexpr (!coop_left) {
+      mh::check_tensor_operand<Left>();
+    } else {
+      static_assert(std::is_same_v<L0, mh_left<typename L0::element_type>>,
+                    "[tensor-ops] the left cooperative tensor comes from this op's get_left_input_cooperative_tensor");
+    }
+    if constexpr (!coop_right) {
+      mh::check_tensor_operand<Right>();
+    } else {
+      static_assert(std::is_same_v<R0, mh_right<typename R0::element_type>>,
+                    "[tensor-ops] the right cooperative tensor comes from this op's get_right_input_cooperative_tensor");
+    }
+    using LT = std::conditional_t<coop_left, mh::IsCooperative<L0>, mh::TensorTraits<L0>>::element;
+    using RT = std::conditional_t<coop_right, mh::IsCooperative<R0>, mh::TensorTraits<R0>>::element;
     using DT = typename std::conditional_t<mh::IsCooperative<D>::value, mh::IsCooperative<D>,
                                            mh::TensorTraits<mh::bare_t<D>>>::element;
     if constexpr (!mh::IsCooperative<D>::value) {
@@ -409,45 +560,71 @@ class matmul2d {
     static_assert(mh::emulated_type_v<LT> && mh::emulated_type_v<RT> && mh::emulated_type_v<DT>,
                   "emulated operand types: float, half, bfloat");
     const int owner = mh::scope_thread(mh_threads, "matmul2d::run");
-    constexpr bool dynamic_k = Descriptor.k == static_cast<int>(metal::dynamic_extent);
-    const int kk = dynamic_k ? int(Descriptor.transpose_left ? left.mh_ext[1] : left.mh_ext[0]) : Descriptor.k;
+    int kk = Descriptor.k;
+    if constexpr (mh_dynamic_k) {
+      static_assert(!coop_left, "[tensor-ops] cooperative inputs need the descriptor's static k");
+      kk = int(Descriptor.transpose_left ? left.mh_ext[1] : left.mh_ext[0]);
+    }
+    // Cooperative inputs, whole, from every lane (stored as their tensors).
+    float lbuf[mh::CoopSize<L0>::value];
+    float rbuf[mh::CoopSize<R0>::value];
+    if constexpr (coop_left) {
+      left.mh_gather(lbuf, loc);
+    }
+    if constexpr (coop_right) {
+      right.mh_gather(rbuf, loc);
+    }
     auto a = [&](int m, int k) -> float {
-      const long i0 = Descriptor.transpose_left ? m : k;
-      const long i1 = Descriptor.transpose_left ? k : m;
-      return left.mh_inside(i0, i1) ? float(*left.mh_at(i0, i1)) : 0.0f;
+      const long r = Descriptor.transpose_left ? k : m;
+      const long c = Descriptor.transpose_left ? m : k;
+      if constexpr (coop_left) {
+        return lbuf[r * mh::CoopSize<L0>::cols + c];
+      } else {
+        return left.mh_inside(c, r) ? float(*left.mh_at(c, r)) : 0.0f;
+      }
     };
     auto b = [&](int k, int n) -> float {
-      const long i0 = Descriptor.transpose_right ? k : n;
-      const long i1 = Descriptor.transpose_right ? n : k;
-      return right.mh_inside(i0, i1) ? float(*right.mh_at(i0, i1)) : 0.0f;
+      const long r = Descriptor.transpose_right ? n : k;
+      const long c = Descriptor.transpose_right ? k : n;
+      if constexpr (coop_right) {
+        return rbuf[r * mh::CoopSize<R0>::cols + c];
+      } else {
+        return right.mh_inside(c, r) ? float(*right.mh_at(c, r)) : 0.0f;
+      }
     };
     constexpr bool accumulate = Descriptor.matmul_mode == matmul2d_descriptor::mode::multiply_accumulate;
-    for (int i = 0; i < (Descriptor.m * Descriptor.n + mh_threads - 1) / mh_threads; ++i) {
-      const int e = i * mh_threads + owner;
-      if (e >= Descriptor.m * Descriptor.n) {
-        break;
-      }
-      const int m = e / Descriptor.n;
-      const int n = e % Descriptor.n;
-      ::mh::rt_count_matrix_macs(kk);  // this element's multiply-adds, on the matrix units
-      if constexpr (mh::IsCooperative<D>::value) {
-        static_assert(std::is_same_v<D, mh_destination<typename mh::IsCooperative<D>::element>>,
-                      "the destination cooperative tensor comes from this op");
+    if constexpr (mh::IsCooperative<D>::value) {
+      static_assert(std::is_same_v<D, mh_destination<typename mh::IsCooperative<D>::element>>,
+                    "the destination cooperative tensor comes from this op");
+      for (int i = 0; i < D::mh_capacity; ++i) {
+        int m, n;
+        if (!D::mh_element(owner, i, m, n)) {
+          continue;
+        }
+        ::mh::rt_count_matrix_macs(kk);  // this element's multiply-adds, on the matrix units
         float acc = accumulate ? float(destination[i]) : 0.0f;
         for (int k = 0; k < kk; ++k) {
           acc += a(m, k) * b(k, n);
         }
-        destination[i] = static_cast<typename mh::IsCooperative<D>::element>(acc);
-      } else {
+        destination[i] = static_cast<DT>(acc);
+      }
+    } else {
+      for (int i = 0; i < (Descriptor.m * Descriptor.n + mh_threads - 1) / mh_threads; ++i) {
+        const int e = i * mh_threads + owner;
+        if (e >= Descriptor.m * Descriptor.n) {
+          break;
+        }
+        const int m = e / Descriptor.n;
+        const int n = e % Descriptor.n;
+        ::mh::rt_count_matrix_macs(kk);
         if (!destination.mh_inside(n, m)) {
           continue;
         }
-        using E = DT;
         float acc = accumulate ? float(*destination.mh_at(n, m)) : 0.0f;
         for (int k = 0; k < kk; ++k) {
           acc += a(m, k) * b(k, n);
         }
-        *destination.mh_at(n, m) = static_cast<E>(acc);
+        *destination.mh_at(n, m) = static_cast<DT>(acc);
       }
     }
   }
