@@ -228,6 +228,33 @@ def test_quantized(rng, isa, bits, group):
     np.testing.assert_allclose(to_np(y.feats), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("c_in,c_out", [(32, 96), (32, 24), (64, 80), (16, 200)])
+def test_column_blocks_of_a_wide_output_sum_as_alone(rng, isa, c_in, c_out):
+    # A wide output's column blocks (16 / 8 floats per vector: AVX-512 96 =
+    # 64 + 32, AVX2 24 = 16 + 8) may take another traversal than the same
+    # columns alone (the staged one for a one-block output, block_product
+    # for a wider output's last, narrower block): the same sums, bit for bit.
+    # Forward (C_in -> C_out) and input gradient (C_out read as C_in).
+    coords = oracle.random_coords(rng, 3000, 24, 2)
+    x = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32)))
+    w = mx.array((rng.standard_normal((c_out, 3, 3, 3, c_in)) / np.sqrt(27 * c_in)).astype(np.float32))
+    y = np.array(ops.subm_conv3d(x, w).feats)
+    for c0 in range(0, c_out, 16):
+        part = np.array(ops.subm_conv3d(x, w[c0:c0 + 16]).feats)
+        assert part.tobytes() == y[:, c0:c0 + 16].tobytes(), (c0, c_out)
+    wide = ml.SparseTensor(coords, mx.array(rng.standard_normal((len(coords), c_out)).astype(np.float32)))
+    w2 = mx.array((rng.standard_normal((c_in, 3, 3, 3, c_out)) / np.sqrt(27 * c_in)).astype(np.float32))
+    ct = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32))
+
+    def dx(feats, weight):
+        return np.array(mx.vjp(lambda f: ops.subm_conv3d(wide.replace(f), weight).feats, [feats], [ct])[1][0])
+
+    full = dx(wide.feats, w2)
+    for c0 in range(0, c_out, 16):
+        part = dx(wide.feats[:, c0:c0 + 16], w2[..., c0:c0 + 16])
+        assert part.tobytes() == full[:, c0:c0 + 16].tobytes(), (c0, c_out)
+
+
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
 @pytest.mark.parametrize("c_in,c_out", [(24, 40), (32, 32)])
 def test_bitwise_across_threads(rng, isa, dtype, c_in, c_out):
