@@ -238,3 +238,28 @@ def test_stand_in_declares_only_what_metal_cpp_takes_from_the_frameworks(report)
     for header, (name,) in declared.items():
         assert f"#include <{header}>" in text
         assert re.search(rf"\b{name}\b", text)
+
+
+@pytest.mark.parametrize("broken", ["zig", "cmake"])
+def test_a_tool_that_fails_its_version_probe_is_named_not_read(monkeypatch, broken):
+    # Runs without the macOS build: the probes' answers are stood in for.
+    real = mb._run
+
+    def run(argv, **kw):
+        name = Path(str(argv[0])).name
+        if name == broken or (broken == "zig" and argv[1:] == ["version"]):
+            return mb.subprocess.CompletedProcess(argv, 127, "", f"{name}: error while loading shared libraries")
+        if name == "cmake":
+            return mb.subprocess.CompletedProcess(argv, 0, "cmake version 3.25.1\n", "")
+        return real(argv, **kw)
+
+    if mb.importlib.util.find_spec("ziglang") is None:
+        pytest.skip("the ziglang wheel (test extra) is not installed")
+    monkeypatch.setattr(mb, "_run", run)
+    monkeypatch.setattr(mb.shutil, "which", lambda name: f"/usr/bin/{name}")
+    why = mb.tools.__wrapped__()  # (not through the cache the real build reads)
+    assert isinstance(why, str)
+    if broken == "zig":
+        assert "version` exited 127 without a version" in why and "error while loading" in why
+    else:
+        assert why.startswith("cmake >= 3.25 is not on PATH")

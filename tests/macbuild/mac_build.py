@@ -146,9 +146,14 @@ def tools() -> Tools | str:
         zig = next((p for p in (pkg / "zig", pkg / "zig.exe") if p.is_file()), None)
     if zig is None:
         return 'zig is not installed: install the test extra (pip install -e ".[test]", the ziglang wheel)'
-    zig_version = _run([zig, "version"]).stdout.strip()
+    out = _run([zig, "version"])
+    zig_version = out.stdout.strip()
+    if out.returncode != 0 or not re.fullmatch(r"\d+\.\d+\.\d+\S*", zig_version):
+        return f"`{zig} version` exited {out.returncode} without a version: {(out.stderr or out.stdout).strip()[-300:]}"
     cmake = shutil.which("cmake")
-    found = re.search(r"version (\d+)\.(\d+)\.(\d+)", _run([cmake, "--version"]).stdout) if cmake else None
+    out = _run([cmake, "--version"]) if cmake else None
+    # (a cmake that fails is none: its output is no version)
+    found = re.search(r"version (\d+)\.(\d+)\.(\d+)", out.stdout) if out and out.returncode == 0 else None
     if not found or tuple(map(int, found.groups()[:2])) < MINIMUM_CMAKE:
         return (f'cmake >= {".".join(map(str, MINIMUM_CMAKE))} is not on PATH: install the test extra '
                 '(pip install -e ".[test]")')
