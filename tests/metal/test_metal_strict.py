@@ -64,7 +64,7 @@ PLANTED = {
     "program_scope_plain": ("program-scope", "program scope variable must reside in constant address space"),
     "static_local": ("program-scope", "static local variable must reside in constant address space"),
     "constant_uninitialized": ("constant-init", "variable in constant address space must be initialized"),
-    "constant_write": ("read-only", "read-only variable is not assignable"),
+    "constant_write": ("read-only", "cannot assign to variable 'p' with const-qualified type"),
     "const_device_write": ("read-only", "read-only variable is not assignable"),
     "threadgroup_in_helper": ("threadgroup-scope", "non-kernel function variable cannot be declared in threadgroup"),
     "threadgroup_initializer": ("threadgroup-init", "'threadgroup' variable cannot have an initializer"),

@@ -216,6 +216,8 @@ _VECTOR_CTOR = re.compile(
 )
 
 
+_METHOD_CONSTANT = re.compile(r"\)(?P<quals>(?:\s*\b(?:const|volatile|constant)\b)*\s*\bconstant\b(?:\s*\bconst\b)?)"
+                              r"\s*(?=[{;:=]|->)")
 _VECTOR_DECL = re.compile(
     r"(?<![\w.:>])(?:metal\s*::\s*)?((?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float|bfloat)[234])"
     r"\s+([A-Za-z_]\w*)(\s*\()"
@@ -256,12 +258,27 @@ def unit(text: str) -> Unit:
     # sets (initialised here so that OpenCL takes them).
     for fc in src.function_constants(code):
         edits.append((fc.start, fc.end, f"__constant {fc.type} {fc.name} = {fc.type}();"))
-    # A `thread` method qualifier is the default here: OpenCL's __private
-    # would refuse temporaries and constant evaluation, which have no space.
+    # A constructor's `thread` qualifier goes: OpenCL's __private would
+    # refuse temporaries and constant evaluation, which have no space.
+    # Other methods keep it (`this` private, its members private lvalues).
+    scopes = src._scope_starts(code)
     for m in _METHOD_THREAD.finditer(code):
+        open_paren = src._open_paren(code, m.start())
+        name = re.search(r"([~\w]+)\s*$", code[max(0, open_paren - 200) : open_paren])
+        scope = scopes[m.start()]
+        owner = re.search(r".*\b(?:struct|class|union)\s+([A-Za-z_]\w*)[^;{}()]*$", code[max(0, scope - 300) : scope],
+                          re.S) if scope >= 0 else None
+        if not (name and owner and name.group(1) == owner.group(1)):
+            continue
         for w in re.finditer(r"\bthread\b", m.group("quals")):
             at = m.start("quals") + w.start()
             edits.append((at, at + len("thread"), " " * len("thread")))
+    # A `constant` method qualifier is the space alone (the prelude's
+    # `constant` adds const, which a constructor cannot take).
+    for m in _METHOD_CONSTANT.finditer(code):
+        for w in re.finditer(r"\bconstant\b", m.group("quals")):
+            at = m.start("quals") + w.start()
+            edits.append((at, at + len("constant"), "__constant"))
     for m in re.finditer(r'^# (\d+) "([^"]*)"((?: \d)+)$', out, re.M):
         edits.append((m.start(3), m.end(3), ""))
     return Unit(_edit(out, edits), u.kernels)
@@ -309,6 +326,12 @@ def _msl_allows(group: list[tuple[str, int, str, str]]) -> bool:
     list-initialises it, clang's vectors take a list only in a declaration;
     the C++ front end, whose vectors are classes, checked that call)."""
     msg = group[0][3]
+    if re.match(r"reference of type '[^']*__private[^']*' cannot bind to a temporary object because of address space "
+                r"mismatch", msg):
+        return True  # a const thread reference to a temporary: OpenCL's temporaries have no space
+    if any(kind == "note" and re.search(r"'this' object is in default address space, but method expects object in "
+                                        r"address space '__private'", m) for _, _, kind, m in group[1:]):
+        return True  # a `thread` method on a temporary, which MSL calls
     m = re.match(r"conditional expression is ambiguous; '([^']*)' and '([^']*)' can be converted"
                  r"|incompatible operand types \('([^']*)' and '([^']*)'\)", msg)
     if m:  # one class type but for cv and address space: MSL converts

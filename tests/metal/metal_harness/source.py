@@ -536,7 +536,7 @@ def space_overload_edits(text: str, masked: str, erased: set[str] | None = None,
         if not name or name.group(0).strip() in _NOT_FUNCTIONS or before.endswith("]"):
             continue
         quals = m.group("quals")
-        method_spaces = _SPACE_WORD_RE.findall(quals)
+        method_spaces = _SPACE_WORD_RE.findall(quals) + re.findall(r"\bmh_class_\w+", quals)
         if strip_methods and any(w != "thread" for w in method_spaces):
             strip.append(m.span("quals"))
         start = _declaration_start(masked, open_paren)
@@ -567,7 +567,8 @@ def space_overload_edits(text: str, masked: str, erased: set[str] | None = None,
     for q0, q1 in strip:
         if any(a <= q0 < b for a, b in blanked):
             continue
-        edits.append((q0, q1, _SPACE_WORD_RE.sub(lambda w: " " * len(w.group(0)), masked[q0:q1])))
+        edits.append((q0, q1, re.sub(r"\b(?:mh_class_\w+|" + "|".join(_SPACE_QUALIFIERS) + r")\b(?!_)",
+                                     lambda w: " " * len(w.group(0)), masked[q0:q1])))
     return edits
 
 
@@ -673,8 +674,8 @@ def process(text: str) -> Unit:
     # One host function per member overloaded only on address spaces
     # (same length: the offsets below hold).
     masked = _mask_literals(text)
-    text = apply_edits(text, space_overload_edits(text, masked) + space_specialization_edits(text, masked)
-                       + _class_specializations(text))
+    text = apply_edits(text, space_overload_edits(text, masked, strip_methods=True)
+                       + space_specialization_edits(text, masked) + _class_specializations(text))
     masked = _mask_literals(text)
     edits: list[tuple[int, int, str]] = []
 
@@ -684,6 +685,7 @@ def process(text: str) -> Unit:
     kernels: dict[str, Kernel] = {}
     unit = Unit(text="")
     registrations: list[tuple[int, Instance]] = []
+    attr_spans = [(a.start(), a.end()) for a in re.finditer(_ATTR_BLOCK, masked)]
     for m in _KERNEL_RE.finditer(masked):
         pre = m.group("pre")
         items = _attr_items(pre)
@@ -741,6 +743,24 @@ def process(text: str) -> Unit:
             f'{{"{inst.host_name}", "{inst.cxx_name}", {ref}, {len(ps)}, int({_max_threads(inst)})}};'
         )
         edits.append((pos, pos, reg))
+
+    # `constant` is read-only: const, unless the declaration has a const
+    # already (g++ takes no duplicate).
+    fc_spans = [(fc.start, fc.end) for fc in function_constants(masked)]
+    for m in re.finditer(r"\bconstant\b(?!_)", masked):
+        if any(a <= m.start() < b for a, b in attr_spans + fc_spans):
+            continue
+        before = re.findall(r"[\w:]+|[^\w\s]", masked[max(0, m.start() - 40) : m.start()])[-2:]
+        after = re.findall(r"[\w:]+|[^\w\s]", masked[m.end() : m.end() + 80])[:4]
+        if ")" in before[-1:]:
+            continue  # a method qualifier: stripped above
+        ahead = []
+        for tok in after:
+            if tok in ("*", "&", ",", ")", ";", "=", "[", "("):
+                break
+            ahead.append(tok)
+        dup = "const" in before or "const" in ahead
+        edits.append((m.start(), m.end(), " " * len("constant") if dup else "const   "))
 
     # Function constants read the dispatch's values (mh::FunctionConstant).
     for fc in function_constants(masked):

@@ -312,7 +312,11 @@ def clang_unit(text: str, class_spaces: bool = False) -> str:
         # reference between spaces (and MSL's own space rules).
         drop = not class_spaces
         if drop:
-            edits.append((m.start(), m.end(), f"mh_class_{m.group(1)}"))
+            # A constant pointer or reference is to const (binding a `const
+            # constant int` to a `constant int&`); a constant variable's
+            # initialisation is the OpenCL front end's to check.
+            word = m.group(1) if m.group(1) != "constant" or _points(code, m.end()) else "object"
+            edits.append((m.start(), m.end(), f"mh_class_{word}"))
     # An array parameter in a space (`constant const int64_t strides[2]`):
     # clang's C++ mode refuses the qualified array type that OpenCL and MSL
     # adjust to a pointer; spelled as that pointer here.

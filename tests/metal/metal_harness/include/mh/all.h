@@ -24,6 +24,10 @@ inline A* tg_var(int id, const char* name) {
 #define METAL_FUNC inline __attribute__((__always_inline__))
 #define METAL_CONST constexpr constant
 #define device
+// Constant memory is read-only: source.py spells `constant T` as const T
+// (a `const constant int&` binds to a `constant int&` parameter, as in MLX's
+// quantized.h); g++ takes no duplicate const, so the word goes where there
+// is one.
 #define constant
 #define thread
 #define threadgroup

@@ -432,9 +432,10 @@ template <class T, int R, int C> struct simdgroup_matrix {
   T mh_elems[2];
   simdgroup_matrix() = default;
   explicit simdgroup_matrix(T);
-  // This thread's two elements (MSL 2.3+).
-  T __attribute__((ext_vector_type(2)))& thread_elements();
-  const T __attribute__((ext_vector_type(2)))& thread_elements() const;
+  // This thread's two elements, in its private memory.
+  using mh_elements = T __attribute__((ext_vector_type(2)));
+  __private mh_elements& thread_elements() __private;
+  const __private mh_elements& thread_elements() const __private;
 };
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
@@ -516,10 +517,9 @@ typedef half mh_half;
 #define METAL_FUNC inline
 #define METAL_CONST constexpr __constant
 #define device __global
-#define constant __constant
+#define constant const __constant  // read-only: a `constant T` is a const T (MSL binds `const constant int` to `constant int&`)
 #define threadgroup __local
-// `thread` is OpenCL's default: an object in a function is private, a
-// pointer or reference generic (MSL's thread space holds a thread's objects
-// and their members, which OpenCL reaches through generic `this`). Pass 2 of
-// the C++ front end tells thread pointers from the other spaces.
-#define thread
+// thread is private (a `thread` method's `this` too: opencl.py keeps the
+// qualifier on methods other than constructors, whose temporaries and
+// constant evaluation have no space in OpenCL).
+#define thread __private

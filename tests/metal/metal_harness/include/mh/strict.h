@@ -15,9 +15,10 @@
 #undef thread
 #undef threadgroup
 #define device __attribute__((address_space(1)))
-#define constant __attribute__((address_space(2)))
+#define constant const __attribute__((address_space(2)))
 #define threadgroup __attribute__((address_space(3)))
 #define thread
 #define mh_class_device
-#define mh_class_constant
+#define mh_class_constant const
+#define mh_class_object
 #define mh_class_threadgroup

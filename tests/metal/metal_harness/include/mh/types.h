@@ -128,6 +128,20 @@ MH_BF_ARITH(*)
 MH_BF_ARITH(/)
 #undef MH_BF_ARITH
 
+// `x += b` with a scalar x and a bfloat b: b converts (to x's type) as a
+// builtin bfloat would, without the ambiguity of the conversion templates.
+#define MH_BF_COMPOUND(op)                                                  \
+  template <class U>                                                        \
+    requires(is_scalar_v<U> && !std::is_same_v<U, bfloat> && !std::is_same_v<U, half>) \
+  constexpr U& operator op##=(U & a, bfloat b) {                            \
+    return a = static_cast<U>(float(a) op float(b));                        \
+  }
+MH_BF_COMPOUND(+)
+MH_BF_COMPOUND(-)
+MH_BF_COMPOUND(*)
+MH_BF_COMPOUND(/)
+#undef MH_BF_COMPOUND
+
 #define MH_BF_CMP(op)                                                       \
   constexpr bool operator op(bfloat a, bfloat b) { return float(a) op float(b); } \
   template <class U>                                                        \
