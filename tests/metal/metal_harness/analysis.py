@@ -267,19 +267,23 @@ def _recursion(w: _Walker) -> list[strict.Violation]:
 
 # What varies between the threads of a threadgroup (g), of a simdgroup (s)
 # and of a quad (q), by built-in input.
+# g: differs between the simdgroups of a threadgroup; s, q: within a
+# simdgroup, a quad. A value of the lane alone (the lane index, the index in
+# the quad) is the same pattern in every simdgroup: not g. Apple GPUs count a
+# threadgroup barrier per simdgroup (MLX's gemv synchronises from the lanes
+# with thrN == 0 of each simdgroup), so only g splits a barrier.
 _VARIES = {
     "thread_position_in_grid": "gsq", "thread_position_in_threadgroup": "gsq", "thread_index_in_threadgroup": "gsq",
-    "thread_index_in_simdgroup": "gsq", "thread_index_in_quadgroup": "gsq",
+    "thread_index_in_simdgroup": "sq", "thread_index_in_quadgroup": "q",
     "simdgroup_index_in_threadgroup": "g", "quadgroup_index_in_threadgroup": "gs",
 }
 # Collectives: the group whose threads must all reach them (the letter of
-# _VARIES that must not control them). Apple's built-ins under the library
-# (__metal_simd_sum, ...) count as the functions they implement.
+# _VARIES that must not control them). Only threadgroup barriers: MSL
+# defines its simd- and quad-group functions over the threads active at the
+# call (MLX's dot.h reduces in the first lanes of a simdgroup only); the
+# executor's `strict` option still wants every lane there.
 _COLLECTIVE = [
     ("g", re.compile(r"threadgroup_barrier$")),
-    ("s", re.compile(r"simdgroup_barrier$|(?:__metal_)?simd_\w+$"
-                     r"|simdgroup_(?:load|store|multiply|multiply_accumulate)$")),
-    ("q", re.compile(r"(?:__metal_)?quad_\w+$")),
 ]
 # What a library call's result differs between, from what its arguments
 # differ between (`args`: their taint, by position):
@@ -297,8 +301,8 @@ _PER_QUAD = re.compile(r"(?:__metal_)?quad_(?:sum|product|min|max|and|or|xor|all
 _FROM_LANE = re.compile(r"(?:__metal_)?(simd|quad)_(?:broadcast|shuffle)$")
 _MOVES = re.compile(r"(?:__metal_)?(?:simd|quad)_shuffle_(?:xor|up|down|rotate_up|rotate_down|and_fill_up"
                     r"|and_fill_down)$")
-_PER_THREAD = re.compile(r"atomic_\w+$|(?:__metal_)?(?:simd|quad)_(?:prefix_\w+|is_first)$"
-                         r"|__metal_get_thread_index_in_simdgroup$")
+_PER_THREAD = re.compile(r"atomic_\w+$")
+_PER_LANE = re.compile(r"(?:__metal_)?(?:simd|quad)_(?:prefix_\w+|is_first)$|__metal_get_thread_index_in_simdgroup$")
 
 
 def _call_taint(name: str, args: list[set]) -> set:
@@ -319,6 +323,8 @@ def _call_taint(name: str, args: list[set]) -> set:
         return data | ({"g"} if data else set())
     if _PER_THREAD.match(name):
         return {"g", "s", "q"}
+    if _PER_LANE.match(name):
+        return {"s", "q"} | set().union(*args) if args else {"s", "q"}
     return set().union(*args) if args else set()
 
 
@@ -488,10 +494,41 @@ class _Uniformity:
                 return ref.get("id")
         return None
 
+    def _finishing(self) -> set:
+        """Functions a thread finishes its kernel in: kernels, and helpers
+        whose every call is the last statement of a function that finishes
+        (MLX's kernels end by calling `kernel_t::run(...)`): a return there
+        ends the thread."""
+        tails: dict[str, set] = defaultdict(set)  # callee -> callers that call it last
+        others: set = set()  # callees called elsewhere
+        for f, node in self.w.functions.items():
+            body = next((c for c in reversed(_children(node)) if c.get("kind") == "CompoundStmt"), None)
+            last = _children(body)[-1] if body is not None and _children(body) else None
+            while last is not None and last.get("kind") in ("ReturnStmt", "ExprWithCleanups", "ImplicitCastExpr"):
+                kids = _children(last)
+                last = kids[0] if kids else None
+            tail = next(iter(_calls(last, self.w)), None) if last is not None and last.get("kind") in (
+                "CallExpr", "CXXMemberCallExpr") else None
+            for c, _, n in _calls(node, self.w):
+                if tail is not None and n is next(iter(_calls(last, self.w)))[2] and c == tail[0]:
+                    tails[c].add(f)
+                else:
+                    others.add(c)
+        done = {f for f, node in self.w.functions.items() if _is_kernel(node)}
+        changed = True
+        while changed:
+            changed = False
+            for c, callers in tails.items():
+                if c not in done and c not in others and callers <= done:
+                    done.add(c)
+                    changed = True
+        return done
+
     def violations(self) -> list[strict.Violation]:
         out: list[strict.Violation] = []
-        for node in self.w.functions.values():
-            self._visit(node, [], out, _is_kernel(node))
+        finishing = self._finishing()
+        for f, node in self.w.functions.items():
+            self._visit(node, [], out, f in finishing)
         return out
 
     def _condition(self, n: dict) -> tuple[set, list[dict]]:

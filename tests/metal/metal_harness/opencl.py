@@ -52,7 +52,7 @@ FLAGS = [
     "-x", "clcpp", "-cl-std=clc++2021", "-triple", "spir64-unknown-unknown", "-fsyntax-only",
     "-cl-ext=+cl_khr_fp16,-cl_khr_fp64,-__opencl_c_fp64,-__opencl_c_program_scope_global_variables,"
     "-__opencl_c_device_enqueue,-__opencl_c_pipes",
-    "-ferror-limit", "0", "-w", f"-I{PRELUDE.parents[1]}", "-include", "mh/opencl.h",
+    "-ferror-limit", "0", "-w", "-cl-single-precision-constant", f"-I{PRELUDE.parents[1]}", "-include", "mh/opencl.h",
 ]
 
 
@@ -254,6 +254,11 @@ def unit(text: str) -> Unit:
         after = re.match(r"\s*\(", code[gt + 1 : gt + 200])
         if after and not re.search(r"\boperator\s*$", code[: m.start()]):
             edits.append((m.start(), gt + 1 + after.end(), f"::mh::make<metal::vec<{code[m.end() : gt]}>>("))
+    # A function-pointer alias (`using RadixFunc = void (*)(...)`, MLX's FFT
+    # passes codelets as template arguments): a function type here, which a
+    # template parameter adjusts to the pointer OpenCL refuses to spell.
+    for m in re.finditer(r"\busing\s+\w+\s*=[^;()]*?(\(\s*\*\s*\))\s*\(", code):
+        edits.append((m.start(1), m.end(1), " " * (m.end(1) - m.start(1))))
     # Function constants: program-scope constants whose value the pipeline
     # sets (initialised here so that OpenCL takes them).
     for fc in src.function_constants(code):
@@ -326,6 +331,12 @@ def _msl_allows(group: list[tuple[str, int, str, str]]) -> bool:
     list-initialises it, clang's vectors take a list only in a declaration;
     the C++ front end, whose vectors are classes, checked that call)."""
     msg = group[0][3]
+    if msg.startswith("scalar operand type has greater rank than the type of the vector element. ('double'"):
+        return True  # a floating literal in a template (clang keeps it double there; MSL's are float)
+    if msg == "excess elements in scalar initializer":
+        return True  # `T(a, b)` with T a vector template parameter: the C++ front end's vectors check it
+    if msg == "taking address of function is not allowed":
+        return True  # a function as a template argument (a pointer variable also meets "pointers to functions")
     if re.match(r"reference of type '[^']*__private[^']*' cannot bind to a temporary object because of address space "
                 r"mismatch", msg):
         return True  # a const thread reference to a temporary: OpenCL's temporaries have no space

@@ -676,7 +676,38 @@ bool resolve(uint32_t n, bool strict, bool& group_done) {
   // Threads that returned from the kernel have finished: Apple GPUs release
   // them from threadgroup barriers (MLX's reductions return early and then
   // synchronise the rest), so only live threads at different sites diverge.
+  // And they count a barrier per simdgroup: threads waiting at one barrier
+  // while the other lanes of their simdgroups wait elsewhere pass it once
+  // every simdgroup with live threads has a thread there (MLX's gemv
+  // synchronises from the lanes with thrN == 0); those other lanes stay.
   (void)exited;
+  if (!ok) {
+    for (uint32_t i = 0; i < n; ++i) {
+      Fiber& at = g_fibers[i];
+      if (at.state != State::waiting || at.kind != Sync::threadgroup) {
+        continue;
+      }
+      bool every = true;
+      for (uint32_t lo = 0; lo < n && every; lo += kSimdWidth) {
+        bool live = false, here = false;
+        for (uint32_t j = lo; j < std::min<uint32_t>(n, lo + kSimdWidth); ++j) {
+          live = live || g_fibers[j].state != State::done;
+          here = here || (g_fibers[j].state == State::waiting && g_fibers[j].kind == Sync::threadgroup &&
+                          same_site(g_fibers[j], at));
+        }
+        every = !live || here;
+      }
+      if (every) {
+        for (uint32_t j = 0; j < n; ++j) {
+          if (g_fibers[j].state == State::waiting && g_fibers[j].kind == Sync::threadgroup &&
+              same_site(g_fibers[j], at)) {
+            g_fibers[j].state = State::ready;
+          }
+        }
+        return true;
+      }
+    }
+  }
   if (!ok) {
     std::vector<Fiber*> all;
     for (uint32_t i = 0; i < n; ++i) {

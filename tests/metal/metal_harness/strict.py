@@ -321,12 +321,8 @@ def clang_unit(text: str, class_spaces: bool = False) -> str:
     # clang's C++ mode refuses the qualified array type that OpenCL and MSL
     # adjust to a pointer; spelled as that pointer here.
     for m in re.finditer(r"\b([A-Za-z_]\w*)\s*\[[^\[\]]*\]\s*(?=[,)])", code):
-        i, depth = m.start() - 1, 0
-        while i >= 0 and not (depth == 0 and code[i] in "(,;{}"):
-            depth += code[i] in ")]>"
-            depth -= code[i] in "([<"
-            i -= 1
-        if i >= 0 and code[i] in "(," and _SPACE_WORD.search(code[i + 1 : m.start()]):
+        decl = re.search(r"[(,]([\s\w:]*)$", code[max(0, m.start() - 200) : m.start()])
+        if decl and _SPACE_WORD.search(decl.group(1)) and re.search(r"\w\s+$", decl.group(1)):
             edits.append((m.start(), m.end(), f"*{m.group(1)}"))
     # Function constants: values the pipeline sets, not constant expressions.
     replaced: list[tuple[int, int, str]] = []

@@ -46,16 +46,18 @@ using remove_addrspace = remove_address_space<T>;
 template <class T>
 using remove_addrspace_t = remove_address_space_t<T>;
 
-// uniform<T>: a value the same in every thread (MSL 2.?+); here a wrapper
-// that converts back to T.
+// uniform<T>: a value the same in every thread (MSL's uniform type); here a
+// wrapper that converts to and from T.
 template <class T>
 struct uniform {
   T mh_value;
+  uniform() = default;
+  constexpr uniform(T v) : mh_value(v) {}
   constexpr operator T() const { return mh_value; }
 };
 template <class T>
 constexpr uniform<T> make_uniform(T v) {
-  return uniform<T>{v};
+  return uniform<T>(v);
 }
 
 namespace detail {

@@ -226,9 +226,11 @@ template <class T, int N> struct is_vector<T __attribute__((ext_vector_type(N)))
 template <class T> constexpr __constant bool is_vector_v = is_vector<T>::value;
 template <class T> struct uniform {
   T mh_value;
+  uniform() = default;
+  constexpr uniform(T v) : mh_value(v) {}
   constexpr operator T() const { return mh_value; }
 };
-template <class T> uniform<T> make_uniform(T);
+template <class T> constexpr uniform<T> make_uniform(T v) { return uniform<T>(v); }
 template <class T> bool is_function_constant_defined(T);
 // <metal_logging> (3.2): os_log, its strings in constant memory.
 struct os_log {

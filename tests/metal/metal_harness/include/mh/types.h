@@ -49,6 +49,8 @@ struct bfloat {
   template <class U>
     requires(std::is_integral_v<U>)
   constexpr bfloat(U v) : bits(from_float(static_cast<float>(v))) {}
+  // A builtin bfloat converts from what converts to bool (MLX's _NoMask).
+  constexpr bfloat(bool v) : bits(from_float(v ? 1.0f : 0.0f)) {}
   template <class U>
     requires(std::is_same_v<U, float> || std::is_same_v<U, half> || std::is_same_v<U, double>)
   constexpr explicit bfloat(U v) : bits(from_float(static_cast<float>(v))) {}

@@ -1,7 +1,8 @@
 // Planted defect for the strict pass (test_metal_strict.py): a helper that
 // returns early in some threads, then synchronises: those threads go on in
-// the kernel without reaching the helper's barrier (MSL, synchronization
-// functions: every thread of the threadgroup reaches it).
+// the kernel (the call is not its last statement) without reaching the
+// helper's barrier (MSL, synchronization functions: every thread of the
+// threadgroup reaches it).
 #include <metal_stdlib>
 using namespace metal;
 
@@ -20,4 +21,5 @@ kernel void planted(
     uint t [[thread_index_in_threadgroup]]) {
   threadgroup float tile[64];
   stage(tile, y, t, n);
+  y[t] += 1.0f;
 }
