@@ -10,7 +10,6 @@ struct NeighborParams {
   int n_cells;       // n_batch * dims[0] * dims[1] * dims[2]
   int exact;         // 1: integral coordinates, squared distances in 64-bit integers
   int k;             // knn: neighbours wanted; radius: most kept (0: all)
-  int edges;         // edge count (the fill step; 0 before it is known)
   int r2_lo;         // exact radius: floor(radius^2) as a 64-bit integer,
   int r2_hi;         //   low and high words
   float origin[3];   // lowest reference coordinate per axis

@@ -15,8 +15,10 @@
 // 64-bit integers, equal to the CPU's doubles, so neighbours, order and the
 // radius boundary match it exactly; otherwise they are float32 (fma), and
 // near-ties and points within float rounding of the radius may differ.
-// Each query's list lives in its output slice: a bounded insertion list
-// of point indices whose keys are recomputed from the coordinates.
+// Each query's neighbours live in its slice of the index output: a bounded
+// max-heap of point indices (keys recomputed from the coordinates), sorted
+// in place once the search ends, so a query costs O(visited * log kept)
+// comparisons whatever k or the number of points within the radius.
 #include <metal_stdlib>
 
 #include "neighbor_params.h"
@@ -89,28 +91,73 @@ inline float nbr_distance(thread const NbrQuery& q, device const float* pts, int
   return p.exact != 0 ? sqrt(float(nbr_d2_exact(q, pts, j))) : sqrt(nbr_d2_float(q, pts, j));
 }
 
-// Offers point j to the sorted list[0 .. m) of capacity want.
+// Restores the max-heap heap[0 .. m) below position at (the root holds
+// the largest kept key).
+inline void nbr_sift_down(
+    thread const NbrQuery& q,
+    device const float* pts,
+    device int* heap,
+    int at,
+    int m,
+    constant NeighborParams& p) {
+  const int j = heap[at];
+  for (;;) {
+    int c = 2 * at + 1;
+    if (c >= m) {
+      break;
+    }
+    if (c + 1 < m && nbr_less(q, pts, heap[c], heap[c + 1], p)) {
+      ++c;
+    }
+    if (!nbr_less(q, pts, j, heap[c], p)) {
+      break;
+    }
+    heap[at] = heap[c];
+    at = c;
+  }
+  heap[at] = j;
+}
+
+// Offers point j to the heap[0 .. m) of capacity want: kept while it holds
+// fewer than want points, else in place of the root when nearer.
 inline void nbr_offer(
     thread const NbrQuery& q,
     device const float* pts,
     int j,
-    device int* list,
+    device int* heap,
     thread int& m,
     int want,
     constant NeighborParams& p) {
-  int pos;
   if (m < want) {
-    pos = m++;
-  } else if (nbr_less(q, pts, j, list[want - 1], p)) {
-    pos = want - 1;
-  } else {
-    return;
+    int at = m++;
+    while (at > 0) {
+      const int up = (at - 1) / 2;
+      if (!nbr_less(q, pts, heap[up], j, p)) {
+        break;
+      }
+      heap[at] = heap[up];
+      at = up;
+    }
+    heap[at] = j;
+  } else if (nbr_less(q, pts, j, heap[0], p)) {
+    heap[0] = j;
+    nbr_sift_down(q, pts, heap, 0, want, p);
   }
-  while (pos > 0 && nbr_less(q, pts, j, list[pos - 1], p)) {
-    list[pos] = list[pos - 1];
-    --pos;
+}
+
+// The heap[0 .. m) in ascending (distance, index) order, in place.
+inline void nbr_sort(
+    thread const NbrQuery& q,
+    device const float* pts,
+    device int* heap,
+    int m,
+    constant NeighborParams& p) {
+  for (int end = m - 1; end > 0; --end) {
+    const int top = heap[0];
+    heap[0] = heap[end];
+    heap[end] = top;
+    nbr_sift_down(q, pts, heap, 0, end, p);
   }
-  list[pos] = j;
 }
 
 // Offers every point of cell c.
@@ -119,13 +166,13 @@ inline void nbr_visit(
     device const float* pts,
     device const int* grid,
     int c,
-    device int* list,
+    device int* heap,
     thread int& m,
     int want,
     constant NeighborParams& p) {
   device const int* order = grid + p.n_cells + 2;
   for (int s = grid[c + 1]; s < grid[c + 2]; ++s) {
-    nbr_offer(q, pts, order[s], list, m, want, p);
+    nbr_offer(q, pts, order[s], heap, m, want, p);
   }
 }
 
@@ -202,19 +249,20 @@ inline int nbr_item_points(device const int* grid, int b, constant NeighborParam
   offsets[i + 1] = min(p.k, nbr_item_points(grid, qbatch[i], p));
 }
 
-// Fill: edges (2, E), row 0 the neighbour indices, row 1 the distances'
-// float bits. Cells are visited in shells of growing Chebyshev radius r
-// around the query's cell; after shell r every unvisited point lies at
-// least (r - 1) cells away (one cell of slack for rounding), so the search
-// stops once the list is full and its last key is below that.
+// Fill: each query's neighbour indices and distances at offsets[i]. Cells
+// are visited in shells of growing Chebyshev radius r around the query's
+// cell; after shell r every unvisited point lies at least (r - 1) cells
+// away (one cell of slack for rounding), so the search stops once the heap
+// is full and its largest key is below that.
 [[kernel]] void nbr_knn_fill(
     device const float* qs [[buffer(0)]],
     device const int* qbatch [[buffer(1)]],
     device const float* pts [[buffer(2)]],
     device const int* grid [[buffer(3)]],
     device const int* offsets [[buffer(4)]],
-    device int* edges [[buffer(5)]],
-    constant NeighborParams& p [[buffer(6)]],
+    device int* indices [[buffer(5)]],
+    device float* distances [[buffer(6)]],
+    constant NeighborParams& p [[buffer(7)]],
     uint i [[thread_position_in_grid]]) {
   if (int(i) >= p.n_query) {
     return;
@@ -225,7 +273,7 @@ inline int nbr_item_points(device const int* grid, int b, constant NeighborParam
     return;
   }
   const NbrQuery q = nbr_query(qs, qbatch, int(i), p);
-  device int* list = edges + base;
+  device int* heap = indices + base;
   int m = 0;
   int reach = 0;
   for (int a = 0; a < 3; ++a) {
@@ -243,29 +291,30 @@ inline int nbr_item_points(device const int* grid, int b, constant NeighborParam
         // their two end cells.
         if (dx == -r || dx == r || dy == -r || dy == r) {
           for (int dz = lo[2]; dz <= hi[2]; ++dz) {
-            nbr_visit(q, pts, grid, nbr_cell(q.b, q.cell.x + dx, q.cell.y + dy, q.cell.z + dz, p), list, m, want, p);
+            nbr_visit(q, pts, grid, nbr_cell(q.b, q.cell.x + dx, q.cell.y + dy, q.cell.z + dz, p), heap, m, want, p);
           }
         } else {
           if (-r >= lo[2]) {
-            nbr_visit(q, pts, grid, nbr_cell(q.b, q.cell.x + dx, q.cell.y + dy, q.cell.z - r, p), list, m, want, p);
+            nbr_visit(q, pts, grid, nbr_cell(q.b, q.cell.x + dx, q.cell.y + dy, q.cell.z - r, p), heap, m, want, p);
           }
           if (r <= hi[2]) {
-            nbr_visit(q, pts, grid, nbr_cell(q.b, q.cell.x + dx, q.cell.y + dy, q.cell.z + r, p), list, m, want, p);
+            nbr_visit(q, pts, grid, nbr_cell(q.b, q.cell.x + dx, q.cell.y + dy, q.cell.z + r, p), heap, m, want, p);
           }
         }
       }
     }
     if (m == want && r >= 2) {
       const float bound = float(r - 1) * p.cell;
-      const float last = p.exact != 0 ? float(nbr_d2_exact(q, pts, list[want - 1]))
-                                       : nbr_d2_float(q, pts, list[want - 1]);
+      const float last = p.exact != 0 ? float(nbr_d2_exact(q, pts, heap[0]))
+                                       : nbr_d2_float(q, pts, heap[0]);
       if (last < bound * bound) {
         break;
       }
     }
   }
+  nbr_sort(q, pts, heap, want, p);
   for (int t = 0; t < want; ++t) {
-    edges[p.edges + base + t] = as_type<int>(nbr_distance(q, pts, list[t], p));
+    distances[base + t] = nbr_distance(q, pts, heap[t], p);
   }
 }
 
@@ -312,16 +361,17 @@ inline int2 nbr_span(float x, constant NeighborParams& p, int a) {
   offsets[i + 1] = p.k > 0 ? min(count, p.k) : count;
 }
 
-// Fill: edges (2, E) as nbr_knn_fill, the nearest offsets[i + 1] -
-// offsets[i] points within the radius.
+// Fill: indices and distances as nbr_knn_fill's, the nearest
+// offsets[i + 1] - offsets[i] points within the radius.
 [[kernel]] void nbr_radius_fill(
     device const float* qs [[buffer(0)]],
     device const int* qbatch [[buffer(1)]],
     device const float* pts [[buffer(2)]],
     device const int* grid [[buffer(3)]],
     device const int* offsets [[buffer(4)]],
-    device int* edges [[buffer(5)]],
-    constant NeighborParams& p [[buffer(6)]],
+    device int* indices [[buffer(5)]],
+    device float* distances [[buffer(6)]],
+    constant NeighborParams& p [[buffer(7)]],
     uint i [[thread_position_in_grid]]) {
   if (int(i) >= p.n_query) {
     return;
@@ -333,7 +383,7 @@ inline int2 nbr_span(float x, constant NeighborParams& p, int a) {
   }
   const NbrQuery q = nbr_query(qs, qbatch, int(i), p);
   device const int* order = grid + p.n_cells + 2;
-  device int* list = edges + base;
+  device int* heap = indices + base;
   int m = 0;
   const int2 sx = nbr_span(q.q.x, p, 0), sy = nbr_span(q.q.y, p, 1), sz = nbr_span(q.q.z, p, 2);
   for (int x = sx.x; x <= sx.y; ++x) {
@@ -343,13 +393,14 @@ inline int2 nbr_span(float x, constant NeighborParams& p, int a) {
         for (int s = grid[c + 1]; s < grid[c + 2]; ++s) {
           const int j = order[s];
           if (nbr_within(q, pts, j, p)) {
-            nbr_offer(q, pts, j, list, m, want, p);
+            nbr_offer(q, pts, j, heap, m, want, p);
           }
         }
       }
     }
   }
+  nbr_sort(q, pts, heap, want, p);
   for (int t = 0; t < want; ++t) {
-    edges[p.edges + base + t] = as_type<int>(nbr_distance(q, pts, list[t], p));
+    distances[base + t] = nbr_distance(q, pts, heap[t], p);
   }
 }

@@ -2,7 +2,8 @@
 every map was built.
 
 ``with mlx_lattice.diagnostics.record() as log: ...`` collects one dict per
-convolution call; ``record(maps=True)`` also the map records (``op ==
+convolution call and per neighbour query (``op`` ``knn`` or ``radius``,
+mlx_lattice/neighbors.py); ``record(maps=True)`` also the map records (``op ==
 "map"``: a coordinate table, support or relation built, by which route, its
 sizes and host synchronisations; see :func:`map_record`).
 ``MLX_LATTICE_ROUTE_LOG=<path>`` appends every record, of both kinds, as a
@@ -55,6 +56,10 @@ class RouteLog(list):
                 rows.append(("map", kind, r["route"], r["backend"], "-", str(r["k"]), "-",
                              str(r["n_out"]), str(r["edges"])))
                 continue
+            if r["op"] in NEIGHBOR_OPS:  # K: neighbours wanted; n_out: queries
+                rows.append((r["op"], "-", r["route"], r["backend"], r["dtype"], str(r["k"]), "-",
+                             str(r["n_out"]), "-"))
+                continue
             rows.append(
                 (
                     r["op"], r["map_kind"], r["route"], r["backend"], r["dtype"], str(r["k"]),
@@ -75,8 +80,13 @@ class RouteLog(list):
         for r in self:
             if r["op"] == "map":
                 continue
-            out.append(f"{r['op']} ({r['map_kind']}, {r['dtype']}, K={r['k']}, "
-                       f"{r['c_in']}->{r['c_out']}, {r['direction']}): {r['route']}")
+            if r["op"] in NEIGHBOR_OPS:
+                within = f", r={r['radius']:g}" if r["op"] == "radius" else ""
+                out.append(f"{r['op']} (k={r['k']}{within}, {r['n_out']} queries, {r['n_in']} points): "
+                           f"{r['route']}")
+            else:
+                out.append(f"{r['op']} ({r['map_kind']}, {r['dtype']}, K={r['k']}, "
+                           f"{r['c_in']}->{r['c_out']}, {r['direction']}): {r['route']}")
             out += [f"  not {x['route']}: {x['reason']}" for x in r.get("rejected", [])
                     if not x["reason"].startswith(_OTHER_DEVICE_OR_PASS)]
             if r.get("fallback"):
@@ -90,6 +100,8 @@ class RouteLog(list):
 # Rejections why() leaves out: routes of another backend, or another pass
 # (the wording of routes.Route.failed).
 _OTHER_DEVICE_OR_PASS = ("backend is ", "route serves ")
+# A neighbour query's record (mlx_lattice/neighbors.py): op and pass alike.
+NEIGHBOR_OPS = ("knn", "radius")
 
 
 _CHOICES = {

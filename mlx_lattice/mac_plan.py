@@ -1,7 +1,8 @@
 """Which Metal route each convolution call of a recorded run would take on a
 Mac of a given tier, and the share of the run's multiply-adds on matrix
 units (simdgroup matrices or TensorOps), on the GPU's scalar kernels, and
-off the GPU.
+off the GPU; and which route each of its neighbour queries (knn, radius)
+would take.
 
 A run recorded anywhere (``diagnostics.record()`` dumped with
 ``RouteLog.dump``, or the JSON lines of ``MLX_LATTICE_ROUTE_LOG``) holds
@@ -34,14 +35,23 @@ _FIELDS = set(routes.RouteContext._fields)
 # What a recorded convolution call must hold for its context to be rebuilt,
 # and the type every context field it holds must have.
 _REQUIRED = ("op", "map_kind", "dtype", "kernel_size", "c_in", "c_out", "n_out", "edges")
+# A recorded neighbour query's (its op "knn" or "radius"; the context's
+# other fields default).
+_REQUIRED_QUERY = ("op", "n_in", "n_out", "k")
 _STRINGS = {"op", "map_kind", "dtype", "backend", "coord_dtype", "weight_layout", "tier", "direction"}
 _TRIPLES = {"kernel_size", "stride", "padding", "dilation"}
 _FLAGS = {"explicit_target", "quantized", "tensor_ops"}
-_COUNTS = {"c_in", "c_out", "n_in", "n_out", "edges", "k", "group_size", "groups"}
+_COUNTS = {"c_in", "c_out", "n_in", "n_out", "edges", "k", "group_size", "groups", "batches"}
+_NUMBERS = {"radius", "coord_max"}
 
 
 def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _query(record: dict) -> bool:
+    """Whether a record is a neighbour query's."""
+    return record.get("op") in routes.NEIGHBOR_PASSES
 
 
 def record_problem(record) -> str | None:
@@ -50,7 +60,7 @@ def record_problem(record) -> str | None:
         return f"a record is a JSON object, got {type(record).__name__}"
     if record.get("op") == "map":
         return None
-    missing = [f for f in _REQUIRED if f not in record]
+    missing = [f for f in (_REQUIRED_QUERY if _query(record) else _REQUIRED) if f not in record]
     if missing:
         return f"missing {', '.join(missing)}"
     for f, v in record.items():
@@ -60,17 +70,22 @@ def record_problem(record) -> str | None:
             return f"{f} is {v!r}, not a count"
         if f in _FLAGS and not isinstance(v, bool):
             return f"{f} is {v!r}, not true or false"
+        if f in _NUMBERS and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0):
+            return f"{f} is {v!r}, not a number >= 0"
         if f in _TRIPLES and not (isinstance(v, (list, tuple)) and len(v) == 3 and all(_int(x) for x in v)) \
                 and not (f == "kernel_size" and v is None):  # products autodiff makes without one
             return f"{f} is {v!r}, not three integers"
-    if record.get("direction", "forward") not in routes.DIRECTIONS:
+    if _query(record):
+        if record.get("direction", record["op"]) != record["op"]:
+            return f"direction is {record['direction']!r}, not the query's {record['op']!r}"
+    elif record.get("direction", "forward") not in routes.DIRECTIONS:
         return f"direction is {record['direction']!r}, not one of {routes.DIRECTIONS}"
     return None
 
 
 def load(path) -> list[dict]:
-    """Convolution records from a RouteLog dump (a JSON list) or a route log
-    of JSON lines; map records are left out. A line that is not JSON, or a
+    """Convolution and neighbour-query records from a RouteLog dump (a JSON
+    list) or a route log of JSON lines; map records are left out. A line that is not JSON, or a
     record that cannot be planned (:func:`record_problem`), is skipped
     with a warning naming the file and where in it."""
     text = Path(path).read_text()
@@ -106,11 +121,15 @@ def multiply_adds(record: dict) -> int:
 
 
 def mac_context(record: dict, tier: str, dtype: str | None = None) -> routes.RouteContext:
+    """The record's context as a Mac of ``tier`` would see it; ``dtype``: the
+    features' (a neighbour query's coordinates are float32 whatever it is)."""
     architecture, macos = TIERS[tier]
     caps = diagnostics.metal_capabilities(architecture, macos)
     fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in record.items() if k in _FIELDS}
     fields.update(backend="metal", tier=caps["tier"], tensor_ops=caps["tensor_ops"])
-    if dtype is not None:
+    if _query(record):
+        fields.update(map_kind="neighbors", dtype="float32", kernel_size=None, direction=record["op"])
+    elif dtype is not None:
         fields["dtype"] = dtype
     return routes.RouteContext(**fields)
 
@@ -118,11 +137,23 @@ def mac_context(record: dict, tier: str, dtype: str | None = None) -> routes.Rou
 def plan(records: list[dict], tier: str, dtype: str | None = None) -> dict:
     """Per route: calls and multiply-adds; and the shares by kind of kernel
     (``matrix``: simdgroup matrices / TensorOps, ``scalar``: other Metal
-    kernels, ``cpu``: off the GPU, with the fallback reasons)."""
+    kernels, ``cpu``: off the GPU, with the fallback reasons). Neighbour
+    queries (no multiply-adds) are counted per route under ``queries``."""
     by_route: dict[str, dict] = defaultdict(lambda: {"calls": 0, "macs": 0, "kind": ""})
     kinds = {"matrix": 0, "scalar": 0, "cpu": 0}
     fallbacks: dict[str, int] = defaultdict(int)
+    queries: dict[str, dict] = defaultdict(lambda: {"calls": 0, "kind": ""})
+    convs = 0
     for r in records:
+        if _query(r):
+            sel = routes.select(mac_context(r, tier))  # a CPU route serves every query
+            row = queries[sel.route.name]
+            row["calls"] += 1
+            row["kind"] = "gpu" if sel.route.backend == "metal" else "cpu"
+            if sel.fallback:
+                fallbacks[sel.fallback] += 1
+            continue
+        convs += 1
         try:
             sel = routes.select(mac_context(r, tier, dtype))
         except ValueError as e:  # a context no route of any backend accepts
@@ -139,9 +170,10 @@ def plan(records: list[dict], tier: str, dtype: str | None = None) -> dict:
             fallbacks[sel.fallback] += 1
     total = sum(kinds.values()) or 1
     return {
-        "tier": tier, "dtype": dtype, "calls": len(records), "multiply_adds": sum(kinds.values()),
+        "tier": tier, "dtype": dtype, "calls": convs, "multiply_adds": sum(kinds.values()),
         "share": {k: v / total for k, v in kinds.items()},
         "routes": dict(sorted(by_route.items(), key=lambda kv: -kv[1]["macs"])),
+        "queries": dict(sorted(queries.items(), key=lambda kv: -kv[1]["calls"])),
         "fallbacks": dict(fallbacks),
     }
 
@@ -158,6 +190,9 @@ def render(p: dict) -> str:
     ]
     for name, row in p["routes"].items():
         lines.append(f"  {name:<32} {row['kind']:<7} {row['calls']:>6} {row['macs'] / total:>7.1%}")
+    if p.get("queries"):
+        lines += ["", f"  {'neighbour queries':<32} {'on':<7} {'calls':>6}"]
+        lines += [f"  {name:<32} {row['kind']:<7} {row['calls']:>6}" for name, row in p["queries"].items()]
     for why, n in p["fallbacks"].items():
         lines.append(f"  fallback x{n}: {why}")
     return "\n".join(lines)

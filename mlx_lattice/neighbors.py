@@ -14,10 +14,13 @@ batch index (default: all in item 0), an ``(N, 4)`` integer ``(batch, x, y,
 z)`` coordinate array, or a :class:`SparseTensor` (its voxel coordinates, in
 its own grid units).
 
-Backends: the C++ CPU search (src/cpu/neighbors.cpp) by default; with a CUDA
-GPU as the default device, the kernels of :mod:`mlx_lattice.backends.cuda.neighbors`
-(the same arrays). The Metal programs (metal/neighbors.metal) are verified
-through the test harness; no runtime primitive dispatches them yet.
+Each query is a route of the registry (:mod:`mlx_lattice.routes`, passes
+``knn`` and ``radius``), selected and recorded like a convolution's: the C++
+CPU search (``cpu.knn`` / ``cpu.radius``, src/cpu/neighbors.cpp) on the CPU;
+with a CUDA GPU as the default device ``cuda.knn`` / ``cuda.radius`` (the
+same arrays); with a Mac's GPU ``metal.knn`` / ``metal.radius``
+(metal/neighbors.metal). A query outside a GPU route's predicate runs on the
+CPU, and the route log says why.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import mlx.core as mx
 
-from . import _ext, backends
+from . import _ext, backends, routes
 from ._args import FLOAT_DTYPES, INT_DTYPES
 from ._segment import accumulation_dtype, segment_max, segment_sum
 from .tensor import SparseTensor
@@ -73,7 +76,8 @@ def _int_array(v, name):
 
 
 def _point_set(x, batch, name):
-    """(N, 3) float32 positions and (N,) int32 batch indices."""
+    """(N, 3) float32 positions and (N,) int32 batch indices, as arrays and
+    as NumPy (which the route's context reads)."""
     if isinstance(x, SparseTensor):
         if batch is not None:
             raise ValueError(f"{name}_batch must be None when {name} is a SparseTensor (its coords hold the batch)")
@@ -108,17 +112,36 @@ def _point_set(x, batch, name):
     pn = np.array(pts)
     if not np.isfinite(pn).all():
         raise ValueError(f"{name} must be finite")
-    return mx.array(np.ascontiguousarray(pn)), mx.array(np.ascontiguousarray(bn))
+    pn, bn = np.ascontiguousarray(pn), np.ascontiguousarray(bn)
+    return mx.array(pn), mx.array(bn), pn, bn
 
 
-def _relation(out) -> NeighborRelation:
+def _backend():
+    """(the backend a query runs on now, why it left its GPU or None)."""
+    return backends.executing()
+
+
+def _query(op: str, queries, points, k: int, r: float) -> NeighborRelation:
+    """Select, record and run the route of one query: ``k`` neighbours wanted
+    (radius: at most, 0 for all) within ``r`` (0: k nearest)."""
+    q, qb, qn, _ = queries
+    p, pb, pn, pbn = points
+    n = pn.shape[0]
+    # Neither changes the result: an item never yields more than its points.
+    k = min(k, max(n, 1))
+    backend, unusable = _backend()
+    ctx = routes.context(
+        op, backend.name, direction=op, map_kind="neighbors", dtype="float32", kernel_size=None,
+        n_in=n, n_out=qn.shape[0], k=k, radius=float(r), batches=int(pbn.max()) + 1 if n else 0,
+        coord_max=float(max(np.abs(qn).max(initial=0.0), np.abs(pn).max(initial=0.0))),
+    )
+    route = routes.choose(ctx, fallback=unusable).route
+    run = backends.get(route.backend).neighbor_queries()
+    if op == "knn":
+        out = (run.knn if run else _ext.knn_query)(q, qb, p, pb, k)
+    else:
+        out = (run.radius if run else _ext.radius_query)(q, qb, p, pb, float(r), k)
     return NeighborRelation(*out)
-
-
-def _cuda():
-    """The CUDA backend's queries when it runs this call, else None (the
-    extension's, which run on the CPU or, on a Mac, as Metal programs)."""
-    return backends.current().neighbor_queries()
 
 
 def knn(queries, points, k: int, *, query_batch=None, point_batch=None) -> NeighborRelation:
@@ -130,12 +153,9 @@ def knn(queries, points, k: int, *, query_batch=None, point_batch=None) -> Neigh
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    q, qb = _point_set(queries, query_batch, "queries")
-    p, pb = _point_set(points, point_batch, "points")
-    gpu = _cuda()
-    if gpu is not None:
-        return _relation(gpu.knn(q, qb, p, pb, int(k)))
-    return _relation(_ext.knn_query(q, qb, p, pb, int(k)))
+    q = _point_set(queries, query_batch, "queries")
+    p = _point_set(points, point_batch, "points")
+    return _query("knn", q, p, int(k), 0.0)
 
 
 def radius(queries, points, r: float, *, query_batch=None, point_batch=None,
@@ -150,12 +170,9 @@ def radius(queries, points, r: float, *, query_batch=None, point_batch=None,
         isinstance(max_neighbors, bool) or not isinstance(max_neighbors, (int, np.integer)) or max_neighbors < 1
     ):
         raise ValueError(f"max_neighbors must be None or a positive int, got {max_neighbors!r}")
-    q, qb = _point_set(queries, query_batch, "queries")
-    p, pb = _point_set(points, point_batch, "points")
-    gpu = _cuda()
-    if gpu is not None:
-        return _relation(gpu.radius(q, qb, p, pb, float(r), int(max_neighbors or 0)))
-    return _relation(_ext.radius_query(q, qb, p, pb, float(r), int(max_neighbors or 0)))
+    q = _point_set(queries, query_batch, "queries")
+    p = _point_set(points, point_batch, "points")
+    return _query("radius", q, p, int(max_neighbors or 0), float(r))
 
 
 def neighbor_reduce(feats, relation: NeighborRelation, weights=None, reduce: str = "sum"):

@@ -1,13 +1,15 @@
-"""The route registry: every convolution route with its backend, predicate
-and priority. Dispatch builds a :class:`RouteContext` with :func:`context` and
-asks :func:`choose`, which selects and records the route; selection itself
-(:func:`select`) is a pure function of the context, so any machine can ask
-which route another would take.
+"""The route registry: every route (convolution products, map building,
+neighbour queries) with its backend, predicate and priority. Dispatch builds
+a :class:`RouteContext` with :func:`context` and asks :func:`choose`, which
+selects and records the route; selection itself (:func:`select`) is a pure
+function of the context, so any machine can ask which route another would
+take.
 
 Each route name is a key of its backend's table: ``src/cpu/routes.cpp``,
 ``src/metal/<family>.cpp`` (beside ``metal/<family>.metal``) and
-``mlx_lattice/backends/cuda/routes.py``; a test keeps the tables and this registry
-naming the same routes.
+``mlx_lattice/backends/cuda/routes.py`` (map building and neighbour queries:
+each backend's ``map_route`` and ``neighbor_routes``); a test keeps the
+tables and this registry naming the same routes.
 
 ``python -m mlx_lattice routes --markdown`` prints docs/routes.md.
 """
@@ -22,6 +24,9 @@ from . import _ext, backends, diagnostics
 
 BACKENDS = ("cpu", "metal", "cuda")
 DIRECTIONS = ("forward", "dgrad", "wgrad")
+# The passes of the neighbour queries (mlx_lattice/neighbors.py): a query's
+# context has op and direction both "knn" or "radius".
+NEIGHBOR_PASSES = diagnostics.NEIGHBOR_OPS
 
 
 class _ContextFields(NamedTuple):
@@ -44,10 +49,18 @@ class _ContextFields(NamedTuple):
     weight_layout: str = "dense5d"
     tier: str = "cpu"
     tensor_ops: bool = False  # Metal 4 TensorOps (neural accelerators) available
-    direction: str = "forward"  # forward, dgrad (input gradient) or wgrad
-    k: int = 0  # kernel volume; derived from kernel_size when 0
+    direction: str = "forward"  # forward, dgrad (input gradient), wgrad; knn or radius (neighbour queries)
+    # kernel volume, derived from kernel_size when 0; a neighbour query's
+    # neighbours wanted (knn: k; radius: max_neighbors, 0 for all)
+    k: int = 0
     group_size: int = 0  # quantized weights: input channels per scale/bias
     groups: int = 1  # channel groups (grouped / depthwise convolution)
+    # Neighbour queries (n_in: reference points, n_out: queries): the radius
+    # (0: k nearest), the largest point batch index + 1, and the largest
+    # coordinate magnitude of queries and points.
+    radius: float = 0.0
+    batches: int = 0
+    coord_max: float = 0.0
 
 
 class RouteContext(_ContextFields):
@@ -130,6 +143,8 @@ class Route:
             return "src/metal/" + self.kernel_file.split("/")[-1].replace(".metal", ".cpp")
         if self.passes == ("map",) and self.backend == "cpu":
             return "mlx_lattice/backends/cpu.py"
+        if set(self.passes) <= set(NEIGHBOR_PASSES):  # the backend's neighbor_routes
+            return "mlx_lattice/backends/" + ("cpu.py" if self.backend == "cpu" else "cuda/__init__.py")
         if self.backend == "cpu":
             return "src/cpu/routes.cpp"
         return "mlx_lattice/backends/cuda/routes.py"
@@ -138,7 +153,8 @@ class Route:
     def predicate(self) -> str:
         texts = [GROUPED_TEXT] if self.grouped else []
         texts += [c.text for c in self.conditions]
-        return " and ".join(texts) or "any valid relation"
+        query = set(self.passes) <= set(NEIGHBOR_PASSES)
+        return " and ".join(texts) or ("any query" if query else "any valid relation")
 
     def _unmet(self, ctx: RouteContext):
         """None when the route applies to ctx; else the reason (text) or
@@ -918,15 +934,85 @@ register(Route(
 ))
 
 
+# ------------------------------------------------------------------ neighbour queries
+# k nearest and radius queries (mlx_lattice/neighbors.py): one route per
+# backend and pass, each a key of its backend's neighbour_routes (Metal:
+# the route table of src/metal/neighbors.cpp). The GPU routes share one grid
+# (metal::neighbor_params, whose limits the conditions state); a query
+# outside them runs on the CPU, on record.
+NBR_ROWS = _cond(
+    "at most 2^30 queries and 2^28 points", lambda c: c.n_out <= 1 << 30 and c.n_in <= 1 << 28
+)
+NBR_BATCHES = _cond("point batch indices below 2^20", lambda c: c.batches <= 1 << 20)
+# Float32 squared distances: (2 * 2^60)^2 * 3 and (2^60)^2 stay finite, and
+# (2^-60)^2 normal.
+NBR_RANGE_F32 = _cond(
+    "coordinates within 2^60 of the origin (float32 squared distances)", lambda c: c.coord_max <= 2.0**60
+)
+NBR_RADIUS_F32 = _cond(
+    "2^-60 <= radius <= 2^60 (float32 squared radius)", lambda c: 2.0**-60 <= c.radius <= 2.0**60
+)
+# The grid's cell side is a float32 (CUDA's distances are float64).
+NBR_RADIUS_FINITE = _cond(
+    "radius a positive finite float32 (2^-149 <= radius < 2^128)", lambda c: 2.0**-149 <= c.radius < 2.0**128
+)
+
+register(Route(
+    name="cpu.knn", backend="cpu", priority=0, conditions=(), passes=("knn",), uses_relation=False,
+    kernel_file="src/cpu/neighbors.cpp",
+    summary="hash grid of (batch, cell) keys; Chebyshev shells of cells around the query, clipped to "
+    "its item's box, with a bounded max-heap; float64 squared distances; 512-query chunks on the "
+    "thread pool",
+))
+register(Route(
+    name="cpu.radius", backend="cpu", priority=0, conditions=(), passes=("radius",), uses_relation=False,
+    kernel_file="src/cpu/neighbors.cpp",
+    summary="hash grid of (batch, cell) keys, cells 1.001 r wide; the 27 cells around the query; "
+    "float64 squared distances, hits sorted per query and laid out by the counts' prefix sum",
+))
+register(Route(
+    name="cuda.knn", backend="cuda", priority=0, conditions=(NBR_ROWS, NBR_BATCHES), passes=("knn",),
+    uses_relation=False, kernel_file="mlx_lattice/backends/cuda/neighbors.py",
+    summary="dense grid per batch item (count, scan, fill); one thread per query over Chebyshev "
+    "shells of cells with a bounded list in its output slice; float64 squared distances in the "
+    "CPU's order: arrays equal to cpu.knn's; one host sync (the edge count)",
+))
+register(Route(
+    name="cuda.radius", backend="cuda", priority=0, conditions=(NBR_ROWS, NBR_BATCHES, NBR_RADIUS_FINITE),
+    passes=("radius",), uses_relation=False, kernel_file="mlx_lattice/backends/cuda/neighbors.py",
+    summary="the grid of cuda.knn; one thread per query over the cells of [x - r, x + r], count then "
+    "fill; arrays equal to cpu.radius's; one host sync (the edge count)",
+))
+register(Route(
+    name="metal.knn", backend="metal", priority=0, conditions=(NBR_ROWS, NBR_BATCHES, NBR_RANGE_F32),
+    passes=("knn",), uses_relation=False, kernel_file="metal/neighbors.metal",
+    summary="dense grid per batch item (count, scan, fill); one thread per query over Chebyshev "
+    "shells of cells with a bounded max-heap in its output slice, sorted in place; integral "
+    "coordinates: 64-bit integer squared distances (cpu.knn's neighbours), else float32; one host "
+    "sync (the edge count)",
+))
+register(Route(
+    name="metal.radius", backend="metal", priority=0,
+    conditions=(NBR_ROWS, NBR_BATCHES, NBR_RANGE_F32, NBR_RADIUS_F32),
+    passes=("radius",), uses_relation=False, kernel_file="metal/neighbors.metal",
+    summary="the grid of metal.knn; one thread per query over the cells of [x - r, x + r], count "
+    "then fill (a bounded max-heap, sorted in place); integral coordinates: 64-bit integer squared "
+    "distances (cpu.radius's neighbours, boundary included), else float32; one host sync",
+))
+
+
 def markdown() -> str:
     lines = [
-        "# Convolution routes",
+        "# Routes",
         "",
         "Generated from the registry in `mlx_lattice/routes.py` by"
         " `python -m mlx_lattice routes --markdown > docs/routes.md`;"
         " a test keeps this file equal to the registry.",
         "",
-        "Within a backend the highest-priority route whose predicate holds is taken.",
+        "Convolution products (passes forward, dgrad, wgrad), map building (map) and"
+        " neighbour queries (knn, radius, docs/neighbors.md).",
+        "Within a backend the highest-priority route whose predicate holds is taken;"
+        " where no route of a GPU backend holds, the CPU's runs, on record.",
         "",
         "| route | backend | passes | priority | predicate | deterministic | table entry | kernels | what it does |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",

@@ -94,3 +94,39 @@ def test_every_routes_variant_prints_json_with_json(tmp_path, capsys):
         with pytest.raises(SystemExit):
             cli.main(["routes", *argv])
         assert "routes" in capsys.readouterr().err
+
+
+def test_neighbour_queries_in_the_plan(tmp_path, capsys):
+    """A run's neighbour queries, planned as a Mac would route them: the
+    Metal routes within their predicates, the CPU's past them (a point
+    batch index past the grid's), and no multiply-adds."""
+    path, log = _record_run(tmp_path)
+    p = np.random.default_rng(1).standard_normal((30, 3)).astype(np.float32)
+    far_items = np.zeros(30, np.int32)
+    far_items[0] = 1 << 20
+    with ml.diagnostics.record() as queries:
+        ml.neighbors.knn(p, p, 4)
+        ml.neighbors.radius(p, p, 0.5)
+        ml.neighbors.knn(p, p, 4, query_batch=far_items, point_batch=far_items)
+    lines = tmp_path / "run.jsonl"
+    lines.write_text("\n".join(json.dumps(r) for r in [*log, *queries]) + "\n")
+    records = mac_plan.load(lines)
+    assert len(records) == len(log) + 3
+    p5 = mac_plan.plan(records, "m5", "float16")
+    assert p5["calls"] == len(log) and p5["multiply_adds"] == mac_plan.plan(mac_plan.load(path), "m5", "float16")[
+        "multiply_adds"]
+    assert p5["queries"] == {"metal.knn": {"calls": 1, "kind": "gpu"}, "metal.radius": {"calls": 1, "kind": "gpu"},
+                             "cpu.knn": {"calls": 1, "kind": "cpu"}}
+    assert p5["fallbacks"]["no metal route accepts this call; running on the CPU"] >= 1
+    assert cli.main(["routes", "--mac", "m4", "--log", str(lines)]) == 0
+    out = capsys.readouterr().out
+    assert "neighbour queries" in out and "metal.knn" in out and "metal.radius" in out
+    # a hand-written query record needs only its op, sizes and k
+    assert mac_plan.record_problem({"op": "knn", "n_in": 5, "n_out": 2, "k": 3}) is None
+    assert routes.select(mac_plan.mac_context({"op": "knn", "n_in": 5, "n_out": 2, "k": 3}, "m3")).route.name == (
+        "metal.knn")
+    assert mac_plan.record_problem({"op": "radius", "n_in": 5, "n_out": 2}) == "missing k"
+    assert mac_plan.record_problem({"op": "radius", "n_in": 5, "n_out": 2, "k": 0, "radius": -1.0}) == (
+        "radius is -1.0, not a number >= 0")
+    assert mac_plan.record_problem({"op": "knn", "n_in": 5, "n_out": 2, "k": 1, "direction": "forward"}) == (
+        "direction is 'forward', not the query's 'knn'")

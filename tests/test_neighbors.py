@@ -8,6 +8,7 @@ import mlx.core as mx
 
 import mlx_lattice as ml
 from mlx_lattice import neighbors as nb
+from mlx_lattice import routes
 
 from conftest import assert_same_across_threads
 
@@ -182,6 +183,84 @@ def test_bad_arguments():
         nb.knn(p, np.full((3, 3), np.nan, np.float32), 1)
     with pytest.raises(ValueError, match="queries_batch must be None"):
         nb.knn(np.zeros((2, 4), np.int32), p, 1, query_batch=np.zeros(2, np.int32))
+
+
+def test_k_and_cap_past_the_points():
+    """k or max_neighbors past any int32: every point of the item (the
+    query never asks for more than the points there are)."""
+    rng = np.random.default_rng(10)
+    p, pb = cloud(rng, 30, 2)
+    q, qb = cloud(rng, 12, 3)
+    check(nb.knn(q, p, 2**40, query_batch=qb, point_batch=pb), brute_knn(q, qb, p, pb, 30))
+    check(nb.radius(q, p, 1.0, query_batch=qb, point_batch=pb, max_neighbors=2**40),
+          brute_radius(q, qb, p, pb, 1.0))
+
+
+# ------------------------------------------------------------- routes
+def test_queries_take_routes_on_record():
+    """Each query is a route of the registry, recorded like a convolution:
+    its context holds the sizes, neighbours wanted, radius, items and
+    coordinate range the GPU routes' predicates read."""
+    p = np.array([[0, 0, 0], [1, 0, 0], [0, 3, 0], [-2, 0, 5]], np.float32)
+    pb = np.array([0, 0, 1, 4], np.int32)
+    with ml.diagnostics.record() as log:
+        nb.knn(p[:3], p, 50, query_batch=pb[:3], point_batch=pb)
+        nb.radius(p, p, 1.5, query_batch=pb, point_batch=pb, max_neighbors=3)
+        nb.radius(p, p, 1.5)
+    knn, capped, radius = log
+    assert (knn["route"], capped["route"], radius["route"]) == ("cpu.knn", "cpu.radius", "cpu.radius")
+    assert knn["op"] == knn["direction"] == "knn" and radius["op"] == radius["direction"] == "radius"
+    assert (knn["n_out"], knn["n_in"], knn["k"], knn["radius"]) == (3, 4, 4, 0.0)  # k: at most the points
+    assert (capped["k"], capped["radius"], radius["k"]) == (3, 1.5, 0)
+    assert knn["batches"] == 5 and radius["batches"] == 1 and knn["coord_max"] == 5.0
+    assert knn["fallback"] is None and knn["dtype"] == "float32"
+    assert log.why().splitlines() == [
+        "knn (k=4, 3 queries, 4 points): cpu.knn",
+        "radius (k=3, r=1.5, 4 queries, 4 points): cpu.radius",
+        "radius (k=0, r=1.5, 4 queries, 4 points): cpu.radius",
+    ]
+    assert log.table().splitlines()[2].split() == ["knn", "-", "cpu.knn", "cpu", "float32", "4", "-", "3", "-"]
+
+
+def _query_ctx(op, backend, **kw):
+    fields = dict(direction=op, map_kind="neighbors", dtype="float32", kernel_size=None, n_in=1000,
+                  n_out=500, k=8, radius=0.0 if op == "knn" else 0.5, batches=2, coord_max=100.0)
+    fields.update(kw)
+    return routes.RouteContext(op, backend=backend, **fields)
+
+
+@pytest.mark.parametrize("op", ["knn", "radius"])
+def test_gpu_routes_and_their_limits(op):
+    """Within the grid's limits each GPU takes its own route; past them the
+    CPU's runs, the reason naming the requirement and the call's value."""
+    for gpu in ("metal", "cuda"):
+        sel = routes.select(_query_ctx(op, gpu))
+        assert sel.route.name == f"{gpu}.{op}" and sel.fallback is None
+        assert routes.select(_query_ctx(op, gpu, k=2**30, n_out=2**30, n_in=2**28)).route.name == f"{gpu}.{op}"
+        for kw, why in (
+            (dict(batches=2**20 + 1), "point batch indices below 2^20, not met: batches=1048577"),
+            (dict(n_in=2**28 + 1), "at most 2^30 queries and 2^28 points, not met: n_out=500, n_in=268435457"),
+            (dict(n_out=2**30 + 1), "at most 2^30 queries and 2^28 points"),
+        ):
+            sel = routes.select(_query_ctx(op, gpu, **kw))
+            assert sel.route.name == f"cpu.{op}"
+            assert sel.fallback == f"no {gpu} route accepts this call; running on the CPU"
+            assert {r["route"]: r["reason"] for r in sel.rejected}[f"{gpu}.{op}"].startswith("requires " + why)
+    # Metal's float32 squared distances; CUDA's are float64
+    far = _query_ctx(op, "metal", coord_max=2.0**61)
+    assert routes.select(far).route.name == f"cpu.{op}"
+    assert routes.select(far._replace(backend="cuda")).route.name == f"cuda.{op}"
+    assert routes.select(_query_ctx(op, "metal", coord_max=2.0**60)).route.name == f"metal.{op}"
+    # conv routes never serve a query, nor neighbour routes a convolution
+    assert all(r.name.endswith(f".{op}") for r in routes._REGISTRY.values()
+               if r.applies(_query_ctx(op, r.backend)))
+
+
+def test_radius_limits_per_gpu():
+    for r, metal, cuda in ((2.0**-60, "metal", "cuda"), (2.0**-61, "cpu", "cuda"), (2.0**60, "metal", "cuda"),
+                           (2.0**61, "cpu", "cuda"), (1e39, "cpu", "cpu"), (1e-46, "cpu", "cpu")):
+        assert routes.select(_query_ctx("radius", "metal", radius=r)).route.name == f"{metal}.radius", r
+        assert routes.select(_query_ctx("radius", "cuda", radius=r)).route.name == f"{cuda}.radius", r
 
 
 # ------------------------------------------------------------- reduction

@@ -56,6 +56,8 @@ def _primitive(route) -> str:
         return "weight_grad"
     if route.passes == ("map",):
         return "map"
+    if set(route.passes) <= set(routes.NEIGHBOR_PASSES):
+        return "neighbors"
     if any(c.text.startswith("quantized weight") for c in route.conditions):
         return "quantized"
     return "conv"
@@ -73,7 +75,9 @@ def test_route_tables_name_exactly_the_registry_routes():
     from mlx_lattice import backends
 
     map_routes = {backends.get(b).map_route: "map" for b in ("cpu", "metal")}
-    tables = {**native, **map_routes, **{name: r.op for name, r in cuda.ROUTES.items()}}
+    neighbor_routes = {name: "neighbors" for b in backends.NAMES for name in backends.get(b).neighbor_routes}
+    assert len(neighbor_routes) == 2 * len(backends.NAMES), "a k-nearest and a radius route per backend"
+    tables = {**native, **map_routes, **neighbor_routes, **{name: r.op for name, r in cuda.ROUTES.items()}}
     registry = {r.name: r for r in routes._REGISTRY.values()}
     assert set(tables) == set(registry)
     for name, route in registry.items():

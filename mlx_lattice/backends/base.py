@@ -24,6 +24,7 @@ class Backend:
 
     name = ""
     map_route = ""  # the registry route that builds maps here
+    neighbor_routes: tuple[str, ...] = ()  # the registry routes of its k-nearest and radius queries
 
     # ------------------------------------------------------------ the device
     @functools.cached_property
@@ -79,8 +80,10 @@ class Backend:
         return 0
 
     def neighbor_queries(self):
-        """A module of k-nearest and radius queries of this backend's own
-        (None: the extension's serve it)."""
+        """A module of k-nearest and radius queries of this backend's own,
+        ``knn(q, qb, p, pb, k)`` and ``radius(q, qb, p, pb, r,
+        max_neighbors)`` returning ``(offsets, indices, distances)`` (None:
+        the extension's serve it, ``_ext.knn_query`` / ``_ext.radius_query``)."""
         return None
 
     def fused_norm(self):

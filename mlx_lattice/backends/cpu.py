@@ -12,6 +12,7 @@ from .base import Backend, Views
 class CpuBackend(Backend):
     name = "cpu"
     map_route = "cpu.hash_map"
+    neighbor_routes = ("cpu.knn", "cpu.radius")  # _ext.knn_query, _ext.radius_query
 
     def _probe(self) -> bool:
         return True

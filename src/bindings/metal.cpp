@@ -1,6 +1,7 @@
 // The Metal backend: whether this build has its kernels, and the programs
 // eval_gpu encodes, which the test harness reads and runs (map building's
-// steps also run as primitives, from mlx_lattice/metal_maps.py).
+// and neighbour queries' steps also run as primitives, from
+// mlx_lattice/backends/metal/).
 #include "bindings/bindings.h"
 #include "core/norm.h"
 #include "core/route_op.h"
@@ -148,24 +149,75 @@ void init_metal(nb::module_& m) {
       },
       "direction"_a, "rows"_a, "channels"_a, "dtype"_a, "n_segments"_a,
       "segmented"_a, "training"_a, "residual"_a, "act"_a, "slope"_a, "eps"_a);
+  // Neighbour queries (routes metal.knn, metal.radius): the parameters of
+  // one query, computed on the host once, then each step's program (the
+  // harness), outputs and primitive (a Mac; mlx_lattice/backends/metal/neighbors.py).
+  nb::class_<NeighborParams>(m, "NeighborParams")
+      .def_ro("n_query", &NeighborParams::n_query)
+      .def_ro("n_points", &NeighborParams::n_points)
+      .def_ro("n_batch", &NeighborParams::n_batch)
+      .def_prop_ro("dims", [](const NeighborParams& p) {
+        return std::array<int, 3>{p.dims[0], p.dims[1], p.dims[2]};
+      })
+      .def_ro("n_cells", &NeighborParams::n_cells)
+      .def_prop_ro("exact", [](const NeighborParams& p) { return p.exact != 0; })
+      .def_ro("k", &NeighborParams::k)
+      .def_prop_ro("origin", [](const NeighborParams& p) {
+        return std::array<float, 3>{p.origin[0], p.origin[1], p.origin[2]};
+      })
+      .def_ro("cell", &NeighborParams::cell)
+      .def_ro("radius", &NeighborParams::radius)
+      .def("__repr__", [](const NeighborParams& p) {
+        return "NeighborParams(n_query=" + std::to_string(p.n_query) +
+            ", n_points=" + std::to_string(p.n_points) + ", n_cells=" +
+            std::to_string(p.n_cells) + ", k=" + std::to_string(p.k) +
+            ", radius=" + std::to_string(p.radius) + ", exact=" +
+            (p.exact ? "True" : "False") + ")";
+      });
+  m.def(
+      "metal_neighbor_params",
+      [](const mx::array& queries, const mx::array& query_batch,
+         const mx::array& points, const mx::array& point_batch, int k,
+         double radius) {
+        return metal::neighbor_params(queries, query_batch, points, point_batch, k, radius);
+      },
+      "queries"_a, "query_batch"_a, "points"_a, "point_batch"_a, "k"_a,
+      "radius"_a = 0.0);
   m.def(
       "metal_neighbor_program",
-      [](const std::string& step, const mx::array& queries,
-         const mx::array& query_batch, const mx::array& points,
-         const mx::array& point_batch, int k, double radius, int64_t edges) {
-        return program_dict(metal::neighbor_program(
-            step, metal::neighbor_params(queries, query_batch, points,
-                                         point_batch, k, radius, edges)));
+      [](const std::string& route, const std::string& step, const NeighborParams& p) {
+        return program_dict(metal::neighbor_program(route, step, p));
       },
-      "step"_a, "queries"_a, "query_batch"_a, "points"_a, "point_batch"_a,
-      "k"_a, "radius"_a = 0.0, "edges"_a = 0);
+      "route"_a, "step"_a, "params"_a);
+  m.def(
+      "metal_neighbor_outputs",
+      [](const std::string& route, const std::string& step, const NeighborParams& p,
+         int64_t edges) {
+        nb::list out;
+        for (const auto& [shape, dtype] : metal::neighbor_outputs(route, step, p, edges)) {
+          out.append(nb::make_tuple(
+              std::vector<int>(shape.begin(), shape.end()),
+              dtype == mx::int32 ? std::string("int32") : metal::type_name(dtype)));
+        }
+        return out;
+      },
+      "route"_a, "step"_a, "params"_a, "edges"_a = 0);
+  m.def(
+      "metal_neighbor_step",
+      [](const std::string& route, const std::string& step,
+         const std::vector<mx::array>& inputs, const NeighborParams& p,
+         int64_t edges, std::optional<mx::Stream> s) {
+        return metal::neighbor_step(route, step, inputs, p, edges, stream_or_default(s));
+      },
+      "route"_a, "step"_a, "inputs"_a, "params"_a, "edges"_a = 0,
+      "stream"_a = nb::none());
   m.def(
       "neighbor_grid",
       [](const mx::array& queries, const mx::array& query_batch,
          const mx::array& points, const mx::array& point_batch, int k,
          double radius) {
         const NeighborParams g = metal::neighbor_params(
-            queries, query_batch, points, point_batch, k, radius, 0);
+            queries, query_batch, points, point_batch, k, radius);
         nb::dict d;
         d["n_batch"] = g.n_batch;
         d["dims"] = std::array<int, 3>{g.dims[0], g.dims[1], g.dims[2]};

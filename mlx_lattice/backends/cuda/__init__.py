@@ -30,6 +30,7 @@ from .view import View, view_of
 class CudaBackend(Backend):
     name = "cuda"
     map_route = "cuda.hash_map"
+    neighbor_routes = ("cuda.knn", "cuda.radius")  # neighbors.knn, neighbors.radius
 
     def _probe(self) -> bool:
         cuda = getattr(mx, "cuda", None)

@@ -1,7 +1,8 @@
 """The Metal backend: maps built by the programs of src/metal/map_build.cpp
-(``maps``) and products run by the Metal route tables of src/metal/, on a
-Mac whose GPU is MLX's default device and whose install has the Metal
-kernels."""
+(``maps``), neighbour queries by those of src/metal/neighbors.cpp
+(``neighbors``, loaded on the first query) and products run by the Metal
+route tables of src/metal/, on a Mac whose GPU is MLX's default device and
+whose install has the Metal kernels."""
 
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ def tensor_ops_available() -> tuple[bool, str | None]:
 class MetalBackend(Backend):
     name = "metal"
     map_route = "metal.hash_map"
+    neighbor_routes = ("metal.knn", "metal.radius")  # the route table of src/metal/neighbors.cpp
 
     def __init__(self):
         self._facts = None
@@ -143,6 +145,11 @@ class MetalBackend(Backend):
 
     def syncs(self):
         return maps.SYNCS
+
+    def neighbor_queries(self):
+        from . import neighbors  # loaded on the first query only
+
+        return neighbors
 
 
 BACKEND = MetalBackend()
