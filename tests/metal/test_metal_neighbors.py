@@ -24,6 +24,8 @@ the brute force's neighbours and order; exact duplicates still tie by index.
 
 from __future__ import annotations
 
+import pathlib
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -410,6 +412,57 @@ def test_a_mac_selects_the_metal_routes():
         for rec in log:
             sel = routes.select(mac_plan.mac_context(rec, tier))
             assert sel.route.name == f"metal.{rec['op']}" and sel.fallback is None
+
+
+def test_selection_per_device(monkeypatch):
+    """metal.knn / metal.radius only when the default device is a GPU, MLX
+    runs Metal and the build has the Metal kernels (never on this Linux
+    build as it is); a Mac GPU without the kernels runs the CPU's, on record."""
+    from mlx_lattice.backends import build
+
+    metal = backends.get("metal")
+    steps = Steps()
+    monkeypatch.setattr(metal_nbr, "_run", steps)
+    p = np.array([[0, 0, 0], [1, 0, 0], [0, 2, 0], [3, 3, 3]], np.float32)
+    if not mx.metal.is_available():
+        with ml.diagnostics.record() as log:
+            nb.knn(p, p, 2)
+        assert log[0]["route"] in ("cpu.knn", "cuda.knn")
+    monkeypatch.setattr(backends.get("cuda"), "available", lambda: False)
+    is_file = pathlib.Path.is_file  # the harness reads its own files
+    monkeypatch.setattr(pathlib.Path, "is_file", lambda self: self.suffix == ".metallib" or is_file(self))
+    for gpu_device in (False, True):
+        for on_metal in (False, True):
+            for built in (False, True):
+                monkeypatch.setattr(mx, "default_device", lambda g=gpu_device: mx.Device(mx.gpu if g else mx.cpu))
+                monkeypatch.setattr(metal, "available", lambda m=on_metal: m)
+                monkeypatch.setattr(build, "build_info", lambda b=built: {"metal_built": b, "metal_reason": "x"})
+                monkeypatch.setattr(build, "package_dir", lambda: pathlib.Path(_ext.__file__).parent)
+                monkeypatch.setattr(_ext, "metal_available", lambda b=built: b)
+                with ml.diagnostics.record() as log:
+                    rel = nb.knn(p, p, 2)
+                    nb.radius(p, p, 1.0)
+                on_gpu = gpu_device and on_metal
+                expect = "metal" if on_gpu and built else "cpu"
+                assert [r["route"] for r in log] == [f"{expect}.knn", f"{expect}.radius"]
+                if on_gpu and not built:
+                    assert all(r["fallback"].startswith("mlx_lattice.metallib unavailable") for r in log)
+                else:
+                    assert all(r["fallback"] is None for r in log)
+                assert np.array(rel.indices).tolist() == [0, 1, 1, 0, 2, 0, 3, 2]
+    assert steps.steps == ["grid", "count", "fill"] * 2
+
+
+def test_step_primitive_needs_a_metal_stream():
+    """The primitive exists on every build; evaluating it off a Metal GPU
+    stream is an error, not a fallback."""
+    p, pb = np.zeros((3, 3), np.float32), np.zeros(3, np.int32)
+    params = params_of(p, pb, p, pb, 2)
+    arrs = [mx.array(a) for a in (p, pb, p, pb)]
+    (grid,) = _ext.metal_neighbor_step("metal.knn", "grid", arrs, params, stream=mx.default_stream(mx.cpu))
+    assert grid.shape == (params.n_cells + 2 + 3,) and grid.dtype == mx.int32
+    with pytest.raises(RuntimeError, match="Metal neighbour queries run on a Metal GPU stream"):
+        mx.eval(grid)
 
 
 def test_outside_the_predicates_runs_on_the_cpu_on_record(metal):
