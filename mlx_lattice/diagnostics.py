@@ -22,6 +22,8 @@ import os
 import threading
 import warnings
 
+from . import _files
+
 
 _active: list[tuple["RouteLog", bool]] = []  # (log, whether it takes map records)
 _lock = threading.Lock()
@@ -160,19 +162,6 @@ except AttributeError:  # an os.environ without its mapping of encoded keys
 _log_warned: set = set()
 
 
-def _append(path: str, line: str) -> None:
-    """One record appended to the route log in one write to a file opened
-    for appending, so that the lines of processes sharing the file never
-    interleave."""
-    data = (line + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        while data:
-            data = data[os.write(fd, data):]
-    finally:
-        os.close(fd)
-
-
 def emit(entry: dict) -> None:
     is_map = entry.get("op") == "map"
     with _lock:
@@ -182,7 +171,7 @@ def emit(entry: dict) -> None:
         path = os.environ.get("MLX_LATTICE_ROUTE_LOG", "").strip()
         if path:
             try:
-                _append(path, json.dumps(entry))
+                _files.append_line(path, json.dumps(entry))
             except OSError as e:
                 # a log that cannot be written must not stop the convolution
                 # that reports to it: said once per path and error

@@ -36,7 +36,6 @@ once per file, entry and reason):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -46,6 +45,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Callable, NamedTuple
+
+from . import _files
 
 FORMAT = "mlx_lattice route tuning"
 FORMAT_VERSION = 1
@@ -212,45 +213,12 @@ class TuningCache:
         warning (once per process) for what is not usable."""
         return self.contents().entries
 
-    @contextlib.contextmanager
     def _locked(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        with open(lock_path, "a+") as f:
-            try:
-                import fcntl
-            except ImportError:  # no advisory locks here: the rename still keeps the file whole
-                yield
-                return
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return _files.locked(self.path.with_name(self.path.name + ".lock"))
 
     def _write(self, entries: dict) -> None:
         data = {"format": FORMAT, "version": FORMAT_VERSION, "entries": dict(sorted(entries.items()))}
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-                f.write("\n")
-                f.flush()
-                # on disk before the rename: a crash leaves the old file or
-                # the new one, never a renamed empty one
-                os.fsync(f.fileno())
-            # mkstemp makes the file private; a cache shared through a named
-            # path keeps the mode it had (new files: readable by all)
-            try:
-                mode = self.path.stat().st_mode & 0o777
-            except OSError:
-                mode = 0o644
-            os.chmod(tmp, mode)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        _files.write_whole(self.path, (json.dumps(data, indent=1) + "\n").encode())
 
     def _writable(self) -> Contents:
         got = self.read()

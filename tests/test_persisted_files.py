@@ -344,11 +344,13 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(cache_file, monkeyp
     c.merge({"a": {"route": "cpu.row_gather"}})
     before = cache_file.read_bytes()
 
-    def broken_dump(obj, f, **kw):
-        f.write('{"format": "mlx_lattice route tuning", "vers')  # cut off mid-write
+    real_fsync = os.fsync
+
+    def full_disk(fd):  # the temporary file written, then the disk fills
+        real_fsync(fd)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(tuning_cache.json, "dump", broken_dump)
+    monkeypatch.setattr(os, "fsync", full_disk)
     with pytest.raises(OSError, match="No space"):
         c.merge({"b": {"route": "cpu.row_gather"}})
     assert cache_file.read_bytes() == before

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 
 import numpy as np
@@ -24,22 +23,11 @@ from .. import _ext, diagnostics, num_threads, ops
 from ..quantized import QuantizedWeight
 from ..relation import KernelGeometry
 from ..tensor import SparseTensor
+from .profile import cpu_name
 from .workloads import DTYPES, workload
 
 CHANNELS = (32, 64, 128, 256)
 VARIANTS = ("float", "int8", "int4")
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo, else the platform's word)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def interleaved_best(fns: dict, rounds: int, min_time_s: float = 0.0) -> dict:

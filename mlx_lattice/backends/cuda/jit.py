@@ -27,7 +27,6 @@ cannot use are skipped with a warning naming the file and the lines;
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
@@ -42,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 import mlx.core as mx
+
+from ... import _files
 
 # What a kernel body may use: the half and bfloat16 types and fixed-width
 # integers (sources add their own headers, such as <mma.h>). MLX's own
@@ -129,53 +130,10 @@ def _warn_once(what: str, stacklevel: int = 3) -> None:
     warnings.warn(f"mlx_lattice: {what}", RuntimeWarning, stacklevel=stacklevel)
 
 
-def _write_whole(path: Path, data: bytes) -> None:
-    """``data`` into ``path`` as a whole: a temporary file beside it, flushed
-    to disk and renamed into place (readers see the old file or the new
-    one, never a part); the temporary file is removed if anything fails."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-@contextlib.contextmanager
 def _manifest_lock(directory: Path):
     """An exclusive lock on a cache directory's list: appends and the
     rewrite of cuda-prebuild do not lose each other's lines."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "manifest.jsonl.lock", "a+") as f:
-        try:
-            import fcntl
-        except ImportError:  # appends stay whole lines (one write each); a rewrite may lose one
-            yield
-            return
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _append_line(path: Path, line: str) -> None:
-    """One line appended in one write (whole, whatever else appends)."""
-    data = (line + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        while data:
-            data = data[os.write(fd, data):]
-    finally:
-        os.close(fd)
+    return _files.locked(directory / "manifest.jsonl.lock")
 
 
 class _Nvrtc:
@@ -461,7 +419,7 @@ def tidy_manifest(directory: Path) -> int:
             seen.add((got[0].name, got[1]))
             kept.append(_entry(*got))
         if len(kept) != len(lines):
-            _write_whole(path, "".join(k + "\n" for k in kept).encode())
+            _files.write_whole(path, "".join(k + "\n" for k in kept).encode())
         return len(lines) - len(kept)
 
 
@@ -735,9 +693,9 @@ class Kernel:
             return None
         print(f" {time.perf_counter() - t:.1f} s (kept in {directory})", file=sys.stderr, flush=True)
         try:
-            _write_whole(path, cubin)
+            _files.write_whole(path, cubin)
             with _manifest_lock(path.parent):
-                _append_line(path.parent / "manifest.jsonl", _entry(self, key))
+                _files.append_line(path.parent / "manifest.jsonl", _entry(self, key))
         except OSError as e:
             warnings.warn(f"mlx_lattice: could not keep a compiled CUDA kernel in {directory}: {e}",
                           RuntimeWarning, stacklevel=4)
