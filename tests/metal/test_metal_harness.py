@@ -70,6 +70,45 @@ def test_vector_types_swizzles_and_half_literals():
     np.testing.assert_array_equal(z, x[:, 0].view(np.uint32) ^ popcount)
 
 
+def test_matrices():
+    rng = np.random.default_rng(1)
+    m = rng.standard_normal((5, 4, 4)).astype(f32)  # 5 float4x4, each 4 columns of float4
+    v = rng.standard_normal((5, 4)).astype(f32)
+    *_, out = run("matrix_ops", [m, v, np.zeros((20, 4), f32)], groups=1, threads=5)
+    out = out.reshape(5, 4, 4)
+    for i in range(5):
+        a = m[i].T.astype(np.float64)  # a[row, column]
+        np.testing.assert_allclose(out[i, 0], a @ v[i], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out[i, 1], v[i] @ a, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out[i, 2], (a.T @ a)[:, 1], rtol=1e-5, atol=1e-5)
+        dets = [np.linalg.det(a), np.linalg.det(a[:3, :3]), np.linalg.det(a[:2, :2]), a[2, 3]]
+        np.testing.assert_allclose(out[i, 3], dets, rtol=1e-4, atol=1e-5)
+
+
+def test_vector_comparisons_select_and_swizzles():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((16, 4)).astype(f32)
+    b = rng.standard_normal((16, 4)).astype(f32)
+    b[3] = a[3] + 1  # every component less
+    *_, out, flags = run("compare_select", [a, b, np.zeros((16, 4), f32), np.zeros(16, np.uint32)],
+                          groups=1, threads=16)
+    lt = a < b
+    r = np.where(lt, b, a)[:, ::-1].copy()
+    r[:, [0, 1]] = r[:, [1, 0]]
+    np.testing.assert_array_equal(out, r)
+    want = lt.any(1) * 1 + lt.all(1) * 2 + (~lt[:, :2]).all(1) * 4
+    np.testing.assert_array_equal(flags, want.astype(np.uint32))
+
+
+def test_dispatch_builtins_on_a_partial_threadgroup():
+    (out,) = run("dispatch_inputs", [np.zeros(50 * 4, np.uint32)], grid=50, threads=32)
+    out = out.reshape(50, 4)
+    np.testing.assert_array_equal(out[:, 0], 32)
+    np.testing.assert_array_equal(out[:, 1], [32] * 32 + [18] * 18)
+    np.testing.assert_array_equal(out[:, 2], 1)
+    np.testing.assert_array_equal(out[:, 3], 8)
+
+
 def test_threadgroup_buffer_argument():
     x = np.arange(64, dtype=f32)
     _, y = run("reverse_groups", [x, np.zeros(64, f32)], groups=2, threads=32, threadgroup_buffers=[128])

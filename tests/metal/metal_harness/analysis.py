@@ -78,6 +78,35 @@ def _builtin_rules(kernel, at) -> list[strict.Violation]:
             for m in out]
 
 
+_SPACE = re.compile(r"\b(device|constant|threadgroup|thread)\b(?!_)")
+_RESOURCE_TYPES = re.compile(r"\b(?:texture\w*|depth\w*|sampler|array<|acceleration_structure|intersection_function_table"
+                             r"|visible_function_table|indirect_command_buffer|command_buffer)\b")
+
+
+def _binding_rules(kernel, at) -> list[strict.Violation]:
+    """What a kernel parameter's attribute binds it to: [[buffer(n)]] a
+    device or constant pointer or reference, [[threadgroup(n)]] a
+    threadgroup pointer or reference; without an attribute, a pointer or
+    reference (bound automatically), a resource type or nothing (MSL:
+    a kernel's inputs are buffers, textures, samplers, threadgroup memory
+    and built-in values)."""
+    out = []
+    for ptype, name, attrs in kernel.param_list():
+        kinds = {a for a, _ in attrs}
+        points = bool(re.search(r"[*&[]", ptype))  # an array parameter is a pointer
+        space = next(iter(_SPACE.findall(ptype)), None)
+        if "buffer" in kinds and not (points and space in ("device", "constant")):
+            out.append(f"'{name}' [[buffer(n)]] is '{ptype}'; a buffer binds a device or constant pointer or reference")
+        if "threadgroup" in kinds and not (points and space == "threadgroup"):
+            out.append(f"'{name}' [[threadgroup(n)]] is '{ptype}'; it binds a threadgroup pointer or reference")
+        if not kinds - {"function_constant"} and not points and not _RESOURCE_TYPES.search(ptype):
+            out.append(f"'{name}' ('{ptype}') has no attribute; a kernel takes values only as built-ins "
+                       "([[thread_position_in_grid]] and kin) or through buffers")
+    where = at(kernel.start)
+    return [strict.Violation(strict._short(where[0]), where[1], "kernel-signature", f"kernel '{kernel.name}': {m}")
+            for m in out]
+
+
 def _index_rules(kernel, at) -> list[strict.Violation]:
     """Resource indices: at most 30, one parameter per index and table
     (pointers and references without an index take the first free one)."""
@@ -140,7 +169,7 @@ def kernel_rules(text: str) -> list[strict.Violation]:
         f, ln = at(m.start())
         out.append(strict.Violation(strict._short(f), ln, "main", "an MSL function cannot be named main"))
     for k in opencl.kernel_defs(text):
-        out += _index_rules(k, at) + _builtin_rules(k, at) + _allocation_rules(k, text, code, at)
+        out += _index_rules(k, at) + _builtin_rules(k, at) + _binding_rules(k, at) + _allocation_rules(k, text, code, at)
     return out
 
 
@@ -158,6 +187,8 @@ class _Walker:
         self.at = strict.Locator(unit_text)
         self.file = ""
         self.functions: dict[str, dict] = {}  # id -> FunctionDecl node with a body
+        self.patterns: set[str] = set()  # functions of templates' patterns (their instantiations are checked)
+        self.constants: dict[str, dict] = {}  # constexpr variable id -> its initialiser
         self.names: dict[str, str] = {}
         self.later: dict[str, str] = {}  # declaration id -> its next redeclaration
         for top in ast.get("inner", []):
@@ -193,9 +224,11 @@ class _Walker:
 
     def _collect(self, node: dict) -> None:
         self._mark(node)
-        self._find(node)
+        self._find(node, False)
 
-    def _find(self, node: dict) -> None:
+    def _find(self, node: dict, pattern: bool) -> None:
+        """pattern: inside a template's own definition (not an instantiation
+        of it), where values of template parameters are unknown."""
         kind = node.get("kind")
         if kind in _FUNCTIONS and node.get("id"):
             self.names[node["id"]] = node.get("name", "?")
@@ -204,9 +237,22 @@ class _Walker:
             body = next((c for c in node.get("inner", []) if c.get("kind") == "CompoundStmt"), None)
             if body is not None and self.offset(node) is not None:
                 self.functions[node["id"]] = node
+                if pattern:
+                    self.patterns.add(node["id"])
+        if kind == "VarDecl" and node.get("constexpr") and node.get("inner"):
+            self.constants[node["id"]] = node["inner"][-1]
+        first = True
         for c in node.get("inner", []):
-            if isinstance(c, dict):
-                self._find(c)
+            if not isinstance(c, dict):
+                continue
+            inner = pattern
+            if kind == "ClassTemplateDecl" and c.get("kind") == "CXXRecordDecl":
+                inner = True
+            elif kind == "ClassTemplatePartialSpecializationDecl":
+                inner = True
+            elif kind == "FunctionTemplateDecl" and c.get("kind") in _FUNCTIONS:
+                inner, first = pattern or first, False  # the first is the pattern, then its instantiations
+            self._find(c, inner)
 
     def where(self, node: dict) -> tuple[str, int]:
         off = self.offset(node)
@@ -336,6 +382,96 @@ _BRANCHES = {"IfStmt", "SwitchStmt", "ConditionalOperator", "BinaryConditionalOp
 _LOOPS = {"ForStmt", "WhileStmt", "DoStmt", "CXXForRangeStmt"}
 
 
+_ARITHMETIC = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "/": lambda a, b: int(a / b) if b else None, "%": lambda a, b: a - b * int(a / b) if b else None,
+    "<<": lambda a, b: a << b, ">>": lambda a, b: a >> b, "&": lambda a, b: a & b, "|": lambda a, b: a | b,
+    "^": lambda a, b: a ^ b, "<": lambda a, b: int(a < b), ">": lambda a, b: int(a > b),
+    "<=": lambda a, b: int(a <= b), ">=": lambda a, b: int(a >= b), "==": lambda a, b: int(a == b),
+    "!=": lambda a, b: int(a != b),
+}
+
+
+def _constant(n: dict, constants: dict[str, dict], depth: int = 0) -> int | None:
+    """The value of an integral constant expression of an instantiation
+    (literals, template arguments, constexpr variables and the operators
+    between them), or None where it is not one: a branch on it is decided
+    at compile time (MLX's `if (needs_tgp_reduction)` with BM = 1)."""
+    if depth > 40:
+        return None
+    k = n.get("kind")
+    kids = _children(n)
+    if k == "ConstantExpr" and "value" in n:
+        k, n = "IntegerLiteral", n
+    if k == "IntegerLiteral":
+        v = n.get("value")
+        return int(v) if isinstance(v, str) and re.fullmatch(r"-?\d+", v) else None
+    if k == "CXXBoolLiteralExpr":
+        return int(bool(n.get("value")))
+    if k in ("ImplicitCastExpr", "ParenExpr", "ConstantExpr", "CStyleCastExpr", "CXXStaticCastExpr",
+             "CXXFunctionalCastExpr", "SubstNonTypeTemplateParmExpr") and kids:
+        if k != "SubstNonTypeTemplateParmExpr" and n.get("castKind") not in (
+                None, "NoOp", "IntegralCast", "IntegralToBoolean", "LValueToRValue"):
+            return None
+        v = _constant(kids[-1], constants, depth + 1)
+        if v is not None and n.get("type", {}).get("qualType") == "bool":
+            v = int(bool(v))
+        return v
+    if k == "DeclRefExpr":
+        init = constants.get(n.get("referencedDecl", {}).get("id"))
+        return _constant(init, constants, depth + 1) if init is not None else None
+    if k == "UnaryOperator" and kids:
+        v = _constant(kids[0], constants, depth + 1)
+        op = n.get("opcode")
+        return None if v is None else {"!": int(not v), "-": -v, "+": v, "~": ~v}.get(op)
+    if k == "BinaryOperator" and len(kids) == 2:
+        a = _constant(kids[0], constants, depth + 1)
+        op = n.get("opcode")
+        if op in ("&&", "||") and a is not None and bool(a) == (op == "||"):
+            return int(bool(a))
+        b = _constant(kids[1], constants, depth + 1)
+        if a is None or b is None:
+            return None
+        if op in ("&&", "||"):
+            return int(bool(b))
+        f = _ARITHMETIC.get(op)
+        return f(a, b) if f else None
+    if k == "ConditionalOperator" and len(kids) == 3:
+        c = _constant(kids[0], constants, depth + 1)
+        return None if c is None else _constant(kids[1] if c else kids[2], constants, depth + 1)
+    return None
+
+
+def _accesses_local(node: dict, shallow: bool = False) -> bool:
+    """Whether node (or, not shallow, anything under it) names threadgroup
+    memory (an lvalue of OpenCL __local type; a pointer to it does not)."""
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        t = x.get("type", {}).get("qualType", "")
+        if x.get("valueCategory") == "lvalue" and t.startswith("__local") and not t.rstrip().endswith("*"):
+            return True
+        if not shallow:
+            stack.extend(_children(x))
+    return False
+
+
+def _orders_nothing(call: dict) -> bool:
+    """Whether a barrier call's flags are mem_flags::mem_none."""
+    args = _children(call)[1:]
+    names = [x.get("referencedDecl", {}).get("name") for a in args for x in _walk(a)
+             if x.get("kind") == "DeclRefExpr"]
+    return bool(args) and names == ["mem_none"]
+
+
+def _walk(n: dict):
+    stack = [n]
+    while stack:
+        x = stack.pop()
+        yield x
+        stack.extend(_children(x))
+
+
 def _is_kernel(node: dict) -> bool:
     return any(c.get("kind") in ("OpenCLKernelAttr", "DeviceKernelAttr")  # clang < 21, >= 21
                for c in node.get("inner", []) if isinstance(c, dict))
@@ -377,10 +513,12 @@ class _Uniformity:
                     if re.search(r"\d$", c.get("type", {}).get("qualType", "")):
                         self.vectors[c["id"]] = attr
         self.kinds = self._collective_kinds()
+        self.local = self._touches_local()
         for _ in range(50):  # to a fixed point
             size = self._size()
             for f, node in w.functions.items():
-                self._propagate(f, node)
+                if f not in w.patterns:
+                    self._propagate(f, node)
             if size == self._size():
                 break
 
@@ -401,6 +539,48 @@ class _Uniformity:
             if not changed:
                 break
         return kinds
+
+    def _touches_local(self) -> set:
+        """The functions that read or write threadgroup memory, themselves or
+        through a call."""
+        out = {f for f, node in self.w.functions.items() if _accesses_local(node)}
+        changed = True
+        while changed:
+            changed = False
+            for f, node in self.w.functions.items():
+                if f not in out and any(c in out for c, _, _ in _calls(node, self.w)):
+                    out.add(f)
+                    changed = True
+        return out
+
+    def _live(self, n: dict) -> list[dict]:
+        """n's children that can run: a branch on a constant runs one side."""
+        kids = _children(n)
+        if n.get("kind") in ("IfStmt", "ConditionalOperator") and not n.get("hasVar"):
+            t, parts = self._condition(n)
+            cond = next((c for c in kids if not any(c is p for p in parts)), None)
+            v = _constant(cond, self.w.constants) if cond is not None else None
+            if v is not None:
+                branches = [c for c in parts if c.get("kind") != "DeclStmt"]
+                keep = branches[0] if v else (branches[1] if len(branches) > 1 else None)
+                return [c for c in kids if c is cond or c is keep or c.get("kind") == "DeclStmt"]
+        return kids
+
+    def _clean(self, nodes: list[dict], barriers: bool = True) -> bool:
+        """Whether running nodes touches no threadgroup memory and (with
+        barriers) reaches no threadgroup barrier."""
+        stack = list(nodes)
+        while stack:
+            x = stack.pop()
+            if _accesses_local(x, shallow=True):
+                return False
+            c = _callee(x)
+            if c is not None:
+                fid = self.w.resolve(c[0])
+                if fid in self.local or (barriers and "g" in self._groups_of(fid, c[1]) | self.kinds.get(fid, set())):
+                    return False
+            stack.extend(self._live(x))
+        return True
 
     def _groups_of(self, fid: str, name: str) -> set:
         """The group a library collective needs (none for the unit's own functions)."""
@@ -494,33 +674,39 @@ class _Uniformity:
                 return ref.get("id")
         return None
 
-    def _finishing(self) -> set:
+    def _finishing(self) -> dict[str, bool]:
         """Functions a thread finishes its kernel in: kernels, and helpers
         whose every call is the last statement of a function that finishes
         (MLX's kernels end by calling `kernel_t::run(...)`): a return there
-        ends the thread."""
+        ends the thread. Each with whether threads reach it having touched
+        no threadgroup memory (nothing before the calls does)."""
         tails: dict[str, set] = defaultdict(set)  # callee -> callers that call it last
+        before: dict[tuple[str, str], bool] = {}  # (caller, callee): the caller's code before the call is clean
         others: set = set()  # callees called elsewhere
         for f, node in self.w.functions.items():
+            if f in self.w.patterns:
+                continue
             body = next((c for c in reversed(_children(node)) if c.get("kind") == "CompoundStmt"), None)
-            last = _children(body)[-1] if body is not None and _children(body) else None
+            kids = _children(body) if body is not None else []
+            last = kids[-1] if kids else None
             while last is not None and last.get("kind") in ("ReturnStmt", "ExprWithCleanups", "ImplicitCastExpr"):
-                kids = _children(last)
-                last = kids[0] if kids else None
+                inner = _children(last)
+                last = inner[0] if inner else None
             tail = next(iter(_calls(last, self.w)), None) if last is not None and last.get("kind") in (
                 "CallExpr", "CXXMemberCallExpr") else None
             for c, _, n in _calls(node, self.w):
-                if tail is not None and n is next(iter(_calls(last, self.w)))[2] and c == tail[0]:
+                if tail is not None and n is tail[2] and c == tail[0]:
                     tails[c].add(f)
+                    before[f, c] = self._clean(kids[:-1] + _children(last)[1:], barriers=False)
                 else:
                     others.add(c)
-        done = {f for f, node in self.w.functions.items() if _is_kernel(node)}
+        done = {f: True for f, node in self.w.functions.items() if _is_kernel(node) and f not in self.w.patterns}
         changed = True
         while changed:
             changed = False
             for c, callers in tails.items():
-                if c not in done and c not in others and callers <= done:
-                    done.add(c)
+                if c not in done and c not in others and callers <= done.keys():
+                    done[c] = all(done[f] and before[f, c] for f in callers)
                     changed = True
         return done
 
@@ -528,7 +714,8 @@ class _Uniformity:
         out: list[strict.Violation] = []
         finishing = self._finishing()
         for f, node in self.w.functions.items():
-            self._visit(node, [], out, f in finishing)
+            if f not in self.w.patterns:
+                self._visit(node, [], out, f in finishing, finishing.get(f, False))
         return out
 
     def _condition(self, n: dict) -> tuple[set, list[dict]]:
@@ -554,60 +741,77 @@ class _Uniformity:
                 out |= path
             if k in _LOOPS or k == "SwitchStmt":  # they own the breaks (and loops the continues) inside
                 ks = tuple(c for c in ks if c == "ReturnStmt" or (k == "SwitchStmt" and c == "ContinueStmt"))
-            if k in _BRANCHES or k in _LOOPS:
+            if (k in _BRANCHES or k in _LOOPS) and len(self._live(x)) == len(_children(x)):
                 t, parts = self._condition(x)
                 stack.extend((c, path | t, ks) for c in parts)
             else:
-                stack.extend((c, path, ks) for c in _children(x))
+                stack.extend((c, path, ks) for c in self._live(x))
         return out
 
-    def _visit(self, n: dict, controls: list[tuple[set, dict, bool]], out: list, kernel: bool) -> None:
+    def _visit(self, n: dict, controls: list[tuple[set, dict, str]], out: list, kernel: bool,
+               clean: bool) -> None:
         """Walks n with the conditions in force, checking each collective.
-        A control is (taint, node, whether it is a kernel's divergent return):
-        a thread that returns from its kernel has finished, and Apple GPUs
-        release finished threads from threadgroup barriers (MLX's reductions
-        return early, then synchronise the rest), so such a return splits a
-        threadgroup's later barriers no more; a helper's return does (its
-        threads go on in the caller), and simdgroup collectives still want
-        every lane (the harness rule)."""
+        A control is (taint, node, what the threads it turns away do):
+        "returned": they returned from their kernel, and Apple GPUs release
+        finished threads from threadgroup barriers (MLX's reductions return
+        early, then synchronise the rest), so such a return splits a
+        threadgroup's later barriers no more. "clean": a branch or loop of
+        a kernel that touches no threadgroup memory outside it and reaches
+        no barrier after it (`clean`): the threads it turns away share
+        nothing with the others and go on to finish, so a barrier inside
+        that orders no memory (mem_none: one for speed, as in MLX's gemv_t,
+        whose simdgroups past the output's end skip its loop) waits for no
+        one it could mislead; a barrier that orders memory there still
+        wants every thread (the MSL rule). A helper's return splits them
+        (its threads go on in the caller), and a branch decided at compile
+        time runs only its taken side."""
         k = n.get("kind")
-        kids = _children(n)
-        if k in _BRANCHES or k in _LOOPS:
+        kids = self._live(n)
+        if (k in _BRANCHES or k in _LOOPS) and len(kids) == len(_children(n)):
             t, parts = self._condition(n)
-            inner = [(t, n, False)]
             if k in _LOOPS:  # a divergent break splits the later iterations (a continue, the rest of one)
                 t = t | self._exits(parts[0], ("BreakStmt",))
-                inner = [(t, n, False)]
+                inner = [(t, n, "clean" if clean else "")]
                 r = self._exits(parts[0], ("ReturnStmt",))
                 if r:
-                    inner.append((r, n, kernel))
+                    inner.append((r, n, "returned" if kernel else ""))
+                for c in kids:
+                    into = any(c is x for x in parts)
+                    self._visit(c, controls + inner if into else controls, out, kernel, False if into else clean)
+                return
             for c in kids:
-                self._visit(c, controls + inner if any(c is x for x in parts) else controls, out, kernel)
+                if not any(c is x for x in parts):
+                    self._visit(c, controls, out, kernel, clean)
+                    continue
+                others = clean and k != "SwitchStmt" and self._clean([x for x in parts if x is not c])
+                self._visit(c, controls + [(t, n, "clean" if others else "")], out, kernel, clean)
             return
         if k == "BinaryOperator" and n.get("opcode") in ("&&", "||") and len(kids) == 2:
-            self._visit(kids[0], controls, out, kernel)
-            self._visit(kids[1], controls + [(self.expr(kids[0]), n, False)], out, kernel)
+            self._visit(kids[0], controls, out, kernel, clean)
+            self._visit(kids[1], controls + [(self.expr(kids[0]), n, "")], out, kernel, clean)
             return
         if k == "CompoundStmt":  # after a divergent return or continue, the rest runs in fewer threads
-            for c in kids:
-                self._visit(c, controls, out, kernel)
+            for i, c in enumerate(kids):
+                self._visit(c, controls, out, kernel,
+                            clean and self._clean(kids[i + 1:]) and self._clean(kids[:i], barriers=False))
                 t = self._exits(c, ("ReturnStmt",))
                 if t:
-                    controls = controls + [(t, c, kernel)]
+                    controls = controls + [(t, c, "returned" if kernel else "")]
                 t = self._exits(c, ("ContinueStmt",))
                 if t:
-                    controls = controls + [(t, c, False)]
+                    controls = controls + [(t, c, "")]
             return
         if k in ("CallExpr", "CXXMemberCallExpr"):
             callee = next(iter(_calls(n, self.w)), None)
             if callee:
+                bare = callee[0] not in self.w.functions and _orders_nothing(n)
                 for g in sorted(self._groups_of(callee[0], callee[1]) | self.kinds.get(callee[0], set())):
-                    cond = next((c for t, c, finished in controls
-                                 if g in self.letters(t) and not (finished and g == "g")), None)
+                    cond = next((c for t, c, away in controls if g in self.letters(t) and not (
+                        g == "g" and (away == "returned" or (away == "clean" and bare)))), None)
                     if cond is not None:
                         self._report(n, callee[1], g, cond, out)
         for c in kids:
-            self._visit(c, controls, out, kernel)
+            self._visit(c, controls, out, kernel, clean)
 
     def _report(self, call: dict, name: str, group: str, cond: dict, out: list) -> None:
         f, ln = self.w.where(call)
@@ -618,6 +822,32 @@ class _Uniformity:
                              f"(line {cl}); every thread of the {who} must reach it")
         if v not in out:
             out.append(v)
+
+
+# A pointer or reference to a function, as a variable, parameter, field or
+# result type (MSL 1.4.4 has function pointers only to [[visible]]
+# functions, from Metal 2.3, which the harness does not model); a function
+# as a template argument (a non-type template parameter) is resolved at
+# compile time and allowed (MLX's FFT codelets).
+_FUNCTION_POINTER = re.compile(r"\(\s*(?:__\w+\s*)*(?:[\w:]+::\s*)?[*&]+\s*(?:const\s*|__\w+\s*)*\)\s*\(")
+
+
+def _function_pointers(w: _Walker, ast: dict) -> list[strict.Violation]:
+    out = []
+    for n in _walk(ast):
+        if n.get("kind") not in ("VarDecl", "ParmVarDecl", "FieldDecl", "FunctionDecl", "CXXMethodDecl"):
+            continue
+        t = n.get("type", {})
+        qual = t.get("desugaredQualType", t.get("qualType", ""))
+        if n["kind"] in ("FunctionDecl", "CXXMethodDecl"):
+            qual = qual.split("(", 1)[0] + "(" if "(" in qual else ""  # the result type only
+        if _FUNCTION_POINTER.search(qual) and w.offset(n) is not None:
+            v = strict.Violation(*w.where(n), "function-pointer",
+                                 f"{n.get('name', 'a declaration')} has a pointer or reference to a function "
+                                 f"({qual}); MSL has function pointers only to [[visible]] functions")
+            if v not in out:
+                out.append(v)
+    return out
 
 
 # The restrictions of MSL before 2.4 include recursive calls; from 2.4 the
@@ -634,4 +864,4 @@ def ast_rules(ast: dict, unit, version: int = 310) -> list[strict.Violation]:
         for name, (k, _) in unit.kernels.items()
     }
     recursion = _recursion(w) if version < RECURSION_ALLOWED_FROM else []
-    return recursion + _Uniformity(w, builtins).violations()
+    return _function_pointers(w, ast) + recursion + _Uniformity(w, builtins).violations()

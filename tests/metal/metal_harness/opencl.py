@@ -51,7 +51,7 @@ THREADGROUP_MEMORY_LIMIT = 32 * 1024
 FLAGS = [
     "-x", "clcpp", "-cl-std=clc++2021", "-triple", "spir64-unknown-unknown", "-fsyntax-only",
     "-cl-ext=+cl_khr_fp16,-cl_khr_fp64,-__opencl_c_fp64,-__opencl_c_program_scope_global_variables,"
-    "-__opencl_c_device_enqueue,-__opencl_c_pipes",
+    "-__opencl_c_device_enqueue,-__opencl_c_pipes,+__cl_clang_function_pointers",
     "-ferror-limit", "0", "-w", "-cl-single-precision-constant", f"-I{PRELUDE.parents[1]}", "-include", "mh/opencl.h",
 ]
 
@@ -114,6 +114,20 @@ def _blank(text: str, start: int, end: int) -> str:
     return "\n".join(ln if ln.startswith("# ") else " " * len(ln) for ln in lines)
 
 
+def _overload(candidates: list[KernelDef], args: str) -> KernelDef | None:
+    """The kernel template an instantiation's arguments fit by number (as
+    many as its parameters, or fewer where the rest have defaults); the
+    last of several that fit."""
+    n = len(src._split_top(args)) if args.strip() else 0
+    fit = None
+    for k in candidates:
+        params = src._split_top(k.template or "")
+        required = sum(1 for p in params if "=" not in p)
+        if required <= n <= len(params):
+            fit = k
+    return fit if fit is not None else (candidates[-1] if candidates else None)
+
+
 def _template_bindings(params: str, args: str) -> str:
     """`using T = half; constexpr __constant int C = 32;` for one instantiation."""
     values = [a.strip() for a in src._split_top(args)]
@@ -150,13 +164,14 @@ def _shared_memory_asserts(text: str, code: str, start: int, end: int, kernel: s
 
 def _complete_types(params: str) -> str:
     """static_asserts that instantiate the class templates a kernel's pointer
-    and reference parameters point to: clang's OpenCL mode refuses a kernel
-    parameter whose pointee is a specialisation not yet instantiated."""
+    and reference parameters point to (by name or through an alias, as
+    float4x4 names a matrix<float, 4, 4>): clang's OpenCL mode refuses a
+    kernel parameter whose pointee is a specialisation not yet instantiated."""
     out = []
     for raw in src._split_top(params):
         bare = re.sub(src._ATTR_BLOCK, " ", strict._code_only(raw))
         m = re.fullmatch(r"\s*(.*?)\s*[*&]+\s*(?:const\s*)?[A-Za-z_]\w*\s*", bare, re.S)
-        if m and "<" in m.group(1):
+        if m and not re.fullmatch(r"[\s\w]*\bvoid\b[\s\w]*", m.group(1)):
             pointee = re.sub(r"\b(?:device|constant|threadgroup|thread|const|volatile)\b", " ", m.group(1))
             out.append(f"static_assert(sizeof({' '.join(pointee.split())}) != 0, \"\");")
     return " ".join(out)
@@ -179,14 +194,14 @@ def _structure(text: str) -> Unit:
     at = strict.Locator(text)
     edits: list[tuple[int, int, str]] = []
     kernels: dict[str, tuple[KernelDef, str]] = {}
-    templates: dict[str, KernelDef] = {}
+    templates: dict[str, list[KernelDef]] = {}  # kernel templates may be overloaded (MLX's block_masked_gemm)
     for k in kernel_defs(text):
         if k.template is None:
             kernels[k.name] = (k, src.host_name(text[k.start : k.name_span[0]]) or k.name)
             edits += [(p, p, s) for p, s in _shared_memory_asserts(text, code, k.start, k.end, k.name)]
             edits.append((k.start, k.start, _complete_types(k.params)))
             continue
-        templates[k.name] = k
+        templates.setdefault(k.name, []).append(k)
         head = src.template_start(code, k.start)
         edits.append((head, k.end, _blank(text, head, k.end)))
     for n, m in enumerate(src._INSTANCE_RE.finditer(code)):
@@ -194,7 +209,7 @@ def _structure(text: str) -> Unit:
         if host is None:
             continue
         written, args = src._template_id(text[m.start("decl") : m.end("decl")])
-        k = templates.get(written.split("::")[-1])
+        k = _overload(templates.get(written.split("::")[-1], []), args)
         edits.append((m.start(), m.end(), _blank(text, m.start(), m.end())))
         if k is None:
             continue
@@ -217,13 +232,16 @@ _VECTOR_CTOR = re.compile(
 
 
 _METHOD_CONSTANT = re.compile(r"\)(?P<quals>(?:\s*\b(?:const|volatile|constant)\b)*\s*\bconstant\b(?:\s*\bconst\b)?)"
-                              r"\s*(?=[{;:=]|->)")
+                              r"\s*(?=[{;:=]|->|noexcept\b)")
 _VECTOR_DECL = re.compile(
     r"(?<![\w.:>])(?:metal\s*::\s*)?((?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float|bfloat)[234])"
     r"\s+([A-Za-z_]\w*)(\s*\()"
 )
 _METHOD_THREAD = re.compile(r"\)(?P<quals>(?:\s*\b(?:const|volatile|thread)\b)*\s*\bthread\b(?:\s*\bconst\b)?)"
-                            r"\s*(?=[{;:=]|->)")
+                            r"\s*(?=[{;:=]|->|noexcept\b)")
+
+
+_FLOAT_LITERAL = re.compile(r"(?<![\w.])(?:(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?![\w.])")
 
 
 def unit(text: str) -> Unit:
@@ -255,25 +273,37 @@ def unit(text: str) -> Unit:
         if after and not re.search(r"\boperator\s*$", code[: m.start()]):
             edits.append((m.start(), gt + 1 + after.end(), f"::mh::make<metal::vec<{code[m.end() : gt]}>>("))
     # A function-pointer alias (`using RadixFunc = void (*)(...)`, MLX's FFT
-    # passes codelets as template arguments): a function type here, which a
-    # template parameter adjusts to the pointer OpenCL refuses to spell.
-    for m in re.finditer(r"\busing\s+\w+\s*=[^;()]*?(\(\s*\*\s*\))\s*\(", code):
-        edits.append((m.start(1), m.end(1), " " * (m.end(1) - m.start(1))))
+    # passes codelets as template arguments): a reference to a function
+    # here, which a template parameter binds without taking an address
+    # (clang's OpenCL refuses a function's address as a template argument
+    # even with its function-pointer extension; analysis.py reports function
+    # pointers and references that MSL refuses).
+    for m in re.finditer(r"\busing\s+\w+\s*=[^;()]*?\(\s*(\*)\s*\)\s*\(", code):
+        edits.append((m.start(1), m.end(1), "&"))
+    # A floating literal without a suffix is a float in MSL; clang's
+    # -cl-single-precision-constant misses those in templates (MLX's FFT:
+    # `0.5 * a` with `a` a vec<T, 2>), so the suffix is written out.
+    for m in _FLOAT_LITERAL.finditer(code):
+        edits.append((m.end(), m.end(), "f"))
     # Function constants: program-scope constants whose value the pipeline
     # sets (initialised here so that OpenCL takes them).
     for fc in src.function_constants(code):
         edits.append((fc.start, fc.end, f"__constant {fc.type} {fc.name} = {fc.type}();"))
-    # A constructor's `thread` qualifier goes: OpenCL's __private would
-    # refuse temporaries and constant evaluation, which have no space.
+    # A constructor's or conversion function's `thread` qualifier goes:
+    # OpenCL's __private would refuse temporaries and constant evaluation,
+    # which have no space there (MSL's are thread), and a conversion is
+    # applied to temporaries implicitly (MLX's integral_constant products).
     # Other methods keep it (`this` private, its members private lvalues).
     scopes = src._scope_starts(code)
     for m in _METHOD_THREAD.finditer(code):
         open_paren = src._open_paren(code, m.start())
-        name = re.search(r"([~\w]+)\s*$", code[max(0, open_paren - 200) : open_paren])
+        before = code[max(0, open_paren - 200) : open_paren]
+        name = re.search(r"([~\w]+)\s*$", before)
         scope = scopes[m.start()]
         owner = re.search(r".*\b(?:struct|class|union)\s+([A-Za-z_]\w*)[^;{}()]*$", code[max(0, scope - 300) : scope],
                           re.S) if scope >= 0 else None
-        if not (name and owner and name.group(1) == owner.group(1)):
+        conversion = re.search(r"\boperator\s+[A-Za-z_][\w:<>,\s*&]*$", before)
+        if not conversion and not (name and owner and name.group(1) == owner.group(1)):
             continue
         for w in re.finditer(r"\bthread\b", m.group("quals")):
             at = m.start("quals") + w.start()
@@ -331,12 +361,16 @@ def _msl_allows(group: list[tuple[str, int, str, str]]) -> bool:
     list-initialises it, clang's vectors take a list only in a declaration;
     the C++ front end, whose vectors are classes, checked that call)."""
     msg = group[0][3]
-    if msg.startswith("scalar operand type has greater rank than the type of the vector element. ('double'"):
-        return True  # a floating literal in a template (clang keeps it double there; MSL's are float)
-    if msg == "excess elements in scalar initializer":
-        return True  # `T(a, b)` with T a vector template parameter: the C++ front end's vectors check it
-    if msg == "taking address of function is not allowed":
-        return True  # a function as a template argument (a pointer variable also meets "pointers to functions")
+    if re.match(r"no matching function for call to|invalid operands to binary expression", msg) and any(
+            kind == "note" and re.search(r"cannot deduce a type for '\w+' that would make '(?:const )?(?:__private|thread) "
+                                         r"\w+' equal '(?![^']*\b(?:__global|__local|__constant|__generic|device|"
+                                         r"threadgroup|constant)\b)[^']*'", m)
+            for _, _, kind, m in group[1:]):
+        return True  # a temporary for a `const thread T&` template parameter: MSL's temporaries are thread
+    if msg.startswith("too few elements in vector initialization"):
+        return True  # `vec<float, 2> s{0}`: MSL list-initialises the rest (MLX's NAX attention)
+    if msg.startswith("scalar operand type has greater rank than the type of the vector element."):
+        return True  # MSL converts the scalar to the vector's elements (`0.5f * h` with h a half2)
     if re.match(r"reference of type '[^']*__private[^']*' cannot bind to a temporary object because of address space "
                 r"mismatch", msg):
         return True  # a const thread reference to a temporary: OpenCL's temporaries have no space
@@ -414,6 +448,246 @@ def _digest() -> str:
     return h.hexdigest()
 
 
+_EXCESS = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+):(?:(?:\{[\d:-]+\})+:)? error: "
+                     r"excess elements in scalar initializer$", re.M)
+_RANK = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+):\{(?P<a>\d+:\d+-\d+:\d+)\}\{(?P<b>\d+:\d+-\d+:\d+)\}: "
+                   r"error: scalar operand type has greater rank than the type of the vector element", re.M)
+
+
+_VECTOR_CAST = re.compile(r"^(?P<file>.+?):\d+:\d+:\{(?P<whole>\d+:\d+-\d+:\d+)\}\{(?P<operand>\d+:\d+-\d+:\d+)\}: "
+                          r"error: (?:static_cast from '[^']*' \(vector of \d+ '[^']*' values\) to '[^']*' \(vector of "
+                          r"\d+ '[^']*' values\) is not allowed|(?:C-style cast )?from vector '[^']*' \(vector of \d+ "
+                          r"'[^']*' values\) to vector '[^']*' \(vector of \d+ '[^']*' values\) of different size)",
+                          re.M)
+_TRUTH_INIT = re.compile(r"^(?P<file>.+?):\d+:\d+:\{(?P<range>\d+:\d+-\d+:\d+)\}: error: cannot initialize (?:a variable|"
+                         r"return object) of type '[^']*\bbool\d' \(vector of \d 'signed char' values\) with an rvalue of "
+                         r"type '[^']*' \(vector of \d '(?:int|short|long|char|signed char)' values\)", re.M)
+_TRUTH_ASSIGN = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+):(?:(?:\{[\d:-]+\})+:)? error: assigning to "
+                           r"'[^']*\bbool\d' \(vector of \d 'signed char' values\) from incompatible type '[^']*' "
+                           r"\(vector of \d '(?:int|short|long|char|signed char)' values\)", re.M)
+_POINTER_CLASS = re.compile(r"^(?P<file>.+?):\d+:\d+:\{(?P<ra>\d+:\d+-\d+:\d+)\}\{(?P<rb>\d+:\d+-\d+:\d+)\}: "
+                            r"error: invalid operands to binary expression \('(?P<ta>[^']*)' and '(?P<tb>[^']*)'\)",
+                            re.M)
+
+
+_BOOL_VECTOR = re.compile(r"error: invalid vector element type 'bool'\n(?:(?!.*: error: ).*\n)*?"
+                          r"(?P<file>[^\n]+?):(?P<line>\d+):(?P<col>\d+):(?:(?:\{[\d:-]+\})+:)? note: in instantiation of "
+                          r"template type alias 'vec' requested here\n(?:(?!.*: (?:error|note): ).*\n)*"
+                          r"(?:(?P<ufile>[^\n]+?):(?P<uline>\d+):(?P<ucol>\d+):(?:(?:\{[\d:-]+\})+:)? note: in "
+                          r"instantiation of template type alias '(?P<alias>\w+)' requested here)?")
+
+
+def _expression_end(text: str, start: int) -> int | None:
+    """Where the expression from `start` ends: the first `;`, `,` or
+    closing bracket outside brackets."""
+    depth = 0
+    for i in range(start, min(len(text), start + 2000)):
+        c = text[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            if depth == 0:
+                return i
+            depth -= 1
+        elif c in ";," and depth == 0:
+            return i
+    return None
+
+
+def _comparison(expr: str) -> bool:
+    """Whether an expression is, at its top level, a comparison or logical
+    operation (whose vector result MSL types as a bool vector)."""
+    e = expr.strip()
+    while e.startswith("(") and e.endswith(")") and _expression_end(e, 1) == len(e) - 1:
+        e = e[1:-1].strip()
+    if e.startswith("!") and not e.startswith("!="):
+        return True
+    depth = 0
+    for i, c in enumerate(e):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif depth == 0 and re.match(r"==|!=|<=|>=|&&|\|\||<(?![<=])|>(?![>=])", e[i:]) and not re.match(
+                r"<<|>>", e[max(0, i - 1):i + 1]):
+            return True
+    return False
+
+
+def _line_starts(text: str) -> dict[tuple[str, int], int]:
+    """(file, line) -> offset of that line in the unit, from its line markers."""
+    starts: dict[tuple[str, int], int] = {}
+    file, line, offset = "", 0, 0
+    for raw in text.splitlines(keepends=True):
+        m = re.match(r'# (\d+) "([^"]*)"', raw)
+        if m:
+            file, line = m.group(2), int(m.group(1))
+        else:
+            starts.setdefault((file, line), offset)
+            line += 1
+        offset += len(raw)
+    return starts
+
+
+def _rewrites(text: str, stderr: str) -> str:
+    """What clang's OpenCL refuses in a template where MSL accepts it, found
+    from clang's report (line, column and operand ranges) and rewritten in
+    place, for one more run:
+    * `T(a, b)` with T a dependent name that is a vector in an instantiation
+      (MLX's FFT: `complex_T(x, -y)`): clang takes no constructor syntax for
+      its vectors ("excess elements in scalar initializer" at T); the call
+      becomes ::mh::make<T>(a, b) (for a scalar T that fails, as MSL's scalar
+      constructors do);
+    * a pointer and an object of a class that converts to an integer
+      (`src += str_y` with str_y an MLX Int<1>): clang's OpenCL offers no
+      built-in pointer arithmetic through a conversion; the object becomes
+      ::mh::integral(x), its integer;
+    * a vector of bool (`metal::vec<T, N>` with T bool in MLX's attention
+      masks), which clang's OpenCL refuses: that use becomes
+      ::mh::vec_any<T, N>, the prelude's boolN for bool (through an alias
+      template, the alias's use becomes ::mh::rebind_vec);
+    * a vector comparison or logical operation initialising, returned as
+      or assigned to a bool vector (`bool4 b = a < c;`): clang's OpenCL
+      gives a vector of integers; the operation becomes ::mh::truth(...),
+      a bool vector (an integer vector that is no comparison stays an
+      error, as MSL converts vectors only explicitly);
+    * a cast between vectors of one width (`static_cast<float4>(i4)`,
+      `(float4)s4`), which MSL converts element by element and clang's
+      OpenCL refuses (or, between vectors of one size, reads as a bit
+      cast, which checks the same): ::mh::convert<T>(x);
+    * a scalar operand of greater rank than a vector's elements (`0.5f * v`
+      with v a half2 in one instantiation): both operands pass through
+      ::mh::operand, which converts a scalar beside a vector to its
+      elements (the right one only of a compound assignment). Leaving the
+      error would leave the function invalid for every later use."""
+    starts = _line_starts(text)
+    lines = [0]  # offsets of the unit's own lines (clang gives ranges in those, not the presumed ones)
+    for raw in text.splitlines(keepends=True):
+        lines.append(lines[-1] + len(raw))
+
+    def at(file: str, pos: str) -> int | None:
+        line, col = pos.split(":")
+        base = starts.get((file, int(line)))
+        return None if base is None else base + int(col) - 1
+
+    def physical(pos: str) -> int | None:
+        line, col = (int(x) for x in pos.split(":"))
+        return lines[line - 1] + col - 1 if 0 < line < len(lines) else None
+
+    edits: list[tuple[int, int, str]] = []
+
+    def add(a: int, b: int, new: str) -> None:
+        if not any(a < e1 and s1 < b or a == s1 == b == e1 for s1, e1, _ in edits):  # overlaps wait for a rerun
+            edits.append((a, b, new))
+
+    for m in _EXCESS.finditer(stderr):
+        start = at(m.group("file"), f"{m.group('line')}:{m.group('col')}")
+        if start is None:
+            continue
+        name = re.match(r"(?:typename\s+)?[A-Za-z_][\w:]*", text[start:])
+        if not name:
+            continue
+        end = start + name.end()
+        if text[end:end + 1] == "<":
+            try:
+                end = src._match_forward(text, end, "<>") + 1
+            except src.SourceError:
+                continue
+        paren = re.match(r"\s*\(", text[end:])
+        if paren:
+            add(start, end + paren.end(), f"::mh::make<{text[start:end]}>(")
+    for m in _POINTER_CLASS.finditer(stderr):
+        a, b = m.group("ta"), m.group("tb")
+        pointer = lambda t: t.rstrip().endswith("*") or re.search(r"\*\s*(?:const\s*)?__\w+$", t)
+        arithmetic = lambda t: re.fullmatch(r"(?:\s*\b(?:const|volatile|__\w+|bool|char|short|int|long|unsigned|signed"
+                                            r"|u?(?:char|short|int|long)|half|float|size_t|ptrdiff_t)\b)+\s*", t)
+        if pointer(a) and not pointer(b) and not arithmetic(b):
+            r = m.group("rb")
+        elif pointer(b) and not pointer(a) and not arithmetic(a):
+            r = m.group("ra")
+        else:
+            continue
+        x0, x1 = (physical(x) for x in r.split("-"))
+        if x0 is not None and x1 is not None:
+            add(x0, x1, f"::mh::integral({text[x0:x1]})")
+    for m in _BOOL_VECTOR.finditer(stderr):
+        start = at(m.group("file"), f"{m.group('line')}:{m.group('col')}")
+        if start is None:
+            continue
+        if text.startswith("vec", start):
+            q = re.search(r"(?:::\s*)?\bmetal\s*::\s*$", text[max(0, start - 20):start])
+            add(start - (len(q.group(0)) if q else 0), start + 3, "::mh::vec_any")
+            continue
+        # vec in an alias template (`template <class U> using dtype_frag_t =
+        # metal::vec<U, N>`, which calls deduce through): the alias stays,
+        # and its use for bool becomes ::mh::rebind_vec<alias<float>, bool>.
+        use = at(m.group("ufile"), f"{m.group('uline')}:{m.group('ucol')}") if m.group("alias") else None
+        if use is None or not text.startswith(m.group("alias"), use):
+            continue
+        end = use + len(m.group("alias"))
+        if text[end:end + 1] != "<":
+            continue
+        try:
+            close = src._match_forward(text, end, "<>")
+        except src.SourceError:
+            continue
+        args = text[end + 1:close]
+        if len(src._split_top(args)) != 1:
+            continue
+        head = re.search(r"(?:\btypename\s+)?(?:[\w:]+\s*::\s*(?:template\s+)?)*$", text[max(0, use - 200):use])
+        qualified = head.group(0) if head else ""
+        scope = re.sub(r"^typename\s+", "", qualified)
+        name = "typename " + scope if "::" in scope else scope
+        add(use - len(qualified), close + 1,
+            f"::mh::rebind_vec<{name}{m.group('alias')}<float>, {args}>")
+    for m in _TRUTH_INIT.finditer(stderr):
+        a, b = (physical(x) for x in m.group("range").split("-"))
+        if a is not None and b is not None and _comparison(text[a:b]):
+            add(a, b, f"::mh::truth({text[a:b]})")
+    for m in _TRUTH_ASSIGN.finditer(stderr):
+        eq = at(m.group("file"), f"{m.group('line')}:{m.group('col')}")
+        if eq is None or text[eq:eq + 1] != "=":
+            continue
+        end = _expression_end(text, eq + 1)
+        if end is not None and _comparison(text[eq + 1:end]):
+            add(eq + 1, end, f" ::mh::truth({text[eq + 1:end].strip()})")
+    for m in _VECTOR_CAST.finditer(stderr):
+        (a0, a1), (b0, b1) = ((physical(x) for x in r.split("-")) for r in (m.group("whole"), m.group("operand")))
+        if None in (a0, a1, b0, b1):
+            continue
+        head, operand = text[a0:b0], text[b0:b1]
+        cast = re.match(r"\s*static_cast\s*<(.*)>\s*\(\s*$", head, re.S)
+        if cast:
+            kind = cast.group(1)
+        elif re.fullmatch(r"\s*\((.*)\)\s*", head, re.S):
+            kind = re.fullmatch(r"\s*\((.*)\)\s*", head, re.S).group(1)
+        elif head.rstrip().endswith("("):
+            kind = head.rstrip()[:-1]
+        else:
+            continue
+        tail = text[b1:a1]
+        if tail.strip() not in ("", ")"):
+            continue
+        add(a0, a1, f"::mh::convert<{kind}>({operand})")
+    for m in _RANK.finditer(stderr):
+        spans = []
+        for r in (m.group("a"), m.group("b")):
+            a, b = (physical(x) for x in r.split("-"))
+            if a is None or b is None:
+                break
+            spans.append((a, b))
+        if len(spans) != 2:
+            continue
+        (a0, a1), (b0, b1) = spans
+        op = text[a1:b0].strip()
+        lhs, rhs = text[a0:a1], text[b0:b1]
+        if op.endswith("=") and op not in ("==", "!=", "<=", ">="):
+            add(b0, b1, f"::mh::operand<decltype({lhs})>({rhs})")
+        else:
+            add(a0, b1, f"::mh::operand<decltype({rhs})>({lhs}) {op} ::mh::operand<decltype({lhs})>({rhs})")
+    return _edit(text, edits) if edits else text
+
+
 def check(text: str, version: int, cache: Path) -> list[strict.Violation]:
     """clang's OpenCL errors that MSL shares, then the analyses that read
     clang's AST (analysis.ast_rules)."""
@@ -425,8 +699,15 @@ def check(text: str, version: int, cache: Path) -> list[strict.Violation]:
     stamp = cache / f"opencl-{key}.ok"
     if stamp.exists():
         return []
-    res = subprocess.run([*_cc1(), *FLAGS, "-ast-dump=json", f"-D__METAL_VERSION__={version}", "-"],
-                         input=u.text, capture_output=True, text=True)
+    run = lambda t: subprocess.run([*_cc1(), *FLAGS, "-fdiagnostics-print-source-range-info", "-ast-dump=json",
+                                    f"-D__METAL_VERSION__={version}", "-"], input=t, capture_output=True, text=True)
+    res = run(u.text)
+    for _ in range(3):
+        fixed = _rewrites(u.text, res.stderr)
+        if fixed == u.text:
+            break
+        u = Unit(fixed, u.kernels)
+        res = run(u.text)
     errors = [g for g in strict._groups(res.stderr) if g[0][2] == "error"]
     found = diagnose(res.stderr)
     if res.returncode and not found and not (errors and all(_msl_allows(g) for g in errors)):

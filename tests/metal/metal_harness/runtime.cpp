@@ -755,6 +755,7 @@ bool run_group(LaunchDesc* L, const uint32_t gpos[3], Rng& rng) {
     for (int d = 0; d < 3; ++d) {
       t.group_pos[d] = gpos[d];
       t.group_size[d] = size[d];
+      t.dispatch_size[d] = L->threads[d];
       t.groups[d] = L->groups[d];
       t.grid_size[d] = L->use_grid ? L->grid[d] : L->groups[d] * L->threads[d];
       t.grid_pos[d] = gpos[d] * L->threads[d] + t.local_pos[d];

@@ -39,6 +39,9 @@ BUILTINS = (
     "thread_index_in_quadgroup",
     "quadgroup_index_in_threadgroup",
     "quadgroups_per_threadgroup",
+    "dispatch_threads_per_threadgroup",
+    "dispatch_simdgroups_per_threadgroup",
+    "dispatch_quadgroups_per_threadgroup",
 )
 
 # Attributes that need hardware or pipeline state the harness does not model.
@@ -245,7 +248,7 @@ def param_bindings(params: list[tuple[str, list[tuple[str, str]]]]) -> list[tupl
                 kind = ("b", int(arg, 0))
             elif attr in ("threadgroup", "mh_threadgroup"):
                 kind = ("t", int(arg, 0))
-            elif attr in BUILTINS or attr in ("thread_execution_width", "dispatch_threads_per_threadgroup"):
+            elif attr in BUILTINS or attr == "thread_execution_width":
                 kind = ("@", attr)
             else:
                 continue

@@ -469,7 +469,8 @@ CLANG_FLAGS = [
     f"-I{INCLUDE}", "-include", "mh/strict.h", "-DMLX_LATTICE_HARNESS=1", "-D__METAL__=1",
 ]
 
-_DIAG = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:\d+:)? (?P<kind>error|note|warning): (?P<msg>.*)$", re.M)
+_DIAG = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:\d+:)?(?:(?:\{[\d:-]+\})+:)? (?P<kind>error|note|warning): "
+                   r"(?P<msg>.*)$", re.M)
 
 
 _SPACE_NAMES = {"1": "device", "2": "constant", "3": "threadgroup"}

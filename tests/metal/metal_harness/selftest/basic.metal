@@ -209,3 +209,49 @@ kernel void matrix_roundtrip(
   simdgroup_store(prod, diag, 8);
   (void)lane;
 }
+
+// MSL's matrices: products with vectors and matrices, transpose,
+// determinants of three sizes, construction from columns, scaling.
+kernel void matrix_ops(
+    device const float4x4* m [[buffer(0)]],
+    device const float4* v [[buffer(1)]],
+    device float4* out [[buffer(2)]],
+    uint i [[thread_position_in_grid]]) {
+  const float4x4 a = m[i];
+  out[4 * i + 0] = a * v[i];
+  out[4 * i + 1] = v[i] * a;
+  out[4 * i + 2] = (transpose(a) * a)[1];
+  const float3x3 a3 = float3x3(a[0].xyz, a[1].xyz, a[2].xyz);
+  const float2x2 a2 = float2x2(a[0].xy, a[1].xy);
+  out[4 * i + 3] = float4(determinant(a), determinant(a3), determinant(a2), (a * 2.0f - a)[3][2]);
+}
+
+// Vector comparisons into bool vectors, select, any, all and swizzles in
+// both letter sets, read and written.
+kernel void compare_select(
+    device const float4* a [[buffer(0)]],
+    device const float4* b [[buffer(1)]],
+    device float4* out [[buffer(2)]],
+    device uint* flags [[buffer(3)]],
+    uint i [[thread_position_in_grid]]) {
+  const bool4 lt = a[i] < b[i];
+  float4 r = select(a[i], b[i], lt).wzyx;
+  r.rg = r.gr;
+  out[i] = r;
+  flags[i] = (any(lt) ? 1u : 0u) | (all(lt) ? 2u : 0u) | (all(!lt.xy) ? 4u : 0u);
+}
+
+// The dispatch built-ins beside the actual ones: an edge threadgroup of a
+// grid dispatch is smaller than the launch's.
+kernel void dispatch_inputs(
+    device uint* out [[buffer(0)]],
+    uint3 dispatch [[dispatch_threads_per_threadgroup]],
+    uint3 actual [[threads_per_threadgroup]],
+    uint simdgroups [[dispatch_simdgroups_per_threadgroup]],
+    uint quads [[dispatch_quadgroups_per_threadgroup]],
+    uint3 gid [[thread_position_in_grid]]) {
+  out[gid.x * 4 + 0] = dispatch.x;
+  out[gid.x * 4 + 1] = actual.x;
+  out[gid.x * 4 + 2] = simdgroups;
+  out[gid.x * 4 + 3] = quads;
+}

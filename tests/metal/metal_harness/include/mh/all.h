@@ -6,6 +6,7 @@
 #include "mh/types.h"
 #include "mh/vec.h"
 #include "mh/math.h"
+#include "mh/matrix.h"
 #include "mh/atomic.h"
 #include "mh/simd.h"
 #include "mh/bind.h"

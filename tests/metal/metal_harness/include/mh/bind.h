@@ -63,6 +63,13 @@ inline void builtin_value(int which, uint32_t v[3]) {
     case Builtin::quadgroups_per_threadgroup:
       v[0] = (t.group_size[0] * t.group_size[1] * t.group_size[2] + 3) / 4;
       break;
+    case Builtin::dispatch_threads_per_threadgroup: set3(t.dispatch_size); break;
+    case Builtin::dispatch_simdgroups_per_threadgroup:
+      v[0] = (t.dispatch_size[0] * t.dispatch_size[1] * t.dispatch_size[2] + kSimdWidth - 1) / kSimdWidth;
+      break;
+    case Builtin::dispatch_quadgroups_per_threadgroup:
+      v[0] = (t.dispatch_size[0] * t.dispatch_size[1] * t.dispatch_size[2] + 3) / 4;
+      break;
     default: rt_fail("unknown built-in attribute");
   }
 }

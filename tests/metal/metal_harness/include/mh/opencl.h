@@ -10,6 +10,9 @@
 // `constant`: OpenCL and MSL put no other variable at program scope.
 #pragma once
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
+// Functions as template arguments (MLX's FFT codelets); the pointers and
+// references MSL refuses are analysis.py's to report.
+#pragma OPENCL EXTENSION __cl_clang_function_pointers : enable
 
 typedef unsigned char uchar;
 typedef unsigned short ushort;
@@ -56,6 +59,17 @@ MH_VECTORS(bfloat)
 namespace metal {
 // vec<T, N>: any width, as clang's ext_vector_type (vec<half, 8> is valid).
 template <class T, int N> using vec = T __attribute__((ext_vector_type(N)));
+}
+namespace mh {
+// vec<bool, N> as the boolN below (MLX's attention loads bool mask
+// fragments): opencl.py writes ::mh::vec_any where clang reports a bool
+// vector (T and N are not deduced through it, as they are through vec).
+template <class T> struct vec_elem { using type = T; };
+template <> struct vec_elem<bool> { using type = signed char; };
+template <class T, int N> using vec_any = typename vec_elem<T>::type __attribute__((ext_vector_type(N)));
+template <class T> struct shape;
+// V's width with T's elements (V an alias template's vector of float).
+template <class V, class T> using rebind_vec = vec_any<T, shape<V>::n>;
 }
 // OpenCL has no bool vectors: bytes of another type than charN, sized as MSL's.
 typedef signed char bool2 __attribute__((ext_vector_type(2)));
@@ -139,6 +153,21 @@ template <class V, class A> constexpr void make_put(V& out, int& k, A a) {
     }
   }
 }
+// An operand of a vector operation: a scalar beside a vector becomes the
+// vector's element type, as MSL converts it (`0.5f * h` with h a half2;
+// clang's OpenCL refuses a scalar of greater rank than the elements, and
+// opencl.py wraps the operands where it does).
+template <class Other, class X> constexpr auto operand(X x) {
+  if constexpr (shape<bare_t<Other>>::n > 1 && shape<bare_t<X>>::n == 1) {
+    return typename shape<bare_t<Other>>::elem(x);
+  } else {
+    return x;
+  }
+}
+// An object that converts to an integer, as that integer (a pointer's
+// offset; opencl.py wraps it where clang's OpenCL finds no built-in
+// pointer arithmetic through the conversion).
+template <class X> constexpr auto integral(X x) { return +x; }
 template <class V, class... A> constexpr V make(A... a) {
   V out{};
   int k = 0;
@@ -149,6 +178,23 @@ template <class V, class... A> constexpr V make(A... a) {
     }
   }
   return out;
+}
+// A cast between vectors of one width: element by element (MSL's
+// static_cast<float4>(i4) and (float4)s4; clang's OpenCL refuses the one and
+// reads the other as a bit cast; opencl.py writes this where it refuses).
+template <class T, class X> constexpr T convert(X x) {
+  if constexpr (shape<bare_t<X>>::n > 1 && shape<bare_t<T>>::n > 1) {
+    static_assert(shape<bare_t<X>>::n == shape<bare_t<T>>::n, "a cast between vectors keeps the number of components");
+    return make<T>(x);
+  } else {
+    return static_cast<T>(x);
+  }
+}
+// A vector comparison's result as MSL types it: a bool vector (clang's
+// OpenCL gives a vector of integers, -1 for true; opencl.py writes this
+// where one initialises or is assigned to a boolN).
+template <class X> constexpr vec_any<bool, shape<bare_t<X>>::n> truth(X x) {
+  return make<vec_any<bool, shape<bare_t<X>>::n>>(x);
 }
 } // namespace mh
 
@@ -426,6 +472,38 @@ template <class A, class... R> bool atomic_compare_exchange_weak_explicit(A* obj
   return false;
 }
 
+// ---------------------------------------------------------------- matrices
+// MSL's halfNxM and floatNxM: N columns of M-vectors (their sizes); the
+// operations' shapes here, their checks in mh/matrix.h.
+template <class T, int C, int R> struct matrix {
+  static_assert(is_same_v<T, float> || is_same_v<T, half>, "MSL's matrices hold float or half");
+  using column_type = T __attribute__((ext_vector_type(R)));
+  column_type columns[C];
+  matrix() = default;
+  template <class... A> matrix(A...);
+  column_type& operator[](int);
+  const column_type& operator[](int) const;
+  const __constant column_type& operator[](int) const __constant;
+};
+template <class T, int C, int R, int K> matrix<T, K, R> operator*(matrix<T, C, R>, matrix<T, K, C>);
+template <class T, int C, int R> T __attribute__((ext_vector_type(R))) operator*(matrix<T, C, R>, T __attribute__((ext_vector_type(C))));
+template <class T, int C, int R> T __attribute__((ext_vector_type(C))) operator*(T __attribute__((ext_vector_type(R))), matrix<T, C, R>);
+template <class T, int C, int R> matrix<T, C, R> operator*(matrix<T, C, R>, T);
+template <class T, int C, int R> matrix<T, C, R> operator*(T, matrix<T, C, R>);
+template <class T, int C, int R> matrix<T, C, R> operator/(matrix<T, C, R>, T);
+template <class T, int C, int R> matrix<T, C, R> operator+(matrix<T, C, R>, matrix<T, C, R>);
+template <class T, int C, int R> matrix<T, C, R> operator-(matrix<T, C, R>, matrix<T, C, R>);
+template <class T, int C, int R> matrix<T, C, R> operator-(matrix<T, C, R>);
+template <class T, int C, int R> matrix<T, R, C> transpose(matrix<T, C, R>);
+template <class T, int N> T determinant(matrix<T, N, N>);
+#define MH_MATRIX_NAMES(T)                                                                             \
+  typedef matrix<T, 2, 2> T##2x2; typedef matrix<T, 2, 3> T##2x3; typedef matrix<T, 2, 4> T##2x4;     \
+  typedef matrix<T, 3, 2> T##3x2; typedef matrix<T, 3, 3> T##3x3; typedef matrix<T, 3, 4> T##3x4;     \
+  typedef matrix<T, 4, 2> T##4x2; typedef matrix<T, 4, 3> T##4x3; typedef matrix<T, 4, 4> T##4x4;
+MH_MATRIX_NAMES(half)
+MH_MATRIX_NAMES(float)
+#undef MH_MATRIX_NAMES
+
 // ---------------------------------------------------------------- simdgroup matrices
 template <class T, int R, int C> struct simdgroup_matrix {
   static_assert(is_same_v<T, float> || is_same_v<T, half> || is_same_v<T, bfloat>,
@@ -442,7 +520,7 @@ template <class T, int R, int C> struct simdgroup_matrix {
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
-template <class T, int R, int C> simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T);
+template <class T, int R, int C = R> simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T);
 template <class M, class P, class... A> void simdgroup_load(M&, P*, A...);
 template <class M, class P, class... A> void simdgroup_store(const M&, P*, A...);
 template <class D, class... A> void simdgroup_multiply(D&, const A&...);
@@ -451,9 +529,12 @@ template <class D, class... A> void simdgroup_multiply_accumulate(D&, const A&..
 // ---------------------------------------------------------------- tensors (Metal 4)
 // Loose stand-ins: MetalPerformancePrimitives' constraints live in
 // mh/tensor.h, which the other front end checks.
-constexpr __constant int dynamic_extent = -1;
+constexpr __constant size_t dynamic_extent = size_t(-1);
 template <class I, size_t R> struct dextents {
   template <class... A> dextents(A...);
+};
+template <class I, size_t... E> struct extents {
+  template <class... A> extents(A...);
 };
 struct tensor_inline {};
 struct mh_any {
@@ -464,6 +545,7 @@ template <class E, class X, class L = tensor_inline> struct tensor {
   template <class... A> tensor(A...);
   template <class... A> mh_any get_extent(A...) const;
   template <class... A> mh_any operator[](A...) const;
+  template <size_t... S, class... A> tensor<E, extents<int, S...>, L> slice(A...) const;
 };
 template <class P, class X> tensor(P*, X) -> tensor<P, X, tensor_inline>;
 template <class P, class X, class S> tensor(P*, X, S) -> tensor<P, X, tensor_inline>;
@@ -471,6 +553,12 @@ template <int N> struct execution_simdgroups {};
 struct execution_simdgroup {};
 struct execution_thread {};
 } // namespace metal
+#define MH_GLOBAL_MATRIX(T)                                                                    \
+  using metal::T##2x2; using metal::T##2x3; using metal::T##2x4; using metal::T##3x2;          \
+  using metal::T##3x3; using metal::T##3x4; using metal::T##4x2; using metal::T##4x3; using metal::T##4x4;
+MH_GLOBAL_MATRIX(half)
+MH_GLOBAL_MATRIX(float)
+#undef MH_GLOBAL_MATRIX
 
 namespace mpp {
 namespace tensor_ops {
@@ -487,6 +575,7 @@ template <class T> struct mh_cooperative {
   T& operator[](size_t);
   template <class... A> void load(A...);
   template <class... A> void store(A...);
+  ::metal::array<int, 2> get_multidimensional_index(int) const;
 };
 template <long D, class Scope> struct matmul2d {
   template <class... A> void run(const A&...);

@@ -30,6 +30,9 @@ enum class Builtin : int {
   thread_index_in_quadgroup,
   quadgroup_index_in_threadgroup,
   quadgroups_per_threadgroup,
+  dispatch_threads_per_threadgroup,  // the launch's threadgroup size (an edge group of a grid dispatch may be smaller)
+  dispatch_simdgroups_per_threadgroup,
+  dispatch_quadgroups_per_threadgroup,
   count
 };
 
@@ -45,6 +48,7 @@ struct ThreadInfo {
   uint32_t lane;
   uint32_t simd_index;
   uint32_t simd_count;
+  uint32_t dispatch_size[3];  // the threadgroup size the launch asked for
 };
 
 constexpr int kSimdWidth = 32;

@@ -430,7 +430,7 @@ using simdgroup_float8x8 = simdgroup_matrix<float, 8, 8>;
 using simdgroup_half8x8 = simdgroup_matrix<half, 8, 8>;
 using simdgroup_bfloat8x8 = simdgroup_matrix<bfloat, 8, 8>;
 
-template <class T, int Cols, int Rows>
+template <class T, int Cols, int Rows = Cols>
 inline simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T v) {
   simdgroup_matrix<T, Cols, Rows> m;
   m.e = vec<T, 2>(v);

@@ -73,6 +73,7 @@ namespace metal {
 constexpr size_t dynamic_extent = static_cast<size_t>(-1);
 
 struct tensor_inline {};
+struct mh_unset {};  // extents to fill in (a slice's)
 
 template <class IndexType, size_t Rank>
 struct dextents {
@@ -80,33 +81,67 @@ struct dextents {
   IndexType mh_e[Rank];
 
   template <class... I>
-  constexpr dextents(I... v) : mh_e{static_cast<IndexType>(v)...} {
-    static_assert(sizeof...(I) == Rank, "one extent per dimension");
-  }
+    requires(sizeof...(I) == Rank)
+  constexpr dextents(I... v) : mh_e{static_cast<IndexType>(v)...} {}
+  constexpr explicit dextents(mh_unset) : mh_e{} {}
   static constexpr size_t rank() { return Rank; }
+  constexpr IndexType extent(size_t r) const { return mh_e[r]; }
+};
+
+// Extents fixed at compile time where not dynamic_extent (a tensor's
+// slice<E0, E1>(...) has them); the dynamic ones are given, in order.
+template <class IndexType, size_t... E>
+struct extents {
+  static constexpr size_t Rank = sizeof...(E);
+  static_assert(Rank >= 1, "a tensor has at least one dimension");
+  static constexpr size_t mh_static[Rank] = {E...};
+  static constexpr size_t mh_dynamic = ((E == dynamic_extent ? 1 : 0) + ...);
+  IndexType mh_e[Rank];
+
+  template <class... I>
+    requires(sizeof...(I) == mh_dynamic || sizeof...(I) == Rank)
+  constexpr extents(I... v) : mh_e{} {
+    const IndexType given[sizeof...(I) + 1] = {static_cast<IndexType>(v)...};
+    size_t k = 0;
+    for (size_t r = 0; r < Rank; ++r) {
+      if (sizeof...(I) == Rank) {
+        mh_e[r] = given[r];
+      } else {
+        mh_e[r] = mh_static[r] == dynamic_extent ? given[k++] : static_cast<IndexType>(mh_static[r]);
+      }
+    }
+  }
+  constexpr explicit extents(mh_unset) : mh_e{} {}
+  static constexpr size_t rank() { return Rank; }
+  static constexpr size_t static_extent(size_t r) { return mh_static[r]; }
   constexpr IndexType extent(size_t r) const { return mh_e[r]; }
 };
 
 template <class ElementType, class Extents, class Descriptor = tensor_inline>
 struct tensor {
-  static_assert(sizeof(ElementType) == 0, "the harness emulates tensor<T, dextents<I, R>, tensor_inline> only");
+  static_assert(sizeof(ElementType) == 0,
+                "the harness emulates tensor<T, dextents<I, R> or extents<I, E...>, tensor_inline> only");
 };
 
 // A view of rank R over a pointer in T's address space (T may carry one:
-// tensor<device half, ...>).
-template <class T, class I, size_t R, class Descriptor>
-struct tensor<T, dextents<I, R>, Descriptor> {
+// tensor<device half, ...>), of extents X (dextents<I, R> or extents<I, E...>).
+template <class T, class X, class Descriptor>
+  requires requires { X::rank(); &X::mh_e; }
+struct tensor<T, X, Descriptor> {
   static_assert(std::is_same_v<Descriptor, tensor_inline>,
                 "the harness emulates tensor_inline views only");
   using element_type = T;
-  using index_type = I;
+  using index_type = std::remove_cvref_t<decltype(std::declval<X&>().mh_e[0])>;
+  using extents_type = X;
+  using I = index_type;
+  static constexpr size_t R = X::rank();
   static constexpr size_t mh_rank = R;
 
   T* mh_data;
   I mh_ext[R];
   long mh_stride[R];
 
-  tensor(T* data, dextents<I, R> e) : mh_data(data) {
+  tensor(T* data, X e) : mh_data(data) {
     long s = 1;
     for (size_t r = 0; r < R; ++r) {
       mh_ext[r] = e.mh_e[r];
@@ -114,11 +149,45 @@ struct tensor<T, dextents<I, R>, Descriptor> {
       s *= long(e.mh_e[r]);
     }
   }
-  tensor(T* data, dextents<I, R> e, array<int, R> strides) : mh_data(data) {
+  tensor(T* data, X e, array<int, R> strides) : mh_data(data) {
     for (size_t r = 0; r < R; ++r) {
       mh_ext[r] = e.mh_e[r];
       mh_stride[r] = long(strides[r]);
     }
+  }
+
+  I get_extent(size_t r) const { return mh_ext[r]; }
+
+  // The view from `offsets` on, of extents S (static, or for
+  // dynamic_extent the rest of this view), with this view's strides; none
+  // given: every extent dynamic.
+  template <size_t... S, class... O>
+  auto slice(O... offsets) const {
+    static_assert(sizeof...(O) == R, "[tensor-ops] slice takes one offset per dimension");
+    static_assert(sizeof...(S) == R || sizeof...(S) == 0, "[tensor-ops] slice takes one extent per dimension");
+    const long off[R] = {long(offsets)...};
+    using Y = std::conditional_t<sizeof...(S) == 0, dextents<I, R>, extents<I, S...>>;
+    T* p = mh_data;
+    array<int, R> strides{};
+    Y e = mh_slice_extents<Y, S...>(off);
+    for (size_t r = 0; r < R; ++r) {
+      if (off[r] < 0 || off[r] > long(mh_ext[r])) {
+        ::mh::rt_fail("tensor::slice: offset %ld outside extent %ld of dimension %zu", off[r], long(mh_ext[r]), r);
+      }
+      p += off[r] * mh_stride[r];
+      strides[r] = int(mh_stride[r]);
+    }
+    return tensor<T, Y, tensor_inline>(p, e, strides);
+  }
+  template <class Y, size_t... S>
+  Y mh_slice_extents(const long* off) const {
+    constexpr size_t given[R + 1] = {S...};
+    Y e{mh_unset{}};
+    for (size_t r = 0; r < R; ++r) {
+      const size_t s = sizeof...(S) == 0 ? dynamic_extent : given[r];
+      e.mh_e[r] = s == dynamic_extent ? I(long(mh_ext[r]) - off[r]) : I(s);
+    }
+    return e;
   }
 
   bool mh_inside(long i0, long i1) const {
@@ -131,6 +200,10 @@ template <class T, class I, size_t R>
 tensor(T*, dextents<I, R>) -> tensor<T, dextents<I, R>, tensor_inline>;
 template <class T, class I, size_t R>
 tensor(T*, dextents<I, R>, array<int, R>) -> tensor<T, dextents<I, R>, tensor_inline>;
+template <class T, class I, size_t... E>
+tensor(T*, extents<I, E...>) -> tensor<T, extents<I, E...>, tensor_inline>;
+template <class T, class I, size_t... E>
+tensor(T*, extents<I, E...>, array<int, sizeof...(E)>) -> tensor<T, extents<I, E...>, tensor_inline>;
 
 template <size_t N>
 struct execution_simdgroups {
@@ -155,11 +228,12 @@ namespace mh {
 // Each message starts with the rule tag the strict pass reports.
 template <class T>
 struct TensorTraits : std::false_type {};
-template <class T, class I, size_t R, class D>
-struct TensorTraits<metal::tensor<T, metal::dextents<I, R>, D>> : std::true_type {
+template <class T, class X, class D>
+  requires requires { metal::tensor<T, X, D>::mh_rank; }
+struct TensorTraits<metal::tensor<T, X, D>> : std::true_type {
   using element = bare_t<T>;
-  using index = I;
-  static constexpr size_t rank = R;
+  using index = typename metal::tensor<T, X, D>::index_type;
+  static constexpr size_t rank = metal::tensor<T, X, D>::mh_rank;
   static constexpr int space = address_space_v<std::remove_cv_t<T>>;
 };
 template <class T>
@@ -340,6 +414,14 @@ struct cooperative_tensor<T, dextents<int, 2>, Role> {
 
   // Element (r, c) of slot i of this thread, or false past the matrix.
   static bool mh_element(int owner, int i, int& r, int& c) { return layout::element(owner, i, r, c); }
+
+  // Where slot i of this thread sits, in tensor order: {column, row}.
+  array<int, 2> get_multidimensional_index(int i) const {
+    const int owner = mh::scope_thread(mh_threads, "cooperative_tensor::get_multidimensional_index");
+    int r = 0, c = 0;
+    layout::element(owner, mh_slot(i), r, c);
+    return array<int, 2>{{c, r}};
+  }
 
   // Apple's headers require the tensor's element type to be the
   // cooperative tensor's (no conversion on load or store).

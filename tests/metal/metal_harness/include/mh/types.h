@@ -49,8 +49,23 @@ struct bfloat {
   template <class U>
     requires(std::is_integral_v<U>)
   constexpr bfloat(U v) : bits(from_float(static_cast<float>(v))) {}
-  // A builtin bfloat converts from what converts to bool (MLX's _NoMask).
-  constexpr bfloat(bool v) : bits(from_float(v ? 1.0f : 0.0f)) {}
+  // Assigning an object whose conversion gives an integer or bool: MSL's
+  // conversion sequence is that user-defined conversion, then the builtin
+  // one to bfloat (MLX's block-masked GEMM assigns a _NoMask to a bfloat);
+  // C++ would want two user-defined conversions of this class. (Not a
+  // constructor: as one it would join every operator's overloads, where
+  // MSL's builtin bfloat loses to the integer ones.)
+  template <class U>
+    requires(std::is_class_v<std::remove_cvref_t<U>> && !is_bfloat<std::remove_cvref_t<U>>::value &&
+             requires(U&& u) { requires std::is_integral_v<decltype(+u)>; })
+  constexpr explicit bfloat(U&& u) : bits(from_float(static_cast<float>(+u))) {}  // T(mask) in gemv_masked.h
+  template <class U>
+    requires(std::is_class_v<std::remove_cvref_t<U>> && !is_bfloat<std::remove_cvref_t<U>>::value &&
+             requires(U&& u) { requires std::is_integral_v<decltype(+u)>; })
+  constexpr bfloat& operator=(U&& u) {
+    bits = from_float(static_cast<float>(+u));
+    return *this;
+  }
   template <class U>
     requires(std::is_same_v<U, float> || std::is_same_v<U, half> || std::is_same_v<U, double>)
   constexpr explicit bfloat(U v) : bits(from_float(static_cast<float>(v))) {}

@@ -1,0 +1,14 @@
+// Valid neighbour of buffer_threadgroup.metal for the strict pass
+// (test_metal_strict.py): the threadgroup pointer bound with
+// [[threadgroup(0)]]; Apple's compiler accepts it, and so must the pass.
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void planted(
+    device float* y [[buffer(0)]],
+    threadgroup float* tile [[threadgroup(0)]],
+    uint i [[thread_index_in_threadgroup]]) {
+  tile[i] = y[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  y[i] = tile[0];
+}

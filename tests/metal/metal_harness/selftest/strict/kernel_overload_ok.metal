@@ -1,0 +1,12 @@
+// Valid neighbour of kernel_overload.metal for the strict pass (test_metal_strict.py):
+// two kernels of two names; Apple's compiler accepts it, and so must the pass.
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void planted(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  y[i] = 1.0f;
+}
+
+kernel void planted_int(device int* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  y[i] = 1;
+}

@@ -1,0 +1,8 @@
+// Valid neighbour of typeid.metal for the strict pass (test_metal_strict.py):
+// sizeof of the expression itself; Apple's compiler accepts it, and so must the pass.
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void planted(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  y[i] = float(sizeof(y[i]));
+}
