@@ -301,7 +301,7 @@ def mutants_of(program: Path):
 def test_every_mutant_of_an_mlx_kernel_is_rejected(stem, tmp_path):
     program = PROGRAMS_DIR / f"{stem}.metal"
     made = list(mutants_of(program))
-    assert len(made) >= 3, [m[0] for m in made]
+    assert len(made) >= 2, [m[0] for m in made]  # arange has no threadgroup memory, barrier or read-only buffer
     missed = []
     for op, kernel, mutant, rule in made:
         if (stem, op) in EQUIVALENT:

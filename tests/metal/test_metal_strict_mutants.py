@@ -54,12 +54,14 @@ def drop_address_space(text, k):
 
 def write_read_only(text, k):
     for ptype, name, _ in k.param_list():
-        if re.search(r"\bdevice\s+const\b", ptype) and "*" in ptype:
+        if re.search(r"\bdevice\s+const\b|\bconst\s+device\b", ptype) and "*" in ptype:
             return _insert(text, _body(text, k), f" {name}[0] = {name}[0];")
         if re.search(r"\bconstant\b", ptype) and "&" in ptype:
             member = re.search(rf"\b{name}\.(\w+)", text[k.start : k.end])
             if member:
                 return _insert(text, _body(text, k), f" {name}.{member.group(1)} = {name}.{member.group(1)};")
+            if re.search(r"\b(?:u?(?:int|short|char|long)|float|half|bool|size_t|u?int\d+_t)\s*&", ptype):
+                return _insert(text, _body(text, k), f" {name} = {name};")  # MLX's `const constant int& n`
 
 
 def threadgroup_in_helper(text, k):
@@ -68,8 +70,17 @@ def threadgroup_in_helper(text, k):
         d = decls[0]
         code = strict._code_only(text)
         head = source.template_start(code, k.start)
-        template = f"template <{k.template}> " if k.template is not None else ""
-        helper = f"{template}void mh_mutant_helper() {{ threadgroup {d.type} {d.name}{d.dims}; }} "
+        # The kernel's own declaration where it names only the kernel's
+        # template parameters and literals; else (a type or size local to
+        # the kernel, as in MLX's kernels) a float array: the defect is the
+        # declaration's place, not its type.
+        names = set(re.findall(r"[A-Za-z_]\w*", d.type + d.dims))
+        params = set(source.template_params(code, k.start)) if k.template is not None else set()
+        plain = names <= params | {"float", "half", "int", "uint", "short", "ushort", "char", "uchar", "bool",
+                                   "long", "ulong", "bfloat"}
+        decl = f"{d.type} {d.name}{d.dims}" if plain else "float mh_mutant_tile[32]"
+        template = f"template <{k.template}> " if k.template is not None and plain else ""
+        helper = f"{template}void mh_mutant_helper() {{ threadgroup {decl}; }} "
         return _insert(text, head if head >= 0 else k.start, helper)
 
 
@@ -77,7 +88,9 @@ def widen_threadgroup_array(text, k):
     for d in _shared(text, k):
         if d.dims:
             at = k.start + d.start + text[k.start + d.start :].index("[") + 1
-            return _insert(text, at, "32768 + ")
+            close = source._match_forward(text, at - 1, "[]")
+            # Parenthesised: MLX sizes arrays with `c == 0 ? 1 : c`.
+            return text[:at] + f"32768 + ({text[at:close]})" + text[close:]
 
 
 def add_double(text, k):

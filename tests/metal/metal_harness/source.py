@@ -42,6 +42,8 @@ BUILTINS = (
     "dispatch_threads_per_threadgroup",
     "dispatch_simdgroups_per_threadgroup",
     "dispatch_quadgroups_per_threadgroup",
+    "grid_origin",
+    "grid_size",
 )
 
 # Attributes that need hardware or pipeline state the harness does not model.

@@ -70,6 +70,8 @@ inline void builtin_value(int which, uint32_t v[3]) {
     case Builtin::dispatch_quadgroups_per_threadgroup:
       v[0] = (t.dispatch_size[0] * t.dispatch_size[1] * t.dispatch_size[2] + 3) / 4;
       break;
+    case Builtin::grid_origin: break;
+    case Builtin::grid_size: set3(t.grid_size); break;
     default: rt_fail("unknown built-in attribute");
   }
 }

@@ -486,8 +486,9 @@ template <class T, int C, int R> struct matrix {
   const __constant column_type& operator[](int) const __constant;
 };
 template <class T, int C, int R, int K> matrix<T, K, R> operator*(matrix<T, C, R>, matrix<T, K, C>);
-template <class T, int C, int R> T __attribute__((ext_vector_type(R))) operator*(matrix<T, C, R>, T __attribute__((ext_vector_type(C))));
-template <class T, int C, int R> T __attribute__((ext_vector_type(C))) operator*(T __attribute__((ext_vector_type(R))), matrix<T, C, R>);
+// Vectors through metal::vec: clang before 17 takes ext_vector_type on typedefs only.
+template <class T, int C, int R> metal::vec<T, R> operator*(matrix<T, C, R>, metal::vec<T, C>);
+template <class T, int C, int R> metal::vec<T, C> operator*(metal::vec<T, R>, matrix<T, C, R>);
 template <class T, int C, int R> matrix<T, C, R> operator*(matrix<T, C, R>, T);
 template <class T, int C, int R> matrix<T, C, R> operator*(T, matrix<T, C, R>);
 template <class T, int C, int R> matrix<T, C, R> operator/(matrix<T, C, R>, T);

@@ -33,6 +33,8 @@ enum class Builtin : int {
   dispatch_threads_per_threadgroup,  // the launch's threadgroup size (an edge group of a grid dispatch may be smaller)
   dispatch_simdgroups_per_threadgroup,
   dispatch_quadgroups_per_threadgroup,
+  grid_origin,  // of a kernel's stage_in region; no stage_in here: 0
+  grid_size,    // of that region: the grid
   count
 };
 
