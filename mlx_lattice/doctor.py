@@ -52,7 +52,8 @@ def nvidia_driver_present() -> bool:
 def cpu_isa() -> str:
     """The CPU kernels' instruction-set path, and the paths this build carries."""
     native = " (-march=native build)" if _ext.CPU_NATIVE_BUILD else ""
-    return f"{_ext.cpu_isa()}{native}; built: {', '.join(_ext.built_cpu_isas())}"
+    mine = " (those this CPU runs)" if _ext.CPU_PATHS_BUILT == "native" else ""
+    return f"{_ext.cpu_isa()}{native}; built: {', '.join(_ext.built_cpu_isas())}{mine}"
 
 
 def typical_route(backend: str) -> dict:

@@ -436,3 +436,29 @@ def test_import_without_an_mlx_backend_says_what_to_install():
     assert last.startswith("ImportError: mlx_lattice needs MLX with a backend")
     assert "libmlx.so: cannot open shared object file" in last
     assert 'mlx_lattice[cpu]' in last and 'mlx_lattice[cuda]' in last
+
+
+@pytest.mark.usefixtures("cmake")
+@pytest.mark.parametrize(
+    "processor, choice, expected",
+    [("x86_64", "all", "avx512=2;avx2=1;baseline=0 all"),
+     ("AMD64", "all", "avx512=2;avx2=1;baseline=0 all"),
+     ("aarch64", "native", "neon=3 all"),
+     ("arm64", "all", "neon=3 all"),
+     ("x86_64", "avx2", "must be native or all, not 'avx2'"),
+     ("x86_64", "", "must be native or all, not ''")],
+)
+def test_cpu_kernel_paths(tmp_path, processor, choice, expected):
+    # cmake/cpu_paths.cmake in script mode (where `native` on x86-64, which
+    # runs a probe, cannot be asked: the built extension's paths are checked
+    # against the CPU in tests/test_cpu_isa.py).
+    script = tmp_path / "p.cmake"
+    script.write_text(f"set(CMAKE_SYSTEM_PROCESSOR {processor})\nset(MLX_LATTICE_CPU_PATHS \"{choice}\")\n"
+                      f"include({ROOT}/cmake/cpu_paths.cmake)\nlattice_cpu_paths(P)\n"
+                      'message("${P} ${P_BUILT}")\n')
+    proc = subprocess.run([CMAKE, "-P", str(script)], capture_output=True, text=True, timeout=60)
+    if "must be" in expected:
+        assert proc.returncode != 0 and expected in " ".join(proc.stderr.split())
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.strip() == expected

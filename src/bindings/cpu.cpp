@@ -17,6 +17,9 @@ void init_cpu(nb::module_& m) {
   m.def("supported_cpu_isas", &cpu::supported_isas);
   m.def("built_cpu_isas", &cpu::built_isas);
   m.def("set_cpu_isa", &cpu::set_cpu_isa, "name"_a);
+  // "native" (the x86-64 paths the building machine runs) or "all"
+  // (cmake/cpu_paths.cmake).
+  m.attr("CPU_PATHS_BUILT") = LATTICE_CPU_PATHS_BUILT;
 #if defined(MLX_LATTICE_NATIVE)
   m.attr("CPU_NATIVE_BUILD") = true;
 #else

@@ -5,9 +5,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <cpuid.h>
-#endif
+#include "cpu/cpu_features.h"
 
 namespace mlx_lattice::cpu {
 
@@ -75,28 +73,16 @@ bool always() {
 }
 
 #if defined(__x86_64__) || defined(_M_X64)
-// F16C from CPUID leaf 1 (ECX bit 29): Clang 16 knows no "f16c" in
-// __builtin_cpu_supports. Its registers are AVX's, whose OS support the
-// avx2 check below covers.
-bool has_f16c() {
-  unsigned a, b, c, d;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-}
-
-// __builtin_cpu_supports also checks that the OS saves the vector state.
-bool has_avx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
-}
-
-bool has_avx512() {
-  return has_avx2() && __builtin_cpu_supports("avx512f");
-}
-
-// Slowest first.
+// Slowest first; the wider paths those the build compiled (CMakeLists.txt,
+// MLX_LATTICE_CPU_PATHS).
 const Path kPaths[] = {
     {LATTICE_TABLE(baseline), &always},
+#if defined(LATTICE_BUILT_AVX2)
     {LATTICE_TABLE(avx2), &has_avx2},
+#endif
+#if defined(LATTICE_BUILT_AVX512)
     {LATTICE_TABLE(avx512), &has_avx512},
+#endif
 };
 #elif defined(__aarch64__)
 // Advanced SIMD is part of the AArch64 base architecture.
