@@ -453,7 +453,8 @@ def test_cpu_kernel_paths(tmp_path, processor, choice, expected):
     # runs a probe, cannot be asked: the built extension's paths are checked
     # against the CPU in tests/test_cpu_isa.py).
     script = tmp_path / "p.cmake"
-    script.write_text(f"set(CMAKE_SYSTEM_PROCESSOR {processor})\nset(MLX_LATTICE_CPU_PATHS \"{choice}\")\n"
+    script.write_text("cmake_minimum_required(VERSION {}.{})\n".format(*CMAKE_MINIMUM)
+                      + f"set(CMAKE_SYSTEM_PROCESSOR {processor})\nset(MLX_LATTICE_CPU_PATHS \"{choice}\")\n"
                       f"include({ROOT}/cmake/cpu_paths.cmake)\nlattice_cpu_paths(P)\n"
                       'message("${P} ${P_BUILT}")\n')
     proc = subprocess.run([CMAKE, "-P", str(script)], capture_output=True, text=True, timeout=60)
