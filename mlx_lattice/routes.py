@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 
-from . import _ext, backends, diagnostics
+from . import backends, diagnostics
 
 BACKENDS = ("cpu", "metal", "cuda")
 DIRECTIONS = ("forward", "dgrad", "wgrad")
@@ -316,8 +316,9 @@ def _select(ctx: RouteContext, reasons: bool = True) -> tuple[Route, tuple, str 
     chosen = _pick(ctx)
     if chosen is not None:
         return chosen, tuple(_reasons(ctx, chosen)) if reasons else (), None
-    if ctx.backend != "cpu":
-        cpu_ctx = RouteContext(**{**ctx.as_dict(), "backend": "cpu", "tier": "cpu"})
+    cpu = backends.CPU.name  # the backend every call can fall back to
+    if ctx.backend != cpu:
+        cpu_ctx = RouteContext(**{**ctx.as_dict(), "backend": cpu, "tier": cpu})
         chosen = _pick(cpu_ctx)
         if chosen is not None:
             note = f"no {ctx.backend} route accepts this call; running on the CPU"
@@ -343,8 +344,8 @@ def context(op: str, backend: str, **fields) -> RouteContext:
     caps = _CAPS.get(backend)
     if caps is None:
         device = backends.get(backend)
-        caps = (device.tier(), bool(backend == "metal" and device.tensor_ops()))
-        if backend == "cuda":  # fixed for the process (a CPU's follows its instruction-set path)
+        caps = (device.tier(), bool(device.tensor_ops()))
+        if device.tier_fixed:  # asked once (a CPU's follows its instruction-set path)
             _CAPS[backend] = caps
     ks = fields.get("kernel_size")
     if ks is not None and not fields.get("k"):
@@ -357,7 +358,8 @@ def context(op: str, backend: str, **fields) -> RouteContext:
 _new_context = _ContextFields.__new__
 
 
-# (tier, tensor_ops) of the CUDA backend, asked once.
+# (tier, tensor_ops) of a backend whose tier is fixed for the process (CUDA's),
+# asked once.
 _CAPS: dict = {}
 
 

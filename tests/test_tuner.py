@@ -17,7 +17,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import diagnostics, ops, routes, tuning, tuning_cache
+from mlx_lattice import backends, diagnostics, ops, routes, tuning, tuning_cache
 from mlx_lattice.routes import RouteContext
 from mlx_lattice.tuning_cache import TuningCache
 
@@ -247,7 +247,7 @@ def test_key_fields_and_buckets(restore_isa):
     for part in ("cpu", "float32", "forward", "K=8", "16->16", "groups=1", "edges<2^17", "rows<2^15",
                  "cpu.gather_gemm,cpu.row_gather", f"mlx_lattice {ml.__version__}", "threads"):
         assert part in key
-    assert tuning._cpu_name().split(" (")[0] in key
+    assert backends.CPU.device_name().split(" (")[0] in key
 
     def key_of(**kw):
         c = RouteContext(**{**base.as_dict(), **kw})

@@ -32,6 +32,13 @@ class CudaBackend(Backend):
     map_route = "cuda.hash_map"
     neighbor_routes = ("cuda.knn", "cuda.radius")  # neighbors.knn, neighbors.radius
 
+    fused_norm_switch = "FUSED_ON_CUDA"
+    # MLX 0.32's CUDA quantized_matmul returns wrong values when a row holds
+    # a single group and x has more than one row.
+    quantized_matmul_single_group_exact = False
+    quantized_products = False  # no CUDA route runs a QuantizedWeight
+    tier_fixed = True
+
     def _probe(self) -> bool:
         cuda = getattr(mx, "cuda", None)
         return bool(cuda is not None and cuda.is_available())
@@ -72,6 +79,11 @@ class CudaBackend(Backend):
         from . import norm
 
         return norm.running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio)
+
+    def adam_kernels(self):
+        from . import adam  # loaded on the first optimizer step only
+
+        return adam
 
     # The routes' kernels carry no autodiff: autodiff.py wraps them.
     differentiable_products = False
