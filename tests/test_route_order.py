@@ -36,3 +36,10 @@ def test_selection_order_within_a_backend_is_priority_then_registration():
     for backend, names in ORDER.items():
         ranked = sorted(names, key=lambda n: -routes.get(n).priority)  # stable: ties keep registration order
         assert [r.name for r in routes._ordered(backend)] == ranked, backend
+
+
+def test_the_registry_holds_the_backends_routes_backend_after_backend():
+    # each backend's module registers its own (mlx_lattice/backends/<backend>_routes.py)
+    assert list(routes._REGISTRY) == ORDER["cpu"] + ORDER["metal"] + ORDER["cuda"]
+    assert [m.__name__.rsplit(".", 1)[1] for m in routes.ROUTE_MODULES] == [
+        f"{b}_routes" for b in routes.BACKENDS]
