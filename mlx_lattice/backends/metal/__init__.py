@@ -108,8 +108,10 @@ class MetalBackend(NativeBackend):
         return bool(mx.metal.is_available())
 
     def refresh(self) -> None:
-        """Forget the device facts (they are asked again on next use)."""
+        """Forget the device facts and what the install holds (they are
+        asked again on next use)."""
         self._facts = None
+        build.forget()
         self.__dict__.pop("_available", None)
 
     def capabilities(self) -> dict:
