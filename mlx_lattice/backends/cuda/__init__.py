@@ -7,7 +7,8 @@ Every route computes the same product as the C++ primitives,
 relation; their autodiff is the one of every backend
 (mlx_lattice/autodiff.py).
 
-- ``kernels``: the product kernel sources;
+- ``kernels``: the product kernel sources; ``jit``: compiling and launching
+  them (``kernel_index``: which module makes a kernel a list names);
 - ``maps``: coordinate tables, supports and relations (route ``cuda.hash_map``);
 - ``plans``: the views of a relation built here (``Plans``);
 - ``view``: CSR views of a relation for the products;
@@ -20,7 +21,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..base import Backend
-from . import maps, routes
+from . import jit, kernel_index, maps, routes
 from .kernels import sorted_mma_shared_bytes
 from .plans import Plans
 from .routes import ROUTES, find
@@ -124,6 +125,7 @@ class CudaBackend(Backend):
 
 
 BACKEND = CudaBackend()
+jit.set_kernel_finder(kernel_index.find)
 
 
 def available() -> bool:
