@@ -7,7 +7,8 @@ take.
 
 This module holds the route type, the registry and selection; each backend
 registers its own routes (``mlx_lattice/backends/<backend>_routes.py``,
-conditions several share in ``route_conditions``). Each route name is a key
+conditions several share in ``route_conditions``), which the package loads
+on import (``mlx_lattice/__init__.py``), in the order cpu, metal, cuda. Each route name is a key
 of its backend's table: ``src/cpu/routes.cpp``, ``src/metal/<family>.cpp``
 (beside ``metal/<family>.metal``) and ``mlx_lattice/backends/cuda/routes.py``
 (map building and neighbour queries: each backend's ``map_route`` and
@@ -405,14 +406,6 @@ def choose(ctx: RouteContext, fallback: str | None = None, probe=None) -> Select
             entry.update(tuned)
         diagnostics.emit(entry)
     return sel
-
-
-# ------------------------------------------------------------------ the routes
-# Each backend registers its own; within a backend, equal priorities are
-# taken in registration order (tests/test_route_order.py).
-from .backends import cpu_routes, metal_routes, cuda_routes  # noqa: E402
-
-ROUTE_MODULES = (cpu_routes, metal_routes, cuda_routes)
 
 
 def markdown() -> str:
