@@ -8,7 +8,7 @@ take.
 This module holds the route type, the registry and selection; each backend
 registers its own routes (``mlx_lattice/backends/<backend>_routes.py``,
 conditions several share in ``route_conditions``), which the package loads
-on import (``mlx_lattice/__init__.py``), in the order cpu, metal, cuda. Each route name is a key
+first on import (``mlx_lattice/__init__.py``), in the order cpu, metal, cuda. Each route name is a key
 of its backend's table: ``src/cpu/routes.cpp``, ``src/metal/<family>.cpp``
 (beside ``metal/<family>.metal``) and ``mlx_lattice/backends/cuda/routes.py``
 (map building and neighbour queries: each backend's ``map_route`` and
