@@ -61,6 +61,10 @@ def _check_thread_count_variable() -> None:
 
 _check_thread_count_variable()
 
+# Each backend's routes, registered in this order (within a backend, equal
+# priorities are taken in registration order), before any module reads the
+# registry (the tuner checks forced routes at import).
+from .backends import cpu_routes, metal_routes, cuda_routes  # noqa: E402,F401,I001
 from . import _ext, diagnostics, ops, routes  # noqa: E402
 
 _ext.num_threads()  # the thread pool reads its variable now, at import, not at the first call

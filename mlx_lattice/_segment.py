@@ -18,8 +18,10 @@ def accumulation_dtype(dtype):
     return mx.float32 if dtype in (mx.float16, mx.bfloat16) else dtype
 
 
-def _on_gpu() -> bool:
-    return backends.current().name != "cpu"
+def _scatter_unordered() -> bool:
+    """Whether MLX's scatter-add may commit rows out of order here (a GPU's
+    atomics): segment sums then go through the fixed-order plan."""
+    return not backends.current().scatter_add_in_row_order
 
 
 def _host_ids(segments: mx.array):
@@ -87,7 +89,7 @@ def segment_sum(values: mx.array, segments: mx.array, n_segments: int) -> mx.arr
     shape = (n_segments, values.shape[1])
     if values.shape[0] == 0:
         return mx.zeros(shape, dtype=acc)
-    ids = _host_ids(segments) if _on_gpu() else None
+    ids = _host_ids(segments) if _scatter_unordered() else None
     plan = _ordered_levels(ids, n_segments) if ids is not None else None
 
     def total(v, seg):

@@ -213,7 +213,7 @@ _CPU_FEATURE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 
 def _on_cpu(*arrays) -> bool:
-    return backends.current().name == "cpu" and all(
+    return backends.current().native_column_ops and all(
         a.ndim == 2 and a.dtype in _CPU_FEATURE_DTYPES for a in arrays
     )
 

@@ -211,12 +211,25 @@ def map_record(product: str, route: str, *, map_kind: str | None, n_in: int, n_o
 
 
 # What the device can do and what this build holds: asked of the backends
-# (mlx_lattice/backends/), which compute each once per process.
-from .backends import build_info, capability_tier, metal_libraries  # noqa: E402,F401
-from .backends.metal import (  # noqa: E402,F401
-    TENSOR_OPS_GENERATION,
-    TENSOR_OPS_MACOS,
-    metal_capabilities,
-    metal_unavailable_reason,
-    tensor_ops_available,
-)
+# (mlx_lattice/backends/), which compute each once per process. Read from
+# them on first use, so that importing this module loads no GPU backend.
+_FROM_BACKENDS = {
+    "build_info": ("build", "build_info"),
+    "capability_tier": ("", "capability_tier"),
+    "metal_libraries": ("build", "metal_libraries"),
+    "TENSOR_OPS_GENERATION": ("metal", "TENSOR_OPS_GENERATION"),
+    "TENSOR_OPS_MACOS": ("metal", "TENSOR_OPS_MACOS"),
+    "metal_capabilities": ("metal", "metal_capabilities"),
+    "metal_unavailable_reason": ("metal", "metal_unavailable_reason"),
+    "tensor_ops_available": ("metal", "tensor_ops_available"),
+}
+
+
+def __getattr__(name: str):
+    where = _FROM_BACKENDS.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(".backends" + (f".{where[0]}" if where[0] else ""), __package__)
+    return getattr(module, where[1])

@@ -117,7 +117,7 @@ def collect() -> dict:
         "default_backend": default,
         "metallibs": libs,
         "tensor_ops": {"available": tensor_ops, "reason": tensor_ops_reason},
-        "gpu_tier": diagnostics.capability_tier(default) if default != "cpu" else
+        "gpu_tier": diagnostics.capability_tier(default) if backends.current() is not backends.CPU else
         (caps["tier"] if has["metal"] else "no GPU"),
         "cpu": {"isa": cpu_isa(), "threads": _ext.num_threads(), "heap": _ext.malloc_tuning()},
         "typical_route": typical_route(default),
@@ -147,7 +147,7 @@ def render(report: dict) -> str:
     ]
     for name, b in report["backends"].items():
         line = f"  {name:<6} {_yes(b['machine']):<3} / {_yes(b['usable']):<3}"
-        if b["reason"] and name != "cpu":
+        if b["reason"]:  # the CPU's is always None
             line += f"  {b['reason']}"
         lines.append(line)
     lines += [f"  default device: {report['default_backend']}", "", "metal libraries"]

@@ -149,7 +149,7 @@ def plan(records: list[dict], tier: str, dtype: str | None = None) -> dict:
             sel = routes.select(mac_context(r, tier))  # a CPU route serves every query
             row = queries[sel.route.name]
             row["calls"] += 1
-            row["kind"] = "gpu" if sel.route.backend == "metal" else "cpu"
+            row["kind"] = "cpu" if sel.fallback else "gpu"  # a Metal context: off the GPU only by fallback
             if sel.fallback:
                 fallbacks[sel.fallback] += 1
             continue
@@ -160,7 +160,7 @@ def plan(records: list[dict], tier: str, dtype: str | None = None) -> dict:
             warnings.warn(f"Mac plan: a {r['op']} call is left out: {e}", RuntimeWarning, stacklevel=2)
             continue
         route, macs = sel.route, multiply_adds(r)
-        kind = "cpu" if route.backend != "metal" else "matrix" if route.matrix_unit else "scalar"
+        kind = "cpu" if sel.fallback else "matrix" if route.matrix_unit else "scalar"
         row = by_route[route.name]
         row["calls"] += 1
         row["macs"] += macs

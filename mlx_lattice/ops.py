@@ -21,7 +21,6 @@ import mlx.core as mx
 from . import autodiff, backends, routes, tuning
 from ._args import dtype_name, triple
 from ._recorder import CallRecorder
-from .layout import mapped_weight
 from .quantized import QuantizedWeight
 from .relation import KernelGeometry, Relation
 from .tensor import SparseTensor, target_set

@@ -48,7 +48,7 @@ from . import _ext, backends
 
 def _fusable(gradient: mx.array, parameter: mx.array, state: dict) -> bool:
     return (
-        backends.current().name == "cpu"
+        backends.current().fused_adam_update
         and gradient.dtype == mx.float32
         and parameter.dtype == mx.float32
         and state["m"].dtype == mx.float32
@@ -90,8 +90,9 @@ class _FusedAdam:
         same kernel as ``apply_single``),
         on CUDA through ``backends.cuda.adam`` up to sixteen per launch (one
         dtype and rank each) instead of a kernel each."""
-        backend = backends.current().name
-        if backend not in ("cpu", "cuda"):
+        backend = backends.current()
+        kernels = backend.adam_kernels()
+        if not backend.fused_adam_update and kernels is None:
             return super().apply_gradients(gradients, parameters)
         if not self._initialized:
             self.init(gradients)
@@ -103,8 +104,10 @@ class _FusedAdam:
         for param, scheduler in self._schedulers.items():
             self.state[param] = scheduler(self.step)
         self.state["step"] = self.step + 1
-        update = _grouped_cpu_update if backend == "cpu" else _grouped_cuda_update
-        done = update(self, leaves)
+        if backend.fused_adam_update:
+            done = _grouped_cpu_update(self, leaves)
+        else:
+            done = _grouped_kernel_update(self, leaves, kernels)
         for n, (p, m, v) in done.items():
             leaves[n][2]["m"], leaves[n][2]["v"] = m, v
             container, key = slots[n]
@@ -183,11 +186,10 @@ def _grouped_cpu_update(opt, leaves) -> dict:
     return done
 
 
-def _grouped_cuda_update(opt, leaves) -> dict:
-    """{leaf index: (parameter, m, v)} of the leaves ``backends.cuda.adam``
-    takes, up to sixteen per launch."""
-    from .backends.cuda import adam
-
+def _grouped_kernel_update(opt, leaves, adam) -> dict:
+    """{leaf index: (parameter, m, v)} of the leaves a backend's grouped Adam
+    kernels ``adam`` take (``Backend.adam_kernels``: CUDA's, up to sixteen
+    per launch)."""
     grouped = [n for n, (g, p, s) in enumerate(leaves) if adam.eligible(g, p, s)]
     if not grouped:
         return {}
@@ -398,7 +400,7 @@ def compiled_update(model, optimizer):
         mx.eval(loss, model.state, opt.state)
     """
     base = getattr(optimizer, "optimizer", optimizer)
-    if isinstance(base, _FusedAdam) and backends.current().name == "cuda":
+    if isinstance(base, _FusedAdam) and backends.current().adam_kernels() is not None:
         # sixteen parameters a launch already (apply_gradients); under
         # mx.compile the call would only add its tracing and inputs
         def eager(grads):

@@ -62,7 +62,7 @@ from types import SimpleNamespace
 import numpy as np
 import mlx.core as mx
 
-from . import _ext, autodiff, backends, diagnostics, routes
+from . import autodiff, backends, diagnostics, routes
 from .quantized import QuantizedWeight
 from .tuning_cache import FORMAT_VERSION, TuningCache
 
@@ -325,54 +325,15 @@ def spent_s() -> float:
 
 
 # ------------------------------------------------------------------ keys
-def _cpu_name() -> str:
-    name = ""
-    try:
-        name = str(mx.device_info(mx.cpu).get("device_name", ""))
-    except Exception:
-        pass
-    fam = model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                k, v = k.strip(), v.strip()
-                if k == "model name" and not name:
-                    name = v
-                elif k == "cpu family" and not fam:
-                    fam = v
-                elif k == "model" and not model:
-                    model = v
-                if not line.strip() and name:
-                    break
-    except OSError:
-        pass
-    import platform
-
-    name = name or platform.processor() or platform.machine() or "unknown CPU"
-    return f"{name} (family {fam} model {model})" if fam and model else name
-
-
-def _gpu_name() -> str:
-    try:
-        info = mx.device_info(mx.gpu)
-    except Exception:
-        return "unknown GPU"
-    name = str(info.get("device_name", "unknown GPU"))
-    arch = info.get("architecture")
-    return f"{name} ({arch})" if arch else name
-
-
 def device_id(backend: str, tier: str) -> str:
     """The machine a timing belongs to: CPU model, instruction-set path and
     thread count, or GPU name and capability tier."""
     with _state.lock:
         base = _state.devices.get(backend)
         if base is None:
-            base = _state.devices[backend] = _cpu_name() if backend == "cpu" else _gpu_name()
-    if backend == "cpu":
-        return f"{base} [{tier}, {_ext.num_threads()} threads]"
-    return f"{base} [{tier}]"
+            base = _state.devices[backend] = backends.get(backend).device_name()
+    threads = backends.get(backend).threads()
+    return f"{base} [{tier}, {threads} threads]" if threads else f"{base} [{tier}]"
 
 
 def _bucket(n: int) -> str:
@@ -453,7 +414,7 @@ def _key_info(ctx: routes.RouteContext, static: routes.Route):
     """(key, candidates) of ctx, or None when there is nothing to choose."""
     # the device's name is fixed per backend, but a CPU's key holds the
     # thread count, which may change between calls
-    memo = (ctx, _ext.num_threads() if ctx.backend == "cpu" else 0)
+    memo = (ctx, backends.get(ctx.backend).threads())
     hit = _state.keys.get(memo, False)
     if hit is not False:
         return hit
@@ -597,7 +558,9 @@ class CallProbe:
         if rel is None:
             return []
         if isinstance(self.weight, QuantizedWeight):
-            return [] if ctx.backend == "cuda" else [(ctx, lambda route, kw: self._run(ctx, 0, route, kw))]
+            if not backends.get(ctx.backend).quantized_products:
+                return []
+            return [(ctx, lambda route, kw: self._run(ctx, 0, route, kw))]
         k, a, b = rel.kernel_volume, ctx.c_in, ctx.c_out
         # The two views autodiff reads (the input gradient's: the relation
         # swapped, or the same one where it is symmetric), unbuilt.

@@ -5,7 +5,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import ops
+from mlx_lattice import layout, ops
 
 import oracle
 from conftest import TOLERANCES, to_np
@@ -207,7 +207,7 @@ def _primitives_differentiate_through_the_rules(rng):
     view = _ext.View.output_major
 
     def product(f, w):
-        return _ext.gather_conv(f, ops.mapped_weight(w), rel._native, view, "cpu.gather_gemm")
+        return _ext.gather_conv(f, layout.mapped_weight(w), rel._native, view, "cpu.gather_gemm")
 
     (dx, dw) = mx.vjp(product, [f, w5], [ct])[1]
     edges = oracle.conv_edges(coords, coords, 3, 1, 1)

@@ -381,7 +381,7 @@ def test_installed_build_info_matches_this_build():
         assert not info["metal_built"] and info["metal_reason"] == "not a macOS build"
 
 
-def test_gpu_call_without_metallib_runs_on_the_cpu_on_record(monkeypatch):
+def test_gpu_call_without_metallib_runs_on_the_cpu_on_record(monkeypatch, request):
     """MLX's default device is a Metal GPU but this install has no usable
     mlx_lattice.metallib: the call runs on the CPU and the record says why."""
     import mlx.core as mx
@@ -405,6 +405,8 @@ def test_gpu_call_without_metallib_runs_on_the_cpu_on_record(monkeypatch):
     monkeypatch.setattr(backends, "current", lambda stream=None: backends.get("metal"))
     monkeypatch.setattr(build, "build_info", lambda: {
         "metal_built": False, "metal_reason": "no Metal toolchain here", "tensorops_built": False})
+    build.forget()  # the libraries are looked up once per process: again
+    request.addfinalizer(build.forget)
     with diagnostics.record() as log:
         y = ops.subm_conv3d(x, w)
     np.testing.assert_array_equal(np.array(y.feats), expected)

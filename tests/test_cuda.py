@@ -6,7 +6,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import ops
+from mlx_lattice import layout, ops
 
 import oracle
 from conftest import CUDA_TOLERANCES as TOL, needs_cuda, to_np
@@ -199,7 +199,7 @@ def test_sorted_mma_row_tiles_agree_bitwise(rng, c_in, c_out):
     fn(x, w)
     rels = [r for r, _ in x.manager._relations.values() if r is not None and r.kind == "submanifold"]
     view = cuda.view_of(rels[0])
-    wk = ops.mapped_weight(w)
+    wk = layout.mapped_weight(w)
     ct = mx.array(rng.standard_normal((len(sup), c_out)).astype(np.float32)).astype(mx.float16)
     outs = {}
     for tm in (64, 128):

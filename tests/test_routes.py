@@ -10,6 +10,7 @@ import mlx.core as mx
 
 import mlx_lattice as ml
 from mlx_lattice import _ext, ops, routes
+from mlx_lattice.backends import metal_routes
 from mlx_lattice.routes import RouteContext
 
 import oracle
@@ -311,8 +312,8 @@ def test_every_condition_names_the_fields_it_reads():
     for r in routes._REGISTRY.values():
         for cond in r.conditions:
             assert cond.reads and set(cond.reads) <= set(routes.RouteContext._fields), (r.name, cond.text)
-    k27 = routes.K27
-    assert k27.reads == ("k",) and routes.SQUARE_32_64.reads == ("c_in", "c_out")
+    k27 = metal_routes.K27
+    assert k27.reads == ("k",) and metal_routes.SQUARE_32_64.reads == ("c_in", "c_out")
     assert k27.unmet(ctx(kernel_size=(2, 2, 2))) == "requires K == 27, not met: k=8"
 
 

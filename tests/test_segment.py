@@ -16,7 +16,7 @@ def oracle_sum(values, ids, n_segments):
 
 @pytest.fixture
 def gpu_plan(monkeypatch):
-    monkeypatch.setattr(_segment, "_on_gpu", lambda: True)
+    monkeypatch.setattr(_segment, "_scatter_unordered", lambda: True)
 
 
 CASES = [

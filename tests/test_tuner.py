@@ -17,7 +17,7 @@ import pytest
 import mlx.core as mx
 
 import mlx_lattice as ml
-from mlx_lattice import diagnostics, ops, routes, tuning, tuning_cache
+from mlx_lattice import backends, diagnostics, ops, route_conditions, routes, tuning, tuning_cache
 from mlx_lattice.routes import RouteContext
 from mlx_lattice.tuning_cache import TuningCache
 
@@ -247,7 +247,7 @@ def test_key_fields_and_buckets(restore_isa):
     for part in ("cpu", "float32", "forward", "K=8", "16->16", "groups=1", "edges<2^17", "rows<2^15",
                  "cpu.gather_gemm,cpu.row_gather", f"mlx_lattice {ml.__version__}", "threads"):
         assert part in key
-    assert tuning._cpu_name().split(" (")[0] in key
+    assert backends.CPU.device_name().split(" (")[0] in key
 
     def key_of(**kw):
         c = RouteContext(**{**base.as_dict(), **kw})
@@ -292,7 +292,7 @@ def test_key_invalidated_by_a_new_route_and_a_new_version(rng, on_cpu, cache_fil
     monkeypatch.setattr(routes, "_REGISTRY", dict(routes._REGISTRY))
     monkeypatch.setattr(routes, "_SELECTED", {})
     routes.register(routes.Route(name="cpu.test_only_gather", backend="cpu", priority=-1,
-                                 conditions=(routes.DENSE,), passes=("forward", "dgrad")))
+                                 conditions=(route_conditions.DENSE,), passes=("forward", "dgrad")))
     rec = cached_route()
     assert rec["choice"] == "static" and rec["route"] == "cpu.row_gather"
 

@@ -13,7 +13,7 @@ import mlx.core as mx
 
 import mlx_lattice as ml
 from mlx_lattice import _ext, autodiff, backends, layout, ops
-from mlx_lattice.ops import mapped_weight
+from mlx_lattice.layout import mapped_weight
 from mlx_lattice.relation import KernelGeometry
 
 import oracle

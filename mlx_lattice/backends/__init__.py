@@ -1,6 +1,7 @@
 """The backends: ``cpu``, ``metal`` and ``cuda``, one object each behind one
-interface (:class:`base.Backend`), and the one function that says which of
-them runs a call (:func:`current`).
+interface (:class:`base.Backend`; CPU and Metal share the extension's
+implementation, :class:`native.NativeBackend`), and the one function that
+says which of them runs a call (:func:`current`).
 
 The GPU backends are imported on first use: a machine without the GPU never
 loads their modules.

@@ -6,25 +6,62 @@ run here and what its device can do (each computed once per process), how it
 builds maps (coordinate tables, output supports, relations and everything a
 layer reads from a relation), and how it runs the products of its route
 table. Modules outside ``backends/`` ask :func:`mlx_lattice.backends.current`
-which backend runs a call and talk to that object; none of them names a
-backend's modules.
+which backend runs a call and talk to that object, asking its capabilities
+(the attributes and methods below) rather than its name; none of them names
+a backend's modules.
+
+The CPU and Metal backends run through the C++ extension and share one
+implementation (:class:`native.NativeBackend`); CUDA implements this
+interface with kernels of its own (``backends/cuda``).
 """
 
 from __future__ import annotations
 
+import abc
 import functools
 
 import mlx.core as mx
 
-from .. import _ext, layout
+from .. import layout
 
 
-class Backend:
+class Backend(abc.ABC):
     """One backend: ``cpu``, ``metal`` or ``cuda``."""
 
     name = ""
     map_route = ""  # the registry route that builds maps here
     neighbor_routes: tuple[str, ...] = ()  # the registry routes of its k-nearest and radius queries
+
+    # ------------------------------------------------------------ capabilities
+    # What callers outside backends/ ask instead of the backend's name.
+
+    # Whether the products carry their own autodiff (the extension's
+    # primitives, whose vjp and jvp run autodiff.py's rules); False: autodiff
+    # wraps them in custom functions.
+    differentiable_products = False
+    # Which of mlx_lattice.nn.normalization's switches (FUSED_ON_CPU,
+    # FUSED_ON_METAL, FUSED_ON_CUDA) turns this backend's fused norm on.
+    fused_norm_switch = ""
+    # Whether the extension's fused Adam primitives (_ext.adam_update,
+    # _ext.adam_update_group) update parameters here.
+    fused_adam_update = False
+    # Whether MLX's scatter-add adds rows in row order here (segment sums
+    # are then reproducible as they are; else summed in fixed pieces).
+    scatter_add_in_row_order = False
+    # Whether the extension's multithreaded column primitives (cat and fork
+    # of feature columns) run here.
+    native_column_ops = False
+    # Whether the extension's patch attention kernel runs here (else MLX's
+    # scaled_dot_product_attention with a key mask).
+    native_patch_attention = False
+    # Whether MLX's quantized_matmul is exact where a row holds a single
+    # group (C_in == group_size) and x has several rows.
+    quantized_matmul_single_group_exact = True
+    # Whether a route of this backend runs a QuantizedWeight.
+    quantized_products = True
+    # Whether tier() and tensor_ops() are fixed for the process (a CPU's
+    # tier follows its instruction-set path, Metal's facts can be refreshed).
+    tier_fixed = False
 
     # ------------------------------------------------------------ the device
     @functools.cached_property
@@ -35,8 +72,9 @@ class Backend:
         """Whether this backend can run here (asked once per process)."""
         return self._available
 
+    @abc.abstractmethod
     def _probe(self) -> bool:
-        raise NotImplementedError
+        """Whether the device and MLX's backend for it are here."""
 
     def unusable_reason(self) -> str | None:
         """Why a call on this backend must run on the CPU instead: the device
@@ -52,74 +90,95 @@ class Backend:
         records and tuning-cache keys."""
         return self.name
 
+    def tensor_ops(self) -> bool:
+        """Whether this device and this build run the TensorOps routes."""
+        return False
+
+    def device_name(self) -> str:
+        """The device's name, for tuning-cache keys (a GPU's by default)."""
+        try:
+            info = mx.device_info(mx.gpu)
+        except Exception:
+            return "unknown GPU"
+        name = str(info.get("device_name", "unknown GPU"))
+        arch = info.get("architecture")
+        return f"{name} ({arch})" if arch else name
+
+    def threads(self) -> int:
+        """The host threads a product runs on, where a timing depends on
+        them (0: it does not)."""
+        return 0
+
     def stream(self):
         """The stream this backend's products run on."""
         return mx.default_stream(mx.default_device())
 
     # ------------------------------------------------------------ maps
+    @abc.abstractmethod
     def table(self, coords: mx.array, trusted: bool = False):
         """The coordinate table of one set (validates range and uniqueness;
         ``trusted``: an output support, valid by construction)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def support(self, table, geometry, generative: bool) -> mx.array:
         """Every output a strided (or generative transposed) convolution
         reaches, sorted by packed key."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def relation(self, table, out_coords, geometry, transposed: bool, kind: str, out_table=None):
         """(native relation, views, max output-row edges or None, max
         input-row edges or None, symmetric): one relation and the object
         its views are read from (:class:`Views`). ``out_table``: given only
         where ``out_coords`` is ``table``'s own forward support under this
         geometry (a strided layer's outputs), as that set's table."""
-        raise NotImplementedError
 
     def syncs(self) -> int | None:
         """Host synchronisations of map building so far (None: not counted)."""
         return 0
 
+    @abc.abstractmethod
     def neighbor_queries(self):
         """A module of k-nearest and radius queries of this backend's own,
         ``knn(q, qb, p, pb, k)`` and ``radius(q, qb, p, pb, r,
         max_neighbors)`` returning ``(offsets, indices, distances)`` (None:
         the extension's serve it, ``_ext.knn_query`` / ``_ext.radius_query``)."""
-        return None
 
+    # ------------------------------------------------------------ layers
+    def fused_norm_available(self) -> bool:
+        """Whether this install runs the fused norm here."""
+        return True
+
+    @abc.abstractmethod
     def fused_norm(self):
         """The fused norm + activation (+ residual) the normalisation layers
         call on this backend (``_ext.norm_act``'s arguments and results; a
         backend may return a training call's statistics without gradient,
         since the layers read them only for their running statistics: the
         extension's then take no cotangents in the backward pass)."""
-        return _layer_norm_act
 
+    @abc.abstractmethod
     def norm_running(self, x, weight, bias, residual, eps, act, slope, running_mean, running_var,
                      keep: float, mu: float, ratio: float):
         """A batch norm layer's training call with float32 (C,) running
         statistics: ``[y, new running mean, new running var]``, the fused
-        norm then :meth:`running_stats`'s arithmetic (``_ext.norm_act_running``:
-        one primitive on the CPU, with the same bits; the two on Metal)."""
-        return _ext.norm_act_running(x, weight, bias, residual, eps, act, slope, running_mean, running_var,
-                                     keep, mu, ratio)
+        norm then :meth:`running_stats`'s arithmetic."""
 
+    @abc.abstractmethod
     def running_stats(self, mean, var, batch_mean, batch_var, keep: float, mu: float, ratio: float):
         """(keep * mean + mu * batch_mean, keep * var + mu * batch_var * ratio):
-        a batch norm's float32 running statistics after a training call
-        (``_ext.running_stats``: one primitive on the CPU, MLX's ops on
-        other streams)."""
-        return _ext.running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio)
+        a batch norm's float32 running statistics after a training call."""
+
+    def adam_kernels(self):
+        """A module of grouped Adam updates of this backend's own
+        (``eligible(g, p, state)``, ``update(groups, scalars, b1, b2, eps,
+        bias_correction, decoupled_decay)``), which an optimizer step runs
+        eagerly (None: none)."""
+        return None
 
     # ------------------------------------------------------------ products
-    # The products are the extension's primitives (GatherConv, WeightGrad:
-    # src/core/primitives.h), whose own vjp and jvp run autodiff.py's rules;
-    # a backend launching kernels without autodiff (CUDA) sets False, and
-    # autodiff wraps its products in custom functions.
-    differentiable_products = True
-
     def variants(self, route: str, c_in: int, c_out: int) -> list[dict]:
-        """The tile shapes of ``route`` the tuner may ask for; the CPU and
-        Metal routes choose their tiles inside the extension: none."""
+        """The tile shapes of ``route`` the tuner may ask for (one: the
+        route chooses its tiles itself)."""
         return [{}]
 
     def mapped_weight(self, weight: mx.array) -> mx.array:
@@ -141,13 +200,10 @@ class Backend:
 
     def reads_flipped(self, route: str) -> bool:
         """Whether ``route``'s conv product reads a weight transposed and / or
-        mirrored in place (``launch(..., flip=)``; autodiff.conv); the
-        Metal routes take the flipped weight made by MLX ops."""
+        mirrored in place (``launch(..., flip=)``; autodiff.conv)."""
         return False
 
-    # The CPU and Metal products are primitives of the extension (GatherConv,
-    # WeightGrad, QuantizedConv: src/core/primitives.h) that run the route's
-    # table entry; their autodiff is mlx_lattice/autodiff.py's.
+    @abc.abstractmethod
     def launch(self, route: str, op: str, a, b, view, k: int = 1, groups: int = 1,
                variant: dict | None = None, flip: tuple = (False, False), shape=None):
         """One product by ``route``: ``conv`` (a through the weight b over
@@ -155,38 +211,15 @@ class Backend:
         :meth:`reads_flipped`) or ``weight_grad`` (a^T b per offset, K = k;
         in the parameter layout of ``shape`` where given and
         :meth:`reads_parameter`); ``variant``: the route's tile shapes."""
-        native = None if view is None else view.native
-        major = _ext.View.output_major if view is None else view.major
-        symmetric = view is not None and view.symmetric
-        if op == "conv":
-            return _ext.gather_conv(a, b, native, major, route, self.stream(), groups=groups,
-                                    flip=tuple(flip), symmetric=symmetric)
-        return _ext.weight_grad(a, b, native, major, k, route, self.stream(), groups=groups,
-                                symmetric=symmetric, shape=None if shape is None else list(shape))
 
+    @abc.abstractmethod
     def product_view(self, relation):
         """The view a product reads of ``relation`` (None: pointwise), for
-        ``launch`` and autodiff."""
-        return None if relation is None else NativeView(relation._native, _ext.View.output_major,
-                                                        relation.symmetric)
+        ``launch`` and autodiff (a :class:`ProductView`)."""
 
-    def native_view(self, native, major, symmetric: bool):
-        """The view of a native relation read ``major`` (a primitive's own,
-        for its autodiff rules)."""
-        return NativeView(native, major, symmetric)
-
+    @abc.abstractmethod
     def quantized_conv(self, route: str, x, weight, relation):
         """The product of a QuantizedWeight (inference: input gradients only)."""
-        codes, scales, biases = weight.kernel_major()
-        native = None if relation is None else relation._native
-        return _ext.quantized_conv(x, codes, scales, biases, weight.bits, weight.group_size, native,
-                                   _ext.View.output_major, route, self.stream())
-
-
-def _layer_norm_act(*args):
-    """``_ext.norm_act`` for the layers: a training call's statistics
-    without gradient."""
-    return _ext.norm_act(*args, stats_grad=False)
 
 
 class ProductView:
@@ -216,37 +249,6 @@ class ProductView:
 
     def flipped(self) -> "ProductView":
         raise NotImplementedError
-
-
-class NativeView(ProductView):
-    """A CSR view of a relation for the extension's products: the native
-    relation's maps read output-major (rows are its outputs) or input-major,
-    and whether the relation is symmetric (``Relation.symmetric``)."""
-
-    def __init__(self, native, major=_ext.View.output_major, symmetric: bool = False):
-        self.native, self.major, self._symmetric = native, major, symmetric
-
-    @property
-    def kind(self) -> str:
-        return self.native.kind
-
-    @property
-    def edges(self) -> int:
-        return self.native.edges
-
-    @property
-    def symmetric(self) -> bool:
-        return self._symmetric
-
-    @property
-    def rows(self) -> int:
-        out = self.major == _ext.View.output_major
-        return self.native.n_out if out else self.native.n_in
-
-    def flipped(self) -> "NativeView":
-        out = self.major == _ext.View.output_major
-        return NativeView(self.native, _ext.View.input_major if out else _ext.View.output_major,
-                          self._symmetric)
 
 
 class Views:

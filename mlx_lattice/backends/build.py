@@ -29,7 +29,19 @@ def build_info() -> dict:
 
 def metal_libraries() -> dict:
     """Each Metal library of this install: its path, whether it is there,
-    and why not. Keys ``metal`` (mlx_lattice.metallib) and ``tensorops``."""
+    and why not. Keys ``metal`` (mlx_lattice.metallib) and ``tensorops``.
+    Looked up on disk once per process (the build writes them, the package
+    never does: :func:`forget` asks again)."""
+    return {key: dict(lib) for key, lib in _metal_libraries().items()}
+
+
+def forget() -> None:
+    """Look the Metal libraries up again on next use."""
+    _metal_libraries.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)
+def _metal_libraries() -> dict:
     info = build_info()
     out = {}
     for key, name, compiled_in in (

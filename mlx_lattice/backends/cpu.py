@@ -3,22 +3,66 @@ machine MLX runs on."""
 
 from __future__ import annotations
 
+import platform
+
 import mlx.core as mx
 
 from .. import _ext
-from .base import Backend, Views
+from .base import Views
+from .native import NativeBackend
 
 
-class CpuBackend(Backend):
+def cpu_name() -> str:
+    """The CPU's model (and family / model numbers where /proc/cpuinfo has
+    them)."""
+    name = ""
+    try:
+        name = str(mx.device_info(mx.cpu).get("device_name", ""))
+    except Exception:
+        pass
+    fam = model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k, v = k.strip(), v.strip()
+                if k == "model name" and not name:
+                    name = v
+                elif k == "cpu family" and not fam:
+                    fam = v
+                elif k == "model" and not model:
+                    model = v
+                if not line.strip() and name:
+                    break
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    return f"{name} (family {fam} model {model})" if fam and model else name
+
+
+class CpuBackend(NativeBackend):
     name = "cpu"
     map_route = "cpu.hash_map"
     neighbor_routes = ("cpu.knn", "cpu.radius")  # _ext.knn_query, _ext.radius_query
+
+    fused_norm_switch = "FUSED_ON_CPU"
+    fused_adam_update = True
+    scatter_add_in_row_order = True
+    native_column_ops = True
+    native_patch_attention = True
 
     def _probe(self) -> bool:
         return True
 
     def tier(self) -> str:
         return f"cpu:{_ext.cpu_isa()}"
+
+    def device_name(self) -> str:
+        return cpu_name()
+
+    def threads(self) -> int:
+        # the thread count may change between calls
+        return _ext.num_threads()
 
     def stream(self):
         return mx.default_stream(mx.cpu)

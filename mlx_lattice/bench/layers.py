@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from .. import _ext, num_threads, ops, routes
 from ..nn.attention import patch_layout
-from ..ops import mapped_weight
+from ..layout import mapped_weight
 from ..relation import KernelGeometry
 from ..serialization import serialization_order
 from ..tensor import SparseTensor

@@ -18,7 +18,7 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as mnn
 
-from .. import _ext
+from .. import _ext, backends
 from ..serialization import CURVES, serialization_order
 from ..tensor import SparseTensor
 from .activations import GELU
@@ -68,7 +68,7 @@ def patch_attention(q: mx.array, k: mx.array, v: mx.array, valid: np.ndarray, sc
     backward); on the GPU, ``mx.fast.scaled_dot_product_attention`` with a
     key mask.
     """
-    if mx.default_device() == mx.cpu:
+    if backends.current().native_patch_attention:
         lengths = valid.sum(axis=1).astype(np.int32)
         if (valid != (np.arange(valid.shape[1]) < lengths[:, None])).any():
             raise ValueError("valid must hold each patch's valid slots first")

@@ -30,7 +30,7 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as mnn
 
-from .. import _ext, backends
+from .. import backends
 from .._recorder import CallRecorder
 from .._segment import accumulation_dtype, segment_sum
 from ..tensor import SparseTensor
@@ -99,13 +99,10 @@ def _fused_activation(act):
 
 
 def _fusable(f: mx.array, act) -> bool:
-    backend = backends.current().name
+    backend = backends.current()
     return (
-        (
-            (backend == "cpu" and FUSED_ON_CPU)
-            or (backend == "metal" and FUSED_ON_METAL and _ext.metal_available())
-            or (backend == "cuda" and FUSED_ON_CUDA)
-        )
+        globals()[backend.fused_norm_switch]
+        and backend.fused_norm_available()
         and f.dtype in _FUSED_DTYPES
         and _fused_activation(act) is not None
     )

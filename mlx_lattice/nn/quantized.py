@@ -136,7 +136,7 @@ class QuantizedLinear(mnn.Module):
     def __call__(self, x):
         if isinstance(x, SparseTensor):
             return ops.conv3d(x, self.quantized_weight(), self.get("bias"))
-        if self.scales.shape[-1] == 1 and _cuda_default():
+        if self.scales.shape[-1] == 1 and not backends.current().quantized_matmul_single_group_exact:
             # MLX 0.32's CUDA quantized_matmul returns wrong values when a
             # row holds a single group (C_in == group_size) and x has more
             # than one row; the dequantized product is exact to rounding.
@@ -148,10 +148,6 @@ class QuantizedLinear(mnn.Module):
                 bits=self.bits,
             )
         return y + self.bias if "bias" in self else y
-
-
-def _cuda_default() -> bool:
-    return backends.current().name == "cuda"
 
 
 # Most specific classes first (SubmConv3d etc. are not subclasses of Conv3d,

@@ -275,12 +275,13 @@ def test_manager_uses_the_metal_path(monkeypatch, steps):
         assert g.stats() == c.stats()
 
 
-def test_selection_predicate(monkeypatch):
+def test_selection_predicate(monkeypatch, request):
     """metal.hash_map only when the default device is a GPU, MLX runs Metal
     and the build has the Metal kernels; never on this Linux build."""
     from mlx_lattice.backends import build
 
     metal = backends.get("metal")
+    request.addfinalizer(build.forget)
     if not mx.metal.is_available():
         assert manager.map_route() in ("cpu.hash_map", "cuda.hash_map")
         s = ml.CoordinateManager().register(mx.array(np.zeros((1, 4), np.int32)))
@@ -295,6 +296,7 @@ def test_selection_predicate(monkeypatch):
                 monkeypatch.setattr(build, "package_dir", lambda: pathlib.Path(_ext.__file__).parent)
                 monkeypatch.setattr(_ext, "metal_available", lambda b=built: b)
                 monkeypatch.setattr(pathlib.Path, "is_file", lambda self: True)
+                build.forget()  # the libraries are looked up once per process: again
                 expect = "metal.hash_map" if gpu_device and on_metal and built else "cpu.hash_map"
                 assert manager.map_route() == expect
 

@@ -414,13 +414,14 @@ def test_a_mac_selects_the_metal_routes():
             assert sel.route.name == f"metal.{rec['op']}" and sel.fallback is None
 
 
-def test_selection_per_device(monkeypatch):
+def test_selection_per_device(monkeypatch, request):
     """metal.knn / metal.radius only when the default device is a GPU, MLX
     runs Metal and the build has the Metal kernels (never on this Linux
     build as it is); a Mac GPU without the kernels runs the CPU's, on record."""
     from mlx_lattice.backends import build
 
     metal = backends.get("metal")
+    request.addfinalizer(build.forget)
     steps = Steps()
     monkeypatch.setattr(metal_nbr, "_run", steps)
     p = np.array([[0, 0, 0], [1, 0, 0], [0, 2, 0], [3, 3, 3]], np.float32)
@@ -439,6 +440,7 @@ def test_selection_per_device(monkeypatch):
                 monkeypatch.setattr(build, "build_info", lambda b=built: {"metal_built": b, "metal_reason": "x"})
                 monkeypatch.setattr(build, "package_dir", lambda: pathlib.Path(_ext.__file__).parent)
                 monkeypatch.setattr(_ext, "metal_available", lambda b=built: b)
+                build.forget()  # the libraries are looked up once per process: again
                 with ml.diagnostics.record() as log:
                     rel = nb.knn(p, p, 2)
                     nb.radius(p, p, 1.0)

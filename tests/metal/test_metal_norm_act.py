@@ -466,7 +466,7 @@ def test_layers_choose_the_fused_path_per_backend(monkeypatch):
         monkeypatch.setattr(backends, "current", lambda stream=None, b=backend: backends.get(b))
         assert normalization._fusable(f, None), backend
         # CUDA runs its own kernels (mlx_lattice/backends/cuda/norm.py), not the primitive
-        assert (normalization._fused_op() is backends.base._layer_norm_act) == (backend != "cuda"), backend
+        assert (normalization._fused_op() is backends.native._layer_norm_act) == (backend != "cuda"), backend
     monkeypatch.setattr(backends, "current", lambda stream=None: backends.get("metal"))
     with fused_norms(False):  # the MLX-op path, for comparisons
         assert not normalization._fusable(f, None)

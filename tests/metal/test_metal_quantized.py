@@ -8,7 +8,7 @@ import pytest
 import mlx.core as mx
 
 from mlx_lattice import QuantizedWeight, routes
-from mlx_lattice.ops import mapped_weight
+from mlx_lattice.layout import mapped_weight
 from mlx_lattice.routes import RouteContext
 
 import oracle

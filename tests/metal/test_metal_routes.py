@@ -8,7 +8,7 @@ import mlx.core as mx
 
 import mlx_lattice as ml
 from mlx_lattice import routes
-from mlx_lattice.ops import mapped_weight
+from mlx_lattice.layout import mapped_weight
 from mlx_lattice.relation import KernelGeometry
 from mlx_lattice.routes import RouteContext
 

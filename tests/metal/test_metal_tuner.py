@@ -9,7 +9,7 @@ import pytest
 import mlx.core as mx
 
 from mlx_lattice import autodiff, backends, diagnostics, routes, tuning, tuning_cache
-from mlx_lattice.ops import mapped_weight
+from mlx_lattice.layout import mapped_weight
 from mlx_lattice.tuning_cache import TuningCache
 
 import oracle

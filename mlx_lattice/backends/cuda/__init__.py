@@ -7,7 +7,8 @@ Every route computes the same product as the C++ primitives,
 relation; their autodiff is the one of every backend
 (mlx_lattice/autodiff.py).
 
-- ``kernels``: the product kernel sources;
+- ``kernels``: the product kernel sources; ``jit``: compiling and launching
+  them (``kernel_index``: which module makes a kernel a list names);
 - ``maps``: coordinate tables, supports and relations (route ``cuda.hash_map``);
 - ``plans``: the views of a relation built here (``Plans``);
 - ``view``: CSR views of a relation for the products;
@@ -20,7 +21,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..base import Backend
-from . import maps, routes
+from . import jit, kernel_index, maps, routes
 from .kernels import sorted_mma_shared_bytes
 from .plans import Plans
 from .routes import ROUTES, find
@@ -31,6 +32,13 @@ class CudaBackend(Backend):
     name = "cuda"
     map_route = "cuda.hash_map"
     neighbor_routes = ("cuda.knn", "cuda.radius")  # neighbors.knn, neighbors.radius
+
+    fused_norm_switch = "FUSED_ON_CUDA"
+    # MLX 0.32's CUDA quantized_matmul returns wrong values when a row holds
+    # a single group and x has more than one row.
+    quantized_matmul_single_group_exact = False
+    quantized_products = False  # no CUDA route runs a QuantizedWeight
+    tier_fixed = True
 
     def _probe(self) -> bool:
         cuda = getattr(mx, "cuda", None)
@@ -73,6 +81,11 @@ class CudaBackend(Backend):
 
         return norm.running_stats(mean, var, batch_mean, batch_var, keep, mu, ratio)
 
+    def adam_kernels(self):
+        from . import adam  # loaded on the first optimizer step only
+
+        return adam
+
     # The routes' kernels carry no autodiff: autodiff.py wraps them.
     differentiable_products = False
 
@@ -112,6 +125,7 @@ class CudaBackend(Backend):
 
 
 BACKEND = CudaBackend()
+jit.set_kernel_finder(kernel_index.find)
 
 
 def available() -> bool:

@@ -74,12 +74,7 @@ def _source() -> str:
 """
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
-    if name != "adam":
-        raise KeyError(name)
-    return jit.kernel(name="mlx_lattice_adam", input_names=_NAMES + ["coef", "scal", "params"],
-                      output_names=_OUT_NAMES, source=_source())
+_kernel = jit.Family("mlx_lattice_", {"adam": (_NAMES + ["coef", "scal", "params"], _OUT_NAMES, _source())})
 
 
 DTYPES = (mx.float32, mx.float16, mx.bfloat16)

@@ -303,21 +303,23 @@ class _Standin:
         self.dtype, self.ndim = dtype, ndim
 
 
+# Finds the kernel a manifest line names, made by the module that owns it
+# (set by the package: kernel_index.find; this module imports none of the
+# modules whose kernels it builds).
+_kernel_finder = None
+
+
+def set_kernel_finder(find) -> None:
+    """Say how a kernel named in a manifest is found: ``find(name)`` returns
+    it (made by its module) or None."""
+    global _kernel_finder
+    _kernel_finder = find
+
+
 def _find_kernel(name: str) -> "Kernel | None":
     """The kernel named ``name``, made by the module that owns it."""
-    if name not in _KERNELS:
-        from . import adam, kernels, maps, neighbors, norm, plans
-
-        for mod, prefix in ((maps, "mlx_lattice_map_"), (plans, "mlx_lattice_plan_"),
-                            (neighbors, "mlx_lattice_neighbors_"), (norm, "mlx_lattice_"),
-                            (kernels, "mlx_lattice_"), (adam, "mlx_lattice_")):
-            if name.startswith(prefix):
-                try:
-                    mod._kernel(name[len(prefix):])
-                except (KeyError, TypeError):
-                    continue
-                if name in _KERNELS:
-                    break
+    if name not in _KERNELS and _kernel_finder is not None:
+        _kernel_finder(name)
     return _KERNELS.get(name)
 
 
@@ -744,6 +746,29 @@ class Kernel:
 def kernel(name, input_names, output_names, source, header="", shared_memory=0) -> Kernel:
     """``mx.fast.cuda_kernel`` with its compiled code kept on disk."""
     return Kernel(name, input_names, output_names, source, header, shared_memory)
+
+
+class Family:
+    """The kernels one module makes: ``family(name)`` is the kernel
+    ``prefix + name`` built from ``specs[name]`` (input names, output names,
+    source) with ``header``, made once per process (KeyError: no such
+    kernel); ``family.launch`` runs one (:func:`launch`) on ``stream``
+    (None: the default)."""
+
+    def __init__(self, prefix: str, specs: dict, header: str = "", stream=None):
+        self.prefix, self.specs, self.header, self.stream = prefix, specs, header, stream
+        self._made = functools.lru_cache(maxsize=None)(self._make)
+
+    def _make(self, name: str, shared_memory: int) -> Kernel:
+        inputs, outputs, source = self.specs[name]
+        return kernel(name=self.prefix + name, input_names=inputs, output_names=outputs, source=source,
+                      header=self.header, shared_memory=shared_memory)
+
+    def __call__(self, name: str, shared_memory: int = 0) -> Kernel:
+        return self._made(name, shared_memory)
+
+    def launch(self, name, n, inputs, shapes, dtypes, template=(), init_value=None):
+        return launch(self(name), n, inputs, shapes, dtypes, template, init_value, stream=self.stream)
 
 
 class Params(tuple):

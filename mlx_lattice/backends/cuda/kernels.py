@@ -5,7 +5,6 @@ for the route that launches it (mlx_lattice/backends/cuda/routes.py).
 
 from __future__ import annotations
 
-import functools
 
 
 from . import jit
@@ -401,20 +400,14 @@ GROUPED_WGRAD_SOURCE = _SPLIT_WGRAD.replace("SIZES", """\
   constexpr long AB = (long)AG * B;""").replace("COLUMN", "(long)(b / (B / G)) * AG + a")
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str, shared_memory: int = 0):
-    spec = {
-        "fetch_on_demand": (["x", "w", "offsets", "gather", "kidx", "params"], ["y"], FETCH_ON_DEMAND_SOURCE),
-        "sorted_mma": (["x", "w", "reorder", "sorted_map", "tile_masks", "params"], ["y"], SORTED_MMA_SOURCE),
-        "wgrad_direct": (["x", "ct", "chunks", "gidx", "ridx", "params"], ["partial"], WGRAD_DIRECT_SOURCE),
-        "wgrad_mma": (["x", "ct", "gidx", "ridx", "chunks", "params"], ["partial"], WGRAD_MMA_SOURCE),
-        "wgrad_reduce": (["partial", "first", "params"], ["dw"], WGRAD_REDUCE_SOURCE),
-        "grouped_fetch_on_demand": (
-            ["x", "w", "offsets", "gather", "kidx", "params"], ["y"], GROUPED_FETCH_ON_DEMAND_SOURCE,
-        ),
-        "grouped_wgrad": (["x", "ct", "chunks", "gidx", "ridx", "params"], ["partial"], GROUPED_WGRAD_SOURCE),
-    }[name]
-    return jit.kernel(
-        name=f"mlx_lattice_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],
-        header=HEADER, shared_memory=shared_memory,
-    )
+_kernel = jit.Family("mlx_lattice_", {
+    "fetch_on_demand": (["x", "w", "offsets", "gather", "kidx", "params"], ["y"], FETCH_ON_DEMAND_SOURCE),
+    "sorted_mma": (["x", "w", "reorder", "sorted_map", "tile_masks", "params"], ["y"], SORTED_MMA_SOURCE),
+    "wgrad_direct": (["x", "ct", "chunks", "gidx", "ridx", "params"], ["partial"], WGRAD_DIRECT_SOURCE),
+    "wgrad_mma": (["x", "ct", "gidx", "ridx", "chunks", "params"], ["partial"], WGRAD_MMA_SOURCE),
+    "wgrad_reduce": (["partial", "first", "params"], ["dw"], WGRAD_REDUCE_SOURCE),
+    "grouped_fetch_on_demand": (
+        ["x", "w", "offsets", "gather", "kidx", "params"], ["y"], GROUPED_FETCH_ON_DEMAND_SOURCE,
+    ),
+    "grouped_wgrad": (["x", "ct", "chunks", "gidx", "ridx", "params"], ["partial"], GROUPED_WGRAD_SOURCE),
+}, header=HEADER)

@@ -16,7 +16,6 @@ builder is run on the same input to raise its exact message.
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 
 import numpy as np
@@ -319,25 +318,22 @@ UNPACK_UNIQUE_SOURCE = """
 """
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
-    spec = {
-        "insert": (["coords", "params"], ["keys", "vals", "flags"], INSERT_SOURCE),
-        "lookup": (["keys", "vals", "out_coords", "params"], ["nmap"], LOOKUP_SOURCE),
-        "symmetric": (["keys", "vals", "coords", "params"], ["nmap"], SYMMETRIC_SOURCE),
-        "rows": (["nmap", "params"], ["counts", "stats", "masks", "key", "deg"], ROWS_SOURCE),
-        "compact": (["nmap", "offsets", "params"], ["in_idx", "k_idx"], COMPACT_SOURCE),
-        "candidates": (["coords", "params"], ["cand", "flags"], CANDIDATES_SOURCE),
-        "first": (["sorted", "params"], ["first"], FIRST_SOURCE),
-        "unpack": (["sorted", "rank", "params"], ["out"], UNPACK_SOURCE),
-        "support_insert": (["coords", "params"], ["keys", "winner", "flags"], SUPPORT_INSERT_SOURCE),
-        "support_compact": (["coords", "winner", "rank", "params"], ["uniq"], SUPPORT_COMPACT_SOURCE),
-        "unpack_unique": (["sorted", "params"], ["out"], UNPACK_UNIQUE_SOURCE),
-    }[name]
-    return jit.kernel(
-        name=f"mlx_lattice_map_{name}", input_names=spec[0], output_names=spec[1],
-        source=spec[2], header=COMMON,
-    )
+# On the GPU stream whatever the default: a set hashed on the GPU keeps
+# building its maps there when a later call runs under mx.stream(mx.cpu).
+_kernel = jit.Family("mlx_lattice_map_", {
+    "insert": (["coords", "params"], ["keys", "vals", "flags"], INSERT_SOURCE),
+    "lookup": (["keys", "vals", "out_coords", "params"], ["nmap"], LOOKUP_SOURCE),
+    "symmetric": (["keys", "vals", "coords", "params"], ["nmap"], SYMMETRIC_SOURCE),
+    "rows": (["nmap", "params"], ["counts", "stats", "masks", "key", "deg"], ROWS_SOURCE),
+    "compact": (["nmap", "offsets", "params"], ["in_idx", "k_idx"], COMPACT_SOURCE),
+    "candidates": (["coords", "params"], ["cand", "flags"], CANDIDATES_SOURCE),
+    "first": (["sorted", "params"], ["first"], FIRST_SOURCE),
+    "unpack": (["sorted", "rank", "params"], ["out"], UNPACK_SOURCE),
+    "support_insert": (["coords", "params"], ["keys", "winner", "flags"], SUPPORT_INSERT_SOURCE),
+    "support_compact": (["coords", "winner", "rank", "params"], ["uniq"], SUPPORT_COMPACT_SOURCE),
+    "unpack_unique": (["sorted", "params"], ["out"], UNPACK_UNIQUE_SOURCE),
+}, header=COMMON, stream=mx.gpu)
+_launch = _kernel.launch
 
 
 SYNCS = 0  # host synchronisations of map building so far (read by the manager's records)
@@ -360,12 +356,6 @@ def _read(what: str, *arrays) -> list[int]:
 
 def _geometry_params(kernel_size, stride, padding, dilation):
     return [*kernel_size, *stride, *padding, *dilation]
-
-
-def _launch(name, n, inputs, shapes, dtypes, template=(), init_value=None):
-    # On the GPU stream whatever the default: a set hashed on the GPU keeps
-    # building its maps there when a later call runs under mx.stream(mx.cpu).
-    return jit.launch(_kernel(name), n, inputs, shapes, dtypes, template, init_value, stream=mx.gpu)
 
 
 class CudaTable:

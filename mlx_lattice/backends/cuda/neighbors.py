@@ -16,7 +16,6 @@ the edge count, between count and fill.
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import mlx.core as mx
@@ -250,17 +249,8 @@ KERNELS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
-    inputs, outputs, source = KERNELS[name]
-    return jit.kernel(
-        name=f"mlx_lattice_neighbors_{name}", input_names=inputs, output_names=outputs,
-        source=source, header=COMMON,
-    )
-
-
-def _launch(name, n, inputs, shapes, dtypes, init_value=None):
-    return jit.launch(_kernel(name), n, inputs, shapes, dtypes, init_value=init_value)
+_kernel = jit.Family("mlx_lattice_neighbors_", KERNELS, header=COMMON)
+_launch = _kernel.launch
 
 
 def _query(q, qb, p, pb, k: int, radius: float):
@@ -281,8 +271,11 @@ def _query(q, qb, p, pb, k: int, radius: float):
     else:
         per_query = _launch("radius_count", nq, [q, qb, p, cells, order, ip, fp], [(max(nq, 1),)], [mx.int32])[0]
     offsets = mx.concatenate([mx.zeros((1,), mx.int32), mx.cumsum(per_query[:nq])])
-    mx.eval(offsets)  # the one synchronisation: the edge count
-    edges = int(offsets[-1:].item())
+    # the edge count summed in int64, where a count past int32 shows (the
+    # int32 offsets would wrap)
+    total = mx.sum(per_query[:nq].astype(mx.int64))
+    mx.eval(offsets, total)  # the one synchronisation: the edge count
+    edges = int(total.item())
     if edges > np.iinfo(np.int32).max:
         raise ValueError(f"the relation would hold {edges} edges, more than int32 offsets address")
     if edges == 0:

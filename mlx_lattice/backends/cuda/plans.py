@@ -17,7 +17,6 @@ kernels beside MLX's scan or sort.
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import mlx.core as mx
@@ -167,30 +166,22 @@ CHUNKS_SOURCE = """
 """
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
-    spec = {
-        "out_idx": (["offsets", "params"], ["out_idx"], OUT_IDX_SOURCE),
-        "hits_t": (["nmap", "params"], ["hits_t"], HITS_T_SOURCE),
-        "kernel_major": (
-            ["nmap", "offsets", "colinc", "params"], ["koffsets", "perm", "in_idx", "out_idx"],
-            KERNEL_MAJOR_SOURCE),
-        "input_map": (["nmap", "params"], ["in_map"], INPUT_MAP_SOURCE),
-        "input_major": (
-            ["in_map", "nmap", "offsets", "in_offsets", "params"], ["perm", "out_idx", "k_idx"],
-            INPUT_MAJOR_SOURCE),
-        "high_key": (["masks", "order", "params"], ["key"], HIGH_KEY_SOURCE),
-        "plan_gather": (["nmap", "reorder", "masks", "params"], ["sorted_map", "tiles"], PLAN_GATHER_SOURCE),
-        "chunks": (["koffsets", "params"], ["chunks", "first"], CHUNKS_SOURCE),
-    }[name]
-    return jit.kernel(
-        name=f"mlx_lattice_plan_{name}", input_names=spec[0], output_names=spec[1], source=spec[2],
-    )
-
-
-def _launch(name, n, inputs, shapes, dtypes, init_value=None):
-    # On the GPU stream whatever the default (see maps._launch).
-    return jit.launch(_kernel(name), n, inputs, shapes, dtypes, init_value=init_value, stream=mx.gpu)
+# On the GPU stream whatever the default (see maps._kernel).
+_kernel = jit.Family("mlx_lattice_plan_", {
+    "out_idx": (["offsets", "params"], ["out_idx"], OUT_IDX_SOURCE),
+    "hits_t": (["nmap", "params"], ["hits_t"], HITS_T_SOURCE),
+    "kernel_major": (
+        ["nmap", "offsets", "colinc", "params"], ["koffsets", "perm", "in_idx", "out_idx"],
+        KERNEL_MAJOR_SOURCE),
+    "input_map": (["nmap", "params"], ["in_map"], INPUT_MAP_SOURCE),
+    "input_major": (
+        ["in_map", "nmap", "offsets", "in_offsets", "params"], ["perm", "out_idx", "k_idx"],
+        INPUT_MAJOR_SOURCE),
+    "high_key": (["masks", "order", "params"], ["key"], HIGH_KEY_SOURCE),
+    "plan_gather": (["nmap", "reorder", "masks", "params"], ["sorted_map", "tiles"], PLAN_GATHER_SOURCE),
+    "chunks": (["koffsets", "params"], ["chunks", "first"], CHUNKS_SOURCE),
+}, stream=mx.gpu)
+_launch = _kernel.launch
 
 
 class Plans(Views):

@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from ... import _ext
 from .. import build
-from ..base import Backend
+from ..native import NativeBackend
 from . import maps
 
 # TensorOps need an Apple10-family GPU (architecture generation 17 and later)
@@ -94,10 +94,12 @@ def tensor_ops_available() -> tuple[bool, str | None]:
     return True, None
 
 
-class MetalBackend(Backend):
+class MetalBackend(NativeBackend):
     name = "metal"
     map_route = "metal.hash_map"
     neighbor_routes = ("metal.knn", "metal.radius")  # the route table of src/metal/neighbors.cpp
+
+    fused_norm_switch = "FUSED_ON_METAL"
 
     def __init__(self):
         self._facts = None
@@ -106,8 +108,10 @@ class MetalBackend(Backend):
         return bool(mx.metal.is_available())
 
     def refresh(self) -> None:
-        """Forget the device facts (they are asked again on next use)."""
+        """Forget the device facts and what the install holds (they are
+        asked again on next use)."""
         self._facts = None
+        build.forget()
         self.__dict__.pop("_available", None)
 
     def capabilities(self) -> dict:
@@ -131,6 +135,10 @@ class MetalBackend(Backend):
     def tensor_ops(self) -> bool:
         """Whether this GPU and this build run the TensorOps routes."""
         return bool(self.capabilities()["tensor_ops"] and _ext.metal_tensor_ops_kernels())
+
+    def fused_norm_available(self):
+        # the norm's Metal kernels are in this build
+        return bool(_ext.metal_available())
 
     def table(self, coords, trusted=False):
         return maps.MetalTable(coords)
