@@ -1,12 +1,13 @@
 // The routed primitives apart from their evaluation: input checks, the
-// arrays each route reads, and QuantizedConv's autodiff (GatherConv's and
-// WeightGrad's are mlx_lattice/autodiff.py's, for every backend).
+// arrays each route reads, and the hand-over of their vjp and jvp to
+// mlx_lattice/autodiff.py's rules (src/core/autodiff.h).
 // eval_cpu runs the route's entry in src/cpu/routes.cpp, eval_gpu in
 // src/metal/routes.cpp.
 #include "core/primitives.h"
 
 #include <stdexcept>
 
+#include "core/autodiff.h"
 #include "cpu/routes.h"
 #include "metal/route.h"
 #include "mlx/ops.h"
@@ -35,10 +36,6 @@ std::vector<mx::array> pair_arrays(Relation& rel, View v) {
     return {km.offsets, km.in_idx, km.out_idx};
   }
   return {km.offsets, km.out_idx, km.in_idx};
-}
-
-mx::array transpose_w(const mx::array& w, mx::StreamOrDevice s) {
-  return mx::swapaxes(w, 1, 2, s);
 }
 
 bool is_grouped(const std::string& route) {
@@ -100,64 +97,7 @@ void append_view_inputs(
   }
 }
 
-RouteHook& route_hook() {
-  static RouteHook hook;
-  return hook;
-}
-
-ProductRuleHook& product_rule_hook() {
-  static ProductRuleHook hook;
-  return hook;
-}
-
-// Route for a product of autodiff: x (rows_in, A) through w (K, A, B) over
-// `view` of rel (or pointwise), or the weight gradient of such a product.
-std::string route_for(
-    const std::string& direction,
-    const std::shared_ptr<Relation>& rel,
-    View view,
-    int64_t k,
-    int64_t a,
-    int64_t b,
-    int64_t rows_in,
-    mx::Dtype dtype,
-    const mx::Stream& s,
-    const std::string& from,
-    int groups = 1) {
-  if (!route_hook()) {
-    return from;
-  }
-  RouteQuery q;
-  q.direction = direction;
-  q.kind = rel ? rel->kind() : "pointwise";
-  q.k = k;
-  q.c_in = a;
-  q.c_out = b;
-  q.n_in = rows_in;
-  q.n_out = rel ? view_rows(*rel, view) : rows_in;
-  q.edges = rel ? rel->edges() : rows_in;
-  q.dtype = metal::type_name(dtype);
-  q.gpu = s.device == mx::Device::gpu;
-  q.from_route = from;
-  q.groups = groups;
-  return route_hook()(q);
-}
-
 } // namespace
-
-void not_differentiable(const char* primitive, const char* instead) {
-  throw std::invalid_argument(
-      std::string(primitive) + " has no autodiff of its own: differentiate "
-      "mlx_lattice." + instead + " (or the ops), which run it");
-}
-
-void set_route_hook(RouteHook hook) {
-  route_hook() = std::move(hook);
-}
-
-void set_product_rule_hook(ProductRuleHook hook) {
-  product_rule_hook() = std::move(hook);
-}
 
 KernelDims kernel_dims(const mx::Shape& w) {
   if (w.size() == 3) {
@@ -315,20 +255,6 @@ int64_t RoutedPrimitive::rows(const mx::array& x) const {
   return rel_ ? view_rows(*rel_, view_) : x.shape(0);
 }
 
-mx::array RoutedPrimitive::sum_terms(
-    const std::vector<int>& argnums,
-    const std::function<std::optional<mx::array>(size_t)>& term,
-    const mx::Shape& shape,
-    mx::Dtype dtype) {
-  std::optional<mx::array> out;
-  for (size_t i = 0; i < argnums.size(); ++i) {
-    if (auto t = term(i)) {
-      out = out ? mx::add(*out, *t, stream()) : *t;
-    }
-  }
-  return out ? *out : mx::zeros(shape, dtype, stream());
-}
-
 // ---------------------------------------------------------------- GatherConv
 
 std::vector<mx::Shape> GatherConv::output_shapes(
@@ -361,24 +287,6 @@ bool ProductPrimitive::is_equivalent(const mx::Primitive& other) const {
   return RoutedPrimitive::is_equivalent(other) && flip_ == o.flip_ && symmetric_ == o.symmetric_;
 }
 
-std::vector<mx::array> ProductPrimitive::run_rule(
-    bool reverse,
-    const std::vector<mx::array>& primals,
-    const std::vector<mx::array>& seeds,
-    const std::vector<int>& argnums) {
-  if (!product_rule_hook()) {
-    not_differentiable(name(), rule_);
-  }
-  ProductRuleCall call{
-      reverse, op_, route_, rel_, view_, groups_, flip_, symmetric_,
-      {primals[0], primals[1]}, seeds, argnums, output_shapes(primals)[0]};
-  auto out = product_rule_hook()(call);
-  if (out.size() != (reverse ? argnums.size() : 1)) {
-    throw std::runtime_error(std::string(name()) + ": the autodiff rule returned the wrong count");
-  }
-  return out;
-}
-
 // Only the two operands take derivatives: the view's index arrays are
 // integers (a transform asking for them gets zeros).
 std::vector<mx::array> ProductPrimitive::vjp(
@@ -394,7 +302,7 @@ std::vector<mx::array> ProductPrimitive::vjp(
   }
   std::vector<mx::array> grads;
   if (!operands.empty()) {
-    grads = run_rule(true, primals, {cotangents[0]}, operands);
+    grads = autodiff_rule({true, *this, primals, {cotangents[0]}, operands, {}});
   }
   std::vector<mx::array> out;
   size_t next = 0;
@@ -419,7 +327,7 @@ std::vector<mx::array> ProductPrimitive::jvp(
   if (operands.empty()) {
     return {mx::zeros(output_shapes(primals)[0], primals[0].dtype(), stream())};
   }
-  return run_rule(false, primals, seeds, operands);
+  return autodiff_rule({false, *this, primals, seeds, operands, {}});
 }
 
 } // namespace mlx_lattice
@@ -427,16 +335,6 @@ std::vector<mx::array> ProductPrimitive::jvp(
 namespace mlx_lattice {
 
 // ------------------------------------------------------------- QuantizedConv
-
-namespace {
-
-[[noreturn]] void no_weight_gradient() {
-  throw std::invalid_argument(
-      "gradients through a QuantizedWeight are not supported (inference "
-      "only); call .dequantize() and use the float weight to train");
-}
-
-} // namespace
 
 std::vector<mx::array> quantized_conv_inputs(
     const mx::array& x,
@@ -503,58 +401,21 @@ std::vector<mx::Shape> QuantizedConv::output_shapes(
   return {{static_cast<int>(rows(in[0])), in[1].shape(0)}};
 }
 
-mx::array QuantizedConv::mapped_weight(const std::vector<mx::array>& p) {
-  // (B, K, A) float -> (K, A, B)
-  auto w = mx::dequantize(
-      p[1], p[2], p[3], group_, bits_, "affine", std::nullopt, p[0].dtype(),
-      stream());
-  return mx::transpose(w, {1, 2, 0}, stream());
-}
-
+// Gradients of x only (the codes, scales and biases raise): the rules ask
+// for x's alone where they may, and the view arrays take zeros.
 std::vector<mx::array> QuantizedConv::vjp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& cotangents,
     const std::vector<int>& argnums,
-    const std::vector<mx::array>&) {
-  std::vector<mx::array> grads;
-  for (int arg : argnums) {
-    if (arg == 0) {
-      auto w = mapped_weight(primals);
-      auto route = route_for(
-          "dgrad", rel_, flip(view_), w.shape(0), w.shape(2), w.shape(1),
-          cotangents[0].shape(0), primals[0].dtype(), stream(), route_);
-      grads.push_back(gather_conv(
-          cotangents[0], transpose_w(w, stream()), rel_, flip(view_), route,
-          stream()));
-    } else if (arg <= 3) {
-      no_weight_gradient();
-    } else {
-      grads.push_back(mx::zeros_like(primals[arg], stream()));
-    }
-  }
-  return grads;
+    const std::vector<mx::array>& outputs) {
+  return autodiff_rule({true, *this, primals, {cotangents[0]}, argnums, outputs});
 }
 
 std::vector<mx::array> QuantizedConv::jvp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& tangents,
     const std::vector<int>& argnums) {
-  for (int arg : argnums) {
-    if (arg >= 1 && arg <= 3) {
-      no_weight_gradient();
-    }
-  }
-  auto term = [&](size_t i) -> std::optional<mx::array> {
-    if (argnums[i] == 0) {
-      return quantized_conv(
-          tangents[i], primals[1], primals[2], primals[3], bits_, group_, rel_, view_, route_,
-          stream());
-    }
-    return std::nullopt;
-  };
-  return {sum_terms(
-      argnums, term, {static_cast<int>(rows(primals[0])), primals[1].shape(0)},
-      primals[0].dtype())};
+  return autodiff_rule({false, *this, primals, tangents, argnums, {}});
 }
 
 } // namespace mlx_lattice
