@@ -2,6 +2,7 @@
 // take them and the route tables.
 #include "bindings/bindings.h"
 #include "core/primitives.h"
+#include "core/route_table.h"
 #include "cpu/routes.h"
 #include "metal/route.h"
 
@@ -10,6 +11,9 @@ using namespace nanobind::literals;
 namespace mlx_lattice {
 
 void init_conv(nb::module_& m) {
+  // The native backends' tables, which the primitives look routes up in.
+  cpu::register_routes();
+  metal::register_routes();
   m.def(
       "gather_conv",
       [](const mx::array& x,
@@ -74,11 +78,8 @@ void init_conv(nb::module_& m) {
       []() {
         // Every entry of the C++ route tables: (name, primitive).
         nb::list out;
-        for (const auto& r : cpu::routes()) {
+        for (const auto& r : registered_routes()) {
           out.append(nb::make_tuple(r.name, op_name(r.op)));
-        }
-        for (const auto* r : metal::routes()) {
-          out.append(nb::make_tuple(r->name, op_name(r->op)));
         }
         return out;
       });

@@ -2,14 +2,14 @@
 // arrays each route reads, and the hand-over of their vjp and jvp to
 // mlx_lattice/autodiff.py's rules (src/core/autodiff.h).
 // eval_cpu runs the route's entry in src/cpu/routes.cpp, eval_gpu in
-// src/metal/routes.cpp.
+// src/metal/routes.cpp; here a route is known by its registered table
+// (core/route_table.h).
 #include "core/primitives.h"
 
 #include <stdexcept>
 
 #include "core/autodiff.h"
-#include "cpu/routes.h"
-#include "metal/route.h"
+#include "core/route_table.h"
 #include "mlx/ops.h"
 
 namespace mlx_lattice {
@@ -53,31 +53,15 @@ void check_groups(int64_t a, int64_t b, int groups, const std::string& route, co
   }
 }
 
+// Whether `route` (an entry of a registered table for `op`, else this
+// raises) is a Metal program's: those bind dense arrays and read neither a
+// flipped weight nor the parameter layout.
+bool runs_on_metal(const std::string& route, Op op) {
+  return find_route(route, op).backend == Backend::Metal;
+}
+
 // Appends a relation view's index arrays, and the route's extra arrays, to a
 // primitive's inputs after checking that x has the view's gathered rows.
-bool is_metal(const std::string& route) {
-  return route.rfind("metal.", 0) == 0;
-}
-
-// Raises unless route is an entry of the CPU or Metal table for op.
-void check_route(const std::string& route, Op op) {
-  if (is_metal(route)) {
-    metal::find(route, op);
-  } else {
-    cpu::find(route, op);
-  }
-}
-
-// Arrays a route reads besides the view's: from its table entry.
-std::vector<mx::array> route_extra_inputs(
-    const std::string& route,
-    Op op,
-    const std::shared_ptr<Relation>& rel,
-    View view) {
-  return is_metal(route) ? metal::extra_inputs(route, op, rel, view)
-                         : cpu::extra_inputs(route, op, rel, view);
-}
-
 void append_view_inputs(
     std::vector<mx::array>& inputs,
     const mx::array& x,
@@ -92,8 +76,10 @@ void append_view_inputs(
   for (auto& a : view_arrays(*rel, view)) {
     inputs.push_back(a);
   }
-  for (auto& a : route_extra_inputs(route, prim, rel, view)) {
-    inputs.push_back(a);
+  if (auto extra = find_route(route, prim).entry.extra_inputs) {
+    for (auto& a : extra(*rel, view)) {
+      inputs.push_back(a);
+    }
   }
 }
 
@@ -142,12 +128,12 @@ std::vector<mx::array> conv_inputs(
   if (rel && d.k != rel->kernel_volume()) {
     throw std::invalid_argument("gather_conv: w has the wrong kernel volume");
   }
-  check_route(route, Op::Conv);
-  if ((is_metal(route) || is_grouped(route)) && flip.any()) {
+  const bool metal = runs_on_metal(route, Op::Conv);
+  if ((metal || is_grouped(route)) && flip.any()) {
     throw std::invalid_argument(
         "gather_conv: route " + route + " reads no flipped weight; pass the flipped copy");
   }
-  if (is_metal(route) && parameter_layout(w)) {
+  if (metal && parameter_layout(w)) {
     throw std::invalid_argument(
         "gather_conv: route " + route + " reads a kernel-major (K, A, B) weight");
   }
@@ -158,7 +144,7 @@ std::vector<mx::array> conv_inputs(
   // cannot read so (src/cpu/routes.cpp), with no Contiguous node per call.
   // The Metal programs bind dense arrays.
   std::vector<mx::array> inputs = {x, w};
-  if (is_metal(route)) {
+  if (metal) {
     inputs = {mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
   }
   if (rel) {
@@ -196,7 +182,7 @@ std::vector<mx::array> weight_grad_inputs(
   // As conv_inputs: dense arrays for the Metal programs (and for a caller
   // naming no route), the operands as they come for a CPU route.
   std::vector<mx::array> inputs = {x, c};
-  if (route.empty() || is_metal(route)) {
+  if (route.empty() || runs_on_metal(route, Op::WeightGrad)) {
     inputs = {mx::contiguous(x, false, stream), mx::contiguous(c, false, stream)};
   }
   if (rel) {
@@ -218,7 +204,7 @@ mx::array weight_grad(
     int groups,
     bool symmetric,
     std::optional<mx::Shape> shape) {
-  check_route(route, Op::WeightGrad);
+  const bool metal = runs_on_metal(route, Op::WeightGrad);
   check_groups(x.shape(1), ct.shape(1), groups, route, "weight_grad");
   if (shape) {
     const auto d = shape->size() >= 2 ? kernel_dims(*shape) : KernelDims{};
@@ -228,7 +214,7 @@ mx::array weight_grad(
           "weight_grad: shape must be a parameter's (B, k1, ..., A / groups) with "
           "k1 * ... = k, B = ct.shape[1] and A = x.shape[1]");
     }
-    if (is_metal(route)) {
+    if (metal) {
       throw std::invalid_argument(
           "weight_grad: route " + route + " writes a kernel-major (K, A, B) gradient");
     }
@@ -347,7 +333,7 @@ std::vector<mx::array> quantized_conv_inputs(
     View view,
     const std::string& route,
     mx::StreamOrDevice s) {
-  check_route(route, Op::QuantizedConv);
+  find_route(route, Op::QuantizedConv);
   auto stream = mx::to_stream(s);
   if (codes.ndim() != 3 || scales.ndim() != 3 || biases.shape() != scales.shape()) {
     throw std::invalid_argument(
