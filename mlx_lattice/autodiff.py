@@ -22,9 +22,17 @@ out (``Backend.product_view``) answer ``rows``, ``kind``, ``edges``,
 
 Where the products are the extension's primitives (CPU and Metal:
 ``Backend.differentiable_products``), the primitives' own vjp and jvp call
-these rules (a hook installed below), so each product is one graph node; a
-backend whose kernels carry no autodiff (CUDA) runs them inside an
-``mx.custom_function`` with these rules as its VJP and JVP.
+these rules (the extension calls :func:`primitive_rule` by name), so each
+product is one graph node; a backend whose kernels carry no autodiff (CUDA)
+runs them inside an ``mx.custom_function`` with these rules as its VJP and
+JVP.
+
+The extension's other differentiable primitives take their rules from here
+too: ``QuantizedConv`` (the input gradient, a derived ``conv``; quantized
+weights take none) and ``NormAct``, whose backward pass is a kernel of each
+backend (``NormActGrad``, CUDA's ``norm_grad_*``) and whose remaining
+derivatives (given statistics, forward mode) are :func:`norm_given_stats_vjp`
+and :func:`norm_act_jvp` for every backend.
 
 A weight is kernel-major ``(K, A / groups, B)`` or the parameter itself
 (``layout.is_parameter``: the CPU routes read it in place); a weight's
@@ -37,6 +45,7 @@ import mlx.core as mx
 
 from . import _ext, backends, layout, routes
 from ._args import dtype_name
+from .backends.base import NativeView
 
 
 def context(backend: str, direction: str, view, k: int, a: int, b: int, rows_in: int, dtype,
@@ -256,49 +265,196 @@ def _weight_grad_jvp(backend, route, view, k, groups, variant, shape, x, ct, tx,
         lambda: mx.zeros(zeros, x.dtype))
 
 
-def _product_rule(mode, op, route, native, major, groups, flip, symmetric, operands, seeds, argnums,
-                  out_shape):
-    """The rules above for a GatherConv or WeightGrad primitive's own vjp
-    (``mode`` "vjp": seeds = [cotangent], one gradient per argnum) or jvp
-    (seeds: the tangents of argnums; the output's tangent). The product is
-    rebuilt from what the primitive carries: its route (whose backend runs
-    the derived products), relation, view and flags."""
+def primitive_rule(mode, prim, primals, seeds, argnums, outputs):
+    """A transform of one of the extension's primitives (``mode`` "vjp":
+    seeds are the outputs' cotangents, one gradient per argnum comes back;
+    "jvp": seeds are the argnums' tangents, one tangent per output).
+    ``prim`` is the primitive itself (``_ext.GatherConv``, ``WeightGrad``,
+    ``QuantizedConv``, ``NormAct``), read for what it carries and not kept."""
+    return _RULES[prim.name](mode == "vjp", prim, list(primals), list(seeds), list(argnums),
+                             list(outputs))
+
+
+def _product_rule(reverse, prim, primals, seeds, argnums, outputs):
+    """GatherConv and WeightGrad: the product rebuilt from what the
+    primitive carries (its route, whose backend runs the derived products,
+    relation, view and flags)."""
+    route = prim.route
     backend = backends.get(route.split(".", 1)[0])
-    view = None if native is None else backend.native_view(native, major, symmetric)
-    flip = tuple(flip)
-    a, b = operands
-    argnums = list(argnums)
-    if op == "conv":
-        if mode == "vjp":
-            return _conv_vjp(backend, route, view, groups, flip, a, b, seeds[0], argnums)
-        t = dict(zip(argnums, seeds))
-        return [_conv_jvp(backend, route, view, groups, None, flip, a, b, t.get(0), t.get(1))]
-    k, _, _ = layout.kernel_dims(out_shape)
-    shape = tuple(out_shape) if layout.is_parameter(out_shape) else None
-    if mode == "vjp":
-        return _weight_grad_vjp(backend, route, view, k, groups, a, b, seeds[0], argnums)
+    native = prim.relation
+    view = None if native is None else backend.native_view(native, prim.view, prim.symmetric)
+    flip, groups = tuple(prim.flip), prim.groups
+    a, b = primals[0], primals[1]
     t = dict(zip(argnums, seeds))
+    if prim.name == "SparseGatherConv":
+        if reverse:
+            return _conv_vjp(backend, route, view, groups, flip, a, b, seeds[0], argnums)
+        return [_conv_jvp(backend, route, view, groups, None, flip, a, b, t.get(0), t.get(1))]
+    k = prim.kernel_volume
+    shape = None if prim.shape is None else tuple(prim.shape)
+    if reverse:
+        return _weight_grad_vjp(backend, route, view, k, groups, a, b, seeds[0], argnums)
     return [_weight_grad_jvp(backend, route, view, k, groups, None, shape, a, b, t.get(0), t.get(1))]
 
 
-_ext.set_product_rule_hook(_product_rule)
+def _quantized_rule(reverse, prim, primals, seeds, argnums, outputs):
+    """QuantizedConv (inputs x, codes, scales, biases, then the view's
+    arrays): x's gradient is a conv of the cotangent through the
+    dequantized weight transposed, over the flipped view, by the route the
+    registry picks; forward mode is the product of x's tangent. The packed
+    weights take no gradient (they raise), the view's integers zeros."""
+    if any(1 <= arg <= 3 for arg in argnums):
+        raise ValueError("gradients through a QuantizedWeight are not supported (inference "
+                         "only); call .dequantize() and use the float weight to train")
+    x, codes, scales, biases = primals[:4]
+    route = prim.route
+    native = prim.relation
+    with mx.stream(prim.stream):
+        if not reverse:
+            if 0 in argnums:
+                return [_ext.quantized_conv(seeds[argnums.index(0)], codes, scales, biases, prim.bits,
+                                            prim.group_size, native, prim.view, route, prim.stream)]
+            rows = x.shape[0] if native is None else NativeView(native, prim.view).rows
+            return [mx.zeros((rows, codes.shape[0]), x.dtype)]
+        backend = backends.get(route.split(".", 1)[0])
+        out = []
+        for arg in argnums:
+            if arg != 0:
+                out.append(mx.zeros_like(primals[arg]))
+                continue
+            # (B, K, A) -> (K, A, B), then W^T per offset
+            w = mx.dequantize(codes, scales, biases, group_size=prim.group_size, bits=prim.bits,
+                              mode="affine", dtype=x.dtype)
+            wt = mx.swapaxes(mx.transpose(w, (1, 2, 0)), 1, 2)
+            back = None if native is None else NativeView(native, prim.view).flipped()
+            ct = seeds[0]
+            k, a, b = w.shape[1], x.shape[1], codes.shape[0]
+            r_d, v_d = _route(backend, "dgrad", back, k, b, a, ct.shape[0], x.dtype, route, 1)
+            out.append(conv(backend, r_d, ct, wt, back, 1, v_d))
+        return out
 
 
-def _quantized_dgrad_route(q: dict) -> str:
-    """Route of the input gradient of a QuantizedWeight product, asked by
-    the extension's QuantizedConv (its one derived product: quantized
-    weights take no gradient)."""
-    backend = backends.current().name if q["gpu"] else "cpu"
-    view = None if q["kind"] == "pointwise" else _QueryView(q)
-    return routes.choose(context(backend, q["direction"], view, q["k"], q["c_in"], q["c_out"],
-                                 q["n_in"], q["dtype"], q["from_route"], q["groups"])).route.name
+# ------------------------------------------------------------ norm + act
+
+def norm_given_stats_vjp(w, var, dweight, dbias, eps: float, mean_dtype, var_dtype):
+    """The gradients of a NormAct's given (eval) statistics from its
+    backward pass's dweight = sum g xhat and dbias = sum g: d mean = -w inv
+    sum g, d var = -w inv^2 sum g xhat / 2, inv = 1 / sqrt(var + eps)."""
+    inv = mx.rsqrt(var.astype(mx.float32) + eps)
+    wi = w.astype(mx.float32) * inv
+    d_mean = -(wi * dbias.astype(mx.float32))
+    d_var = wi * inv * (dweight.astype(mx.float32) * -0.5)
+    return d_mean.astype(mean_dtype), d_var.astype(var_dtype)
 
 
-class _QueryView:
-    """The view facts of the extension's route query."""
+def norm_act_jvp(x, w, y, mean, var, segments, n_segments: int, training: bool, eps: float, low: float,
+                 tangents):
+    """Forward mode of a NormAct, from MLX ops: (dy, d mean, d var) of y =
+    act(w xhat + b [+ r]) with xhat = (x - mean_s) inv_s, the statistics
+    (float32 (S, C)) of the training call or given (eval). ``tangents``:
+    (role, tangent) pairs in input order, roles "x", "w", "b", "r" and in
+    eval mode "mean", "var"; ``low``: act'(z) for z <= 0; ``segments``: each
+    row's segment id (int32) or None."""
+    c = x.shape[1]
+    f32 = mx.float32
+    mean, var = mean.astype(f32), var.astype(f32)
+    inv = mx.rsqrt(var + eps)
+    count = None
+    if segments is not None:
+        count = mx.zeros((n_segments, 1), f32).at[segments].add(mx.ones((x.shape[0], 1), f32))
 
-    def __init__(self, q: dict):
-        self.kind, self.rows, self.edges = q["kind"], q["n_out"], q["edges"]
+    def rows(a):
+        return a if segments is None else mx.take(a, segments, axis=0)
+
+    def seg_mean(v):
+        if segments is None:
+            return mx.mean(v, axis=0, keepdims=True)
+        return mx.zeros((n_segments, c), f32).at[segments].add(v) / mx.maximum(count, 1.0)
+
+    inv_r = rows(inv)
+    xhat = (x.astype(f32) - rows(mean)) * inv_r
+    dz = dxhat = mx.zeros(x.shape, f32)
+    d_mean = d_var = mx.zeros((n_segments, c), f32)
+    for role, t in tangents:
+        t = t.astype(f32)
+        if role == "x":
+            if training:
+                m1 = seg_mean(t)
+                m2 = seg_mean(t * xhat)
+                dxhat = dxhat + inv_r * ((t - rows(m1)) - xhat * rows(m2))
+                d_mean = m1
+                d_var = (m2 * 2.0) / inv
+            else:
+                dxhat = dxhat + t * inv_r
+        elif role == "w":
+            dz = dz + t * xhat
+        elif role in ("b", "r"):
+            dz = dz + t
+        elif role == "mean":
+            dxhat = dxhat - t * inv
+        elif role == "var":
+            dxhat = dxhat + xhat * (t * ((inv * inv) * -0.5))
+    dz = dz + w.astype(f32) * dxhat
+    slope = mx.where(y > 0, 1.0, low)
+    return (dz * slope).astype(x.dtype), d_mean, d_var
 
 
-_ext.set_route_hook(_quantized_dgrad_route)
+def _norm_roles(prim) -> dict:
+    """NormAct's differentiable inputs: argnum -> role (the segment ids and
+    running statistics take no derivative)."""
+    roles = {0: "x", 1: "w", 2: "b"}
+    nxt = 3
+    if not prim.training:
+        roles.update({3: "mean", 4: "var"})
+        nxt = 5
+    if prim.residual:
+        roles[nxt] = "r"
+    return roles
+
+
+def _norm_rule(reverse, prim, primals, seeds, argnums, outputs):
+    """NormAct (``_ext.norm_act``'s inputs and outputs): reverse mode runs
+    NormActGrad (dx, dweight, dbias and the residual's g) and adds the given
+    statistics' gradients; forward mode is :func:`norm_act_jvp`."""
+    roles = _norm_roles(prim)
+    training = prim.training
+    with mx.stream(prim.stream):
+        if reverse:
+            grads = prim.backward(primals, seeds, outputs)
+            w, var = primals[1], primals[4] if not training else None
+            out = []
+            for arg in argnums:
+                role = roles.get(arg)
+                if role in ("x", "w", "b", "r"):
+                    out.append(grads[{"x": 0, "w": 1, "b": 2, "r": 3}[role]])
+                elif role in ("mean", "var"):
+                    d_mean, d_var = norm_given_stats_vjp(w, var, grads[1], grads[2], prim.eps, mx.float32,
+                                                         mx.float32)
+                    out.append(d_mean if role == "mean" else d_var)
+                else:
+                    out.append(mx.zeros_like(primals[arg]))
+            return out
+        x, w = primals[0], primals[1]
+        mean, var = (outputs[1], outputs[2]) if training else (primals[3], primals[4])
+        segments = primals[max(roles) + 1] if prim.segmented else None
+        tangents = [(roles[arg], t) for arg, t in zip(argnums, seeds) if arg in roles]
+        dy, d_mean, d_var = norm_act_jvp(x, w, outputs[0], mean, var, segments, prim.segments, training,
+                                         prim.eps, prim.low, tangents)
+        if not training:
+            return [dy]
+        if not prim.stats_grad:
+            d_mean = d_var = mx.zeros((prim.segments, x.shape[1]), mx.float32)
+        if prim.running:
+            # the running statistics are state: no tangent
+            none = mx.zeros((x.shape[1],), mx.float32)
+            return [dy, d_mean, d_var, none, none]
+        return [dy, d_mean, d_var]
+
+
+_RULES = {
+    "SparseGatherConv": _product_rule,
+    "SparseWeightGrad": _product_rule,
+    "SparseQuantizedConv": _quantized_rule,
+    "SparseNormAct": _norm_rule,
+}
+

@@ -100,7 +100,7 @@ def test_route_tables_refuse_unknown_routes_and_wrong_primitives():
 
     x = mx.ones((4, 8))
     w = mx.ones((1, 8, 8))
-    with pytest.raises(ValueError, match="no CPU route named cpu.nonexistent"):
+    with pytest.raises(ValueError, match="no CPU or Metal route named cpu.nonexistent"):
         _ext.gather_conv(x, w, None, _ext.View.output_major, "cpu.nonexistent")
     with pytest.raises(ValueError, match="cpu.wgrad_gemm runs under the weight_grad primitive"):
         _ext.gather_conv(x, w, None, _ext.View.output_major, "cpu.wgrad_gemm")

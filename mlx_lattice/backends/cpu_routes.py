@@ -85,7 +85,7 @@ register(Route(
 # such a GPU.
 register(Route(
     name="cpu.hash_map", backend="cpu", priority=0, conditions=(), passes=("map",),
-    kernel_file="src/core/kernel_map.cpp",
+    kernel_file="src/cpu/kernel_map.cpp",
     summary="open-addressing table on packed keys; relations by batched lookups, count then fill",
 ))
 register(Route(

@@ -24,6 +24,7 @@ namespace nb = nanobind;
 void init_cpu(nb::module_& m);
 void init_maps(nb::module_& m);
 void init_conv(nb::module_& m);
+void init_autodiff(nb::module_& m);
 void init_norm(nb::module_& m);
 void init_feature_ops(nb::module_& m);
 void init_optim(nb::module_& m);

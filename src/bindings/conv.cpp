@@ -1,7 +1,8 @@
 // The convolution primitives: the products, their inputs as the primitives
-// take them, the route tables and the autodiff route hook.
+// take them and the route tables.
 #include "bindings/bindings.h"
 #include "core/primitives.h"
+#include "core/route_table.h"
 #include "cpu/routes.h"
 #include "metal/route.h"
 
@@ -10,6 +11,9 @@ using namespace nanobind::literals;
 namespace mlx_lattice {
 
 void init_conv(nb::module_& m) {
+  // The native backends' tables, which the primitives look routes up in.
+  cpu::register_routes();
+  metal::register_routes();
   m.def(
       "gather_conv",
       [](const mx::array& x,
@@ -70,67 +74,12 @@ void init_conv(nb::module_& m) {
       "x"_a, "codes"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
       "relation"_a.none(), "view"_a, "route"_a, "stream"_a = nb::none());
   m.def(
-      "set_route_hook",
-      [](nb::object fn) {
-        if (fn.is_none()) {
-          set_route_hook(nullptr);
-          return;
-        }
-        // Kept for the life of the process: no destructor runs without the GIL.
-        auto* held = new nb::object(fn);
-        set_route_hook([held](const RouteQuery& q) {
-          nb::gil_scoped_acquire gil;
-          nb::dict d;
-          d["direction"] = q.direction;
-          d["kind"] = q.kind;
-          d["k"] = q.k;
-          d["c_in"] = q.c_in;
-          d["c_out"] = q.c_out;
-          d["n_in"] = q.n_in;
-          d["n_out"] = q.n_out;
-          d["edges"] = q.edges;
-          d["dtype"] = q.dtype;
-          d["gpu"] = q.gpu;
-          d["from_route"] = q.from_route;
-          d["groups"] = q.groups;
-          return nb::cast<std::string>((*held)(d));
-        });
-      },
-      "hook"_a.none());
-  m.def(
-      "set_product_rule_hook",
-      [](nb::object fn) {
-        if (fn.is_none()) {
-          set_product_rule_hook(nullptr);
-          return;
-        }
-        // Kept for the life of the process: no destructor runs without the GIL.
-        auto* held = new nb::object(fn);
-        set_product_rule_hook([held](const ProductRuleCall& c) {
-          nb::gil_scoped_acquire gil;
-          nb::object rel = c.rel ? nb::cast(c.rel) : nb::none();
-          nb::object out = (*held)(
-              c.reverse ? "vjp" : "jvp", op_name(c.op), c.route, rel, c.view, c.groups,
-              nb::make_tuple(c.flip.transposed, c.flip.mirrored), c.symmetric,
-              c.operands, c.seeds, c.argnums,
-              std::vector<int>(c.out_shape.begin(), c.out_shape.end()));
-          return nb::cast<std::vector<mx::array>>(out);
-        });
-      },
-      "hook"_a.none(),
-      "The function GatherConv's and WeightGrad's vjp and jvp call: "
-      "fn(mode, op, route, relation, view, groups, flip, symmetric, operands, "
-      "seeds, argnums, out_shape) -> list of arrays.");
-  m.def(
       "native_routes",
       []() {
         // Every entry of the C++ route tables: (name, primitive).
         nb::list out;
-        for (const auto& r : cpu::routes()) {
+        for (const auto& r : registered_routes()) {
           out.append(nb::make_tuple(r.name, op_name(r.op)));
-        }
-        for (const auto* r : metal::routes()) {
-          out.append(nb::make_tuple(r->name, op_name(r->op)));
         }
         return out;
       });

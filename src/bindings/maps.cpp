@@ -3,6 +3,7 @@
 // map builders.
 #include "bindings/bindings.h"
 #include "core/relation.h"
+#include "cpu/kernel_map.h"
 
 using namespace nanobind::literals;
 
@@ -83,8 +84,8 @@ void init_maps(nb::module_& m) {
           nb::init<std::string, int64_t, int64_t, int64_t, mx::array, mx::array, mx::array>(),
           "kind"_a, "n_in"_a, "n_out"_a, "k"_a, "out_offsets"_a, "in_idx"_a, "k_idx"_a)
       .def("set_neighbor_map", &Relation::set_neighbor_map, "neighbor_map"_a)
-      // Views a GPU builder made (mlx_lattice/metal_maps.py); they may be
-      // unevaluated. Shapes are checked against the relation's sizes.
+      // Views a GPU builder made (mlx_lattice/backends/metal/maps.py); they
+      // may be unevaluated. Shapes are checked against the relation's sizes.
       .def(
           "set_out_idx",
           [](Relation& r, const mx::array& out_idx) {

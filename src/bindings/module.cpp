@@ -18,6 +18,7 @@ NB_MODULE(_ext, m) {
   init_cpu(m);
   init_maps(m);
   init_conv(m);
+  init_autodiff(m);
   init_norm(m);
   init_feature_ops(m);
   init_optim(m);

@@ -14,7 +14,7 @@ void init_optim(nb::module_& m) {
          float one_minus_b1, float b2, float one_minus_b2, float eps,
          bool bias_correction, bool decoupled_decay,
          std::optional<mx::Stream> s) {
-        cpu::AdamCoefficients k{b1, one_minus_b1, b2, one_minus_b2, eps,
+        AdamCoefficients k{b1, one_minus_b1, b2, one_minus_b2, eps,
                                 bias_correction, decoupled_decay};
         return adam_update(g, p, m, v, scalars, k, stream_or_default(s));
       },
@@ -28,7 +28,7 @@ void init_optim(nb::module_& m) {
          const mx::array& scalars, float b1, float one_minus_b1, float b2,
          float one_minus_b2, float eps, bool bias_correction, bool decoupled_decay,
          std::optional<mx::Stream> s) {
-        cpu::AdamCoefficients k{b1, one_minus_b1, b2, one_minus_b2, eps,
+        AdamCoefficients k{b1, one_minus_b1, b2, one_minus_b2, eps,
                                 bias_correction, decoupled_decay};
         return adam_update_group(g, p, m, v, scalars, k, stream_or_default(s));
       },

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/kernels.h"
+#include "core/dtypes.h"
 #include "mlx/ops.h"
 
 namespace mlx_lattice {
@@ -36,7 +36,7 @@ std::vector<mx::array> patch_attention(
     throw std::invalid_argument(
         "patch_attention: q, k and v must share one shape (patches, heads, P, D)");
   }
-  if (!cpu::is_feature_dtype(q.dtype()) || k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
+  if (!is_feature_dtype(q.dtype()) || k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
     throw std::invalid_argument(
         "patch_attention: q, k and v must share a float32, float16 or bfloat16 dtype");
   }

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/kernels.h"
+#include "core/dtypes.h"
 #include "mlx/ops.h"
 
 namespace mlx_lattice {
@@ -79,7 +79,7 @@ mx::array cotangent_sum(const mx::array& a, const mx::array& b, mx::Stream s) {
   }
   check_features(a, "cotangent_sum", "a");
   check_features(b, "cotangent_sum", "b");
-  if (a.shape() != b.shape() || a.dtype() != b.dtype() || !cpu::is_feature_dtype(a.dtype())) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype() || !is_feature_dtype(a.dtype())) {
     throw std::invalid_argument(
         "cotangent_sum: a and b must have one shape and one floating dtype (float32, float16, bfloat16)");
   }
@@ -139,7 +139,7 @@ mx::array concat_columns(const std::vector<mx::array>& xs, mx::Stream s) {
     }
     C += xs[k].shape(1);
   }
-  if (!cpu::is_feature_dtype(xs[0].dtype())) {
+  if (!is_feature_dtype(xs[0].dtype())) {
     throw std::invalid_argument("concat_columns: arrays must be float32, float16 or bfloat16");
   }
   if (s.device != mx::Device::cpu) {

@@ -1,5 +1,6 @@
 // Fused normalisation + activation: the primitives apart from their
-// evaluation (the op's checks, the autodiff rules). eval_cpu is in
+// evaluation (the op's checks, the backward primitive's inputs; the autodiff
+// rules are mlx_lattice/autodiff.py's). eval_cpu is in
 // src/cpu/norm.cpp, over the kernels of src/cpu/norm_act.cpp; eval_gpu in
 // src/metal/norm_act.cpp, beside the programs it encodes.
 #include "core/norm.h"
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/autodiff.h"
 #include "mlx/ops.h"
 
 namespace mlx_lattice {
@@ -65,23 +67,26 @@ bool NormAct::is_equivalent(const mx::Primitive& other) const {
   return same_spec(static_cast<const NormAct&>(other).spec_, spec_);
 }
 
-std::vector<mx::array> NormAct::vjp(
+std::vector<mx::array> norm_act_backward(
+    NormAct& norm,
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& cotangents,
-    const std::vector<int>& argnums,
     const std::vector<mx::array>& outputs) {
-  auto s = stream();
+  const NormSpec& spec = norm.spec();
+  auto s = norm.stream();
   const auto& x = primals[0];
   const auto& w = primals[1];
-  int next = spec_.training ? 3 : 5;
-  int r_arg = spec_.residual ? next++ : -1;
-  int seg_arg = spec_.segmented ? next++ : -1;
+  int next = spec.training ? 3 : 5;
+  if (spec.residual) {
+    ++next;
+  }
+  int seg_arg = spec.segmented ? next : -1;
   // The CPU task reads a row-strided cotangent (a concatenation's column
   // slice) in place; the Metal programs bind it as dense rows.
   auto ct = operand(cotangents[0], x.dtype(), s);
   // x, w and b are NormAct's inputs, as norm_act passed them.
   std::vector<mx::array> in = {x, outputs[0], ct, w, primals[2]};
-  if (spec_.training) {
+  if (spec.training) {
     in.push_back(outputs[1]);
     in.push_back(outputs[2]);
   } else {
@@ -91,135 +96,38 @@ std::vector<mx::array> NormAct::vjp(
   if (seg_arg >= 0) {
     in.push_back(primals[seg_arg]);
   }
-  if (spec_.training && spec_.stats_grad) {
+  if (spec.training && spec.stats_grad) {
     in.push_back(operand(cotangents[1], mx::float32, s));
     in.push_back(operand(cotangents[2], mx::float32, s));
   }
-  auto grads = mx::array::make_arrays(
-      spec_.residual
+  return mx::array::make_arrays(
+      spec.residual
           ? std::vector<mx::Shape>{x.shape(), w.shape(), w.shape(), x.shape()}
           : std::vector<mx::Shape>{x.shape(), w.shape(), w.shape()},
-      spec_.residual
+      spec.residual
           ? std::vector<mx::Dtype>{x.dtype(), mx::float32, mx::float32, x.dtype()}
           : std::vector<mx::Dtype>{x.dtype(), mx::float32, mx::float32},
-      std::make_shared<NormActGrad>(s, spec_),
+      std::make_shared<NormActGrad>(s, spec),
       in);
-  std::vector<mx::array> out;
-  for (int arg : argnums) {
-    if (arg == 0) {
-      out.push_back(grads[0]);
-    } else if (arg == 1) {
-      out.push_back(grads[1]);
-    } else if (arg == 2) {
-      out.push_back(grads[2]);
-    } else if (arg == r_arg) {
-      out.push_back(grads[3]);
-    } else if (!spec_.training && (arg == 3 || arg == 4)) {
-      // Given statistics (C,): d mean = -w inv sum g, d var = -w inv^2 sum g xhat / 2.
-      auto inv = mx::rsqrt(mx::add(primals[4], mx::array(spec_.eps), s), s);
-      auto wi = mx::multiply(w, inv, s);
-      out.push_back(
-          arg == 3 ? mx::negative(mx::multiply(wi, grads[2], s), s)
-                   : mx::multiply(
-                         mx::multiply(wi, inv, s),
-                         mx::multiply(grads[1], mx::array(-0.5f), s),
-                         s));
-    } else {
-      out.push_back(mx::zeros_like(primals[arg], s));
-    }
-  }
-  return out;
 }
 
+std::vector<mx::array> NormAct::vjp(
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<int>& argnums,
+    const std::vector<mx::array>& outputs) {
+  return autodiff_rule({true, *this, primals, cotangents, argnums, outputs});
+}
+
+// The rule reads the outputs, remade here as one node (the primal's own).
 std::vector<mx::array> NormAct::jvp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& tangents,
     const std::vector<int>& argnums) {
-  auto s = stream();
-  const auto& x = primals[0];
-  const auto& w = primals[1];
-  const int C = x.shape(1);
-  int next = spec_.training ? 3 : 5;
-  int r_arg = spec_.residual ? next++ : -1;
-  int seg_arg = spec_.segmented ? next++ : -1;
   auto outs = mx::array::make_arrays(
-      output_shapes(primals), norm_dtypes(spec_, x.dtype()),
-      std::make_shared<NormAct>(s, spec_), primals);
-  auto f32 = [&](const mx::array& a) { return mx::astype(a, mx::float32, s); };
-  mx::array mean = spec_.training ? outs[1] : primals[3];
-  mx::array var = spec_.training ? outs[2] : primals[4];
-  auto inv = mx::rsqrt(mx::add(var, mx::array(spec_.eps), s), s);
-  // Per-row statistics, and per-segment means of (N, C) arrays.
-  std::optional<mx::array> seg, count;
-  if (seg_arg >= 0) {
-    seg = primals[seg_arg];
-    count = mx::scatter_add(
-        mx::zeros({spec_.segments, 1}, mx::float32, s), *seg,
-        mx::ones({x.shape(0), 1, 1}, mx::float32, s), 0, s);
-  }
-  auto rows = [&](const mx::array& a) {
-    return seg ? mx::take(a, *seg, 0, s) : a;
-  };
-  auto seg_mean = [&](const mx::array& v) {
-    if (!seg) {
-      return mx::mean(v, 0, true, s);
-    }
-    auto sum = mx::scatter_add(
-        mx::zeros({spec_.segments, C}, mx::float32, s), *seg,
-        mx::expand_dims(v, 1, s), 0, s);
-    return mx::divide(sum, mx::maximum(*count, mx::array(1.0f), s), s);
-  };
-  auto inv_r = rows(inv);
-  auto xhat = mx::multiply(mx::subtract(f32(x), rows(mean), s), inv_r, s);
-  auto zero_rows = mx::zeros(x.shape(), mx::float32, s);
-  mx::array dz = zero_rows;
-  mx::array dxhat = zero_rows;
-  mx::array dmean = mx::zeros({spec_.segments, C}, mx::float32, s);
-  mx::array dvar = dmean;
-  for (size_t i = 0; i < argnums.size(); ++i) {
-    int arg = argnums[i];
-    auto t = f32(tangents[i]);
-    if (arg == 0) {
-      if (spec_.training) {
-        auto m1 = seg_mean(t);
-        auto m2 = seg_mean(mx::multiply(t, xhat, s));
-        dxhat = mx::add(dxhat, mx::multiply(inv_r, mx::subtract(
-            mx::subtract(t, rows(m1), s), mx::multiply(xhat, rows(m2), s), s), s), s);
-        dmean = m1;
-        dvar = mx::divide(mx::multiply(m2, mx::array(2.0f), s), inv, s);
-      } else {
-        dxhat = mx::add(dxhat, mx::multiply(t, inv_r, s), s);
-      }
-    } else if (arg == 1) {
-      dz = mx::add(dz, mx::multiply(t, xhat, s), s);
-    } else if (arg == 2 || arg == r_arg) {
-      dz = mx::add(dz, t, s);
-    } else if (!spec_.training && arg == 3) {
-      dxhat = mx::subtract(dxhat, mx::multiply(t, inv, s), s);
-    } else if (!spec_.training && arg == 4) {
-      auto k = mx::multiply(mx::multiply(inv, inv, s), mx::array(-0.5f), s);
-      dxhat = mx::add(dxhat, mx::multiply(xhat, mx::multiply(t, k, s), s), s);
-    }
-  }
-  dz = mx::add(dz, mx::multiply(w, dxhat, s), s);
-  float lo = low_slope(spec_.act, spec_.slope);
-  auto slope = mx::where(
-      mx::greater(outs[0], mx::array(0.0f, x.dtype()), s), mx::array(1.0f),
-      mx::array(lo), s);
-  auto dy = mx::astype(mx::multiply(dz, slope, s), x.dtype(), s);
-  if (!spec_.training) {
-    return {dy};
-  }
-  if (!spec_.stats_grad) {
-    dmean = mx::zeros({spec_.segments, C}, mx::float32, s);
-    dvar = dmean;
-  }
-  if (spec_.running) {
-    // the running statistics are state: no tangent
-    auto none = mx::zeros({C}, mx::float32, s);
-    return {dy, dmean, dvar, none, none};
-  }
-  return {dy, dmean, dvar};
+      output_shapes(primals), norm_dtypes(spec_, primals[0].dtype()),
+      std::make_shared<NormAct>(stream(), spec_), primals);
+  return autodiff_rule({false, *this, primals, tangents, argnums, std::move(outs)});
 }
 
 // ---------------------------------------------------------------- NormActGrad

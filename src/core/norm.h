@@ -62,12 +62,17 @@ class NormAct : public mx::Primitive {
   NormAct(mx::Stream s, NormSpec spec) : mx::Primitive(s), spec_(spec) {}
 
   LATTICE_EVAL()
+  // Both transforms are mlx_lattice/autodiff.py's rules (src/core/autodiff.h):
+  // the vjp runs NormActGrad (norm_act_backward), forward mode MLX ops.
   LATTICE_VJP()
-  // Forward mode from MLX ops (tangents are rare; no kernel of its own).
   LATTICE_JVP()
   LATTICE_OUTPUT_SHAPES()
   LATTICE_NAME("SparseNormAct")
   bool is_equivalent(const mx::Primitive& other) const override;
+
+  const NormSpec& spec() const {
+    return spec_;
+  }
 
  private:
   NormSpec spec_;
@@ -90,6 +95,15 @@ class NormActGrad : public mx::Primitive {
  private:
   NormSpec spec_;
 };
+
+// NormActGrad on a NormAct's primals, cotangents (one per output) and
+// outputs: {dx, dweight, dbias[, dresidual]}, what the reverse-mode rule
+// assigns to the inputs.
+std::vector<mx::array> norm_act_backward(
+    NormAct& norm,
+    const std::vector<mx::array>& primals,
+    const std::vector<mx::array>& cotangents,
+    const std::vector<mx::array>& outputs);
 
 // A batch norm's running statistics after a training step, in one CPU
 // task: new_mean = keep * mean + mu * batch_mean and new_var = keep * var +

@@ -65,7 +65,7 @@ std::vector<mx::array> adam_update_group(
     const std::vector<mx::array>& m,
     const std::vector<mx::array>& v,
     const mx::array& scalars,
-    cpu::AdamCoefficients k,
+    AdamCoefficients k,
     mx::StreamOrDevice s) {
   const size_t n = parameters.size();
   if (gradients.size() != n || m.size() != n || v.size() != n) {
@@ -95,7 +95,7 @@ std::vector<mx::array> adam_update(
     const mx::array& m,
     const mx::array& v,
     const mx::array& scalars,
-    cpu::AdamCoefficients k,
+    AdamCoefficients k,
     mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
   check_parameter(gradient, parameter, m, v);

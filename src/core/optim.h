@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/primitive_decl.h"
-#include "cpu/isa.h"
+#include "core/adam.h"
 #include "mlx/array.h"
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
@@ -23,7 +23,7 @@ namespace mx = mlx::core;
 // through the same kernel, so the bits do not depend on the grouping).
 class AdamUpdate : public mx::Primitive {
  public:
-  AdamUpdate(mx::Stream s, cpu::AdamCoefficients k, int count = 1)
+  AdamUpdate(mx::Stream s, AdamCoefficients k, int count = 1)
       : mx::Primitive(s), k_(k), count_(count) {}
 
   LATTICE_EVAL()
@@ -32,7 +32,7 @@ class AdamUpdate : public mx::Primitive {
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:
-  cpu::AdamCoefficients k_;
+  AdamCoefficients k_;
   int count_;
 };
 
@@ -43,7 +43,7 @@ std::vector<mx::array> adam_update(
     const mx::array& m,
     const mx::array& v,
     const mx::array& scalars,
-    cpu::AdamCoefficients k,
+    AdamCoefficients k,
     mx::StreamOrDevice s = {});
 
 // The update of several parameters (gradients[i], parameters[i], m[i],
@@ -55,7 +55,7 @@ std::vector<mx::array> adam_update_group(
     const std::vector<mx::array>& m,
     const std::vector<mx::array>& v,
     const mx::array& scalars,
-    cpu::AdamCoefficients k,
+    AdamCoefficients k,
     mx::StreamOrDevice s = {});
 
 } // namespace mlx_lattice

@@ -1,14 +1,15 @@
 // The routed primitives apart from their evaluation: input checks, the
-// arrays each route reads, and QuantizedConv's autodiff (GatherConv's and
-// WeightGrad's are mlx_lattice/autodiff.py's, for every backend).
+// arrays each route reads, and the hand-over of their vjp and jvp to
+// mlx_lattice/autodiff.py's rules (src/core/autodiff.h).
 // eval_cpu runs the route's entry in src/cpu/routes.cpp, eval_gpu in
-// src/metal/routes.cpp.
+// src/metal/routes.cpp; here a route is known by its registered table
+// (core/route_table.h).
 #include "core/primitives.h"
 
 #include <stdexcept>
 
-#include "cpu/routes.h"
-#include "metal/route.h"
+#include "core/autodiff.h"
+#include "core/route_table.h"
 #include "mlx/ops.h"
 
 namespace mlx_lattice {
@@ -37,10 +38,6 @@ std::vector<mx::array> pair_arrays(Relation& rel, View v) {
   return {km.offsets, km.out_idx, km.in_idx};
 }
 
-mx::array transpose_w(const mx::array& w, mx::StreamOrDevice s) {
-  return mx::swapaxes(w, 1, 2, s);
-}
-
 bool is_grouped(const std::string& route) {
   return route.find(".grouped_") != std::string::npos;
 }
@@ -56,31 +53,15 @@ void check_groups(int64_t a, int64_t b, int groups, const std::string& route, co
   }
 }
 
+// Whether `route` (an entry of a registered table for `op`, else this
+// raises) is a Metal program's: those bind dense arrays and read neither a
+// flipped weight nor the parameter layout.
+bool runs_on_metal(const std::string& route, Op op) {
+  return find_route(route, op).backend == Backend::Metal;
+}
+
 // Appends a relation view's index arrays, and the route's extra arrays, to a
 // primitive's inputs after checking that x has the view's gathered rows.
-bool is_metal(const std::string& route) {
-  return route.rfind("metal.", 0) == 0;
-}
-
-// Raises unless route is an entry of the CPU or Metal table for op.
-void check_route(const std::string& route, Op op) {
-  if (is_metal(route)) {
-    metal::find(route, op);
-  } else {
-    cpu::find(route, op);
-  }
-}
-
-// Arrays a route reads besides the view's: from its table entry.
-std::vector<mx::array> route_extra_inputs(
-    const std::string& route,
-    Op op,
-    const std::shared_ptr<Relation>& rel,
-    View view) {
-  return is_metal(route) ? metal::extra_inputs(route, op, rel, view)
-                         : cpu::extra_inputs(route, op, rel, view);
-}
-
 void append_view_inputs(
     std::vector<mx::array>& inputs,
     const mx::array& x,
@@ -95,69 +76,14 @@ void append_view_inputs(
   for (auto& a : view_arrays(*rel, view)) {
     inputs.push_back(a);
   }
-  for (auto& a : route_extra_inputs(route, prim, rel, view)) {
-    inputs.push_back(a);
+  if (auto extra = find_route(route, prim).entry.extra_inputs) {
+    for (auto& a : extra(*rel, view)) {
+      inputs.push_back(a);
+    }
   }
-}
-
-RouteHook& route_hook() {
-  static RouteHook hook;
-  return hook;
-}
-
-ProductRuleHook& product_rule_hook() {
-  static ProductRuleHook hook;
-  return hook;
-}
-
-// Route for a product of autodiff: x (rows_in, A) through w (K, A, B) over
-// `view` of rel (or pointwise), or the weight gradient of such a product.
-std::string route_for(
-    const std::string& direction,
-    const std::shared_ptr<Relation>& rel,
-    View view,
-    int64_t k,
-    int64_t a,
-    int64_t b,
-    int64_t rows_in,
-    mx::Dtype dtype,
-    const mx::Stream& s,
-    const std::string& from,
-    int groups = 1) {
-  if (!route_hook()) {
-    return from;
-  }
-  RouteQuery q;
-  q.direction = direction;
-  q.kind = rel ? rel->kind() : "pointwise";
-  q.k = k;
-  q.c_in = a;
-  q.c_out = b;
-  q.n_in = rows_in;
-  q.n_out = rel ? view_rows(*rel, view) : rows_in;
-  q.edges = rel ? rel->edges() : rows_in;
-  q.dtype = metal::type_name(dtype);
-  q.gpu = s.device == mx::Device::gpu;
-  q.from_route = from;
-  q.groups = groups;
-  return route_hook()(q);
 }
 
 } // namespace
-
-void not_differentiable(const char* primitive, const char* instead) {
-  throw std::invalid_argument(
-      std::string(primitive) + " has no autodiff of its own: differentiate "
-      "mlx_lattice." + instead + " (or the ops), which run it");
-}
-
-void set_route_hook(RouteHook hook) {
-  route_hook() = std::move(hook);
-}
-
-void set_product_rule_hook(ProductRuleHook hook) {
-  product_rule_hook() = std::move(hook);
-}
 
 KernelDims kernel_dims(const mx::Shape& w) {
   if (w.size() == 3) {
@@ -202,12 +128,12 @@ std::vector<mx::array> conv_inputs(
   if (rel && d.k != rel->kernel_volume()) {
     throw std::invalid_argument("gather_conv: w has the wrong kernel volume");
   }
-  check_route(route, Op::Conv);
-  if ((is_metal(route) || is_grouped(route)) && flip.any()) {
+  const bool metal = runs_on_metal(route, Op::Conv);
+  if ((metal || is_grouped(route)) && flip.any()) {
     throw std::invalid_argument(
         "gather_conv: route " + route + " reads no flipped weight; pass the flipped copy");
   }
-  if (is_metal(route) && parameter_layout(w)) {
+  if (metal && parameter_layout(w)) {
     throw std::invalid_argument(
         "gather_conv: route " + route + " reads a kernel-major (K, A, B) weight");
   }
@@ -218,7 +144,7 @@ std::vector<mx::array> conv_inputs(
   // cannot read so (src/cpu/routes.cpp), with no Contiguous node per call.
   // The Metal programs bind dense arrays.
   std::vector<mx::array> inputs = {x, w};
-  if (is_metal(route)) {
+  if (metal) {
     inputs = {mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
   }
   if (rel) {
@@ -256,7 +182,7 @@ std::vector<mx::array> weight_grad_inputs(
   // As conv_inputs: dense arrays for the Metal programs (and for a caller
   // naming no route), the operands as they come for a CPU route.
   std::vector<mx::array> inputs = {x, c};
-  if (route.empty() || is_metal(route)) {
+  if (route.empty() || runs_on_metal(route, Op::WeightGrad)) {
     inputs = {mx::contiguous(x, false, stream), mx::contiguous(c, false, stream)};
   }
   if (rel) {
@@ -278,7 +204,7 @@ mx::array weight_grad(
     int groups,
     bool symmetric,
     std::optional<mx::Shape> shape) {
-  check_route(route, Op::WeightGrad);
+  const bool metal = runs_on_metal(route, Op::WeightGrad);
   check_groups(x.shape(1), ct.shape(1), groups, route, "weight_grad");
   if (shape) {
     const auto d = shape->size() >= 2 ? kernel_dims(*shape) : KernelDims{};
@@ -288,7 +214,7 @@ mx::array weight_grad(
           "weight_grad: shape must be a parameter's (B, k1, ..., A / groups) with "
           "k1 * ... = k, B = ct.shape[1] and A = x.shape[1]");
     }
-    if (is_metal(route)) {
+    if (metal) {
       throw std::invalid_argument(
           "weight_grad: route " + route + " writes a kernel-major (K, A, B) gradient");
     }
@@ -313,20 +239,6 @@ bool RoutedPrimitive::is_equivalent(const mx::Primitive& other) const {
 
 int64_t RoutedPrimitive::rows(const mx::array& x) const {
   return rel_ ? view_rows(*rel_, view_) : x.shape(0);
-}
-
-mx::array RoutedPrimitive::sum_terms(
-    const std::vector<int>& argnums,
-    const std::function<std::optional<mx::array>(size_t)>& term,
-    const mx::Shape& shape,
-    mx::Dtype dtype) {
-  std::optional<mx::array> out;
-  for (size_t i = 0; i < argnums.size(); ++i) {
-    if (auto t = term(i)) {
-      out = out ? mx::add(*out, *t, stream()) : *t;
-    }
-  }
-  return out ? *out : mx::zeros(shape, dtype, stream());
 }
 
 // ---------------------------------------------------------------- GatherConv
@@ -361,24 +273,6 @@ bool ProductPrimitive::is_equivalent(const mx::Primitive& other) const {
   return RoutedPrimitive::is_equivalent(other) && flip_ == o.flip_ && symmetric_ == o.symmetric_;
 }
 
-std::vector<mx::array> ProductPrimitive::run_rule(
-    bool reverse,
-    const std::vector<mx::array>& primals,
-    const std::vector<mx::array>& seeds,
-    const std::vector<int>& argnums) {
-  if (!product_rule_hook()) {
-    not_differentiable(name(), rule_);
-  }
-  ProductRuleCall call{
-      reverse, op_, route_, rel_, view_, groups_, flip_, symmetric_,
-      {primals[0], primals[1]}, seeds, argnums, output_shapes(primals)[0]};
-  auto out = product_rule_hook()(call);
-  if (out.size() != (reverse ? argnums.size() : 1)) {
-    throw std::runtime_error(std::string(name()) + ": the autodiff rule returned the wrong count");
-  }
-  return out;
-}
-
 // Only the two operands take derivatives: the view's index arrays are
 // integers (a transform asking for them gets zeros).
 std::vector<mx::array> ProductPrimitive::vjp(
@@ -394,7 +288,7 @@ std::vector<mx::array> ProductPrimitive::vjp(
   }
   std::vector<mx::array> grads;
   if (!operands.empty()) {
-    grads = run_rule(true, primals, {cotangents[0]}, operands);
+    grads = autodiff_rule({true, *this, primals, {cotangents[0]}, operands, {}});
   }
   std::vector<mx::array> out;
   size_t next = 0;
@@ -419,7 +313,7 @@ std::vector<mx::array> ProductPrimitive::jvp(
   if (operands.empty()) {
     return {mx::zeros(output_shapes(primals)[0], primals[0].dtype(), stream())};
   }
-  return run_rule(false, primals, seeds, operands);
+  return autodiff_rule({false, *this, primals, seeds, operands, {}});
 }
 
 } // namespace mlx_lattice
@@ -427,16 +321,6 @@ std::vector<mx::array> ProductPrimitive::jvp(
 namespace mlx_lattice {
 
 // ------------------------------------------------------------- QuantizedConv
-
-namespace {
-
-[[noreturn]] void no_weight_gradient() {
-  throw std::invalid_argument(
-      "gradients through a QuantizedWeight are not supported (inference "
-      "only); call .dequantize() and use the float weight to train");
-}
-
-} // namespace
 
 std::vector<mx::array> quantized_conv_inputs(
     const mx::array& x,
@@ -449,7 +333,7 @@ std::vector<mx::array> quantized_conv_inputs(
     View view,
     const std::string& route,
     mx::StreamOrDevice s) {
-  check_route(route, Op::QuantizedConv);
+  find_route(route, Op::QuantizedConv);
   auto stream = mx::to_stream(s);
   if (codes.ndim() != 3 || scales.ndim() != 3 || biases.shape() != scales.shape()) {
     throw std::invalid_argument(
@@ -503,58 +387,21 @@ std::vector<mx::Shape> QuantizedConv::output_shapes(
   return {{static_cast<int>(rows(in[0])), in[1].shape(0)}};
 }
 
-mx::array QuantizedConv::mapped_weight(const std::vector<mx::array>& p) {
-  // (B, K, A) float -> (K, A, B)
-  auto w = mx::dequantize(
-      p[1], p[2], p[3], group_, bits_, "affine", std::nullopt, p[0].dtype(),
-      stream());
-  return mx::transpose(w, {1, 2, 0}, stream());
-}
-
+// Gradients of x only (the codes, scales and biases raise): the rules ask
+// for x's alone where they may, and the view arrays take zeros.
 std::vector<mx::array> QuantizedConv::vjp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& cotangents,
     const std::vector<int>& argnums,
-    const std::vector<mx::array>&) {
-  std::vector<mx::array> grads;
-  for (int arg : argnums) {
-    if (arg == 0) {
-      auto w = mapped_weight(primals);
-      auto route = route_for(
-          "dgrad", rel_, flip(view_), w.shape(0), w.shape(2), w.shape(1),
-          cotangents[0].shape(0), primals[0].dtype(), stream(), route_);
-      grads.push_back(gather_conv(
-          cotangents[0], transpose_w(w, stream()), rel_, flip(view_), route,
-          stream()));
-    } else if (arg <= 3) {
-      no_weight_gradient();
-    } else {
-      grads.push_back(mx::zeros_like(primals[arg], stream()));
-    }
-  }
-  return grads;
+    const std::vector<mx::array>& outputs) {
+  return autodiff_rule({true, *this, primals, {cotangents[0]}, argnums, outputs});
 }
 
 std::vector<mx::array> QuantizedConv::jvp(
     const std::vector<mx::array>& primals,
     const std::vector<mx::array>& tangents,
     const std::vector<int>& argnums) {
-  for (int arg : argnums) {
-    if (arg >= 1 && arg <= 3) {
-      no_weight_gradient();
-    }
-  }
-  auto term = [&](size_t i) -> std::optional<mx::array> {
-    if (argnums[i] == 0) {
-      return quantized_conv(
-          tangents[i], primals[1], primals[2], primals[3], bits_, group_, rel_, view_, route_,
-          stream());
-    }
-    return std::nullopt;
-  };
-  return {sum_terms(
-      argnums, term, {static_cast<int>(rows(primals[0])), primals[1].shape(0)},
-      primals[0].dtype())};
+  return autodiff_rule({false, *this, primals, tangents, argnums, {}});
 }
 
 } // namespace mlx_lattice

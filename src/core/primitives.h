@@ -9,7 +9,6 @@
 // WeightGrad computes dW[k] = sum_{edges with offset k} x[g]^T ct[r].
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,25 +19,6 @@
 #include "mlx/utils.h"
 
 namespace mlx_lattice {
-
-// What a derived product of QuantizedConv asks the route registry.
-struct RouteQuery {
-  std::string direction; // "forward", "dgrad" or "wgrad"
-  std::string kind;      // relation kind, or "pointwise"
-  int64_t k, c_in, c_out, n_in, n_out, edges;
-  std::string dtype;
-  bool gpu;
-  std::string from_route; // the route of the primitive being differentiated
-  int64_t groups = 1;     // channel groups of a grouped product
-};
-using RouteHook = std::function<std::string(const RouteQuery&)>;
-
-// The Python registry answers the route query of QuantizedConv's input
-// gradient (mlx_lattice.autodiff installs the hook on import); without a
-// hook the product keeps the quantized route's name, which must serve it.
-void set_route_hook(RouteHook hook);
-
-[[noreturn]] void not_differentiable(const char* primitive, const char* instead);
 
 // What the three primitives share: the relation and view they run over, the
 // route that runs them (a key of the CPU table in src/cpu/routes.cpp and of
@@ -63,19 +43,33 @@ class RoutedPrimitive : public mx::Primitive {
       override;
   bool is_equivalent(const mx::Primitive& other) const override;
 
+  // What the autodiff rules read (src/core/autodiff.h).
   const std::string& route() const {
     return route_;
+  }
+  const std::shared_ptr<Relation>& relation() const {
+    return rel_;
+  }
+  View view() const {
+    return view_;
+  }
+  int groups() const {
+    return groups_;
+  }
+  int bits() const {
+    return bits_;
+  }
+  int group_size() const {
+    return group_;
+  }
+  // K: the relation's kernel volume (1 pointwise).
+  int64_t kernel_volume() const {
+    return rel_ ? rel_->kernel_volume() : 1;
   }
 
  protected:
   // Rows of a product over this primitive's view (or x's rows, pointwise).
   int64_t rows(const mx::array& x) const;
-  // The sum of term(i) over the tangents; zeros of `shape` when none.
-  mx::array sum_terms(
-      const std::vector<int>& argnums,
-      const std::function<std::optional<mx::array>(size_t)>& term,
-      const mx::Shape& shape,
-      mx::Dtype dtype);
 
   Op op_;
   std::shared_ptr<Relation> rel_;
@@ -100,33 +94,8 @@ struct WeightFlip {
   }
 };
 
-// One transform of a GatherConv or WeightGrad, handed to the autodiff rules.
-struct ProductRuleCall {
-  bool reverse; // vjp (seeds: the output's cotangent) or jvp (seeds: tangents)
-  Op op;
-  const std::string& route;
-  const std::shared_ptr<Relation>& rel;
-  View view;
-  int groups;
-  WeightFlip flip;
-  bool symmetric; // the relation's edges (q, p, k) and (p, q, K - 1 - k) pair up
-  std::vector<mx::array> operands; // x and w (conv), x and ct (weight_grad)
-  std::vector<mx::array> seeds;    // one per operand in argnums (jvp), or the cotangent
-  std::vector<int> argnums;        // operands (0, 1) the transform asks for
-  mx::Shape out_shape;             // the product's output shape
-};
-// Returns, for a vjp, one gradient per argnum; for a jvp, the output's tangent.
-using ProductRuleHook = std::function<std::vector<mx::array>(const ProductRuleCall&)>;
-
-// The autodiff rules of GatherConv and WeightGrad are mlx_lattice/autodiff.py's,
-// written once for every backend; that module installs this hook on import,
-// through which the primitives' own vjp and jvp reach them (so a product is
-// one graph node, without a custom function around it).
-void set_product_rule_hook(ProductRuleHook hook);
-
-// GatherConv and WeightGrad: their vjp and jvp run the rules through the
-// hook above; without one installed they raise naming the function to call
-// (`rule`).
+// GatherConv and WeightGrad: their vjp and jvp run mlx_lattice/autodiff.py's
+// rules (src/core/autodiff.h).
 class ProductPrimitive : public RoutedPrimitive {
  public:
   ProductPrimitive(
@@ -137,12 +106,10 @@ class ProductPrimitive : public RoutedPrimitive {
       std::string route,
       int groups,
       WeightFlip flip,
-      bool symmetric,
-      const char* rule)
+      bool symmetric)
       : RoutedPrimitive(s, op, std::move(rel), view, std::move(route)),
         flip_(flip),
-        symmetric_(symmetric),
-        rule_(rule) {
+        symmetric_(symmetric) {
     groups_ = groups;
   }
 
@@ -157,18 +124,16 @@ class ProductPrimitive : public RoutedPrimitive {
       const std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive& other) const override;
 
+  WeightFlip flip() const {
+    return flip_;
+  }
+  bool symmetric() const {
+    return symmetric_;
+  }
+
  protected:
   WeightFlip flip_;
   bool symmetric_;
-
- private:
-  std::vector<mx::array> run_rule(
-      bool reverse,
-      const std::vector<mx::array>& primals,
-      const std::vector<mx::array>& seeds,
-      const std::vector<int>& argnums);
-
-  const char* rule_;
 };
 
 // The weight of a product comes kernel-major, (K, A / groups, B) of any
@@ -198,8 +163,7 @@ class GatherConv : public ProductPrimitive {
       WeightFlip flip = {},
       bool symmetric = false)
       : ProductPrimitive(
-            s, Op::Conv, std::move(rel), view, std::move(route), groups, flip, symmetric,
-            "autodiff.conv") {}
+            s, Op::Conv, std::move(rel), view, std::move(route), groups, flip, symmetric) {}
 
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) override;
   std::vector<mx::Shape> output_shapes(
@@ -220,8 +184,7 @@ class WeightGrad : public ProductPrimitive {
       bool symmetric = false,
       std::optional<mx::Shape> shape = std::nullopt)
       : ProductPrimitive(
-            s, Op::WeightGrad, std::move(rel), view, std::move(route), groups, {}, symmetric,
-            "autodiff.weight_grad"),
+            s, Op::WeightGrad, std::move(rel), view, std::move(route), groups, {}, symmetric),
         shape_(std::move(shape)) {}
 
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) override;
@@ -231,6 +194,9 @@ class WeightGrad : public ProductPrimitive {
   const char* name() const override {
     return "SparseWeightGrad";
   }
+  const std::optional<mx::Shape>& shape() const {
+    return shape_;
+  }
 
  private:
   // The parameter's shape when the gradient is written in its layout.
@@ -239,7 +205,8 @@ class WeightGrad : public ProductPrimitive {
 
 // Convolution with affine-quantized weights (inference): inputs x, codes
 // (B, K, A * bits / 32) uint32, scales and biases (B, K, A / group), then the
-// CSR view arrays. Gradients flow to x only; through the weights they raise.
+// CSR view arrays. Gradients flow to x only (autodiff.py's rules); through
+// the weights they raise.
 class QuantizedConv : public RoutedPrimitive {
  public:
   QuantizedConv(
@@ -268,10 +235,6 @@ class QuantizedConv : public RoutedPrimitive {
   const char* name() const override {
     return "SparseQuantizedConv";
   }
-
- private:
-  // The float weight (K, A, B) the codes stand for.
-  mx::array mapped_weight(const std::vector<mx::array>& primals);
 };
 
 mx::array quantized_conv(

@@ -6,13 +6,19 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "core/coords.h"
 #include "core/sort.h"
 #include "core/threadpool.h"
 #include "mlx/allocator.h"
 #include "mlx/transforms.h"
 
 namespace mlx_lattice {
+
+mx::array make_int32(int64_t n) {
+  return mx::array(
+      mx::allocator::malloc(std::max<int64_t>(n, 1) * sizeof(int32_t)),
+      {static_cast<int>(n)},
+      mx::int32);
+}
 
 namespace {
 

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <numeric>
 
-#include "core/relation.h"
 #include "core/threadpool.h"
+
+// kEmptyKey, the packed key no coordinate has
+#include "../../metal/lattice_keys.h"
 
 namespace mlx_lattice {
 

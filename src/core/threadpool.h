@@ -8,6 +8,9 @@
 
 namespace mlx_lattice {
 
+// Rows per task of the parallel loops over coordinates and relation rows.
+constexpr int64_t kRowGrain = 4096;
+
 int num_threads();
 void set_num_threads(int n);
 

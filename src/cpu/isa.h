@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/adam.h"
+
 namespace mlx_lattice::cpu {
 
 // Feature dtypes the kernels read and write.
@@ -86,17 +88,7 @@ struct NormShape {
   int64_t ct_ld = 0;
 };
 
-// Constants of an Adam / AdamW update (mlx.optimizers semantics; the
-// learning-rate-dependent factors come as float32 scalars at run time).
-struct AdamCoefficients {
-  float b1 = 0.9f;
-  float one_minus_b1 = 0.1f;
-  float b2 = 0.999f;
-  float one_minus_b2 = 0.001f;
-  float eps = 1e-8f;
-  bool bias_correction = false;
-  bool decoupled_decay = false;
-};
+using mlx_lattice::AdamCoefficients; // core/adam.h
 
 // One path's kernels on raw rows (row-major, features of dtype t):
 //   gather_conv: y (v.rows, B) = per-row sum of x[gather] @ w[k];

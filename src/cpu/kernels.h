@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/dtypes.h"
 #include "cpu/isa.h"
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -36,10 +37,7 @@ mx::array::Flags dense_flags(const mx::Shape& shape, const mx::Strides& strides)
 // strides; the same shape) by a task encoded now on s.
 void copy_strided(const mx::array& src, mx::array& dst, mx::Stream s);
 
-// Whether dt is a feature dtype the kernels take.
-inline bool is_feature_dtype(mx::Dtype dt) {
-  return dt == mx::float32 || dt == mx::float16 || dt == mx::bfloat16;
-}
+using mlx_lattice::is_feature_dtype; // core/dtypes.h
 
 // The kernels' Float of a feature dtype; throws std::invalid_argument for
 // any other dtype.

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/relation.h"
-#include "core/route_op.h"
+#include "core/route_table.h"
 #include "mlx/array.h"
 #include "mlx/stream.h"
 
@@ -30,9 +30,7 @@ struct Route {
   const char* name;
   Op op; // the primitive that runs it
   void (*run)(const Call& call);
-  // Arrays appended after the view's (offsets, gather, k), for that view;
-  // nullptr: none.
-  std::vector<mx::array> (*extra_inputs)(Relation& rel, View view) = nullptr;
+  ExtraInputs extra_inputs = nullptr; // nullptr: none
 };
 
 const std::vector<Route>& routes();
@@ -40,11 +38,7 @@ const std::vector<Route>& routes();
 // The entry of `name`, which must be a CPU route of `op`.
 const Route& find(const std::string& name, Op op);
 
-// Arrays route `name` reads besides the view's (none without a relation).
-std::vector<mx::array> extra_inputs(
-    const std::string& name,
-    Op op,
-    const std::shared_ptr<Relation>& rel,
-    View view);
+// Registers the table with the primitives' (core/route_table.h).
+void register_routes();
 
 } // namespace mlx_lattice::cpu

@@ -1,8 +1,8 @@
 // Programs of metal/map_build.metal: one thread per coordinate row for the
 // table, count and fill; one threadgroup for the scan. Route
-// "metal.hash_map" (mlx_lattice/routes.py): mlx_lattice/metal_maps.py runs
-// them through map_step (map_primitive.h) when the default device is a
-// Metal GPU.
+// "metal.hash_map" (mlx_lattice/routes.py): mlx_lattice/backends/metal/maps.py
+// runs them through map_step (map_primitive.h) when the default device is
+// a Metal GPU.
 #include "metal/map_build.h"
 
 #include <limits>

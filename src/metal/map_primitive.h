@@ -1,8 +1,8 @@
 // Map building at run time on a Metal GPU: one primitive per program of
 // src/metal/map_build.cpp. Sizes are decided on the host, so each map is a
 // sequence of these arrays with one read-back between count and fill (the
-// caller's, mlx_lattice/metal_maps.py); eval_gpu encodes the step's program
-// exactly as the test harness runs it.
+// caller's, mlx_lattice/backends/metal/maps.py); eval_gpu encodes the
+// step's program exactly as the test harness runs it.
 #pragma once
 
 #include <string>

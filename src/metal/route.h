@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/relation.h"
-#include "core/route_op.h"
+#include "core/route_table.h"
 #include "metal/program.h"
 
 namespace mlx_lattice::metal {
@@ -32,9 +32,7 @@ struct Call {
 struct Route {
   const char* name;
   Op op; // the primitive that runs it
-  // Arrays appended after the view's (offsets, gather, k), for that view;
-  // nullptr: none.
-  std::vector<mx::array> (*extra_inputs)(Relation& rel, View view);
+  ExtraInputs extra_inputs; // nullptr: none
   Program (*program)(const Call& call);
 };
 
@@ -120,12 +118,8 @@ const std::vector<const Route*>& routes();
 // The entry of `name`, which must be a route of `op`.
 const Route& find(const std::string& name, Op op);
 
-// Arrays route `name` reads besides the view's (none without a relation).
-std::vector<mx::array> extra_inputs(
-    const std::string& name,
-    Op op,
-    const std::shared_ptr<Relation>& rel,
-    View view);
+// Registers the table with the primitives' (core/route_table.h).
+void register_routes();
 
 // The program of route `name` for a primitive's inputs and output.
 Program program(

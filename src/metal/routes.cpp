@@ -37,29 +37,18 @@ const std::vector<const Route*>& routes() {
 }
 
 const Route& find(const std::string& name, Op op) {
-  for (const Route* r : routes()) {
-    if (name == r->name) {
-      if (r->op != op) {
-        throw std::invalid_argument(
-            "route " + name + " runs under the " + op_name(r->op) + " primitive, not " +
-            op_name(op));
-      }
-      return *r;
-    }
+  if (const Route* r = find_entry(routes(), name, op)) {
+    return *r;
   }
   throw std::invalid_argument("no Metal route named " + name);
 }
 
-std::vector<mx::array> extra_inputs(
-    const std::string& name,
-    Op op,
-    const std::shared_ptr<Relation>& rel,
-    View view) {
-  const Route& r = find(name, op);
-  if (!rel || r.extra_inputs == nullptr) {
-    return {};
+void register_routes() {
+  std::vector<RouteEntry> entries;
+  for (const Route* r : routes()) {
+    entries.push_back({r->name, r->op, r->extra_inputs});
   }
-  return r.extra_inputs(*rel, view);
+  mlx_lattice::register_routes(Backend::Metal, "Metal", std::move(entries));
 }
 
 Program program(

@@ -1,7 +1,7 @@
 """Map building on CUDA: coordinate hash tables, output supports and
 relations, as ``mx.fast.cuda_kernel`` sources.
 
-The arrays equal the CPU builder's (src/core/coord_table.cpp, src/core/kernel_map.cpp)
+The arrays equal the CPU builder's (src/cpu/coord_table.cpp, src/cpu/kernel_map.cpp)
 element for element: edges in (output row, offset) order, supports sorted by
 packed key. Sizes are unknown before building, so each map is count-then-fill
 with one host synchronisation (the edge or support count, read together with

@@ -32,14 +32,15 @@ own expression, or from y's sign when a residual was added (the residual is
 not an input of the backward pass), as on the CPU. The graph of one norm is
 three kernel primitives forward (one in eval) and three backward, plus the
 custom function's node and stop-gradients of its inputs (they keep
-forward-mode tracing out of the kernels). ``norm_act`` keeps the contract of
+forward-mode tracing out of the kernels). The derivatives besides the
+backward kernels (given statistics, forward mode) are ``autodiff``'s, the
+rules of every backend's norm. ``norm_act`` keeps the contract of
 ``_ext.norm_act`` (differentiable statistics outputs, for which reverse mode
 makes zero cotangents when nothing reads them); the layers call
 ``norm_act_layer``, whose statistics come without gradient from outside the
 custom function (they only feed the running statistics), so its one output
 needs none. In a MinkUNet step that is about 50 primitives fewer per norm
-than the MLX-op path (forward and backward; docs/benchmarks.md). Forward
-mode (JVP) is built from MLX ops.
+than the MLX-op path (forward and backward; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import functools
 import numpy as np
 import mlx.core as mx
 
-from ..._segment import segment_sum
+from ... import autodiff
 from . import jit
 
 # Rows per reduction chunk; threads per merge block.
@@ -688,11 +689,7 @@ def _function(spec: _Spec):
         dx, dw, db, g = _backward(spec, x, y, ct, w, b, mean, var, ct_mean, ct_var)
         grads = [dx, dw, db]
         if not spec.training:
-            # given statistics: d mean = -w inv sum g, d var = -w inv^2 sum g xhat / 2
-            inv = mx.rsqrt(var.astype(mx.float32) + spec.eps)
-            wi = w.astype(mx.float32) * inv
-            dw32, db32 = dw.astype(mx.float32), db.astype(mx.float32)
-            grads += [(-(wi * db32)).astype(mean.dtype), (wi * inv * (dw32 * -0.5)).astype(var.dtype)]
+            grads += list(autodiff.norm_given_stats_vjp(w, var, dw, db, spec.eps, mean.dtype, var.dtype))
         elif not spec.stat_ct:
             # statistics made without gradient: x's gradient carries their
             # dependence on x; MLX asks nothing for these two (their own
@@ -710,59 +707,15 @@ def _function(spec: _Spec):
 
 
 def _jvp(spec: _Spec, forward, prims, tangents):
-    """Forward mode from MLX ops (as the CPU primitive's JVP)."""
-    x, w, b, mean, var, r = _unpack(spec, prims)
+    """Forward mode: autodiff.norm_act_jvp, the rule of every backend."""
+    x, w, _, mean, var, _ = _unpack(spec, prims)
     outs = forward(*prims)
     if spec.stat_ct:
         mean, var = outs[1], outs[2]
-    seg = spec.segments
-    mean, var = mean.astype(mx.float32), var.astype(mx.float32)
-    inv = mx.rsqrt(var + spec.eps)
-    counts = None
-    if seg is not None:
-        ones = mx.ones((spec.n, 1), mx.float32)
-        counts = mx.maximum(segment_sum(ones, seg, spec.s), 1.0)
-
-    def rows(a):
-        return a[seg] if seg is not None else a
-
-    def seg_mean(v):
-        if seg is None:
-            return v.mean(axis=0, keepdims=True)
-        return segment_sum(v, seg, spec.s) / counts
-
-    inv_r = rows(inv)
-    xhat = (x.astype(mx.float32) - rows(mean)) * inv_r
-    t_x, t_w, t_b = tangents[:3]
-    rest = list(tangents[3:])
-    t_mean = t_var = None
-    if not spec.stat_ct:
-        t_mean, t_var = rest[:2]
-        rest = rest[2:]
-    t_r = rest[0] if spec.residual else None
-    dz = mx.zeros(x.shape, mx.float32)
-    dxhat = mx.zeros(x.shape, mx.float32)
-    d_mean = d_var = mx.zeros((spec.s, spec.c), mx.float32)
-    if t_x is not None:
-        t = t_x.astype(mx.float32)
-        if spec.training:
-            m1 = seg_mean(t)
-            m2 = seg_mean(t * xhat)
-            dxhat = dxhat + inv_r * (t - rows(m1) - xhat * rows(m2))
-            d_mean = m1
-            d_var = m2 * 2.0 / inv
-        else:
-            dxhat = dxhat + t * inv_r
-    if t_w is not None:
-        dz = dz + t_w.astype(mx.float32) * xhat
-    for t in (t_b, t_r):
-        if t is not None:
-            dz = dz + t.astype(mx.float32)
-    if t_mean is not None:
-        dxhat = dxhat - t_mean.astype(mx.float32) * inv
-    if t_var is not None:
-        dxhat = dxhat + xhat * (t_var.astype(mx.float32) * (inv * inv * -0.5))
-    dz = dz + w.astype(mx.float32) * dxhat
-    slope = mx.where(outs[0] > 0, 1.0, spec.low)
-    dy = (dz * slope).astype(x.dtype)
+    roles = ["x", "w", "b"] + (["mean", "var"] if not spec.stat_ct else []) + (["r"] if spec.residual else [])
+    # a training call's statistics made without gradient take no tangent
+    pairs = [(role, t) for role, t in zip(roles, tangents)
+             if t is not None and (role not in ("mean", "var") or not spec.training)]
+    dy, d_mean, d_var = autodiff.norm_act_jvp(x, w, outs[0], mean, var, spec.segments, spec.s, spec.training,
+                                             spec.eps, spec.low, pairs)
     return [dy, d_mean, d_var] if spec.stat_ct else [dy]

@@ -6,7 +6,7 @@ plan), from the programs of src/metal/map_build.cpp, each step an array of
 the ``MetalMapStep`` primitive (``_ext.metal_map_step``) whose ``eval_gpu``
 encodes the step's program.
 
-The arrays equal the CPU builder's (src/core/coord_table.cpp, src/core/kernel_map.cpp,
+The arrays equal the CPU builder's (src/cpu/coord_table.cpp, src/cpu/kernel_map.cpp,
 src/core/relation.cpp) element for element. Sizes are decided on the host: a
 coordinate set costs one synchronisation (the table's two error words), a
 support one (its row count and error word), a relation one (its edge count,

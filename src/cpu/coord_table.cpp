@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "core/coords.h"
-#include "core/relation.h"
+#include "cpu/coords.h"
+#include "cpu/kernel_map.h"
 #include "core/threadpool.h"
 #include "mlx/allocator.h"
 
@@ -70,13 +70,6 @@ std::string tuple4(const int32_t* c) {
       " leaves the supported range: batch in [0, " + std::to_string(kBatchLimit) +
       "), x/y/z in [" + std::to_string(kCoordMin) + ", " +
       std::to_string(kCoordMax) + "]");
-}
-
-mx::array make_int32(int64_t n) {
-  return mx::array(
-      mx::allocator::malloc(std::max<int64_t>(n, 1) * sizeof(int32_t)),
-      {static_cast<int>(n)},
-      mx::int32);
 }
 
 CoordTable::CoordTable(const mx::array& coords) : coords_(evaluated(coords)) {

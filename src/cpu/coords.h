@@ -12,9 +12,6 @@ namespace mlx_lattice {
 
 namespace mx = mlx::core;
 
-// Rows per task of the parallel loops over coordinates and relation rows.
-constexpr int64_t kRowGrain = 4096;
-
 // Raises unless c is a row-contiguous (N, 4) int32 array.
 void check_coords(const mx::array& c, const char* name);
 

@@ -6,8 +6,8 @@
 #include <optional>
 #include <stdexcept>
 
-#include "core/coords.h"
-#include "core/relation.h"
+#include "cpu/coords.h"
+#include "cpu/kernel_map.h"
 #include "core/sort.h"
 #include "core/threadpool.h"
 #include "mlx/allocator.h"
