@@ -5,8 +5,6 @@ for the route that launches it (mlx_lattice/backends/cuda/routes.py).
 
 from __future__ import annotations
 
-
-
 from . import jit
 
 

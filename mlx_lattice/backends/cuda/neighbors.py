@@ -16,7 +16,6 @@ the edge count, between count and fill.
 
 from __future__ import annotations
 
-
 import numpy as np
 import mlx.core as mx
 
