@@ -71,8 +71,12 @@ def test_route_tables_name_exactly_the_registry_routes():
     from mlx_lattice import _ext
     from mlx_lattice.backends import cuda
 
-    native = dict(_ext.native_routes())
+    native = {name: op for name, op, _ in _ext.native_routes()}
     assert len(native) == len(_ext.native_routes()), "a route is defined twice"
+    # "grouped" is one fact: a C++ entry's kernels take grouped products
+    # exactly where the registry selects it for them
+    for name, _, grouped in _ext.native_routes():
+        assert grouped == routes.get(name).grouped, name
     from mlx_lattice import backends
 
     map_routes = {backends.get(b).map_route: "map" for b in ("cpu", "metal")}

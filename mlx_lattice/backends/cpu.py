@@ -86,7 +86,9 @@ class CpuBackend(NativeBackend):
         # The gather-GEMM packs its weight panels through strides: a weight
         # read transposed or mirrored is a view (the grouped kernels read a
         # dense one).
-        return ".grouped_" not in route
+        from .. import routes as registry  # the registry imports the backends
+
+        return not registry.get(route).grouped
 
     def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
         # The output set's own table spares the tiled (size = stride) build

@@ -76,10 +76,10 @@ void init_conv(nb::module_& m) {
   m.def(
       "native_routes",
       []() {
-        // Every entry of the C++ route tables: (name, primitive).
+        // Every entry of the C++ route tables: (name, primitive, grouped).
         nb::list out;
         for (const auto& r : registered_routes()) {
-          out.append(nb::make_tuple(r.name, op_name(r.op)));
+          out.append(nb::make_tuple(r.name, op_name(r.op), r.grouped));
         }
         return out;
       });

@@ -74,12 +74,13 @@ void init_metal(nb::module_& m) {
          const std::string& route,
          const std::vector<mx::array>& inputs,
          std::vector<int> out_shape,
-         mx::Dtype out_dtype) {
+         mx::Dtype out_dtype,
+         int groups) {
         mx::Shape shape(out_shape.begin(), out_shape.end());
         return program_dict(
-            metal::program(route, op_named(primitive), inputs, shape, out_dtype));
+            metal::program(route, op_named(primitive), inputs, shape, out_dtype, groups));
       },
-      "primitive"_a, "route"_a, "inputs"_a, "out_shape"_a, "out_dtype"_a);
+      "primitive"_a, "route"_a, "inputs"_a, "out_shape"_a, "out_dtype"_a, "groups"_a = 1);
   m.def(
       "metal_map_program",
       [](const std::string& step, int64_t n_in, int64_t n_out,

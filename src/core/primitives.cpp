@@ -38,16 +38,17 @@ std::vector<mx::array> pair_arrays(Relation& rel, View v) {
   return {km.offsets, km.out_idx, km.in_idx};
 }
 
-bool is_grouped(const std::string& route) {
-  return route.find(".grouped_") != std::string::npos;
+// Whether `route`'s kernels take a grouped product (its table entry says).
+bool is_grouped(const std::string& route, Op op) {
+  return find_route(route, op).entry.grouped;
 }
 
-void check_groups(int64_t a, int64_t b, int groups, const std::string& route, const char* op) {
+void check_groups(int64_t a, int64_t b, int groups, const std::string& route, Op route_op, const char* op) {
   if (groups < 1 || a % groups != 0 || b % groups != 0) {
     throw std::invalid_argument(
         std::string(op) + ": groups must be >= 1 and divide both channel counts");
   }
-  if (groups > 1 && !is_grouped(route)) {
+  if (groups > 1 && !is_grouped(route, route_op)) {
     throw std::invalid_argument(
         std::string(op) + ": a grouped product needs a grouped route, not " + route);
   }
@@ -118,7 +119,7 @@ std::vector<mx::array> conv_inputs(
         flip.transposed ? "gather_conv: expected x (N, B) for a weight read transposed"
                         : "gather_conv: expected x (N, A), w (K, A / groups, B)");
   }
-  check_groups(a_in, b_out, groups, route, "gather_conv");
+  check_groups(a_in, b_out, groups, route, Op::Conv, "gather_conv");
   if (x.dtype() != w.dtype()) {
     throw std::invalid_argument("gather_conv: x and w dtypes differ");
   }
@@ -129,7 +130,7 @@ std::vector<mx::array> conv_inputs(
     throw std::invalid_argument("gather_conv: w has the wrong kernel volume");
   }
   const bool metal = runs_on_metal(route, Op::Conv);
-  if ((metal || is_grouped(route)) && flip.any()) {
+  if ((metal || is_grouped(route, Op::Conv)) && flip.any()) {
     throw std::invalid_argument(
         "gather_conv: route " + route + " reads no flipped weight; pass the flipped copy");
   }
@@ -205,7 +206,7 @@ mx::array weight_grad(
     bool symmetric,
     std::optional<mx::Shape> shape) {
   const bool metal = runs_on_metal(route, Op::WeightGrad);
-  check_groups(x.shape(1), ct.shape(1), groups, route, "weight_grad");
+  check_groups(x.shape(1), ct.shape(1), groups, route, Op::WeightGrad, "weight_grad");
   if (shape) {
     const auto d = shape->size() >= 2 ? kernel_dims(*shape) : KernelDims{};
     if (shape->size() < 2 || shape->size() == 3 || d.k != k || d.b != ct.shape(1) ||

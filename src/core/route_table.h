@@ -25,6 +25,11 @@ struct RouteEntry {
   const char* name;
   Op op; // the primitive that runs it
   ExtraInputs extra_inputs = nullptr;
+  // Its kernels take a grouped product's weight (K, A / groups, B) and the
+  // group count; the registry's Route.grouped says the same (one fact,
+  // checked by tests/test_routes.py), and selection keeps groups > 1 to
+  // these routes.
+  bool grouped = false;
 };
 
 // Adds a backend's entries (`label` names the table in messages).

@@ -116,8 +116,8 @@ const std::vector<Route>& routes() {
       {"cpu.row_gather", Op::Conv, row_gather},
       {"cpu.wgrad_gemm", Op::WeightGrad, wgrad_gemm},
       {"cpu.quantized_gather_gemm", Op::QuantizedConv, quantized_gather_gemm, offset_groups},
-      {"cpu.grouped_gather", Op::Conv, grouped_gather},
-      {"cpu.grouped_wgrad", Op::WeightGrad, grouped_wgrad},
+      {"cpu.grouped_gather", Op::Conv, grouped_gather, nullptr, true},
+      {"cpu.grouped_wgrad", Op::WeightGrad, grouped_wgrad, nullptr, true},
   };
   return table;
 }
@@ -132,7 +132,7 @@ const Route& find(const std::string& name, Op op) {
 void register_routes() {
   std::vector<RouteEntry> entries;
   for (const Route& r : routes()) {
-    entries.push_back({r.name, r.op, r.extra_inputs});
+    entries.push_back({r.name, r.op, r.extra_inputs, r.grouped});
   }
   mlx_lattice::register_routes(Backend::Cpu, "CPU", std::move(entries));
 }
@@ -151,10 +151,6 @@ void RoutedPrimitive::eval_cpu(
 }
 
 namespace {
-
-bool grouped_route(const std::string& route) {
-  return route.find(".grouped_") != std::string::npos;
-}
 
 mx::Strides row_strides(const mx::Shape& shape) {
   mx::Strides st(shape.size(), 1);
@@ -237,7 +233,7 @@ void GatherConv::eval_cpu(
     std::vector<mx::array>& out) {
   std::vector<mx::array> args = in;
   args[0] = cpu::dense(in[0], stream());
-  args[1] = kernel_major_weight(in[1], flip_, grouped_route(route_), stream());
+  args[1] = kernel_major_weight(in[1], flip_, cpu::find(route_, op_).grouped, stream());
   cpu::Call call{route_, args, out[0], stream(), rel_ != nullptr, bits_, group_, groups_};
   cpu::find(route_, op_).run(call);
 }

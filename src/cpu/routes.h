@@ -31,6 +31,7 @@ struct Route {
   Op op; // the primitive that runs it
   void (*run)(const Call& call);
   ExtraInputs extra_inputs = nullptr; // nullptr: none
+  bool grouped = false; // see RouteEntry::grouped
 };
 
 const std::vector<Route>& routes();

@@ -46,7 +46,7 @@ Program csr_mma(const Call& c) {
   return csr_mma_program(c, "csr_mma");
 }
 
-// W is (K, A / groups, B): the group count read off the shapes.
+// W is (K, A / groups, B) for the primitive's group count.
 Program grouped_csr_mma(const Call& c) {
   const GroupedParams p =
       grouped_params(c.in[0].shape(1), c.in[1].shape(1), c.out_shape[1], c);
@@ -73,7 +73,7 @@ Program csr_mma_program(const Call& c, const std::string& stem) {
 const std::vector<Route>& csr_mma_routes() {
   static const std::vector<Route> table = {
       {"metal.csr_mma", Op::Conv, row_order_inputs, csr_mma},
-      {"metal.grouped_csr_mma", Op::Conv, row_order_inputs, grouped_csr_mma},
+      {"metal.grouped_csr_mma", Op::Conv, row_order_inputs, grouped_csr_mma, true},
       {"metal.cout16", Op::Conv, row_order_inputs, cout16},
   };
   return table;

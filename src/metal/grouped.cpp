@@ -1,7 +1,7 @@
 // Routes of metal/grouped.metal: grouped and depthwise products (groups > 1).
-// The group count is read off the shapes (grouped_params, routes.cpp): W is
-// (K, A / groups, B) for a convolution, the output (K, A / groups, B) for a
-// weight gradient.
+// The group count is the primitive's (Call::groups), checked against the
+// shapes (grouped_params, routes.cpp): W is (K, A / groups, B) for a
+// convolution, the output (K, A / groups, B) for a weight gradient.
 #include "metal/route.h"
 
 namespace mlx_lattice::metal {
@@ -44,8 +44,8 @@ Program grouped_wgrad(const Call& c) {
 
 const std::vector<Route>& grouped_routes() {
   static const std::vector<Route> table = {
-      {"metal.grouped_fetch_on_demand", Op::Conv, nullptr, grouped_fetch_on_demand},
-      {"metal.grouped_wgrad", Op::WeightGrad, nullptr, grouped_wgrad},
+      {"metal.grouped_fetch_on_demand", Op::Conv, nullptr, grouped_fetch_on_demand, true},
+      {"metal.grouped_wgrad", Op::WeightGrad, nullptr, grouped_wgrad, true},
   };
   return table;
 }

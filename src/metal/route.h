@@ -22,6 +22,7 @@ struct Call {
   const mx::Shape& out_shape;
   mx::Dtype out_dtype;
   std::string dt; // type_name(out_dtype): the kernels' dtype suffix
+  int groups = 1; // channel groups of a grouped product (the primitive's)
 
   // The route's name without "metal.": the stem of its kernels' host names.
   std::string stem() const;
@@ -34,6 +35,7 @@ struct Route {
   Op op; // the primitive that runs it
   ExtraInputs extra_inputs; // nullptr: none
   Program (*program)(const Call& call);
+  bool grouped = false; // see RouteEntry::grouped
 };
 
 // ----------------------------------------- shared by the family tables
@@ -56,8 +58,9 @@ WeightGradParams weight_grad_params(const Call& c);
 // (x, ct, offsets, g, r), index buffers replaced by x when pointwise.
 std::vector<Binding> pair_bindings(bool pointwise);
 
-// Grouped products: the group count read off a, a's share per group (ag,
-// from W's or dW's shape) and b; raises unless the groups divide both.
+// Grouped products: the primitive's group count (c.groups) with a, a's
+// share per group (ag, from W's or dW's shape) and b; raises unless the
+// shapes hold exactly that many groups.
 GroupedParams grouped_params(int a, int ag, int b, const Call& c);
 
 // The ordered sum of a weight gradient's float partials (temp 0) into dw
@@ -121,12 +124,14 @@ const Route& find(const std::string& name, Op op);
 // Registers the table with the primitives' (core/route_table.h).
 void register_routes();
 
-// The program of route `name` for a primitive's inputs and output.
+// The program of route `name` for a primitive's inputs and output (and its
+// channel groups).
 Program program(
     const std::string& name,
     Op op,
     const std::vector<mx::array>& inputs,
     const mx::Shape& out_shape,
-    mx::Dtype out_dtype);
+    mx::Dtype out_dtype,
+    int groups = 1);
 
 } // namespace mlx_lattice::metal

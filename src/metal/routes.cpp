@@ -46,7 +46,7 @@ const Route& find(const std::string& name, Op op) {
 void register_routes() {
   std::vector<RouteEntry> entries;
   for (const Route* r : routes()) {
-    entries.push_back({r->name, r->op, r->extra_inputs});
+    entries.push_back({r->name, r->op, r->extra_inputs, r->grouped});
   }
   mlx_lattice::register_routes(Backend::Metal, "Metal", std::move(entries));
 }
@@ -56,9 +56,10 @@ Program program(
     Op op,
     const std::vector<mx::array>& inputs,
     const mx::Shape& out_shape,
-    mx::Dtype out_dtype) {
+    mx::Dtype out_dtype,
+    int groups) {
   const Route& r = find(name, op);
-  return r.program(Call{name, inputs, out_shape, out_dtype, type_name(out_dtype)});
+  return r.program(Call{name, inputs, out_shape, out_dtype, type_name(out_dtype), groups});
 }
 
 // ------------------------------------------------------------------ shared
@@ -125,8 +126,8 @@ std::vector<Binding> pair_bindings(bool pointwise) {
 }
 
 GroupedParams grouped_params(int a, int ag, int b, const Call& c) {
-  c.require(ag > 0 && a % ag == 0, "input channels a multiple of the weight's");
-  const int groups = a / ag;
+  const int groups = c.groups;
+  c.require(groups >= 1 && int64_t(ag) * groups == a, "the weight's input channels times the group count");
   c.require(b % groups == 0, "output channels divisible by the group count");
   GroupedParams p{};
   p.a = a;
@@ -189,7 +190,7 @@ namespace mlx_lattice {
 void RoutedPrimitive::eval_gpu(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out) {
-  auto program = metal::program(route_, op_, in, out[0].shape(), out[0].dtype());
+  auto program = metal::program(route_, op_, in, out[0].shape(), out[0].dtype(), groups_);
   metal::run(program, in, out[0], stream());
 }
 

@@ -60,7 +60,7 @@ Program wgrad_mma(const Call& c) {
   return wgrad_mma_program(c, 1, "wgrad_mma");
 }
 
-// The group count read off the shapes: x has A channels, dW A / groups rows.
+// x has A channels, dW A / groups rows for the primitive's group count.
 Program grouped_wgrad_mma(const Call& c) {
   const GroupedParams g = grouped_params(c.in[0].shape(1), c.out_shape[1], c.out_shape[2], c);
   return wgrad_mma_program(c, g.a / g.ag, "wgrad_mma");
@@ -71,7 +71,7 @@ Program grouped_wgrad_mma(const Call& c) {
 const std::vector<Route>& wgrad_mma_routes() {
   static const std::vector<Route> table = {
       {"metal.wgrad_mma", Op::WeightGrad, nullptr, wgrad_mma},
-      {"metal.grouped_wgrad_mma", Op::WeightGrad, nullptr, grouped_wgrad_mma},
+      {"metal.grouped_wgrad_mma", Op::WeightGrad, nullptr, grouped_wgrad_mma, true},
   };
   return table;
 }

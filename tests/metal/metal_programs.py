@@ -229,7 +229,7 @@ def conv(route: str, x: mx.array, w: mx.array, relation, view=OUTPUT_MAJOR, sche
     inputs = _ext.conv_inputs(x, w, relation, view, route, groups=groups)
     shape = [_rows(x, relation, view), w.shape[2]]
     dtype = str(x.dtype).replace("mlx.core.", "")
-    program = _ext.metal_program("conv", route, inputs, shape, x.dtype)
+    program = _ext.metal_program("conv", route, inputs, shape, x.dtype, groups=groups)
     if BACKEND == "metal":
         gpu = mx.default_stream(mx.gpu)
         y = host(_ext.gather_conv(x, w, relation, view, route, gpu, groups=groups))
@@ -248,7 +248,7 @@ def weight_grad(route: str, x: mx.array, ct: mx.array, relation, k: int, view=OU
     inputs = _ext.weight_grad_inputs(x, ct, relation, view)
     shape = [k, x.shape[1] // groups, ct.shape[1]]
     dtype = str(x.dtype).replace("mlx.core.", "")
-    program = _ext.metal_program("weight_grad", route, inputs, shape, x.dtype)
+    program = _ext.metal_program("weight_grad", route, inputs, shape, x.dtype, groups=groups)
     if BACKEND == "metal":
         gpu = mx.default_stream(mx.gpu)
         for step in program["steps"]:

@@ -105,7 +105,7 @@ def test_programs(rng):
     feats, w5, rel, edges, n_out = grouped_case(rng, 40, 12, 8, 4, mx.float32, "submanifold")
     from mlx_lattice import _ext
     inputs = _ext.conv_inputs(feats, mapped_weight(w5), rel._native, _ext.View.output_major, FORWARD, groups=4)
-    prog = _ext.metal_program("conv", FORWARD, inputs, [n_out, 8], mx.float32)
+    prog = _ext.metal_program("conv", FORWARD, inputs, [n_out, 8], mx.float32, groups=4)
     (step,) = prog["steps"]
     assert step["kernel"] == "grouped_fetch_on_demand_float32"
     assert [nm for _, _, nm in step["buffers"]] == ["x", "w", "offsets", "gather", "k", "y", "params"]
@@ -114,12 +114,14 @@ def test_programs(rng):
         _ext.conv_inputs(feats, mapped_weight(w5), rel._native, _ext.View.output_major, "metal.fetch_on_demand",
                          groups=4)
     winputs = _ext.weight_grad_inputs(feats, mx.zeros((n_out, 8)), rel._native, _ext.View.output_major)
-    wprog = _ext.metal_program("weight_grad", WGRAD, winputs, [27, 3, 8], mx.float32)
+    wprog = _ext.metal_program("weight_grad", WGRAD, winputs, [27, 3, 8], mx.float32, groups=4)
     (wstep,) = wprog["steps"]
     assert wstep["kernel"] == "grouped_wgrad_float32"
     assert np.frombuffer(wstep["buffers"][-1][1], np.int32).tolist() == [27, 12, 8, 3, 2, -1]
-    with pytest.raises(ValueError, match="grouped_wgrad"):
-        _ext.metal_program("weight_grad", WGRAD, winputs, [27, 5, 8], mx.float32)
+    # the group count is the primitive's, and the shapes must hold it
+    for shape, groups in (([27, 5, 8], 4), ([27, 3, 8], 3), ([27, 3, 8], 1)):
+        with pytest.raises(ValueError, match="grouped_wgrad needs the weight's input channels times the group"):
+            _ext.metal_program("weight_grad", WGRAD, winputs, shape, mx.float32, groups=groups)
 
 
 def test_this_file_covers_every_kernel_of_grouped_metal():

@@ -119,7 +119,7 @@ def test_conv_program(rng, ag, bg, groups, bn):
     x = features(rng, rows_in, ag * groups, mx.bfloat16)
     w = grouped_weight(rng, 27, ag, bg * groups, mx.bfloat16)
     inputs = _ext.conv_inputs(x, w, rel._native, OUTPUT_MAJOR, CONV, groups=groups)
-    prog = _ext.metal_program("conv", CONV, inputs, [n_out, bg * groups], mx.bfloat16)
+    prog = _ext.metal_program("conv", CONV, inputs, [n_out, bg * groups], mx.bfloat16, groups=groups)
     (step,) = prog["steps"]
     assert step["kernel"] == f"csr_mma_bfloat16_n{bn}"
     # (group, column block) pairs fastest, then the 32-row blocks
@@ -130,14 +130,14 @@ def test_conv_program(rng, ag, bg, groups, bn):
     params = np.frombuffer(step["buffers"][-1][1], np.int32).tolist()
     assert params == [n_out, ag * groups, bg * groups, ag, bg, -1]
     with pytest.raises(ValueError, match="grouped_csr_mma needs output channels divisible"):
-        _ext.metal_program("conv", CONV, inputs, [n_out, bg * groups + 1], mx.bfloat16)
+        _ext.metal_program("conv", CONV, inputs, [n_out, bg * groups + 1], mx.bfloat16, groups=groups)
 
 
 def test_wgrad_program(rng):
     rel, rows_in, n_out, _ = relation(rng, "submanifold", 60)
     x, ct = features(rng, rows_in, 48, mx.float16), features(rng, n_out, 96, mx.float16)
     inputs = _ext.weight_grad_inputs(x, ct, rel._native, OUTPUT_MAJOR)
-    prog = _ext.metal_program("weight_grad", WGRAD, inputs, [27, 12, 96], mx.float16)
+    prog = _ext.metal_program("weight_grad", WGRAD, inputs, [27, 12, 96], mx.float16, groups=4)
     (step,) = prog["steps"]
     # 4 groups x one 32-row block x one 32-column block, one partition, 27 offsets
     assert step["kernel"] == "wgrad_mma_float16_n32" and tuple(step["groups"]) == (4, 1, 27)
@@ -145,14 +145,14 @@ def test_wgrad_program(rng):
     # 2000 rows of a 1x1x1 product: partitions of the edges, reduced in order
     x, ct = features(rng, 2000, 128, mx.float32), features(rng, 2000, 256, mx.float32)
     inputs = _ext.weight_grad_inputs(x, ct, None, OUTPUT_MAJOR)
-    prog = _ext.metal_program("weight_grad", WGRAD, inputs, [1, 64, 256], mx.float32)
+    prog = _ext.metal_program("weight_grad", WGRAD, inputs, [1, 64, 256], mx.float32, groups=2)
     first, reduce = prog["steps"]
     assert first["kernel"] == "wgrad_mma_float32_n64" and tuple(first["groups"]) == (2 * 2 * 2, 4, 1)
     assert np.frombuffer(first["buffers"][-1][1], np.int32).tolist() == [1, 64, 256, 4, 2000, 2]
     assert reduce["kernel"] == "wgrad_reduce_float32"
     assert np.frombuffer(reduce["buffers"][-1][1], np.int32).tolist() == [1, 64, 256, 4]
-    with pytest.raises(ValueError, match="grouped_wgrad_mma needs input channels a multiple"):
-        _ext.metal_program("weight_grad", WGRAD, inputs, [1, 48, 256], mx.float32)
+    with pytest.raises(ValueError, match="grouped_wgrad_mma needs the weight's input channels times the group"):
+        _ext.metal_program("weight_grad", WGRAD, inputs, [1, 48, 256], mx.float32, groups=2)
 
 
 # ------------------------------------------------------------------ forward
@@ -273,7 +273,7 @@ def test_weight_gradient_partitions_summed_in_order(rng, dt):
     dtype = DTYPES[dt]
     x, ct = features(rng, 2000, 48, dtype), features(rng, 2000, 24, dtype, 0.25)
     inputs = _ext.weight_grad_inputs(x, ct, None, OUTPUT_MAJOR)
-    assert len(_ext.metal_program("weight_grad", WGRAD, inputs, [1, 16, 24], dtype)["steps"]) == 2
+    assert len(_ext.metal_program("weight_grad", WGRAD, inputs, [1, 16, 24], dtype, groups=3)["steps"]) == 2
     dw = wgrad(x, ct, None, 1, 3, schedule="random")
     edges = np.stack([np.arange(2000), np.arange(2000), np.zeros(2000, np.int64)], axis=1)
     check(dw, wgrad_reference(edges, x, ct, 1, 3), WTOL[dtype])

@@ -107,11 +107,14 @@ class CudaBackend(Backend):
         return entry is not None and entry.flipped
 
     def launch(self, route, op, a, b, view, k=1, groups=1, variant=None, flip=(False, False)):
+        from ... import routes as registry  # the registry imports the backends
+
         entry = find(route, op)
-        if groups > 1 and not entry.grouped:
+        grouped = registry.get(route).grouped
+        if groups > 1 and not grouped:
             raise ValueError(f"a grouped product (groups={groups}) needs a grouped route, not {route}")
         args = (a, b, view) if op == "conv" else (a, b, view, k)
-        if entry.grouped:
+        if grouped:
             args += (groups,)
         kw = dict(variant or {})
         if any(flip):

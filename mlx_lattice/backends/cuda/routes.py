@@ -284,7 +284,6 @@ class Route:
     #   -> (native relation, max output-row edges, max input-row edges, symmetric,
     #       the rows' (masks, sort keys) or None)
     run: Callable
-    grouped: bool = False  # run takes groups as its last argument
     flipped: bool = False  # run reads a flipped weight in place (keyword flip)
 
 
@@ -297,8 +296,8 @@ ROUTES = {
     "cuda.pointwise_wgrad": Route("weight_grad", pointwise_wgrad),
     "cuda.wgrad_mma": Route("weight_grad", wgrad_mma),
     "cuda.wgrad_direct": Route("weight_grad", wgrad_direct),
-    "cuda.grouped_fetch_on_demand": Route("conv", grouped_fetch_on_demand, grouped=True),
-    "cuda.grouped_wgrad": Route("weight_grad", grouped_wgrad, grouped=True),
+    "cuda.grouped_fetch_on_demand": Route("conv", grouped_fetch_on_demand),  # grouped (the registry's): run
+    "cuda.grouped_wgrad": Route("weight_grad", grouped_wgrad),  # takes groups as its last argument
     "cuda.hash_map": Route("map", maps.build),
 }
 
