@@ -45,7 +45,7 @@ import mlx.core as mx
 
 from . import _ext, backends, layout, routes
 from ._args import dtype_name
-from .backends.base import NativeView
+from .backends.native import NativeView
 
 
 def context(backend: str, direction: str, view, k: int, a: int, b: int, rows_in: int, dtype,
