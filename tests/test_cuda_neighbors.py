@@ -29,7 +29,7 @@ from mlx_lattice import neighbors as nb
 
 from conftest import needs_cuda
 
-SOURCE = Path(__file__).resolve().parents[1] / "mlx_lattice" / "cuda" / "neighbors.py"
+SOURCE = Path(__file__).resolve().parents[1] / "mlx_lattice" / "backends" / "cuda" / "neighbors.py"
 
 
 def brute(q, qb, p, pb, k=0, r=0.0):
