@@ -200,7 +200,9 @@ class Backend(abc.ABC):
 
     def reads_flipped(self, route: str) -> bool:
         """Whether ``route``'s conv product reads a weight transposed and / or
-        mirrored in place (``launch(..., flip=)``; autodiff.conv)."""
+        mirrored in place (``launch(..., flip=)``; autodiff.conv, which
+        asks for ungrouped products only: a grouped one takes the flipped
+        copy)."""
         return False
 
     @abc.abstractmethod

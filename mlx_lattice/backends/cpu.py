@@ -84,11 +84,9 @@ class CpuBackend(NativeBackend):
 
     def reads_flipped(self, route):
         # The gather-GEMM packs its weight panels through strides: a weight
-        # read transposed or mirrored is a view (the grouped kernels read a
-        # dense one).
-        from .. import routes as registry  # the registry imports the backends
-
-        return not registry.get(route).grouped
+        # read transposed or mirrored is a view. (Asked of ungrouped
+        # products only; the grouped kernels read a dense weight.)
+        return True
 
     def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
         # The output set's own table spares the tiled (size = stride) build
