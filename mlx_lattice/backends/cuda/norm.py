@@ -384,13 +384,7 @@ _SPECS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
-    inputs, outputs, source = _SPECS[name]
-    return jit.kernel(
-        name=f"mlx_lattice_{name}", input_names=inputs, output_names=outputs, source=source,
-        header=HEADER,
-    )
+_kernel = jit.Family("mlx_lattice_", _SPECS, header=HEADER)
 
 
 @functools.lru_cache(maxsize=None)
