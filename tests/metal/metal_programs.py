@@ -274,3 +274,29 @@ def quantized(route: str, x: mx.array, q, relation, view=OUTPUT_MAJOR, schedule=
     y = run_program(program, inputs, tuple(shape), dtype, schedule, seed)
     _record(route, program, "metal-harness", {"direction": "forward", "quantized": True, **(record or {})})
     return y
+
+
+def device_situations(monkeypatch):
+    """Each (GPU default device, MLX runs Metal, build has the Metal
+    kernels) of the eight, made so in turn for what the package asks (no
+    CUDA; the Metal libraries looked up again each time): the device facts
+    the Metal routes' selection reads."""
+    import pathlib
+
+    from mlx_lattice import backends
+    from mlx_lattice.backends import build
+
+    metal = backends.get("metal")
+    monkeypatch.setattr(backends.get("cuda"), "available", lambda: False)
+    is_file = pathlib.Path.is_file  # the harness reads its own files
+    monkeypatch.setattr(pathlib.Path, "is_file", lambda self: self.suffix == ".metallib" or is_file(self))
+    monkeypatch.setattr(build, "package_dir", lambda: pathlib.Path(_ext.__file__).parent)
+    for gpu_device in (False, True):
+        for on_metal in (False, True):
+            for built in (False, True):
+                monkeypatch.setattr(mx, "default_device", lambda g=gpu_device: mx.Device(mx.gpu if g else mx.cpu))
+                monkeypatch.setattr(metal, "available", lambda m=on_metal: m)
+                monkeypatch.setattr(build, "build_info", lambda b=built: {"metal_built": b, "metal_reason": "x"})
+                monkeypatch.setattr(_ext, "metal_available", lambda b=built: b)
+                build.forget()  # the libraries are looked up once per process: again
+                yield gpu_device, on_metal, built

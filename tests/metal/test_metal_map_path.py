@@ -16,7 +16,6 @@ too. The selection predicate is checked on its own.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 
 import mlx.core as mx
 import numpy as np
@@ -280,25 +279,14 @@ def test_selection_predicate(monkeypatch, request):
     and the build has the Metal kernels; never on this Linux build."""
     from mlx_lattice.backends import build
 
-    metal = backends.get("metal")
     request.addfinalizer(build.forget)
     if not mx.metal.is_available():
         assert manager.map_route() in ("cpu.hash_map", "cuda.hash_map")
         s = ml.CoordinateManager().register(mx.array(np.zeros((1, 4), np.int32)))
         assert s.backend.name != "metal"
-    monkeypatch.setattr(backends.get("cuda"), "available", lambda: False)
-    for gpu_device in (False, True):
-        for on_metal in (False, True):
-            for built in (False, True):
-                monkeypatch.setattr(mx, "default_device", lambda g=gpu_device: mx.Device(mx.gpu if g else mx.cpu))
-                monkeypatch.setattr(metal, "available", lambda m=on_metal: m)
-                monkeypatch.setattr(build, "build_info", lambda b=built: {"metal_built": b, "metal_reason": "x"})
-                monkeypatch.setattr(build, "package_dir", lambda: pathlib.Path(_ext.__file__).parent)
-                monkeypatch.setattr(_ext, "metal_available", lambda b=built: b)
-                monkeypatch.setattr(pathlib.Path, "is_file", lambda self: True)
-                build.forget()  # the libraries are looked up once per process: again
-                expect = "metal.hash_map" if gpu_device and on_metal and built else "cpu.hash_map"
-                assert manager.map_route() == expect
+    for gpu_device, on_metal, built in metal_programs.device_situations(monkeypatch):
+        expect = "metal.hash_map" if gpu_device and on_metal and built else "cpu.hash_map"
+        assert manager.map_route() == expect
 
 
 def test_step_primitive_needs_a_metal_stream():

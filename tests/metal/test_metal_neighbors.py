@@ -24,7 +24,6 @@ the brute force's neighbours and order; exact duplicates still tie by index.
 
 from __future__ import annotations
 
-import pathlib
 
 import mlx.core as mx
 import numpy as np
@@ -420,7 +419,6 @@ def test_selection_per_device(monkeypatch, request):
     build as it is); a Mac GPU without the kernels runs the CPU's, on record."""
     from mlx_lattice.backends import build
 
-    metal = backends.get("metal")
     request.addfinalizer(build.forget)
     steps = Steps()
     monkeypatch.setattr(metal_nbr, "_run", steps)
@@ -429,29 +427,18 @@ def test_selection_per_device(monkeypatch, request):
         with ml.diagnostics.record() as log:
             nb.knn(p, p, 2)
         assert log[0]["route"] in ("cpu.knn", "cuda.knn")
-    monkeypatch.setattr(backends.get("cuda"), "available", lambda: False)
-    is_file = pathlib.Path.is_file  # the harness reads its own files
-    monkeypatch.setattr(pathlib.Path, "is_file", lambda self: self.suffix == ".metallib" or is_file(self))
-    for gpu_device in (False, True):
-        for on_metal in (False, True):
-            for built in (False, True):
-                monkeypatch.setattr(mx, "default_device", lambda g=gpu_device: mx.Device(mx.gpu if g else mx.cpu))
-                monkeypatch.setattr(metal, "available", lambda m=on_metal: m)
-                monkeypatch.setattr(build, "build_info", lambda b=built: {"metal_built": b, "metal_reason": "x"})
-                monkeypatch.setattr(build, "package_dir", lambda: pathlib.Path(_ext.__file__).parent)
-                monkeypatch.setattr(_ext, "metal_available", lambda b=built: b)
-                build.forget()  # the libraries are looked up once per process: again
-                with ml.diagnostics.record() as log:
-                    rel = nb.knn(p, p, 2)
-                    nb.radius(p, p, 1.0)
-                on_gpu = gpu_device and on_metal
-                expect = "metal" if on_gpu and built else "cpu"
-                assert [r["route"] for r in log] == [f"{expect}.knn", f"{expect}.radius"]
-                if on_gpu and not built:
-                    assert all(r["fallback"].startswith("mlx_lattice.metallib unavailable") for r in log)
-                else:
-                    assert all(r["fallback"] is None for r in log)
-                assert np.array(rel.indices).tolist() == [0, 1, 1, 0, 2, 0, 3, 2]
+    for gpu_device, on_metal, built in metal_programs.device_situations(monkeypatch):
+        with ml.diagnostics.record() as log:
+            rel = nb.knn(p, p, 2)
+            nb.radius(p, p, 1.0)
+        on_gpu = gpu_device and on_metal
+        expect = "metal" if on_gpu and built else "cpu"
+        assert [r["route"] for r in log] == [f"{expect}.knn", f"{expect}.radius"]
+        if on_gpu and not built:
+            assert all(r["fallback"].startswith("mlx_lattice.metallib unavailable") for r in log)
+        else:
+            assert all(r["fallback"] is None for r in log)
+        assert np.array(rel.indices).tolist() == [0, 1, 1, 0, 2, 0, 3, 2]
     assert steps.steps == ["grid", "count", "fill"] * 2
 
 
