@@ -45,6 +45,7 @@ import mlx.core as mx
 
 from . import _ext, backends, layout, routes
 from ._args import dtype_name
+from ._segment import segment_sum
 from .backends.native import NativeView
 
 
@@ -84,9 +85,9 @@ def transpose(w: mx.array, groups: int = 1) -> mx.array:
 
 # How a ``conv`` reads its weight w: (transposed, mirrored), the product
 # multiplying by W[k]^T and / or W[K - 1 - k]. Both are involutions and
-# commute, so flips compose by exclusive or. A route that reads a flipped
-# weight in place (``Backend.reads_flipped``) gets w itself; any other gets
-# the flipped weight made by MLX ops (a transpose and a copy per call).
+# commute, so flips compose by exclusive or. A route gets w itself with the
+# readings it makes in place (``Backend.flips_in_place``), and w flipped by
+# MLX ops (a transpose and a copy per call) for the others.
 NO_FLIP = (False, False)
 
 
@@ -98,20 +99,28 @@ def flipped_weight(w: mx.array, flip: tuple, groups: int = 1) -> mx.array:
 
 
 def launch_operands(backend, route: str, w: mx.array, flip: tuple, groups: int = 1):
-    """(weight, keyword arguments) a ``conv`` product launches with: w and
-    its flip where the route reads it in place, else the flipped weight."""
+    """(weight, keyword arguments) a ``conv`` product launches with: w
+    flipped by MLX ops as far as the route does not read it so in place,
+    and the rest of ``flip`` for the route."""
     if flip == NO_FLIP:
         return w, {}
-    if groups == 1 and backend.reads_flipped(route):
-        return w, {"flip": flip}
-    return flipped_weight(layout.kernel_major(w), flip, groups), {}
+    in_place = backend.flips_in_place(route, groups)
+    made = tuple(f and not p for f, p in zip(flip, in_place))
+    rest = tuple(f and p for f, p in zip(flip, in_place))
+    if made != NO_FLIP:
+        w = flipped_weight(layout.kernel_major(w), made, groups)
+    return w, ({"flip": rest} if rest != NO_FLIP else {})
 
 
 def input_gradient_view(view):
     """(view, mirrored) of the input gradient of a ``conv`` over ``view``:
     the flipped view, or on a symmetric relation the same view read with
     the offsets mirrored (dx[p] = sum over edges (p, q, k) of ct[q]
-    W[K - 1 - k]^T); None for a pointwise product."""
+    W[K - 1 - k]^T), so that no flipped view is built; None for a
+    pointwise product. The one place this is decided: every backend's map
+    builder reports ``symmetric``, and each runs the mirrored reading its
+    way (CUDA stages W mirrored; the extension reads a relation it built
+    symmetric through its other view, which it makes from its own CSR)."""
     if view is None:
         return None, False
     if view.symmetric:
@@ -369,7 +378,9 @@ def norm_act_jvp(x, w, y, mean, var, segments, n_segments: int, training: bool, 
     def seg_mean(v):
         if segments is None:
             return mx.mean(v, axis=0, keepdims=True)
-        return mx.zeros((n_segments, c), f32).at[segments].add(v) / mx.maximum(count, 1.0)
+        # segment_sum: in row order on every device (a GPU's scatter-add
+        # commits rows as its atomics land)
+        return segment_sum(v, segments, n_segments) / mx.maximum(count, 1.0)
 
     inv_r = rows(inv)
     xhat = (x.astype(f32) - rows(mean)) * inv_r

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import mlx.core as mx
 
-from mlx_lattice import _ext
+from mlx_lattice import _ext, diagnostics
 from mlx_lattice import neighbors as nb
 
 from conftest import needs_cuda
@@ -57,12 +57,13 @@ def cpu(q, qb, p, pb, k=0, r=0.0):
 def check(q, qb, p, pb, k=0, r=0.0):
     """The GPU relation of nb.knn / nb.radius equals the CPU's arrays and
     the brute-force neighbours."""
-    before = nb._cuda()
-    assert before is not None, "the default device must be a CUDA GPU here"
-    if r == 0:
-        rel = nb.knn(q, p, k, query_batch=qb, point_batch=pb)
-    else:
-        rel = nb.radius(q, p, r, query_batch=qb, point_batch=pb, max_neighbors=k or None)
+    with diagnostics.record() as log:
+        if r == 0:
+            rel = nb.knn(q, p, k, query_batch=qb, point_batch=pb)
+        else:
+            rel = nb.radius(q, p, r, query_batch=qb, point_batch=pb, max_neighbors=k or None)
+    # the GPU's route ran (the default device must be a CUDA GPU here)
+    assert [e["route"] for e in log] == ["cuda.knn" if r == 0 else "cuda.radius"]
     got = tuple(np.array(a) for a in rel)
     want = cpu(q, qb, p, pb, k, r)
     for g, w, name in zip(got, want, ("offsets", "indices", "distances")):
@@ -157,10 +158,14 @@ def test_empty_sets_and_k_above_points(on_gpu):
 def test_cpu_default_device_stays_on_cpu():
     previous = mx.default_device()
     mx.set_default_device(mx.cpu)
+    p = np.array([[0, 0, 0], [1, 0, 0], [0, 3, 0]], np.float32)
     try:
-        assert nb._cuda() is None
+        with diagnostics.record() as log:
+            nb.knn(p, p, 2)
+            nb.radius(p, p, 1.5)
     finally:
         mx.set_default_device(previous)
+    assert [e["route"] for e in log] == ["cpu.knn", "cpu.radius"]
 
 
 def test_grid_parameters():

@@ -259,6 +259,34 @@ def test_input_major_of_symmetric_relations(rng, size, dilation):
     )
 
 
+GEOMETRIES = [(k, s, p, d) for k in (1, 2, 3) for s in (1, 2) for p in (0, 1, 2) for d in (1, 2)]
+
+
+@pytest.mark.parametrize("k,s,p,d", GEOMETRIES)
+def test_symmetric_geometry_is_edge_pairing(rng, k, s, p, d):
+    """``_ext.symmetric_geometry`` (the predicate every builder asks) holds
+    where a relation of a dense set onto itself pairs its edges, (q <- p, k)
+    with (p <- q, K - 1 - k), by brute force: exactly so for odd kernels
+    (an even one pairs only with an even dilation, and has no centre offset
+    for the half lookup: not taken); the CPU builder marks those relations
+    (native and reported alike)."""
+    coords = oracle.random_coords(rng, 400, 4, 2)
+    e = oracle.conv_edges(coords, coords, k, s, p, d)
+    kv = k**3
+    pairs = {(o, i, kk) for o, i, kk in e.tolist()} == {(i, o, kv - 1 - kk) for o, i, kk in e.tolist()}
+    geom = ((k,) * 3, (s,) * 3, (p,) * 3, (d,) * 3)
+    sym = _ext.symmetric_geometry(*geom, False)
+    assert len(e) and (sym == pairs if k % 2 else not sym)
+    assert not _ext.symmetric_geometry(*geom, True)
+    x = ml.SparseTensor(coords, np.zeros((len(coords), 1), np.float32))
+    m, cset = x.manager, x.coordinate_set
+    rel = m._build(cset, cset.coords, KernelGeometry(*geom), False, "target")
+    assert rel.symmetric == rel._native.symmetric == sym  # on any backend
+    # onto a copy of the rows: the same edges, not the table's own rows
+    other = _ext.build_relation(cset.table, mx.array(coords), *geom, False, "target")
+    assert not other.symmetric
+
+
 @pytest.mark.usefixtures("on_cpu")  # the CPU builder's tiled path
 @pytest.mark.parametrize("stride", [(2, 2, 2), (3, 2, 1)])
 def test_tiling_kernel_support_and_relation(rng, stride):

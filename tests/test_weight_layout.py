@@ -7,6 +7,8 @@ parameter's own order. Packing only copies values: every layout gives the
 bitwise result of the contiguous (K, C_in, C_out) weight, on every path.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import mlx.core as mx
@@ -179,12 +181,14 @@ def test_flipped_weight_reads_match_transposed_copies(rng, stride):
     rels = [r for r, _ in x.manager._relations.values() if r is not None]
     assert len(rels) == 1
     results = {}
-    for name, backend in (("flipped view", backends.CPU), ("copies", backends.CPU), ("in place", _FlipReading())):
-        # A centred odd kernel at stride 1 is symmetric (the CPU builder does
-        # not mark it; the CUDA builder does): its input gradient then reads
-        # the same view with W mirrored, else the flipped view.
-        rels[0].symmetric = stride == 1 and name != "flipped view"
+    for name, backend in (("flipped view", backends.CPU), ("in place", backends.CPU), ("copies", _FlipReading())):
+        # A centred odd kernel at stride 1 is symmetric (every builder marks
+        # it): its input gradient then reads the same view with W mirrored,
+        # else the flipped view.
+        assert rels[0].symmetric == (stride == 1)
         view = backend.product_view(rels[0])
+        if name == "flipped view":
+            view._symmetric = False  # the input gradient as over any relation
 
         def dx_of(f, w):
             return mx.vjp(lambda f: autodiff.conv(backend, "cpu.gather_gemm", f, w, view), [f], [ct])[1][0]
@@ -195,12 +199,57 @@ def test_flipped_weight_reads_match_transposed_copies(rng, stride):
         _, jv = mx.jvp(lambda w: dx_of(x.feats, w), [wk], [wk * 0.5])
         mx.eval(dx, g2, jv)
         results[name] = (dx, *g2, jv[0])
-        if name == "in place":
+        if name == "copies":
             want = (True, rels[0].symmetric)
             assert want in backend.flips, backend.flips
-    assert [_bytes(a) for a in results["in place"]] == [_bytes(a) for a in results["copies"]]
+    got = {name: [_bytes(a) for a in r] for name, r in results.items()}
+    # The CPU reads a relation it built symmetric, mirrored, as its other
+    # view (the same edges summed in the weight's order): the flipped view's
+    # bits. The copies over the same view sum the offsets the other way.
+    assert got["in place"] == got["flipped view"]
+    if stride > 1:
+        assert got["copies"] == got["in place"]
     for a, b in zip(results["copies"], results["flipped view"]):
         np.testing.assert_allclose(to_np(a), to_np(b), rtol=1e-4, atol=1e-4 * float(mx.abs(b).max()))
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_symmetric_input_gradient_bits(rng, groups):
+    """On a symmetric relation the CPU's input gradient (the same view, W
+    mirrored: an ungrouped product reads it in place, a grouped one its
+    transposed copy mirrored in place) has the bits of the input gradient
+    over the flipped view of the same edges built as any relation, and the
+    oracle's values."""
+    coords = oracle.random_coords(rng, 250, 7, 2)
+    geom = KernelGeometry((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+    x = ml.SparseTensor(coords, mx.zeros((len(coords), 1)))
+    rel = x.manager.submanifold_kernel_relation(x.coordinate_set, geom)
+    assert rel.symmetric and rel._native.symmetric
+    plain = _ext.build_relation(_ext.CoordTable(mx.array(coords)), mx.array(coords), *geom.args(), False,
+                                "submanifold")
+    assert not plain.symmetric
+    route = "cpu.gather_gemm" if groups == 1 else "cpu.grouped_gather"
+    c_in, c_out = 4, 6
+    w = mx.array(rng.standard_normal((27, c_in // groups, c_out)).astype(np.float32) / 5)
+    feats = mx.array(rng.standard_normal((len(coords), c_in)).astype(np.float32))
+    ct = mx.array(rng.standard_normal((len(coords), c_out)).astype(np.float32))
+    view = backends.CPU.product_view(rel)
+    assert view.symmetric
+    dx = mx.vjp(lambda f: autodiff.conv(backends.CPU, route, f, w, view, groups), [feats], [ct])[1][0]
+    want = _ext.gather_conv(ct, autodiff.flipped_weight(w, (True, False), groups), plain, _ext.View.input_major,
+                            route, CPU, groups=groups)
+    mx.eval(dx, want)
+    assert _bytes(dx) == _bytes(want)
+    # dense block-diagonal weight: group g's outputs read its inputs only
+    a, b = c_in // groups, c_out // groups
+    full = np.zeros((27, c_in, c_out))
+    for g in range(groups):
+        full[:, g * a:(g + 1) * a, g * b:(g + 1) * b] = np.array(w)[:, :, g * b:(g + 1) * b]
+    ref = np.zeros((len(coords), c_in))
+    g_ct = np.array(ct, np.float64)
+    for o, i, k in oracle.conv_edges(coords, coords, 3, padding=1):
+        ref[i] += full[k] @ g_ct[o]
+    np.testing.assert_allclose(np.array(dx), ref, rtol=1e-4, atol=1e-4)
 
 
 def _grads(backend, route, feats, w, view, ct, groups=1):
@@ -259,8 +308,12 @@ def test_parameter_layout_reads_strided_and_flipped_parameters(rng):
     merge, or every other output channel), read transposed and mirrored,
     gives the bits of its contiguous copy read kernel-major."""
     coords = oracle.random_coords(rng, 200, 7, 2)
-    x = ml.SparseTensor(coords, mx.zeros((len(coords), 1)))
-    rel = x.manager.submanifold_kernel_relation(x.coordinate_set, KernelGeometry((3, 3, 3), (1, 1, 1), (1, 1, 1)))
+    # onto a copy of the rows: the submanifold's edges, not built symmetric
+    # (a mirrored reading of a symmetric one is its other view, tested below)
+    native = _ext.build_relation(_ext.CoordTable(mx.array(coords)), mx.array(coords), (3, 3, 3), (1, 1, 1),
+                                 (1, 1, 1), (1, 1, 1), False, "submanifold")
+    assert not native.symmetric
+    rel = SimpleNamespace(_native=native)
     big = mx.array(rng.standard_normal((12, 3, 3, 3, 5)).astype(np.float32))
     views = {"outputs strided": big[::2], "kernel axes permuted": big[:6].transpose(0, 2, 1, 3, 4),
              "contiguous": mx.contiguous(big[:6])}
@@ -283,7 +336,7 @@ def test_parameter_layout_arguments_are_checked(rng):
         _ext.gather_conv(x, mx.ones((3, 2, 5)).reshape(3, 2, 1, 1, 5), None, view, "cpu.pointwise")
     with pytest.raises(ValueError, match="expected x"):
         _ext.gather_conv(x, mx.ones((3, 4)), None, view, "cpu.pointwise")
-    with pytest.raises(ValueError, match="reads no flipped weight"):
+    with pytest.raises(ValueError, match="reads no transposed weight"):
         _ext.gather_conv(x, mx.ones((5, 5)), None, view, "cpu.grouped_gather", flip=(True, False))
     with pytest.raises(ValueError, match="shape must be a parameter"):
         _ext.weight_grad(x, mx.ones((4, 3)), None, view, 1, "cpu.wgrad_gemm", shape=[3, 2, 5])

@@ -22,7 +22,7 @@ import functools
 
 import mlx.core as mx
 
-from .. import layout
+from .. import _ext, layout
 
 
 class Backend(abc.ABC):
@@ -198,19 +198,19 @@ class Backend(abc.ABC):
         place, and writes weight gradients in it (``layout``)."""
         return False
 
-    def reads_flipped(self, route: str) -> bool:
-        """Whether ``route``'s conv product reads a weight transposed and / or
-        mirrored in place (``launch(..., flip=)``; autodiff.conv, which
-        asks for ungrouped products only: a grouped one takes the flipped
-        copy)."""
-        return False
+    def flips_in_place(self, route: str, groups: int = 1) -> tuple:
+        """(transposed, mirrored): which readings of a weight ``route``'s
+        conv product with ``groups`` groups makes in place
+        (``launch(..., flip=)``); autodiff.conv makes the others by MLX
+        ops."""
+        return (False, False)
 
     @abc.abstractmethod
     def launch(self, route: str, op: str, a, b, view, k: int = 1, groups: int = 1,
                variant: dict | None = None, flip: tuple = (False, False), shape=None):
         """One product by ``route``: ``conv`` (a through the weight b over
-        ``view``, None: pointwise; b read with ``flip`` where
-        :meth:`reads_flipped`) or ``weight_grad`` (a^T b per offset, K = k;
+        ``view``, None: pointwise; b read with ``flip``, which holds only
+        readings of :meth:`flips_in_place`) or ``weight_grad`` (a^T b per offset, K = k;
         in the parameter layout of ``shape`` where given and
         :meth:`reads_parameter`); ``variant``: the route's tile shapes."""
 
@@ -222,6 +222,13 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def quantized_conv(self, route: str, x, weight, relation):
         """The product of a QuantizedWeight (inference: input gradients only)."""
+
+
+def symmetric_onto_itself(table, out_coords, geometry, transposed: bool) -> bool:
+    """Whether a GPU table's relation onto ``out_coords`` is symmetric: onto
+    the table's own rows, by a geometry whose edges pair up (the predicate
+    the CPU's builder applies, ``_ext.symmetric_geometry``)."""
+    return out_coords is table.coords and _ext.symmetric_geometry(*geometry, transposed)
 
 
 class ProductView:
@@ -241,8 +248,9 @@ class ProductView:
 
     @property
     def symmetric(self) -> bool:
-        """Whether an input gradient may run on this view with the offsets
-        mirrored (``Relation.symmetric``) rather than on the flipped view."""
+        """Whether the relation is symmetric (``Relation.symmetric``): an
+        input gradient then reads this view with the weight mirrored
+        (autodiff.input_gradient_view)."""
         return self.relation.symmetric
 
     @property

@@ -82,14 +82,15 @@ class CpuBackend(NativeBackend):
     def reads_parameter(self, route):
         return True
 
-    def reads_flipped(self, route):
+    def flips_in_place(self, route, groups=1):
         # The gather-GEMM packs its weight panels through strides: a weight
-        # read transposed or mirrored is a view. (Asked of ungrouped
-        # products only; the grouped kernels read a dense weight.)
-        return True
+        # read transposed or mirrored is a view. The grouped kernels read a
+        # dense copy of it, made from a view mirrored, but a grouped
+        # transposition exchanges blocks, not axes.
+        return (groups == 1, True)
 
     def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
         # The output set's own table spares the tiled (size = stride) build
         # hashing the outputs again.
         native = _ext.build_relation(table, out_coords, *geometry, transposed, kind, out_table)
-        return native, Views(native), None, None, False
+        return native, Views(native), None, None, native.symmetric

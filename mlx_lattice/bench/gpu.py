@@ -60,7 +60,7 @@ def map_rows(wl, coords, repeats, spconv_maps=None) -> list[dict]:
             native, plans, max_out, max_in, sym = cuda.BACKEND.relation(t, out, geom, False, kind, out_table)
             view = cuda.view_of(Relation(native, KernelGeometry(*geom), "cuda", plans, symmetric=sym,
                                          max_neighbors=max_out, max_in_neighbors=max_in))
-            back = view if view.symmetric else view.flipped()  # input gradients' view
+            back = autodiff.input_gradient_view(view)[0]
             return vars(view.plan()), vars(back.plan()), view.wgrad_chunks()[:2]
 
         with mx.stream(mx.cpu):
@@ -140,9 +140,9 @@ def side_by_side_rows(wl, coords, dtype_name, repeats, chans) -> list[dict]:
     return rows
 
 
-def _dgrad_weight(route, w):
+def _dgrad_weight(route, w, mirrored=False):
     """(weight, flip) an input gradient's product launches with (autodiff.conv's)."""
-    wl, kw = autodiff.launch_operands(cuda_backend().BACKEND, route, w, (True, False))
+    wl, kw = autodiff.launch_operands(cuda_backend().BACKEND, route, w, (True, mirrored))
     return wl, kw.get("flip", (False, False))
 
 
@@ -254,7 +254,8 @@ def run_gpu(args) -> int:
                 _, coarse = m.kernel_relation(cset, geom)
                 rel, _ = m.transposed_kernel_relation(coarse, geom)
             view = cuda.view_of(rel)
-            plan, back, chunks = view.plan(), view.flipped().plan(), view.wgrad_chunks()
+            back_view, mirrored = autodiff.input_gradient_view(view)
+            plan, back, chunks = view.plan(), back_view.plan(), view.wgrad_chunks()
             mx.eval(vars(plan), vars(back), chunks[:2])
             t_map = time.perf_counter() - t0
             n_in, n_out, edges = rel.n_in, rel.n_out, rel.edges
@@ -276,14 +277,14 @@ def run_gpu(args) -> int:
                     return routes.select(ctx).route.name
 
                 r_f = pick("forward", view, layer.c_in, layer.c_out)
-                r_d = pick("dgrad", view.flipped(), layer.c_out, layer.c_in)
+                r_d = pick("dgrad", back_view, layer.c_out, layer.c_in)
                 r_w = pick("wgrad", view, layer.c_in, layer.c_out)
-                w_d, flip_d = _dgrad_weight(r_d, w)
+                w_d, flip_d = _dgrad_weight(r_d, w, mirrored)
                 fns = {
                     "forward": (r_f, lambda: cuda.find(r_f, "conv").run(x, w, view)),
                     # W read as autodiff reads it: transposed in place where the route can
                     "dgrad": (r_d, lambda: cuda.BACKEND.launch(
-                        r_d, "conv", ct, w_d, view.flipped(), flip=flip_d)),
+                        r_d, "conv", ct, w_d, back_view, flip=flip_d)),
                     "wgrad": (r_w, lambda: cuda.BACKEND.launch(r_w, "weight_grad", x, ct, view, rel.kernel_volume)),
                 }
                 # same-run references: dense matmul at M = edges, and gather -> matmul -> scatter

@@ -84,6 +84,7 @@ void init_maps(nb::module_& m) {
           nb::init<std::string, int64_t, int64_t, int64_t, mx::array, mx::array, mx::array>(),
           "kind"_a, "n_in"_a, "n_out"_a, "k"_a, "out_offsets"_a, "in_idx"_a, "k_idx"_a)
       .def("set_neighbor_map", &Relation::set_neighbor_map, "neighbor_map"_a)
+      .def("set_symmetric", &Relation::set_symmetric)
       // Views a GPU builder made (mlx_lattice/backends/metal/maps.py); they
       // may be unevaluated. Shapes are checked against the relation's sizes.
       .def(
@@ -155,6 +156,7 @@ void init_maps(nb::module_& m) {
       .def_prop_ro("neighbor_map", &Relation::neighbor_map)
       .def_prop_ro("input_neighbor_map", &Relation::input_neighbor_map)
       .def_prop_ro("max_neighbors", &Relation::max_neighbors)
+      .def_prop_ro("symmetric", &Relation::symmetric)
       .def(
           "input_major",
           [](Relation& r) {
@@ -178,6 +180,12 @@ void init_maps(nb::module_& m) {
           "plan_tile", [](nb::handle) { return Relation::kPlanTile; })
       .def("swapped", &Relation::swapped, "kind"_a);
 
+  m.def(
+      "symmetric_geometry",
+      [](Triple k, Triple s, Triple p, Triple d, bool transposed) {
+        return symmetric_geometry(make_spec(k, s, p, d), transposed);
+      },
+      "size"_a, "stride"_a, "padding"_a, "dilation"_a, "transposed"_a);
   m.def(
       "forward_support",
       [](const CoordTable& t, Triple k, Triple s, Triple p, Triple d) {

@@ -130,9 +130,13 @@ std::vector<mx::array> conv_inputs(
     throw std::invalid_argument("gather_conv: w has the wrong kernel volume");
   }
   const bool metal = runs_on_metal(route, Op::Conv);
-  if ((metal || is_grouped(route, Op::Conv)) && flip.any()) {
+  if (metal && flip.any()) {
     throw std::invalid_argument(
         "gather_conv: route " + route + " reads no flipped weight; pass the flipped copy");
+  }
+  if (is_grouped(route, Op::Conv) && flip.transposed) {
+    throw std::invalid_argument(
+        "gather_conv: route " + route + " reads no transposed weight; pass the transposed copy");
   }
   if (metal && parameter_layout(w)) {
     throw std::invalid_argument(
@@ -165,6 +169,15 @@ mx::array gather_conv(
     WeightFlip flip,
     bool symmetric) {
   auto stream = mx::to_stream(s);
+  // A symmetric relation's view read with the weight mirrored is its other
+  // view read with the weight in order: the same edges, (q <- p, k) being
+  // (p <- q, K - 1 - k). A relation built symmetric makes that view from its
+  // own CSR without a sort (relation.cpp), and the product then sums each
+  // output's edges in the weight's order, as over any other view.
+  if (rel && rel->symmetric() && flip.mirrored) {
+    view = mlx_lattice::flip(view);
+    flip.mirrored = false;
+  }
   auto inputs = conv_inputs(x, w, rel, view, route, stream, groups, flip);
   auto prim = std::make_shared<GatherConv>(stream, rel, view, route, groups, flip, symmetric);
   auto shape = prim->output_shapes(inputs)[0];

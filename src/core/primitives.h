@@ -286,8 +286,10 @@ std::vector<mx::array> weight_grad_inputs(
 // groups > 1: w is (K, A / groups, B), each group of B / groups outputs
 // reading its A / groups inputs (a grouped route). w may also be the
 // parameter (see parameter_layout), and `flip` reads it transposed and / or
-// mirrored in place (the CPU routes that are not grouped); `symmetric`
-// marks a relation whose input gradient may read the same view mirrored.
+// mirrored in place (the CPU routes; the grouped ones mirrored only); over a
+// relation built symmetric a mirrored reading is its other view read in
+// order. `symmetric` marks a relation whose input gradient reads the same
+// view mirrored (autodiff.input_gradient_view).
 mx::array gather_conv(
     const mx::array& x,
     const mx::array& w,

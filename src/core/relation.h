@@ -137,10 +137,14 @@ class Relation {
   void set_sorted_plan(SortedPlan plan);
   void set_row_order(View v, mx::array order);
   // Marks a relation of a set onto itself whose edges pair up: (q <- p, k)
-  // exactly when (p <- q, K - 1 - k) (a centred odd kernel at stride 1).
-  // Its input-major view is then its own CSR mirrored, with no sort.
+  // exactly when (p <- q, K - 1 - k) (a centred odd kernel at stride 1;
+  // every backend's builder marks it). Its input-major view is then its own
+  // CSR mirrored, with no sort, and gather_conv reads it mirrored as that.
   void set_symmetric() {
     symmetric_ = true;
+  }
+  bool symmetric() const {
+    return symmetric_;
   }
 
  private:

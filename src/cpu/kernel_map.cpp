@@ -175,6 +175,19 @@ mx::array support(const CoordTable& in, const KernelSpec& spec, bool generative)
 
 } // namespace
 
+bool symmetric_geometry(const KernelSpec& spec, bool transposed) {
+  if (transposed) {
+    return false;
+  }
+  for (int a = 0; a < 3; ++a) {
+    if (spec.stride[a] != 1 || spec.size[a] % 2 == 0 ||
+        spec.padding[a] != spec.dilation[a] * (spec.size[a] - 1) / 2) {
+      return false;
+    }
+  }
+  return true;
+}
+
 mx::array forward_support(const CoordTable& in, const KernelSpec& spec) {
   return support(in, spec, false);
 }
@@ -230,20 +243,10 @@ std::shared_ptr<Relation> compact(
   return std::make_shared<Relation>(kind, n, m, kv, offsets, in_idx, k_idx);
 }
 
-// A centred odd kernel at stride 1 mapping a set onto itself: q reaches p
-// through offset k exactly when p reaches q through K - 1 - k.
-bool symmetric(const CoordTable& in, const mx::array& out, const KernelSpec& spec, bool transposed) {
-  if (transposed || out.shape(0) != in.size() ||
-      (in.size() > 0 && out.data<int32_t>() != in.coord_data())) {
-    return false;
-  }
-  for (int a = 0; a < 3; ++a) {
-    if (spec.stride[a] != 1 || spec.size[a] % 2 == 0 ||
-        spec.padding[a] != spec.dilation[a] * (spec.size[a] - 1) / 2) {
-      return false;
-    }
-  }
-  return true;
+// A symmetric geometry onto the input's own rows (the same buffer).
+bool onto_itself_symmetric(const CoordTable& in, const mx::array& out, const KernelSpec& spec, bool transposed) {
+  return out.shape(0) == in.size() && (in.size() == 0 || out.data<int32_t>() == in.coord_data()) &&
+      symmetric_geometry(spec, transposed);
 }
 
 // Symmetric relations look up only the first half of the offsets and mirror
@@ -370,7 +373,7 @@ std::shared_ptr<Relation> build_relation(
   check_kernel(spec);
   mx::array out_coords = evaluated(out_coords_in);
   check_coords(out_coords, "output coordinates");
-  if (symmetric(in, out_coords, spec, transposed)) {
+  if (onto_itself_symmetric(in, out_coords, spec, transposed)) {
     return build_symmetric(in, spec, kind);
   }
   // "forward" relations are built onto the support of the same kernel

@@ -123,6 +123,11 @@ struct KernelSpec {
   }
 };
 
+// Whether a kernel's relation of a set onto itself is symmetric: edge
+// (q <- p, k) exactly when (p <- q, K - 1 - k). So it is for a centred odd
+// kernel at stride 1 in the conv form; every backend's builder asks this.
+bool symmetric_geometry(const KernelSpec& spec, bool transposed);
+
 // Output supports.
 mx::array forward_support(const CoordTable& in, const KernelSpec& spec);
 mx::array generative_support(const CoordTable& in, const KernelSpec& spec);

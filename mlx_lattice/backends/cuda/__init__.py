@@ -102,9 +102,11 @@ class CudaBackend(Backend):
         # (routes._reduce), so no copy follows it to the optimizer.
         return mx.contiguous(super().mapped_weight(weight))
 
-    def reads_flipped(self, route):
+    def flips_in_place(self, route, groups=1):
+        # the ungrouped routes that stage W flipped (RouteEntry.flipped)
         entry = routes.ROUTES.get(route)
-        return entry is not None and entry.flipped
+        both = groups == 1 and entry is not None and entry.flipped
+        return (both, both)
 
     def launch(self, route, op, a, b, view, k=1, groups=1, variant=None, flip=(False, False)):
         from ... import routes as registry  # the registry imports the backends

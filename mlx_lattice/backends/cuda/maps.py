@@ -22,6 +22,7 @@ import numpy as np
 import mlx.core as mx
 
 from ... import _ext
+from ..base import symmetric_onto_itself
 from . import jit
 
 # Key packing and the table hash are metal/lattice_keys.h (shared with the
@@ -477,16 +478,6 @@ def generative_support(table: CudaTable, geometry, dedup: str | None = None) -> 
     return _support(table, geometry, True, dedup)
 
 
-def _symmetric(table: CudaTable, out_coords, geometry, transposed: bool) -> bool:
-    if transposed or out_coords is not table.coords:
-        return False
-    kernel_size, stride, padding, dilation = geometry
-    return all(
-        s == 1 and k % 2 == 1 and p == d * (k - 1) // 2
-        for k, s, p, d in zip(kernel_size, stride, padding, dilation)
-    )
-
-
 def row_summary(nmap: mx.array, n_in: int | None = None):
     """(counts (M + 1), stats (4,), (masks, key) or None) of a neighbour map
     (M, K), one kernel: see ROWS_SOURCE. ``n_in``: count the input rows' edges
@@ -527,7 +518,7 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
         raise ValueError("output coordinates must be an (N, 4) int32 array")
     m, kv = out_coords.shape[0], int(np.prod(geometry[0]))
     gp = _geometry_params(*geometry)
-    symmetric = _symmetric(table, out_coords, geometry, transposed)
+    symmetric = symmetric_onto_itself(table, out_coords, geometry, transposed)
     # one edge per input row: a tiling kernel onto the support it made
     tiled = onto_support and not transposed and _one_per_row(geometry, False)
     if m == 0:
@@ -569,4 +560,6 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
     # them first.
     native = _ext.Relation(kind, table.size, m, kv, offsets, in_idx, k_idx)
     native.set_neighbor_map(nmap)
+    if symmetric:
+        native.set_symmetric()
     return native, max_out, max_in, bool(symmetric), rows

@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from ... import _ext
-from ..base import Views
+from ..base import Views, symmetric_onto_itself
 
 NONE = np.iinfo(np.int32).max  # an error word with nothing to report
 _NO_GEOMETRY = ((1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1))
@@ -126,6 +126,8 @@ def build(table: MetalTable, out_coords: mx.array, geometry, transposed: bool, k
     # them for its statistics); the rest stays lazy, read only by primitives.
     native = _ext.Relation(kind, n, m, kv, offsets, in_idx, k_idx)
     native.set_neighbor_map(nmap)
+    if symmetric_onto_itself(table, out_coords, geometry, transposed):
+        native.set_symmetric()
     return Plans(native, geometry).attach()
 
 
