@@ -50,7 +50,7 @@ def _recording():
             algebra.record_calls() as calls:
         yield rec
     rec["conv"] += [(p.x, p.weight, p.native, p.view, p.route, backends.get(p.backend))
-                    for p in products if p.backend != "cuda" and not p.quantized]
+                    for p in products if backends.get(p.backend).differentiable_products and not p.quantized]
     rec["norm"] += [(n.norm, n.x, n.act, n.residual) for n in norms if isinstance(n.norm, normalization.BatchNorm)]
     rec["cat"] += [arrays for op, arrays in calls if op == "cat"]
     rec["fork"] += [arrays[0] for op, arrays in calls if op == "fork"]

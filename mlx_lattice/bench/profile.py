@@ -112,7 +112,7 @@ def map_arrays(manager) -> list:
         if rel is None:
             continue
         _arrays((rel._native.out_offsets, rel._native.in_idx, rel._native.k_idx), seen, out)
-        if rel.backend != "cpu":  # set by the GPU builders (the CPU's is made on demand)
+        if rel._native.has_neighbor_map:  # the GPU builders make it; the CPU's on demand
             _arrays(rel._native.neighbor_map, seen, out)
         views(rel._views)
     return out

@@ -154,6 +154,7 @@ void init_maps(nb::module_& m) {
       .def_prop_ro("k_idx", &Relation::k_idx)
       .def_prop_ro("out_idx", &Relation::out_idx)
       .def_prop_ro("neighbor_map", &Relation::neighbor_map)
+      .def_prop_ro("has_neighbor_map", &Relation::has_neighbor_map)
       .def_prop_ro("input_neighbor_map", &Relation::input_neighbor_map)
       .def_prop_ro("max_neighbors", &Relation::max_neighbors)
       .def_prop_ro("symmetric", &Relation::symmetric)

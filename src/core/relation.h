@@ -92,6 +92,10 @@ class Relation {
 
   // (N_out, K) int32, -1 where no input.
   const mx::array& neighbor_map();
+  // Whether the neighbour map is made (by the builder or a reader).
+  bool has_neighbor_map() const {
+    return nmap_.has_value();
+  }
   // Provides the neighbour map when the builder already made it.
   void set_neighbor_map(mx::array nmap);
   // (N_in, K) int32: the output row of edge (in, k), -1 where none (the
