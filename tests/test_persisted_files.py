@@ -41,8 +41,10 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT / "tests") + os.pathsep + os.environ
 
 
 @pytest.fixture(autouse=True)
-def cache_file(tmp_path, monkeypatch):
-    """A fresh tuner per test, its cache in tmp_path; everything put back."""
+def cache_file(tmp_path, monkeypatch, on_cpu):
+    """A fresh tuner per test, its cache in tmp_path; everything put back.
+    On the CPU backend, whatever the suite's device: the entries name its
+    routes."""
     path = tmp_path / "tuning.json"
     monkeypatch.setenv("MLX_LATTICE_TUNE_CACHE", str(path))
     state = tuning._state
@@ -368,8 +370,10 @@ def test_writes_keep_the_files_mode(cache_file):
 
 READER = textwrap.dedent("""
     import json, sys, time
+    from pathlib import Path
     from mlx_lattice.tuning_cache import TuningCache
     c, reads, seen = TuningCache(sys.argv[1]), 0, 0
+    Path(sys.argv[1] + ".ready").touch()  # the writers start once this reads
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and seen < int(sys.argv[2]):
         got = c.read()
@@ -382,9 +386,13 @@ READER = textwrap.dedent("""
 """)
 
 WRITER = textwrap.dedent("""
-    import sys
+    import sys, time
+    from pathlib import Path
     from mlx_lattice.tuning_cache import TuningCache
     c, me = TuningCache(sys.argv[1]), int(sys.argv[2])
+    deadline = time.monotonic() + 120
+    while not Path(sys.argv[1] + ".ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     for i in range(20):
         # long entries: each rewrite of the file takes many write calls
         c.merge({f"p{me}-{i}": {"route": "cpu.row_gather", "note": "x" * 3000, "timings_ms": {"a": i}}})
@@ -427,6 +435,7 @@ READ_ONLY = textwrap.dedent("""
     from mlx_lattice import __main__ as cli, diagnostics, ops, tuning
     from mlx_lattice.backends.cuda import jit
     import oracle
+    mx.set_default_device(mx.cpu)  # the cache's entries name the CPU's routes
     d = Path(sys.argv[1])
     try:
         (d / "probe").write_text("")
@@ -455,7 +464,7 @@ READ_ONLY = textwrap.dedent("""
         jit.compile_workers = lambda: 0
         import os
         os.environ["MLX_LATTICE_CUDA_CACHE"] = str(d / "cuda")
-        built = k._build(((mx.float32, 1),), [jit._Standin(mx.float32, 1)], [mx.float32], [])
+        built = k._build((((mx.float32, 1),), (mx.float32,), ()), [jit._Standin(mx.float32, 1)], [mx.float32], [])
         out["cuda"] = [built[0].startswith("mlx_lattice_readonly_probe_"), len(built[1])]
     out["said"] = [str(w.message) for w in said]
     out["clear"] = cli.main(["tune", "--clear", "--cache", str(d / "tuning.json")])
