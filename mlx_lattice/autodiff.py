@@ -291,7 +291,7 @@ def _product_rule(reverse, prim, primals, seeds, argnums, outputs):
     route = prim.route
     backend = backends.get(route.split(".", 1)[0])
     native = prim.relation
-    view = None if native is None else backend.native_view(native, prim.view, prim.symmetric)
+    view = None if native is None else backend.native_view(native, prim.view)
     flip, groups = tuple(prim.flip), prim.groups
     a, b = primals[0], primals[1]
     t = dict(zip(argnums, seeds))

@@ -236,7 +236,7 @@ class ProductView:
     views are these): its rows, its relation's kind, edges and symmetry,
     and the view with roles exchanged (``flipped``)."""
 
-    relation = None  # the mlx_lattice.relation.Relation viewed
+    relation = None  # the relation viewed (kind, edges, symmetric): a Relation or a native one
 
     @property
     def kind(self) -> str:

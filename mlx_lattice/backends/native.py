@@ -38,21 +38,18 @@ class NativeBackend(Backend):
         # The route's tiles are chosen inside the extension (variant: none).
         native = None if view is None else view.native
         major = _ext.View.output_major if view is None else view.major
-        symmetric = view is not None and view.symmetric
         if op == "conv":
-            return _ext.gather_conv(a, b, native, major, route, self.stream(), groups=groups,
-                                    flip=tuple(flip), symmetric=symmetric)
+            return _ext.gather_conv(a, b, native, major, route, self.stream(), groups=groups, flip=tuple(flip))
         return _ext.weight_grad(a, b, native, major, k, route, self.stream(), groups=groups,
-                                symmetric=symmetric, shape=None if shape is None else list(shape))
+                                shape=None if shape is None else list(shape))
 
     def product_view(self, relation):
-        return None if relation is None else NativeView(relation._native, _ext.View.output_major,
-                                                        relation.symmetric)
+        return None if relation is None else NativeView(relation._native)
 
-    def native_view(self, native, major, symmetric: bool):
+    def native_view(self, native, major):
         """The view of a native relation read ``major`` (a primitive's own,
         for its autodiff rules)."""
-        return NativeView(native, major, symmetric)
+        return NativeView(native, major)
 
     def quantized_conv(self, route, x, weight, relation):
         codes, scales, biases = weight.kernel_major()
@@ -69,23 +66,13 @@ def _layer_norm_act(*args):
 
 class NativeView(ProductView):
     """A CSR view of a relation for the extension's products: the native
-    relation's maps read output-major (rows are its outputs) or input-major,
-    and whether the relation is symmetric (``Relation.symmetric``)."""
+    relation's maps read output-major (rows are its outputs) or input-major.
+    Its kind, edges and symmetry are the native relation's own (every
+    builder marks a symmetric one)."""
 
-    def __init__(self, native, major=_ext.View.output_major, symmetric: bool = False):
-        self.native, self.major, self._symmetric = native, major, symmetric
-
-    @property
-    def kind(self) -> str:
-        return self.native.kind
-
-    @property
-    def edges(self) -> int:
-        return self.native.edges
-
-    @property
-    def symmetric(self) -> bool:
-        return self._symmetric
+    def __init__(self, native, major=_ext.View.output_major):
+        self.native = self.relation = native
+        self.major = major
 
     @property
     def rows(self) -> int:
@@ -94,5 +81,4 @@ class NativeView(ProductView):
 
     def flipped(self) -> "NativeView":
         out = self.major == _ext.View.output_major
-        return NativeView(self.native, _ext.View.input_major if out else _ext.View.output_major,
-                          self._symmetric)
+        return NativeView(self.native, _ext.View.input_major if out else _ext.View.output_major)

@@ -67,8 +67,7 @@ void init_autodiff(nb::module_& m) {
           "flip",
           [](const ProductPrimitive& p) {
             return std::make_tuple(p.flip().transposed, p.flip().mirrored);
-          })
-      .def_prop_ro("symmetric", &ProductPrimitive::symmetric);
+          });
   nb::class_<GatherConv, ProductPrimitive>(m, "GatherConv");
   nb::class_<WeightGrad, ProductPrimitive>(m, "WeightGrad")
       .def_prop_ro("shape", [](const WeightGrad& p) -> std::optional<std::vector<int>> {

@@ -23,15 +23,14 @@ void init_conv(nb::module_& m) {
          const std::string& route,
          std::optional<mx::Stream> s,
          int groups,
-         std::tuple<bool, bool> flip,
-         bool symmetric) {
+         std::tuple<bool, bool> flip) {
         return gather_conv(
             x, w, rel, view, route, stream_or_default(s), groups,
-            {std::get<0>(flip), std::get<1>(flip)}, symmetric);
+            {std::get<0>(flip), std::get<1>(flip)});
       },
       "x"_a, "w"_a, "relation"_a.none(), "view"_a, "route"_a,
       "stream"_a = nb::none(), "groups"_a = 1,
-      "flip"_a = std::make_tuple(false, false), "symmetric"_a = false);
+      "flip"_a = std::make_tuple(false, false));
   m.def(
       "weight_grad",
       [](const mx::array& x,
@@ -42,7 +41,6 @@ void init_conv(nb::module_& m) {
          const std::string& route,
          std::optional<mx::Stream> s,
          int groups,
-         bool symmetric,
          std::optional<std::vector<int>> shape) {
         std::optional<mx::Shape> out;
         if (shape) {
@@ -50,11 +48,10 @@ void init_conv(nb::module_& m) {
         }
         return weight_grad(
             x, ct, rel, view, k, route,
-            stream_or_default(s), groups, symmetric, out);
+            stream_or_default(s), groups, out);
       },
       "x"_a, "ct"_a, "relation"_a.none(), "view"_a, "k"_a, "route"_a,
-      "stream"_a = nb::none(), "groups"_a = 1, "symmetric"_a = false,
-      "shape"_a = nb::none());
+      "stream"_a = nb::none(), "groups"_a = 1, "shape"_a = nb::none());
   m.def(
       "quantized_conv",
       [](const mx::array& x,

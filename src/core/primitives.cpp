@@ -166,8 +166,7 @@ mx::array gather_conv(
     const std::string& route,
     mx::StreamOrDevice s,
     int groups,
-    WeightFlip flip,
-    bool symmetric) {
+    WeightFlip flip) {
   auto stream = mx::to_stream(s);
   // A symmetric relation's view read with the weight mirrored is its other
   // view read with the weight in order: the same edges, (q <- p, k) being
@@ -179,7 +178,7 @@ mx::array gather_conv(
     flip.mirrored = false;
   }
   auto inputs = conv_inputs(x, w, rel, view, route, stream, groups, flip);
-  auto prim = std::make_shared<GatherConv>(stream, rel, view, route, groups, flip, symmetric);
+  auto prim = std::make_shared<GatherConv>(stream, rel, view, route, groups, flip);
   auto shape = prim->output_shapes(inputs)[0];
   return mx::array(std::move(shape), x.dtype(), std::move(prim), std::move(inputs));
 }
@@ -216,7 +215,6 @@ mx::array weight_grad(
     const std::string& route,
     mx::StreamOrDevice s,
     int groups,
-    bool symmetric,
     std::optional<mx::Shape> shape) {
   const bool metal = runs_on_metal(route, Op::WeightGrad);
   check_groups(x.shape(1), ct.shape(1), groups, route, Op::WeightGrad, "weight_grad");
@@ -239,7 +237,7 @@ mx::array weight_grad(
   return mx::array(
       std::move(out),
       x.dtype(),
-      std::make_shared<WeightGrad>(stream, rel, view, route, groups, symmetric, shape),
+      std::make_shared<WeightGrad>(stream, rel, view, route, groups, shape),
       weight_grad_inputs(x, ct, rel, view, stream, route));
 }
 
@@ -284,7 +282,7 @@ bool WeightGrad::is_equivalent(const mx::Primitive& other) const {
 
 bool ProductPrimitive::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const ProductPrimitive&>(other);
-  return RoutedPrimitive::is_equivalent(other) && flip_ == o.flip_ && symmetric_ == o.symmetric_;
+  return RoutedPrimitive::is_equivalent(other) && flip_ == o.flip_;
 }
 
 // Only the two operands take derivatives: the view's index arrays are

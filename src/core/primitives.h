@@ -105,11 +105,8 @@ class ProductPrimitive : public RoutedPrimitive {
       View view,
       std::string route,
       int groups,
-      WeightFlip flip,
-      bool symmetric)
-      : RoutedPrimitive(s, op, std::move(rel), view, std::move(route)),
-        flip_(flip),
-        symmetric_(symmetric) {
+      WeightFlip flip)
+      : RoutedPrimitive(s, op, std::move(rel), view, std::move(route)), flip_(flip) {
     groups_ = groups;
   }
 
@@ -127,13 +124,9 @@ class ProductPrimitive : public RoutedPrimitive {
   WeightFlip flip() const {
     return flip_;
   }
-  bool symmetric() const {
-    return symmetric_;
-  }
 
  protected:
   WeightFlip flip_;
-  bool symmetric_;
 };
 
 // The weight of a product comes kernel-major, (K, A / groups, B) of any
@@ -160,10 +153,8 @@ class GatherConv : public ProductPrimitive {
       View view,
       std::string route,
       int groups = 1,
-      WeightFlip flip = {},
-      bool symmetric = false)
-      : ProductPrimitive(
-            s, Op::Conv, std::move(rel), view, std::move(route), groups, flip, symmetric) {}
+      WeightFlip flip = {})
+      : ProductPrimitive(s, Op::Conv, std::move(rel), view, std::move(route), groups, flip) {}
 
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) override;
   std::vector<mx::Shape> output_shapes(
@@ -181,10 +172,8 @@ class WeightGrad : public ProductPrimitive {
       View view,
       std::string route,
       int groups = 1,
-      bool symmetric = false,
       std::optional<mx::Shape> shape = std::nullopt)
-      : ProductPrimitive(
-            s, Op::WeightGrad, std::move(rel), view, std::move(route), groups, {}, symmetric),
+      : ProductPrimitive(s, Op::WeightGrad, std::move(rel), view, std::move(route), groups, {}),
         shape_(std::move(shape)) {}
 
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) override;
@@ -287,9 +276,8 @@ std::vector<mx::array> weight_grad_inputs(
 // reading its A / groups inputs (a grouped route). w may also be the
 // parameter (see parameter_layout), and `flip` reads it transposed and / or
 // mirrored in place (the CPU routes; the grouped ones mirrored only); over a
-// relation built symmetric a mirrored reading is its other view read in
-// order. `symmetric` marks a relation whose input gradient reads the same
-// view mirrored (autodiff.input_gradient_view).
+// relation marked symmetric a mirrored reading is its other view read in
+// order.
 mx::array gather_conv(
     const mx::array& x,
     const mx::array& w,
@@ -298,8 +286,7 @@ mx::array gather_conv(
     const std::string& route,
     mx::StreamOrDevice s = {},
     int groups = 1,
-    WeightFlip flip = {},
-    bool symmetric = false);
+    WeightFlip flip = {});
 
 // x: (N_gather, A), ct: (rows, B) -> (K, A / groups, B), or with `shape`
 // (B, k1, ..., A / groups) the gradient in that parameter's layout (CPU
@@ -313,7 +300,6 @@ mx::array weight_grad(
     const std::string& route,
     mx::StreamOrDevice s = {},
     int groups = 1,
-    bool symmetric = false,
     std::optional<mx::Shape> shape = std::nullopt);
 
 } // namespace mlx_lattice
