@@ -20,6 +20,13 @@ mx::array make_int32(int64_t n) {
       mx::int32);
 }
 
+mx::array make_int32(int64_t rows, int64_t cols) {
+  return mx::array(
+      mx::allocator::malloc(std::max<int64_t>(rows * cols, 1) * sizeof(int32_t)),
+      {static_cast<int>(rows), static_cast<int>(cols)},
+      mx::int32);
+}
+
 namespace {
 
 // A GPU builder may hand over arrays that are not evaluated yet; the host
@@ -348,10 +355,7 @@ void Relation::set_sorted_plan(SortedPlan plan) {
 
 const mx::array& Relation::neighbor_map() {
   std::call_once(nmap_once_, [&] {
-    mx::array a(
-        mx::allocator::malloc(std::max<int64_t>(n_out_ * k_, 1) * 4),
-        {static_cast<int>(n_out_), static_cast<int>(k_)},
-        mx::int32);
+    mx::array a = make_int32(n_out_, k_);
     host_ready({&out_offsets_, &in_idx_, &k_idx_});
     int32_t* m = a.data<int32_t>();
     const int32_t* off = out_offsets_.data<int32_t>();
@@ -469,10 +473,7 @@ const mx::array& Relation::input_neighbor_map() {
   std::call_once(in_nmap_once_, [&] {
     const InputMajor& im = input_major();
     host_ready({&im.offsets, &im.out_idx, &im.k_idx});
-    mx::array a(
-        mx::allocator::malloc(std::max<int64_t>(n_in_ * k_, 1) * 4),
-        {static_cast<int>(n_in_), static_cast<int>(k_)},
-        mx::int32);
+    mx::array a = make_int32(n_in_, k_);
     int32_t* m = a.data<int32_t>();
     const int32_t* off = im.offsets.data<int32_t>();
     const int32_t* out = im.out_idx.data<int32_t>();

@@ -171,5 +171,7 @@ class Relation {
 
 // An uninitialised int32 array of n elements (one at least allocated).
 mx::array make_int32(int64_t n);
+// An uninitialised (rows, cols) int32 array (a neighbour map's shape).
+mx::array make_int32(int64_t rows, int64_t cols);
 
 } // namespace mlx_lattice

@@ -260,10 +260,7 @@ std::shared_ptr<Relation> build_symmetric(
   const int kv = spec.volume();
   const int center = kv / 2;
   const int32_t* c = in.coord_data();
-  mx::array nmap(
-      mx::allocator::malloc(std::max<int64_t>(n * kv, 1) * sizeof(int32_t)),
-      {static_cast<int>(n), kv},
-      mx::int32);
+  mx::array nmap = make_int32(n, kv);
   int32_t* nm = nmap.data<int32_t>();
   parallel_for(n, kRowGrain, [&](int64_t b, int64_t e) {
     std::fill(nm + b * kv, nm + e * kv, -1);
@@ -328,10 +325,7 @@ std::shared_ptr<Relation> build_tiled(
   const int64_t n = in.size(), m = out.size();
   const int kv = spec.volume();
   const int32_t* c = in.coord_data();
-  mx::array nmap(
-      mx::allocator::malloc(std::max<int64_t>(m * kv, 1) * sizeof(int32_t)),
-      {static_cast<int>(m), kv},
-      mx::int32);
+  mx::array nmap = make_int32(m, kv);
   int32_t* nm = nmap.data<int32_t>();
   parallel_for(m, kRowGrain, [&](int64_t b, int64_t e) {
     std::fill(nm + b * kv, nm + e * kv, -1);
