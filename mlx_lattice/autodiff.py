@@ -118,7 +118,7 @@ def input_gradient_view(view):
     the offsets mirrored (dx[p] = sum over edges (p, q, k) of ct[q]
     W[K - 1 - k]^T), so that no flipped view is built; None for a
     pointwise product. The one place this is decided: every backend's map
-    builder reports ``symmetric``, and each runs the mirrored reading its
+    builder marks a symmetric relation, and each runs the mirrored reading its
     way (CUDA stages W mirrored; the extension reads a relation it built
     symmetric through its other view, which it makes from its own CSR)."""
     if view is None:

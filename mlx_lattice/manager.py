@@ -283,10 +283,9 @@ class CoordinateManager:
         backend = src.backend
         before = backend.syncs()
         out_table = out_set.native_table if out_set is not None and out_set.backend is backend else None
-        native, views, max_out, max_in, symmetric = backend.relation(
+        native, views, max_out, max_in = backend.relation(
             src.native_table, out_coords, geom.args(), transposed, kind, out_table)
-        rel = Relation(native, geom, backend.name, views, max_neighbors=max_out, max_in_neighbors=max_in,
-                       symmetric=symmetric)
+        rel = Relation(native, geom, backend.name, views, max_neighbors=max_out, max_in_neighbors=max_in)
         _record_map("relation", backend, before, map_kind=kind, n_in=rel.n_in, n_out=rel.n_out,
                     k=rel.kernel_volume, edges=rel.edges, geometry=geom.args())
         return rel

@@ -77,18 +77,17 @@ class Relation:
     A relation whose builder read its largest row counts (``max_neighbors``:
     output rows, ``max_in_neighbors``: input rows) in the synchronisation of
     its size carries them, so that nothing reads its arrays on the host.
-    ``symmetric``: edge (q, p, k) exists exactly when (p, q, K - 1 - k) does
-    (a centred odd kernel at stride 1 onto the same rows), so input
-    gradients can run on this relation with the kernel offsets mirrored.
+    ``symmetric`` (the native relation's mark, which every builder sets):
+    edge (q, p, k) exists exactly when (p, q, K - 1 - k) does (a centred odd
+    kernel at stride 1 onto the same rows), so input gradients can run on
+    this relation with the kernel offsets mirrored.
     """
 
     def __init__(self, native, geometry: KernelGeometry, backend: str = "cpu", views=None,
-                 max_neighbors: int | None = None, max_in_neighbors: int | None = None,
-                 symmetric: bool = False):
+                 max_neighbors: int | None = None, max_in_neighbors: int | None = None):
         self._native = native
         self.geometry = geometry
         self.backend = backend
-        self.symmetric = symmetric
         self._stats = None
         self._views = Views(native) if views is None else views
         self._max = (max_neighbors, max_in_neighbors)
@@ -100,6 +99,7 @@ class Relation:
     n_out = property(lambda self: self._native.n_out)
     kernel_volume = property(lambda self: self._native.kernel_volume)
     edges = property(lambda self: self._native.edges)
+    symmetric = property(lambda self: self._native.symmetric)
     out_offsets = property(lambda self: self._native.out_offsets)
     in_idx = property(lambda self: self._native.in_idx)
     k_idx = property(lambda self: self._native.k_idx)

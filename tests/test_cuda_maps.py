@@ -175,7 +175,7 @@ def test_relation_sizes_and_synchronisations(rng):
         maps.READS.clear()
         out = maps.forward_support(table, geometry)
         out_table = maps.CudaTable(out, trusted=True)
-        native, max_out, max_in, _, _ = maps.build(table, out, geometry, False, "forward")
+        native, max_out, max_in, _ = maps.build(table, out, geometry, False, "forward")
         assert dict(maps.READS) == {"support size": 1, "relation size": 1}
         assert out_table.size == out.shape[0]
         c = _ext.build_relation(cpu_table, _ext.forward_support(cpu_table, *geometry), *geometry, False, "forward")
@@ -184,14 +184,14 @@ def test_relation_sizes_and_synchronisations(rng):
         # onto its own support: a kernel that tiles the grid has one edge per
         # input row, so nothing is read (its largest output row stays unread)
         maps.READS.clear()
-        native, max_out, max_in, _, _ = maps.build(table, out, geometry, False, "forward", onto_support=True)
+        native, max_out, max_in, _ = maps.build(table, out, geometry, False, "forward", onto_support=True)
         tiles = geometry[0] == geometry[1] and geometry[3] == (1, 1, 1)
         assert dict(maps.READS) == ({} if tiles else {"relation size": 1})
         assert (max_out, max_in) == ((None, 1) if tiles else (c.max_neighbors, c.swapped("transposed").max_neighbors))
         same_relation(native, c)
         for kind, out in (("submanifold", coords), ("target", voxel_cloud(rng, 300, batches=3))):
             maps.READS.clear()
-            native, max_out, max_in, _, _ = maps.build(table, out, geometry, False, kind)
+            native, max_out, max_in, _ = maps.build(table, out, geometry, False, kind)
             assert dict(maps.READS) == {"relation size": 1}
             c = _ext.build_relation(cpu_table, out, *geometry, False, kind)
             assert (max_out, max_in) == (c.max_neighbors, c.swapped("transposed").max_neighbors)

@@ -41,7 +41,7 @@ def same_views(g: Relation, c: Relation):
 
 def pair(coords, out, geometry, transposed, kind):
     geom = KernelGeometry(*geometry)
-    g, max_out, max_in, _, _ = maps.build(maps.CudaTable(coords), out, geometry, transposed, kind)
+    g, max_out, max_in, _ = maps.build(maps.CudaTable(coords), out, geometry, transposed, kind)
     c = _ext.build_relation(_ext.CoordTable(coords), out, *geometry, transposed, kind)
     return Relation(g, geom, "cuda", cuda.Plans(g), max_neighbors=max_out, max_in_neighbors=max_in), Relation(c, geom)
 

@@ -127,8 +127,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def relation(self, table, out_coords, geometry, transposed: bool, kind: str, out_table=None):
         """(native relation, views, max output-row edges or None, max
-        input-row edges or None, symmetric): one relation and the object
-        its views are read from (:class:`Views`). ``out_table``: given only
+        input-row edges or None): one relation, marked symmetric where it is
+        (``_ext.symmetric_geometry`` onto the table's own rows), and the
+        object its views are read from (:class:`Views`). ``out_table``: given only
         where ``out_coords`` is ``table``'s own forward support under this
         geometry (a strided layer's outputs), as that set's table."""
 

@@ -93,4 +93,4 @@ class CpuBackend(NativeBackend):
         # The output set's own table spares the tiled (size = stride) build
         # hashing the outputs again.
         native = _ext.build_relation(table, out_coords, *geometry, transposed, kind, out_table)
-        return native, Views(native), None, None, native.symmetric
+        return native, Views(native), None, None

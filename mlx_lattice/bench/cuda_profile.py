@@ -146,10 +146,9 @@ def map_stages(coords, repeats: int) -> dict:
         kind = "submanifold" if dst is c else "forward"
 
         def build():
-            native, plans, a, b, sym = cuda.BACKEND.relation(table, dst, geom, False, kind)
+            native, plans, a, b = cuda.BACKEND.relation(table, dst, geom, False, kind)
             mx.eval(native.in_idx, native.k_idx, native.neighbor_map)
-            return Relation(native, KernelGeometry(*geom), "cuda", plans, max_neighbors=a, max_in_neighbors=b,
-                            symmetric=sym)
+            return Relation(native, KernelGeometry(*geom), "cuda", plans, max_neighbors=a, max_in_neighbors=b)
 
         out[f"{name}: relation"] = best_time(build, repeats)
 

@@ -57,8 +57,8 @@ def map_rows(wl, coords, repeats, spconv_maps=None) -> list[dict]:
             out = c if stride == 1 else maps.forward_support(t, geom)
             out_table = None if stride == 1 else maps.CudaTable(out, trusted=True)
             kind = "submanifold" if stride == 1 else "forward"
-            native, plans, max_out, max_in, sym = cuda.BACKEND.relation(t, out, geom, False, kind, out_table)
-            view = cuda.view_of(Relation(native, KernelGeometry(*geom), "cuda", plans, symmetric=sym,
+            native, plans, max_out, max_in = cuda.BACKEND.relation(t, out, geom, False, kind, out_table)
+            view = cuda.view_of(Relation(native, KernelGeometry(*geom), "cuda", plans,
                                          max_neighbors=max_out, max_in_neighbors=max_in))
             back = autodiff.input_gradient_view(view)[0]
             return vars(view.plan()), vars(back.plan()), view.wgrad_chunks()[:2]

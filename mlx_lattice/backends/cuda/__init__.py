@@ -52,9 +52,9 @@ class CudaBackend(Backend):
         return fn(table, geometry)
 
     def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
-        native, max_out, max_in, symmetric, rows = find("cuda.hash_map", "map").run(
+        native, max_out, max_in, rows = find("cuda.hash_map", "map").run(
             table, out_coords, geometry, transposed, kind, onto_support=out_table is not None)
-        return native, Plans(native, rows=rows), max_out, max_in, symmetric
+        return native, Plans(native, rows=rows), max_out, max_in
 
     def syncs(self):
         return maps.SYNCS

@@ -501,12 +501,13 @@ def build_relation(table: CudaTable, out_coords: mx.array, geometry, transposed:
 def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, kind: str,
           onto_support: bool = False):
     """(the native relation, the most edges of an output row, the most edges
-    of an input row, whether it is symmetric, its rows' (masks, sort keys)
-    or None), built on the GPU in four kernels and one synchronisation
-    (route ``cuda.hash_map``): the neighbour map, its row summary (counts,
-    sizes, masks), the offsets' cumulative sum and the compaction.
-    Symmetric: a centred odd kernel at stride 1 onto the table's own rows,
-    so that edge (q, p, k) exists exactly when (p, q, K - 1 - k) does.
+    of an input row, its rows' (masks, sort keys) or None), built on the
+    GPU in four kernels and one synchronisation (route ``cuda.hash_map``):
+    the neighbour map, its row summary (counts, sizes, masks), the offsets'
+    cumulative sum and the compaction. A symmetric relation (a centred odd
+    kernel at stride 1 onto the table's own rows, so that edge (q, p, k)
+    exists exactly when (p, q, K - 1 - k) does) looks up half the offsets
+    and is marked so (``symmetric``).
     ``onto_support``: ``out_coords`` is the table's own forward support under
     ``geometry``. Where that kernel tiles the grid (k2s2), every input row
     has exactly one edge, so the size is known without a synchronisation
@@ -562,4 +563,4 @@ def build(table: CudaTable, out_coords: mx.array, geometry, transposed: bool, ki
     native.set_neighbor_map(nmap)
     if symmetric:
         native.set_symmetric()
-    return native, max_out, max_in, bool(symmetric), rows
+    return native, max_out, max_in, rows

@@ -149,7 +149,7 @@ class MetalBackend(NativeBackend):
 
     def relation(self, table, out_coords, geometry, transposed, kind, out_table=None):
         native, plans = maps.build(table, out_coords, geometry, transposed, kind)
-        return native, plans, None, None, native.symmetric
+        return native, plans, None, None
 
     def syncs(self):
         return maps.SYNCS
