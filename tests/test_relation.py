@@ -285,6 +285,10 @@ def test_symmetric_geometry_is_edge_pairing(rng, k, s, p, d):
     # onto a copy of the rows: the same edges, not the table's own rows
     other = _ext.build_relation(cset.table, mx.array(coords), *geom, False, "target")
     assert not other.symmetric
+    if s == 2:  # onto its own support: fewer rows, never a symmetric relation
+        strided = _ext.build_relation(cset.table, _ext.forward_support(cset.table, *geom), *geom, False, "forward")
+        with pytest.raises(ValueError, match="n_in == n_out"):
+            strided.set_symmetric()
 
 
 @pytest.mark.usefixtures("on_cpu")  # the CPU builder's tiled path

@@ -84,7 +84,16 @@ void init_maps(nb::module_& m) {
           nb::init<std::string, int64_t, int64_t, int64_t, mx::array, mx::array, mx::array>(),
           "kind"_a, "n_in"_a, "n_out"_a, "k"_a, "out_offsets"_a, "in_idx"_a, "k_idx"_a)
       .def("set_neighbor_map", &Relation::set_neighbor_map, "neighbor_map"_a)
-      .def("set_symmetric", &Relation::set_symmetric)
+      .def(
+          "set_symmetric",
+          [](Relation& r) {
+            // A builder's mark (its geometry pairs the edges); a relation of
+            // two sets cannot be one.
+            if (r.n_in() != r.n_out()) {
+              throw std::invalid_argument("set_symmetric: a symmetric relation maps a set onto itself (n_in == n_out)");
+            }
+            r.set_symmetric();
+          })
       // Views a GPU builder made (mlx_lattice/backends/metal/maps.py); they
       // may be unevaluated. Shapes are checked against the relation's sizes.
       .def(
